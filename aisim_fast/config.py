@@ -1,0 +1,286 @@
+"""Configuration: the rank scheduler fields and the replay execution payload, with
+the reference's names and defaults (spec/engine.md §1, reference/README.md §4).
+
+Unknown fields are rejected, as the reference's ``deny_unknown_fields`` does, and
+every error names the field path and what is allowed. Fields the reference has
+but aisim_fast does not simulate yet are rejected when set to a non-default
+value rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("vllm", "trtllm", "sglang")
+SIMULATED_BACKENDS = ("vllm", "trtllm")
+NATIVE_BLOCK_SIZE = {"vllm": 64, "sglang": 1, "trtllm": 32}
+TIMING_TYPES = ("polynomial", "fixed")
+PREEMPTION_MODES = ("lifo", "fifo")
+TRANSFER_MODES = ("full_prompt", "destination_missing")
+WORKER_TYPES = ("aggregated", "prefill", "decode")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message starts with the field path."""
+
+
+def _fail(path: str, message: str):
+    raise ConfigError(f"{path}: {message}")
+
+
+def _int(path: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(path, f"must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        _fail(path, f"must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def _float(path: str, value: Any, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        _fail(path, f"must be a finite number >= {minimum}, got {value!r}")
+    if value < minimum:
+        _fail(path, f"must be a finite number >= {minimum}, got {value}")
+    return float(value)
+
+
+def _bool(path: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        _fail(path, f"must be true or false, got {value!r}")
+    return value
+
+
+def _choice(path: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        _fail(path, f"must be one of {', '.join(allowed)}; got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RankConfig:
+    """Scheduler configuration of one rank (reference ``EngineConfig``)."""
+    backend: str = "vllm"
+    num_gpu_blocks: int = 16384
+    block_size: int = 64
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "lifo"
+    speedup_ratio: float = 1.0
+    decode_speedup_ratio: float = 1.0
+    worker_type: str = "aggregated"
+    timing_model: str = "polynomial"
+    fixed_prefill_ms: float = 0.0
+    fixed_decode_ms: float = 0.0
+    kv_transfer_bandwidth: float | None = None
+    kv_transfer_bytes_per_token: int | None = None
+    kv_transfer_timing_mode: str = "full_prompt"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# Reference fields accepted only at their default (or absent): value = default.
+_UNSIMULATED = {
+    "prefill_schedule_interval": 1,
+    "prefill_decode_interval": 0,
+    "emit_kv_events": False,
+    "emit_kv_token_ids": False,
+    "aic_nextn": None,
+    "aic_nextn_accept_rates": None,
+    "aic_mtp_seed": 42,
+    "kv_cache_bytes_per_token": None,
+    "native_host_offload": None,
+    "g3_offload": None,
+    "state_cache": None,
+    "frontend": None,
+    "vision": None,
+}
+
+
+def parse_rank(raw: dict, path: str = "rank") -> RankConfig:
+    """Validate a reference rank dict and fill the reference's defaults."""
+    if not isinstance(raw, dict):
+        _fail(path, f"must be an object, got {type(raw).__name__}")
+    raw = dict(raw)
+    if "kv_bytes_per_token" in raw:
+        if "kv_transfer_bytes_per_token" in raw:
+            _fail(f"{path}.kv_bytes_per_token", "duplicate field (alias of kv_transfer_bytes_per_token)")
+        raw["kv_transfer_bytes_per_token"] = raw.pop("kv_bytes_per_token")
+    known = {f for f in RankConfig.__dataclass_fields__ if not f.startswith("fixed_")}
+    known |= set(_UNSIMULATED) | {"sglang", "trtllm"}
+    for key in raw:
+        if key not in known:
+            _fail(f"{path}.{key}", "unknown field; allowed: " + ", ".join(sorted(known)))
+    for key, default in _UNSIMULATED.items():
+        if key in raw and raw[key] is not None and raw[key] != default:
+            _fail(f"{path}.{key}", f"is not simulated by aisim_fast; only the default {default!r} is accepted")
+
+    out: dict[str, Any] = {}
+    backend = _choice(f"{path}.backend", raw.get("backend", "vllm"), BACKENDS)
+    if backend not in SIMULATED_BACKENDS:
+        _fail(f"{path}.backend", f"{backend!r} is not simulated yet; use one of {', '.join(SIMULATED_BACKENDS)}")
+    out["backend"] = backend
+    if "num_gpu_blocks" in raw and raw["num_gpu_blocks"] is None:
+        _fail(f"{path}.num_gpu_blocks", "explicit null is not allowed; give an integer >= 1")
+    out["num_gpu_blocks"] = _int(f"{path}.num_gpu_blocks", raw.get("num_gpu_blocks", 16384), 1)
+    out["block_size"] = _int(f"{path}.block_size", raw.get("block_size", NATIVE_BLOCK_SIZE[backend]), 2)
+    out["max_num_seqs"] = _int(f"{path}.max_num_seqs", raw.get("max_num_seqs", 256), 1)
+    out["max_num_batched_tokens"] = _int(
+        f"{path}.max_num_batched_tokens", raw.get("max_num_batched_tokens", 8192), 1)
+    if raw.get("max_model_len") is not None:
+        out["max_model_len"] = _int(f"{path}.max_model_len", raw["max_model_len"], 1)
+    out["enable_prefix_caching"] = _bool(
+        f"{path}.enable_prefix_caching", raw.get("enable_prefix_caching", True))
+    out["enable_chunked_prefill"] = _bool(
+        f"{path}.enable_chunked_prefill", raw.get("enable_chunked_prefill", True))
+    out["preemption_mode"] = _choice(
+        f"{path}.preemption_mode", raw.get("preemption_mode", "lifo"), PREEMPTION_MODES)
+    out["speedup_ratio"] = _float(f"{path}.speedup_ratio", raw.get("speedup_ratio", 1.0))
+    out["decode_speedup_ratio"] = _float(
+        f"{path}.decode_speedup_ratio", raw.get("decode_speedup_ratio", 1.0))
+    out["worker_type"] = _choice(f"{path}.worker_type", raw.get("worker_type", "aggregated"), WORKER_TYPES)
+    timing = raw.get("timing_model") or {"type": "polynomial"}
+    if not isinstance(timing, dict):
+        _fail(f"{path}.timing_model", f"must be an object with a 'type', got {timing!r}")
+    kind = _choice(f"{path}.timing_model.type", timing.get("type"), TIMING_TYPES)
+    out["timing_model"] = kind
+    extra = set(timing) - ({"type", "prefill_ms", "decode_ms"} if kind == "fixed" else {"type"})
+    if extra:
+        _fail(f"{path}.timing_model.{sorted(extra)[0]}", f"unknown field for timing type {kind!r}")
+    if kind == "fixed":
+        for key in ("prefill_ms", "decode_ms"):
+            if key not in timing:
+                _fail(f"{path}.timing_model.{key}", "required for the fixed timing model")
+            out[f"fixed_{key}"] = _float(f"{path}.timing_model.{key}", timing[key])
+    if raw.get("kv_transfer_bandwidth") is not None:
+        bw = raw["kv_transfer_bandwidth"]
+        if isinstance(bw, (int, float)) and not isinstance(bw, bool) and bw < 0:
+            _fail(f"{path}.kv_transfer_bandwidth", f"must be >= 0 (decimal GB/s), got {bw}")
+        out["kv_transfer_bandwidth"] = _float(f"{path}.kv_transfer_bandwidth", bw)
+    if raw.get("kv_transfer_bytes_per_token") is not None:
+        out["kv_transfer_bytes_per_token"] = _int(
+            f"{path}.kv_transfer_bytes_per_token", raw["kv_transfer_bytes_per_token"], 1)
+    out["kv_transfer_timing_mode"] = _choice(
+        f"{path}.kv_transfer_timing_mode", raw.get("kv_transfer_timing_mode", "full_prompt"),
+        TRANSFER_MODES)
+    trt = raw.get("trtllm")
+    if trt is not None:
+        if not isinstance(trt, dict) or set(trt) - {"capacity_scheduler_policy"}:
+            _fail(f"{path}.trtllm", "only {capacity_scheduler_policy: guaranteed_no_evict} is accepted")
+        _choice(f"{path}.trtllm.capacity_scheduler_policy",
+                trt.get("capacity_scheduler_policy", "guaranteed_no_evict"), ("guaranteed_no_evict",))
+    if raw.get("sglang") is not None and backend != "sglang":
+        _fail(f"{path}.sglang", "only valid with backend sglang")
+    return RankConfig(**out)
+
+
+@dataclass(frozen=True)
+class ReplaySetup:
+    """One replay: topology, rank config, and the traffic to drive it."""
+    rank: RankConfig
+    workers: int
+    trace_path: str
+    trace_block_size: int = 512
+    arrival_speedup_ratio: float = 1.0
+    concurrency: int = 0                 # closed-loop session cap; 0 = trace timestamps
+    sla: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["rank"] = self.rank.to_json()
+        return d
+
+
+_SPEC_KEYS = {"version", "topology", "engine", "adapters", "max_sim_time_ms", "max_in_flight",
+              "record_per_request", "sla", "encoder", "requests"}
+_TRAFFIC_KEYS = {"source_type", "load_type", "trace_path", "trace_paths", "trace_format",
+                 "trace_block_size", "arrival_speedup_ratio", "replay_concurrency", "concurrency"}
+
+
+def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str | None = None
+                  ) -> ReplaySetup:
+    """Lower a reference execution payload (``{"spec", "traffic", ...}``) to a setup.
+
+    A relative ``traffic.trace_path`` resolves against ``base_dir`` (the spec file's
+    folder); ``trace_override`` replaces it."""
+    if not isinstance(payload, dict) or "spec" not in payload:
+        _fail("payload", "must be an object with 'spec' and 'traffic'")
+    spec = payload["spec"]
+    for key in spec:
+        if key not in _SPEC_KEYS:
+            _fail(f"spec.{key}", "unknown field; allowed: " + ", ".join(sorted(_SPEC_KEYS)))
+    if spec.get("version", 1) != 1:
+        _fail("spec.version", f"must be 1, got {spec.get('version')!r}")
+    topo = spec.get("topology") or {}
+    kind = _choice("spec.topology.kind", topo.get("kind"), ("aggregated", "disaggregated"))
+    if kind != "aggregated":
+        _fail("spec.topology.kind", "'disaggregated' is not simulated yet; use 'aggregated'")
+    pool = topo.get("workers") or {}
+    workers = _int("spec.topology.workers.initial_workers", pool.get("initial_workers", 1), 1)
+    if pool.get("startup_delay_ms", 0.0) not in (0, 0.0):
+        _fail("spec.topology.workers.startup_delay_ms", "only 0 is simulated")
+    engine = spec.get("engine") or {}
+    if engine.get("dp_size", 1) != 1:
+        _fail("spec.engine.dp_size", f"only 1 is simulated, got {engine.get('dp_size')!r}")
+    rank = parse_rank(engine.get("rank") or {}, "spec.engine.rank")
+    adapters = spec.get("adapters") or {}
+    placement = (adapters.get("placement") or {}).get("provider", "round_robin")
+    _choice("spec.adapters.placement.provider", placement, ("round_robin",))
+    if spec.get("max_sim_time_ms") is not None:
+        _fail("spec.max_sim_time_ms", "a simulated-time cap is not supported yet; use null")
+    if spec.get("requests"):
+        _fail("spec.requests", "inline requests are not supported; give traffic.trace_path")
+    sla = spec.get("sla") or {}
+    for key, value in sla.items():
+        _choice("spec.sla key", key, ("ttft_ms", "itl_ms", "e2e_ms"))
+        if value is not None and _float(f"spec.sla.{key}", value) <= 0:
+            _fail(f"spec.sla.{key}", "must be > 0")
+    if "e2e_ms" in sla and ("ttft_ms" in sla or "itl_ms" in sla):
+        _fail("spec.sla", "e2e_ms is mutually exclusive with ttft_ms / itl_ms")
+
+    traffic = payload.get("traffic") or {}
+    for key in traffic:
+        if key not in _TRAFFIC_KEYS:
+            _fail(f"traffic.{key}", "unknown or unsupported field; allowed: " + ", ".join(sorted(_TRAFFIC_KEYS)))
+    _choice("traffic.source_type", traffic.get("source_type", "trace"), ("trace",))
+    _choice("traffic.trace_format", traffic.get("trace_format", "mooncake"), ("mooncake",))
+    load = _choice("traffic.load_type", traffic.get("load_type", "trace_timestamps"),
+                   ("trace_timestamps", "concurrency"))
+    conc = traffic.get("replay_concurrency", traffic.get("concurrency"))
+    concurrency = 0
+    if conc is not None:
+        concurrency = _int("traffic.replay_concurrency", conc, 1)
+    elif load == "concurrency":
+        _fail("traffic.replay_concurrency", "required when load_type is 'concurrency'")
+    trace = trace_override or traffic.get("trace_path")
+    if not trace:
+        _fail("traffic.trace_path", "required (or pass --trace)")
+    trace_path = Path(trace)
+    if trace_override is None and not trace_path.is_absolute():
+        trace_path = Path(base_dir) / trace_path
+    return ReplaySetup(
+        rank=rank,
+        workers=workers,
+        trace_path=str(trace_path),
+        trace_block_size=_int("traffic.trace_block_size", traffic.get("trace_block_size", 512), 1),
+        arrival_speedup_ratio=_float("traffic.arrival_speedup_ratio",
+                                     traffic.get("arrival_speedup_ratio", 1.0)),
+        concurrency=concurrency,
+        sla={k: float(v) for k, v in sla.items() if v is not None},
+    )
+
+
+def load_spec(path: str | Path, trace_override: str | None = None) -> ReplaySetup:
+    path = Path(path)
+    try:
+        payload = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    return parse_payload(payload, path.parent, trace_override)

@@ -1,0 +1,436 @@
+"""Mooncake JSONL trace loader.
+
+A trace is lowered into a ``Workload``: a structure of numpy arrays with one row per trace
+row (= one request = one turn of a session), in file order.  The semantics follow the
+reference simulator's native Mooncake loader (spec replay.md section 3.1):
+
+* every non-blank line is one JSON object = one turn; rows sharing ``session_id`` form a
+  session in file order, a row without ``session_id`` is its own session named
+  ``request_<line number>`` (1-based, blank lines count) -- that name is also the request
+  identity the reference writes into its per-request CSV;
+* a session's first turn starts at its ``timestamp``; starts are re-based so that the
+  earliest one is 0 and then divided by ``arrival_speedup_ratio``;
+* a later turn is released ``delay_ms`` after the PREVIOUS TURN COMPLETES (think time), not
+  at an absolute time, so it has no ``start_ms`` (NaN);
+* hash ids are interned to dense uint32 ids in order of first appearance in the file and
+  the prompt is synthesized from them block by block (``prompt_tokens``).
+
+Parsing is plain ``json.loads`` per line; the per-row work is kept to dictionary lookups
+and type checks so that a 100k-row trace loads in about a second.  Interning and the
+CSR layout of the hash ids are done once at the end with numpy.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import math
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_TRACE_NAME",
+    "TraceError",
+    "Workload",
+    "default_trace_path",
+    "load_default_trace",
+    "load_mooncake",
+    "prompt_tokens",
+]
+
+# Bundled default trace: the first 3000 rows of the public Mooncake conversation trace
+# (see datasets/README.md), installed as package data of ``aisim_fast.datasets``.
+DEFAULT_TRACE_NAME = "mooncake_conversation_3k.jsonl"
+_DATASETS_PACKAGE = "aisim_fast.datasets"
+
+_U64_END = 1 << 64
+_U32_END = 1 << 32
+_I32_MIN, _I32_END = -(1 << 31), 1 << 31
+# Lengths are stored as int64; anything at or above 2**63 cannot be a real token count.
+_I64_END = 1 << 63
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be loaded.
+
+    The message is ``<path>:<line>: <what is wrong>`` (``<path>: ...`` for problems that
+    concern the whole file, e.g. no rows at all).  ``path``, ``line_no`` (1-based, or None)
+    and ``reason`` are kept as attributes for callers that want to re-format it.
+    """
+
+    def __init__(self, path: str, line_no: int | None, reason: str):
+        self.path = path
+        self.line_no = line_no
+        self.reason = reason
+        where = path if line_no is None else f"{path}:{line_no}"
+        super().__init__(f"{where}: {reason}")
+
+
+class Workload(NamedTuple):
+    """One row per trace row (request / turn), in file order.
+
+    ``hash_indptr``/``hash_ids`` are CSR: the interned hash ids of row q are
+    ``hash_ids[hash_indptr[q]:hash_indptr[q + 1]]``.
+    """
+
+    path: str
+    trace_block_size: int  # tokens per hash id (Mooncake public traces: 512)
+    line_no: np.ndarray  # int64[q], 1-based physical line of the row
+    request_name: np.ndarray  # object[q] of str, session_id or "request_<line_no>"
+    session: np.ndarray  # int32[q], dense session index by first appearance
+    turn_index: np.ndarray  # int32[q], 0, 1, 2, ... within the session in file order
+    start_ms: np.ndarray  # float64[q], session start (turn 0), NaN for later turns
+    delay_ms: np.ndarray  # float64[q], think time after the previous turn completes; 0 for turn 0
+    input_len: np.ndarray  # int64[q], prompt tokens
+    output_len: np.ndarray  # int64[q], tokens to generate
+    hash_indptr: np.ndarray  # int64[q + 1]
+    hash_ids: np.ndarray  # uint32[nnz], interned (first distinct id in the file -> 0)
+    order: np.ndarray  # int64[n_sessions], turn-0 rows stably sorted by start_ms
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.line_no.shape[0])
+
+    @property
+    def num_sessions(self) -> int:
+        return int(self.order.shape[0])
+
+
+class _RowError(Exception):
+    """Raised by the field checks; the loader adds the file name and line number."""
+
+
+def _show(value) -> str:
+    # JSON spelling, so the message shows what the file says (null, "3", 1.5, NaN).
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _field(obj: dict, name: str, alias: str | None):
+    """Return (key used, value) for a field that may be spelled ``name`` or ``alias``.
+
+    A JSON null counts as absent (the reference deserializes these fields as options).
+    Both spellings at once are rejected, as the reference's deserializer does.
+    """
+    if alias is not None and alias in obj:
+        if name in obj:
+            raise _RowError(f'both "{name}" and "{alias}" are set; give only one')
+        return alias, obj[alias]
+    return name, obj.get(name)
+
+
+def _count(key: str, value) -> int:
+    # bool is a subclass of int in Python but not an integer in JSON.
+    if type(value) is not int or value < 0 or value >= _I64_END:
+        raise _RowError(f'"{key}" must be a non-negative integer, got {_show(value)}')
+    return value
+
+
+def _finite_ms(key: str, value) -> float:
+    if type(value) is int or type(value) is float:
+        try:
+            ms = float(value)
+        except OverflowError:
+            ms = math.inf
+        if math.isfinite(ms):
+            return ms
+    raise _RowError(f'"{key}" must be a finite number of milliseconds, got {_show(value)}')
+
+
+def _hash_ids(value) -> list:
+    if value is None:
+        raise _RowError('missing required field "hash_ids"')
+    if type(value) is not list or not value:
+        raise _RowError(f'"hash_ids" must be a non-empty list of integers, got {_show(value)}')
+    for i, h in enumerate(value):
+        if type(h) is not int or h < 0 or h >= _U64_END:
+            raise _RowError(f'"hash_ids"[{i}] must be an integer in [0, 2**64), got {_show(h)}')
+    return value
+
+
+def _check_extras(obj: dict, output_len: int) -> None:
+    # Fields the replay does not use but the reference validates; a trace that the
+    # reference rejects must be rejected here too.
+    for key in ("request_id", "policy_class"):
+        v = obj.get(key)
+        if v is not None and type(v) is not str:
+            raise _RowError(f'"{key}" must be a string, got {_show(v)}')
+    v = obj.get("priority")
+    if v is not None and (type(v) is not int or not _I32_MIN <= v < _I32_END):
+        raise _RowError(f'"priority" must be a 32-bit signed integer, got {_show(v)}')
+    v = obj.get("strict_priority")
+    if v is not None and (type(v) is not int or not 0 <= v < _U32_END):
+        raise _RowError(f'"strict_priority" must be a 32-bit unsigned integer, got {_show(v)}')
+    v = obj.get("output_token_ids")
+    if v is not None:
+        if type(v) is not list:
+            raise _RowError(f'"output_token_ids" must be a list of token ids, got {_show(v)}')
+        for i, t in enumerate(v):
+            if type(t) is not int or not 0 <= t < _U32_END:
+                raise _RowError(
+                    f'"output_token_ids"[{i}] must be an integer in [0, 2**32), got {_show(t)}'
+                )
+        if len(v) != output_len:
+            raise _RowError(
+                f'"output_token_ids" has {len(v)} tokens but the output length is {output_len}'
+            )
+
+
+def _intern(flat: list) -> np.ndarray:
+    """Map raw u64 hash ids to dense uint32 ids in order of first appearance."""
+    if not flat:
+        return np.zeros(0, dtype=np.uint32)
+    raw = np.array(flat, dtype=np.uint64)
+    uniq, first_pos, inverse = np.unique(raw, return_index=True, return_inverse=True)
+    if uniq.shape[0] > _U32_END:
+        raise ValueError("trace contains more distinct hash ids than uint32 can represent")
+    # np.unique numbers ids by value; renumber them by the position of their first use.
+    dense = np.empty(uniq.shape[0], dtype=np.uint32)
+    dense[np.argsort(first_pos, kind="stable")] = np.arange(uniq.shape[0], dtype=np.uint32)
+    return dense[inverse.reshape(-1)]
+
+
+def load_mooncake(
+    path,
+    *,
+    trace_block_size: int = 512,
+    arrival_speedup_ratio: float = 1.0,
+    max_rows: int | None = None,
+) -> Workload:
+    """Load a Mooncake JSONL trace into a ``Workload``.
+
+    ``trace_block_size`` is the number of tokens each hash id stands for (it must be the
+    block size the trace was produced with; 512 for the public Mooncake traces).
+    ``arrival_speedup_ratio`` divides session starts and inter-turn delays.
+    ``max_rows`` keeps only the first that many rows (non-blank lines).
+
+    Raises ``TraceError`` (a ValueError) naming the file and line for malformed rows and
+    ``ValueError`` for invalid arguments.
+    """
+    if type(trace_block_size) is not int or trace_block_size <= 0:
+        raise ValueError(f"trace_block_size must be a positive integer, got {trace_block_size!r}")
+    try:
+        ratio = float(arrival_speedup_ratio)
+    except (TypeError, ValueError):
+        ratio = math.nan
+    if not (math.isfinite(ratio) and ratio > 0.0):
+        raise ValueError(
+            f"arrival_speedup_ratio must be a finite number > 0, got {arrival_speedup_ratio!r}"
+        )
+    if max_rows is not None and (type(max_rows) is not int or max_rows <= 0):
+        raise ValueError(f"max_rows must be a positive integer or None, got {max_rows!r}")
+
+    path_str = os.fspath(path)
+    block = trace_block_size
+
+    line_nos: list[int] = []
+    names: list[str] = []
+    sessions: list[int] = []
+    turns: list[int] = []
+    delays: list[float] = []
+    input_lens: list[int] = []
+    output_lens: list[int] = []
+    hash_counts: list[int] = []
+    flat_hashes: list[int] = []
+
+    session_of: dict[str, int] = {}
+    session_turns: list[int] = []  # turns seen so far, per session
+    session_last_ts: list[float | None] = []  # last timestamp seen, per session
+    session_first_ts: list[float | None] = []  # first turn's timestamp, per session
+
+    with open(path_str, "rb") as f:
+        # Binary mode: lines split on b"\n" only (like the reference), so line numbers
+        # match the reference's "request_<line>" names even with stray "\r" characters.
+        for line_no, raw_line in enumerate(f, 1):
+            if max_rows is not None and len(line_nos) >= max_rows:
+                break
+            if not raw_line.strip():
+                continue
+            try:
+                try:
+                    obj = json.loads(raw_line)
+                except json.JSONDecodeError as exc:
+                    raise _RowError(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+                except UnicodeDecodeError as exc:
+                    raise _RowError(f"invalid JSON: not UTF-8 ({exc.reason})") from None
+                if type(obj) is not dict:
+                    raise _RowError(f"a row must be a JSON object, got {_show(obj)}")
+
+                hashes = _hash_ids(obj.get("hash_ids"))
+                capacity = len(hashes) * block
+
+                key, v = _field(obj, "input_length", "input_tokens")
+                if v is None:
+                    input_len = capacity
+                else:
+                    input_len = _count(key, v)
+                    if input_len == 0:
+                        raise _RowError(f'"{key}" must be positive, got 0')
+                    if input_len > capacity:
+                        raise _RowError(
+                            f'"{key}" {input_len} exceeds the capacity of its hash_ids: '
+                            f"{len(hashes)} ids x trace_block_size {block} = {capacity} tokens"
+                        )
+
+                key, v = _field(obj, "output_length", "output_tokens")
+                if v is None:
+                    raise _RowError('missing required field "output_length" (or "output_tokens")')
+                output_len = _count(key, v)
+
+                key, v = _field(obj, "timestamp", "created_time")
+                ts = None if v is None else _finite_ms(key, v)
+
+                delay_key, delay_raw = _field(obj, "delay", "delay_ms")
+                delay = None
+                if delay_raw is not None:
+                    delay = _finite_ms(delay_key, delay_raw)
+                    if delay < 0.0:
+                        raise _RowError(
+                            f'"{delay_key}" must not be negative, got {_show(delay_raw)}'
+                        )
+
+                sid = obj.get("session_id")
+                if sid is None:
+                    name = f"request_{line_no}"
+                elif type(sid) is str:
+                    name = sid
+                else:
+                    raise _RowError(f'"session_id" must be a string, got {_show(sid)}')
+
+                _check_extras(obj, output_len)
+
+                s = session_of.get(name)
+                if s is None:
+                    if delay is not None and delay != 0.0:
+                        raise _RowError(
+                            f'first turn of session "{name}" must not carry a non-zero '
+                            f'"{delay_key}", got {_show(delay_raw)}'
+                        )
+                    s = len(session_turns)
+                    session_of[name] = s
+                    session_turns.append(0)
+                    session_last_ts.append(ts)
+                    session_first_ts.append(ts)
+                    delay = 0.0
+                elif delay is None:
+                    if ts is None:
+                        delay = 0.0
+                    else:
+                        last = session_last_ts[s]
+                        if last is None:
+                            # The reference refuses to guess a gap from an absent timestamp.
+                            raise _RowError(
+                                f'cannot infer the delay of this turn of session "{name}": '
+                                "no earlier turn has a timestamp; give \"delay\""
+                            )
+                        delay = ts - last
+                        if not (math.isfinite(delay) and delay >= 0.0):
+                            raise _RowError(
+                                f'timestamp {_show(ts)} is before the previous timestamp '
+                                f'{_show(last)} of session "{name}" (inferred delay '
+                                f"{delay} ms); a delay must be non-negative"
+                            )
+                turn = session_turns[s]
+                session_turns[s] = turn + 1
+                if ts is not None:
+                    session_last_ts[s] = ts
+            except _RowError as exc:
+                raise TraceError(path_str, line_no, str(exc)) from None
+
+            line_nos.append(line_no)
+            names.append(name)
+            sessions.append(s)
+            turns.append(turn)
+            delays.append(delay)
+            input_lens.append(input_len)
+            output_lens.append(output_len)
+            hash_counts.append(len(hashes))
+            flat_hashes.extend(hashes)
+
+    if not line_nos:
+        raise TraceError(path_str, None, "no requests (the file is empty or has only blank lines)")
+
+    n = len(line_nos)
+    session = np.array(sessions, dtype=np.int32)
+    turn_index = np.array(turns, dtype=np.int32)
+    first = turn_index == 0
+
+    # Session starts: a first turn without a timestamp starts at 0 (before re-basing),
+    # the convention of the reference's Python materializer.
+    first_ts = np.array(
+        [0.0 if t is None else t for t in session_first_ts], dtype=np.float64
+    )
+    first_ts -= first_ts.min()
+    first_ts /= ratio
+    start_ms = np.full(n, np.nan, dtype=np.float64)
+    start_ms[first] = first_ts[session[first]]
+
+    delay_ms = np.array(delays, dtype=np.float64)
+    delay_ms /= ratio
+
+    hash_indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.array(hash_counts, dtype=np.int64), out=hash_indptr[1:])
+
+    first_rows = np.flatnonzero(first).astype(np.int64)
+    # Equal starts keep file order: the reference routes and queues ties in line order.
+    order = first_rows[np.argsort(start_ms[first_rows], kind="stable")]
+
+    request_name = np.empty(n, dtype=object)
+    request_name[:] = names
+
+    return Workload(
+        path=path_str,
+        trace_block_size=block,
+        line_no=np.array(line_nos, dtype=np.int64),
+        request_name=request_name,
+        session=session,
+        turn_index=turn_index,
+        start_ms=start_ms,
+        delay_ms=delay_ms,
+        input_len=np.array(input_lens, dtype=np.int64),
+        output_len=np.array(output_lens, dtype=np.int64),
+        hash_indptr=hash_indptr,
+        hash_ids=_intern(flat_hashes),
+        order=order,
+    )
+
+
+def prompt_tokens(w: Workload, q: int) -> np.ndarray:
+    """The synthesized prompt of row ``q`` (uint32[input_len[q]]).
+
+    Block i is ``min(trace_block_size, remaining)`` copies of the interned id of the
+    row's i-th hash id, truncated at ``input_len[q]`` -- the same tokens the reference
+    builds, so engine-side block hashes of equal prefixes agree.
+    """
+    n_tokens = int(w.input_len[q])
+    block = w.trace_block_size
+    lo = int(w.hash_indptr[q])
+    n_blocks = -(-n_tokens // block)
+    return np.repeat(w.hash_ids[lo : lo + n_blocks], block)[:n_tokens]
+
+
+def default_trace_path() -> Path:
+    """Filesystem path of the bundled default trace.
+
+    Looked up as package data of ``aisim_fast.datasets``; in a source checkout that is
+    not installed the package does not exist, so fall back to the repo's ``datasets/``.
+    """
+    try:
+        resource = importlib.resources.files(_DATASETS_PACKAGE).joinpath(DEFAULT_TRACE_NAME)
+        if resource.is_file():
+            return Path(os.fspath(resource))
+    except (ModuleNotFoundError, TypeError):
+        # TypeError: the package is importable but not file-backed (e.g. zipped).
+        pass
+    return Path(__file__).resolve().parent.parent / "datasets" / DEFAULT_TRACE_NAME
+
+
+def load_default_trace(**kwargs) -> Workload:
+    """Load the bundled 3000-row Mooncake conversation trace (keyword args as load_mooncake)."""
+    return load_mooncake(default_trace_path(), **kwargs)

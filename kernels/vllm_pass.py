@@ -1,0 +1,546 @@
+"""One forward pass of a vLLM or TRT-LLM rank (``scheduler/vllm/core.rs`` and
+``policy.rs`` of the reference; behaviour as verified in spec/engine.md §5, §6, §14).
+
+A pass, in order: running requests first (token budget, chunked prefill, KV
+allocation with preemption by recompute), then the strict-FIFO waiting queue
+(rejections, the admission decision, ``max_num_seqs``), then prefill timing from
+the batch counters, then every ready request emits one token; the decode batch
+excludes first tokens produced by the pass that computed their prompt.
+
+State is mutated eagerly at pass start; the replay loop makes terminals visible
+at the pass end it returns (tokens are stamped with that end here).
+"""
+
+import numpy as np
+from numba import njit
+
+from .block_pool import num_active, release_ref, reserve, table_find, cache_copy
+from .layout import (
+    NO_BLOCK, POLICY_TRTLLM, ROLE_DECODE, ROLE_PREFILL, RS_DONE, RS_PREEMPTED, RS_RUNNING,
+    RS_WAITING, TERM_COMPLETED, TERM_REJECTED, PL_WORKER, PL_START_MS, PL_END_MS,
+    PL_NUM_PREFILL_REQUESTS, PL_SUM_PREFILL_TOKENS, PL_SUM_PREFILL_KV_TOKENS,
+    PL_NUM_DECODE_REQUESTS, PL_SUM_DECODE_KV_TOKENS, PL_NUM_ADMITTED, PL_NUM_PREEMPTED,
+    PL_NUM_OUTPUT_TOKENS, PL_NUM_RUNNING, PL_NUM_WAITING, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
+)
+from .sketch import fold_gap
+from .timing import decode_ns, ns_to_ms, prefill_ns
+from .xxh3 import XXH3_SEED, hash_chain, synthetic_output_token, xxh3_64_u32
+
+# schedule_request outcomes
+SCHEDULED = 0
+BLOCKED = 1
+CURRENT_PREEMPTED = 2
+ALLOC_ARENA_FULL = 3
+
+
+@njit(cache=True, inline="always")
+def _ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+@njit(cache=True, inline="always")
+def seq_len(rq, q):
+    return rq.prompt_len[q] + rq.generated[q]
+
+
+@njit(cache=True)
+def remaining_generation(cfg, rq, w, q):
+    """Tokens still to generate: output budget, and ``max_model_len`` when set."""
+    rem = rq.max_output[q] - rq.generated[q]
+    limit = cfg.max_model_len[w]
+    if limit >= 0:
+        rem = min(rem, limit - seq_len(rq, q))
+    return rem
+
+
+# ---------------------------------------------------------------------------------
+# queues: running list (index order matters for the preemption cursor) and the
+# waiting ring (preempted requests go to its front)
+# ---------------------------------------------------------------------------------
+@njit(cache=True)
+def wait_at(wk, w, i):
+    return wk.wait_q[wk.wait_off[w] + (wk.wait_head[w] + i) % wk.wait_cap[w]]
+
+
+@njit(cache=True)
+def wait_push_back(wk, w, q):
+    cap = wk.wait_cap[w]
+    wk.wait_q[wk.wait_off[w] + (wk.wait_head[w] + wk.wait_len[w]) % cap] = q
+    wk.wait_len[w] += 1
+
+
+@njit(cache=True)
+def wait_push_front(wk, w, q):
+    cap = wk.wait_cap[w]
+    h = (wk.wait_head[w] - 1 + cap) % cap
+    wk.wait_head[w] = h
+    wk.wait_q[wk.wait_off[w] + h] = q
+    wk.wait_len[w] += 1
+
+
+@njit(cache=True)
+def wait_remove_at(wk, w, i):
+    """Remove entry ``i`` keeping the order of the others."""
+    cap = wk.wait_cap[w]
+    off = wk.wait_off[w]
+    head = wk.wait_head[w]
+    if i == 0:
+        wk.wait_head[w] = (head + 1) % cap
+    else:
+        for j in range(i, wk.wait_len[w] - 1):
+            wk.wait_q[off + (head + j) % cap] = wk.wait_q[off + (head + j + 1) % cap]
+    wk.wait_len[w] -= 1
+
+
+@njit(cache=True)
+def run_remove_at(wk, w, i):
+    off = wk.run_off[w]
+    n = wk.run_len[w]
+    for j in range(i, n - 1):
+        wk.run_q[off + j] = wk.run_q[off + j + 1]
+    wk.run_len[w] = n - 1
+
+
+# ---------------------------------------------------------------------------------
+# tokens and block identities
+# ---------------------------------------------------------------------------------
+@njit(cache=True)
+def token_at(rq, wl, q, pos):
+    """Token id at ``pos`` of request q: the interned trace hash id of the prompt
+    block, or the reference's synthetic output token for generated positions."""
+    prompt = rq.prompt_len[q]
+    if pos < prompt:
+        row = rq.src_row[q]
+        return wl.hash_ids[wl.hash_indptr[row] + pos // wl.trace_block_size[row]]
+    return synthetic_output_token(np.uint64(0), rq.uuid_lo[q], np.uint64(pos - prompt))
+
+
+@njit(cache=True)
+def _hash_block(rq, wl, q, i, bs, scratch_tokens):
+    """Sequence hash of block i of request q (block i-1 must already be hashed)."""
+    for j in range(bs):
+        scratch_tokens[j] = token_at(rq, wl, q, i * bs + j)
+    local = xxh3_64_u32(scratch_tokens, 0, bs, XXH3_SEED)
+    if i == 0:
+        return local
+    return hash_chain(rq.seq_hash[rq.lease_off[q] + i - 1], local)
+
+
+@njit(cache=True)
+def prefix_cost(cfg, p, rq, w, q):
+    """(cached_tokens, active_cached_tokens) of a prefix lookup: leading complete
+    blocks with a resident copy; active = those whose primary copy is referenced
+    or pinned. Lookup does not touch the LRU."""
+    if not cfg.enable_prefix_caching[w]:
+        return 0, 0
+    bs = cfg.block_size[w]
+    length = seq_len(rq, q)
+    k0 = rq.lease_off[q]
+    overlap = 0
+    active = 0
+    for i in range(rq.num_hashed[q]):
+        b = table_find(p, w, rq.seq_hash[k0 + i])
+        if b == NO_BLOCK:
+            break
+        overlap += 1
+        if p.blk_ref[b] > 0 or p.blk_pin[b] > 0:
+            active += 1
+    return min(overlap * bs, length), min(active * bs, length)
+
+
+@njit(cache=True)
+def capped_prefix_cost(cfg, p, rq, w, q):
+    """Prefix cost after the vLLM recompute rule: while logits are still needed the
+    cached prefix is capped at ``floor((len-1)/bs)*bs`` (a fully cached aligned
+    prompt recomputes its last block). TRT-LLM applies no cap."""
+    cached, active = prefix_cost(cfg, p, rq, w, q)
+    if cfg.policy[w] != POLICY_TRTLLM and remaining_generation(cfg, rq, w, q) > 0:
+        bs = cfg.block_size[w]
+        cap = ((seq_len(rq, q) - 1) // bs) * bs
+        cached = min(cached, cap)
+        active = min(active, cap)
+    return cached, active
+
+
+# ---------------------------------------------------------------------------------
+# lease operations
+# ---------------------------------------------------------------------------------
+@njit(cache=True)
+def allocate(cfg, p, rq, w, q, target_tokens, reusable_prefix_blocks, hits, fresh):
+    """Grow q's lease to cover ``target_tokens``; the first blocks up to
+    ``reusable_prefix_blocks`` are prefix hits, the rest fresh private copies.
+    Returns 1 ok, 0 capacity exhausted (unchanged), -1 arena exhausted."""
+    bs = cfg.block_size[w]
+    k0 = rq.lease_off[q]
+    prev = _ceil_div(rq.allocated[q], bs)
+    tgt = min(_ceil_div(target_tokens, bs), _ceil_div(seq_len(rq, q), bs))
+    if tgt <= prev:
+        rq.allocated[q] = max(rq.allocated[q], target_tokens)
+        return 1
+    count = tgt - prev
+    n_hit = min(max(0, reusable_prefix_blocks - prev), count)
+    for i in range(n_hit):
+        hits[i] = table_find(p, w, rq.seq_hash[k0 + prev + i])
+    res = reserve(p, w, cfg.num_gpu_blocks[w], hits, n_hit, count - n_hit, fresh)
+    if res != 1:
+        return res
+    for i in range(n_hit):
+        rq.lease[k0 + prev + i] = hits[i]
+    for i in range(count - n_hit):
+        rq.lease[k0 + prev + n_hit + i] = fresh[i]
+    rq.allocated[q] = target_tokens
+    return 1
+
+
+@njit(cache=True)
+def release_lease(cfg, p, rq, w, q):
+    """Release every block, tail first, so a request's leaf enters the LRU (and is
+    evicted) before its parents."""
+    bs = cfg.block_size[w]
+    k0 = rq.lease_off[q]
+    for i in range(_ceil_div(rq.allocated[q], bs) - 1, -1, -1):
+        release_ref(p, w, rq.lease[k0 + i])
+        rq.lease[k0 + i] = NO_BLOCK
+    rq.allocated[q] = 0
+
+
+@njit(cache=True)
+def finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens):
+    """Blocks completed by computing tokens [before, after) get their identity and
+    become visible, before later requests of the same pass look them up."""
+    if not cfg.enable_prefix_caching[w]:
+        return
+    bs = cfg.block_size[w]
+    k0 = rq.lease_off[q]
+    for i in range(before // bs, after // bs):
+        if i >= rq.num_hashed[q]:
+            rq.seq_hash[k0 + i] = _hash_block(rq, wl, q, i, bs, scratch_tokens)
+            rq.num_hashed[q] = i + 1
+        b = rq.lease[k0 + i]
+        if not p.blk_cached[b]:
+            cache_copy(p, w, b, rq.seq_hash[k0 + i])
+
+
+# ---------------------------------------------------------------------------------
+# the pass
+# ---------------------------------------------------------------------------------
+@njit(cache=True)
+def _preempt(cfg, p, rq, wk, w):
+    """Preempt the last (lifo) or first (fifo) running request; returns it or -1."""
+    n = wk.run_len[w]
+    if n == 0:
+        return -1
+    idx = 0 if cfg.preemption_fifo[w] else n - 1
+    v = wk.run_q[wk.run_off[w] + idx]
+    run_remove_at(wk, w, idx)
+    rq.status[v] = RS_PREEMPTED
+    rq.num_computed[v] = 0
+    rq.preemptions[v] += 1
+    wk.preemptions_total[w] += 1
+    wait_push_front(wk, w, v)
+    release_lease(cfg, p, rq, w, v)
+    return v
+
+
+@njit(cache=True)
+def trt_blocks_to_finish(cfg, p, rq, w, q, active_cached):
+    bs = cfg.block_size[w]
+    out = rq.max_output[q]
+    limit = cfg.max_model_len[w]
+    if limit >= 0:
+        out = min(out, limit - rq.prompt_len[q])
+    to_completion = _ceil_div(rq.prompt_len[q] + out, bs)
+    if rq.allocated[q] > 0:
+        have = _ceil_div(rq.allocated[q], bs)
+    else:
+        have = active_cached // bs
+    return max(0, to_completion - have)
+
+
+@njit(cache=True)
+def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
+    """Run one pass of worker ``w`` starting at ``now_ms``.
+
+    Reads and writes the worker's queues, pool and the requests it owns; pushes
+    terminals (with ``terminal_ms`` = pass end) onto the worker's terminal list.
+    ``acc`` is an int64[8] scratch for the pass counters. Returns
+    ``(end_ms, had_effect, arena_full)``."""
+    wk.pass_stamp[w] += 1
+    # unique across the workers of a simulation: a disaggregated request is
+    # scheduled on two workers and must not match a stale stamp of the other
+    stamp = wk.pass_stamp[w] * 65536 + (w % 65536) + 1
+    preemptions_before = wk.preemptions_total[w]
+    bs = cfg.block_size[w]
+    capacity = cfg.num_gpu_blocks[w]
+    is_trt = cfg.policy[w] == POLICY_TRTLLM
+    not_decode = cfg.role[w] != ROLE_DECODE
+    # acc: 0 budget, 1 batch_count, 2 total_isl, 3 total_prefix, 4 preempted_any,
+    #      5 admitted, 6 scheduled_tokens, 7 rejected
+    for i in range(8):
+        acc[i] = 0
+    acc[0] = cfg.max_num_batched_tokens[w]
+
+    # running first; the cursor is an index (a fifo victim before it shifts the list)
+    i = 0
+    while i < wk.run_len[w] and acc[0] > 0:
+        q = wk.run_q[wk.run_off[w] + i]
+        out = _schedule(cfg, p, rq, wl, wk, w, q, False, 0, now_ms, stamp, acc, hits, fresh,
+                        scratch_tokens, not_decode)
+        if out == SCHEDULED:
+            i += 1
+        elif out == CURRENT_PREEMPTED:
+            continue
+        elif out == ALLOC_ARENA_FULL:
+            return now_ms, True, True
+        else:
+            break
+
+    # waiting queue: strict FIFO
+    limit = cfg.max_model_len[w]
+    while acc[4] == 0 and wk.run_len[w] < cfg.max_num_seqs[w] and wk.wait_len[w] > 0:
+        q = wait_at(wk, w, 0)
+        length = seq_len(rq, q)
+        reject = limit >= 0 and rq.prompt_len[q] >= limit
+        if not reject and rq.status[q] == RS_WAITING:
+            if is_trt:
+                reject = _ceil_div(rq.prompt_len[q] + rq.max_output[q], bs) > capacity
+            else:
+                reject = _ceil_div(length, bs) > capacity
+        if reject:
+            wait_remove_at(wk, w, 0)
+            rq.status[q] = RS_DONE
+            rq.terminal[q] = TERM_REJECTED
+            rq.term_next[q] = wk.term_head[w]
+            wk.term_head[w] = q
+            acc[7] += 1
+            continue
+        cached, active_cached = capped_prefix_cost(cfg, p, rq, w, q)
+        available = capacity - num_active(p, w)
+        if is_trt:
+            for j in range(wk.run_len[w]):
+                rj = wk.run_q[wk.run_off[w] + j]
+                available -= trt_blocks_to_finish(cfg, p, rq, w, rj, 0)
+            needed = trt_blocks_to_finish(cfg, p, rq, w, q, active_cached)
+        else:
+            needed = _ceil_div(length, bs) - active_cached // bs
+        if needed > available:
+            break
+        budget_before = acc[0]
+        out = _schedule(cfg, p, rq, wl, wk, w, q, True, cached, now_ms, stamp, acc, hits, fresh,
+                        scratch_tokens, not_decode)
+        if out == ALLOC_ARENA_FULL:
+            return now_ms, True, True
+        if out != SCHEDULED:
+            break
+        if budget_before == acc[0] and acc[0] == 0:
+            break
+
+    # timing: prefill first, then the decode batch
+    pf_ns = prefill_ns(cfg.timing[w], cfg.fixed_prefill_ms[w], cfg.speedup_ratio[w],
+                       acc[1], acc[2], acc[3])
+    decode_start_ms = now_ms + ns_to_ms(pf_ns)
+    n_decode = 0
+    kv_sum = 0
+    off = wk.run_off[w]
+    for j in range(wk.run_len[w]):
+        q = wk.run_q[off + j]
+        if rq.num_computed[q] < seq_len(rq, q) or remaining_generation(cfg, rq, w, q) <= 0:
+            continue
+        if rq.sched_stamp[q] == stamp and rq.sched_prompt[q] > 0 and rq.generated[q] == 0:
+            continue  # first token of the pass that computed the prompt: free
+        n_decode += 1
+        kv_sum += seq_len(rq, q)
+    if cfg.role[w] == ROLE_PREFILL:
+        dc_ns = np.int64(0)
+    else:
+        dc_ns = decode_ns(cfg.timing[w], cfg.fixed_decode_ms[w], cfg.speedup_ratio[w],
+                          cfg.decode_speedup_ratio[w], n_decode, kv_sum, capacity * bs)
+    end_ms = decode_start_ms + ns_to_ms(dc_ns)
+
+    # emit: terminal-without-token outputs and one token per ready request
+    n_tokens = 0
+    keep = 0
+    for j in range(wk.run_len[w]):
+        q = wk.run_q[off + j]
+        done = False
+        if rq.num_computed[q] >= seq_len(rq, q):
+            if remaining_generation(cfg, rq, w, q) <= 0:
+                done = True
+            else:
+                rq.generated[q] += 1
+                n_tokens += 1
+                g = rq.generated[q]
+                if g == 1:
+                    rq.first_token_ms[q] = end_ms
+                else:
+                    if g == 2:
+                        rq.second_token_ms[q] = end_ms
+                    fold_gap(sims.token_stat, sims.token_hist, s, end_ms - rq.last_token_ms[q])
+                rq.last_token_ms[q] = end_ms
+                done = remaining_generation(cfg, rq, w, q) <= 0
+        if done:
+            release_lease(cfg, p, rq, w, q)
+            rq.status[q] = RS_DONE
+            rq.terminal[q] = TERM_COMPLETED
+            rq.term_next[q] = wk.term_head[w]
+            wk.term_head[w] = q
+        else:
+            wk.run_q[off + keep] = q
+            keep += 1
+    wk.run_len[w] = keep
+
+    # every terminal of this pass becomes visible at its end
+    q = wk.term_head[w]
+    while q >= 0:
+        rq.terminal_ms[q] = end_ms
+        q = rq.term_next[q]
+
+    had_effect = acc[5] > 0 or acc[6] > 0 or acc[7] > 0 or acc[4] > 0 or n_tokens > 0 \
+        or wk.term_head[w] >= 0
+    _log_pass(cfg, p, rq, wk, sims, s, w, now_ms, end_ms, stamp, acc, n_tokens,
+              wk.preemptions_total[w] - preemptions_before)
+    return end_ms, had_effect, False
+
+
+@njit(cache=True)
+def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp, acc, hits,
+              fresh, scratch_tokens, not_decode):
+    """The reference's ``schedule_request``: allocate (preempting on exhaustion),
+    finalize computed blocks, record the work and admit a waiting request."""
+    bs = cfg.block_size[w]
+    if rq.num_computed[q] == 0:
+        if from_waiting:
+            cached = cost_cached
+        else:
+            cached, _ = capped_prefix_cost(cfg, p, rq, w, q)
+    else:
+        cached = 0
+    before = rq.num_computed[q] + cached
+    length = seq_len(rq, q)
+    prompt = rq.prompt_len[q]
+    prompt_before = min(before, prompt)
+    prompt_remaining = prompt - prompt_before
+    remaining_known = max(0, length - before)
+    if prompt_remaining > 0 and not cfg.enable_chunked_prefill[w] and prompt_remaining > acc[0]:
+        return BLOCKED
+    desired = min(remaining_known, acc[0])
+    if desired == 0 and remaining_known > 0:
+        return BLOCKED
+    target = before + desired
+    after = target
+    victims_queued = 0
+    while True:
+        if target > rq.allocated[q]:
+            res = allocate(cfg, p, rq, w, q, target, cached // bs, hits, fresh)
+            if res < 0:
+                return ALLOC_ARENA_FULL
+            if res == 1:
+                rq.num_computed[q] = after
+                break
+        else:
+            rq.num_computed[q] = after
+            break
+        if cfg.policy[w] == POLICY_TRTLLM:
+            after = before  # guaranteed-no-evict never preempts
+            break
+        v = _preempt(cfg, p, rq, wk, w)
+        if v < 0:
+            after = before
+            break
+        victims_queued += 1
+        acc[4] = 1
+        if rq.sched_stamp[v] == stamp:
+            rq.sched_stamp[v] = 0
+            acc[0] += rq.sched_tokens[v]
+            acc[6] -= rq.sched_tokens[v]
+            if rq.sched_prompt[v] > 0 and not_decode:
+                acc[1] -= 1
+                acc[2] -= rq.sched_prefix[v] + rq.sched_prompt[v]
+                acc[3] -= rq.sched_prefix[v]
+        if v == q:
+            return CURRENT_PREEMPTED
+    used = after - before
+    if used == 0 and after < length:
+        return BLOCKED
+
+    finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens)
+    prompt_tokens = min(after, prompt) - prompt_before
+    rq.sched_stamp[q] = stamp
+    rq.sched_tokens[q] = used
+    rq.sched_prompt[q] = prompt_tokens
+    rq.sched_prefix[q] = prompt_before
+    rq.sched_terminal[q] = remaining_generation(cfg, rq, w, q) <= 0
+    if prompt_tokens > 0 and not_decode:
+        acc[1] += 1
+        acc[2] += prompt_before + prompt_tokens
+        acc[3] += prompt_before
+    acc[0] -= used
+    acc[6] += used
+    if from_waiting:
+        # victims preempted by this call were queued ahead of q
+        wait_remove_at(wk, w, victims_queued)
+        wk.run_q[wk.run_off[w] + wk.run_len[w]] = q
+        wk.run_len[w] += 1
+        rq.status[q] = RS_RUNNING
+        if rq.first_cached[q] < 0:
+            rq.first_cached[q] = cached
+            rq.first_admit_ms[q] = now_ms
+        rq.max_cached[q] = max(rq.max_cached[q], cached)
+        rq.admissions[q] += 1
+        if not_decode:
+            rq.committed_prefill[q] += length - cached
+        acc[5] += 1
+    return SCHEDULED
+
+
+@njit(cache=True)
+def _log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens, n_preempted):
+    """Append this pass's ForwardPassMetrics row to simulation s's pass log."""
+    row = sims.pass_log_len[s]
+    if row >= sims.pass_log.shape[1]:
+        return
+    sims.pass_log_len[s] = row + 1
+    log = sims.pass_log[s, row]
+    n_pf = 0
+    pf_tokens = 0
+    pf_kv = 0
+    n_dc = 0
+    dc_kv = 0
+    # scheduled requests of this pass: the running list plus those that ended in it
+    off = wk.run_off[w]
+    for j in range(wk.run_len[w]):
+        q = wk.run_q[off + j]
+        if rq.sched_stamp[q] == stamp:
+            if rq.sched_prompt[q] > 0:
+                n_pf += 1
+                pf_tokens += rq.sched_tokens[q]
+                pf_kv += rq.sched_prefix[q]
+            elif not rq.sched_terminal[q]:
+                n_dc += 1
+                dc_kv += rq.prompt_len[q] + rq.generated[q] - 1
+    q = wk.term_head[w]
+    while q >= 0:
+        if rq.sched_stamp[q] == stamp and rq.terminal[q] == TERM_COMPLETED:
+            if rq.sched_prompt[q] > 0:
+                n_pf += 1
+                pf_tokens += rq.sched_tokens[q]
+                pf_kv += rq.sched_prefix[q]
+            elif not rq.sched_terminal[q]:
+                n_dc += 1
+                dc_kv += rq.prompt_len[q] + rq.generated[q] - 1
+        q = rq.term_next[q]
+    log[PL_WORKER] = w - sims.w_off[s]
+    log[PL_START_MS] = start_ms
+    log[PL_END_MS] = end_ms
+    log[PL_NUM_PREFILL_REQUESTS] = n_pf
+    log[PL_SUM_PREFILL_TOKENS] = pf_tokens
+    log[PL_SUM_PREFILL_KV_TOKENS] = pf_kv
+    log[PL_NUM_DECODE_REQUESTS] = n_dc
+    log[PL_SUM_DECODE_KV_TOKENS] = dc_kv
+    log[PL_NUM_ADMITTED] = acc[5]
+    log[PL_NUM_PREEMPTED] = n_preempted
+    log[PL_NUM_OUTPUT_TOKENS] = n_tokens
+    log[PL_NUM_RUNNING] = wk.run_len[w]
+    log[PL_NUM_WAITING] = wk.wait_len[w]
+    log[PL_ACTIVE_BLOCKS] = num_active(p, w)
+    log[PL_INACTIVE_BLOCKS] = p.lru_len[w]

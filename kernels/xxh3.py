@@ -1,0 +1,510 @@
+"""XXH3-64 (the 64-bit variant of XXH3, with seed) as Numba kernels.
+
+The functions here reproduce the XXH3 algorithm of the reference xxHash
+library (xxhash.h, version 0.8.x) bit for bit: every input length class
+(0, 1-3, 4-8, 9-16, 17-128, 129-240 and the striped long path above 240
+bytes) and every 64-bit seed, including the seed-derived secret that the
+long path uses for a non-zero seed.  The `xxhash` PyPI package
+(`xxhash.xxh3_64_intdigest`) is the test oracle.
+
+All arithmetic is uint64 with wrap-around.  The 64x64->128 bit product that
+XXH3 folds into 64 bits is computed from 32-bit halves because Numba has no
+128-bit integer type.  The hot paths allocate nothing: the eight long-path
+accumulators live in a tuple of scalars, and the default secret as well as
+the secret for the simulator's seed (1337) are precomputed module constants.
+
+Input can be a uint8 buffer (`xxh3_64_bytes`) or a uint32 token buffer whose
+words are hashed as consecutive little-endian 4-byte values
+(`xxh3_64_u32`); the latter reads the words directly instead of copying them
+into a byte array.  Both share one implementation; only the low-level
+readers (`_load64`, `_load32`, `_load8`) are specialised by buffer
+dtype.  The uint32 readers assume 4-byte aligned byte offsets, which holds
+for every read XXH3 makes when the input length is a multiple of 4 and the
+input starts on a word boundary.
+"""
+
+import numpy as np
+from numba import njit
+
+# ---------------------------------------------------------------------------
+# Constants of the XXH3 specification.
+# ---------------------------------------------------------------------------
+
+PRIME32_1 = np.uint64(0x9E3779B1)
+PRIME32_2 = np.uint64(0x85EBCA77)
+PRIME32_3 = np.uint64(0xC2B2AE3D)
+PRIME64_1 = np.uint64(0x9E3779B185EBCA87)
+PRIME64_2 = np.uint64(0xC2B2AE3D27D4EB4F)
+PRIME64_3 = np.uint64(0x165667B19E3779F9)
+PRIME64_4 = np.uint64(0x85EBCA77C2B2AE63)
+PRIME64_5 = np.uint64(0x27D4EB2F165667C5)
+PRIME_MX1 = np.uint64(0x165667919E3779F9)
+PRIME_MX2 = np.uint64(0x9FB21C651E98DF25)
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+_MASK8 = np.uint64(0xFF)
+_ZERO = np.uint64(0)
+
+SECRET_SIZE = 192
+_STRIPE_LEN = 64
+_SECRET_CONSUME_RATE = 8
+_STRIPES_PER_BLOCK = (SECRET_SIZE - _STRIPE_LEN) // _SECRET_CONSUME_RATE  # 16
+_BLOCK_LEN = _STRIPE_LEN * _STRIPES_PER_BLOCK  # 1024
+_SCRAMBLE_SECRET_OFFSET = SECRET_SIZE - _STRIPE_LEN  # 128
+_LAST_STRIPE_SECRET_OFFSET = SECRET_SIZE - _STRIPE_LEN - 7  # 121
+_MERGE_SECRET_OFFSET = 11
+_MIDSIZE_START_OFFSET = 3
+_MIDSIZE_LAST_SECRET_OFFSET = 136 - 17  # XXH3_SECRET_SIZE_MIN - LASTOFFSET
+
+# Seed the simulator uses for prefix-cache block hashes.
+XXH3_SEED = np.uint64(1337)
+
+# XXH3_kSecret: the default 192-byte secret.
+DEFAULT_SECRET = np.array([
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+], dtype=np.uint8)
+DEFAULT_SECRET.setflags(write=False)
+
+
+def _derive_secret_numpy(seed):
+    """XXH3_initCustomSecret in plain numpy, used to build module constants
+    without compiling anything at import time."""
+    words = DEFAULT_SECRET.view("<u8").copy()
+    seed = np.uint64(seed)
+    # numpy array arithmetic on uint64 wraps silently, as the spec requires.
+    words[0::2] += seed
+    words[1::2] -= seed
+    secret = words.view(np.uint8).copy()
+    secret.setflags(write=False)
+    return secret
+
+
+# Secret for the simulator's seed, so the hot long path never derives one.
+SECRET_1337 = _derive_secret_numpy(XXH3_SEED)
+
+
+def _le64_of(secret, offset):
+    return int.from_bytes(bytes(secret[offset:offset + 8]), "little")
+
+
+# The 16-byte chain hash always runs the 9-16 byte path with seed 1337 and
+# the default secret, so its two key words are folded into constants here.
+_CHAIN_BITFLIP_LO = np.uint64(
+    ((_le64_of(DEFAULT_SECRET, 24) ^ _le64_of(DEFAULT_SECRET, 32)) + 1337) & 0xFFFFFFFFFFFFFFFF)
+_CHAIN_BITFLIP_HI = np.uint64(
+    ((_le64_of(DEFAULT_SECRET, 40) ^ _le64_of(DEFAULT_SECRET, 48)) - 1337) & 0xFFFFFFFFFFFFFFFF)
+# The 24-byte synthetic-token hash (seed 0) reads secret words 0, 8, 16, 24.
+_SECRET_W0 = np.uint64(_le64_of(DEFAULT_SECRET, 0))
+_SECRET_W8 = np.uint64(_le64_of(DEFAULT_SECRET, 8))
+_SECRET_W16 = np.uint64(_le64_of(DEFAULT_SECRET, 16))
+_SECRET_W24 = np.uint64(_le64_of(DEFAULT_SECRET, 24))
+_LEN24_TIMES_PRIME64_1 = np.uint64((24 * 0x9E3779B185EBCA87) & 0xFFFFFFFFFFFFFFFF)
+_LEN16 = np.uint64(16)
+
+# ---------------------------------------------------------------------------
+# Buffer readers.  `buf.itemsize` is a compile-time constant, so each
+# specialisation keeps only one branch.  Unsigned indices skip Numba's
+# negative-index wrap-around check, which lets LLVM merge byte loads.
+# They are inlined at the Numba level so that no array crosses a call
+# boundary in the hot paths (every such crossing costs an atomic
+# reference-count increment and decrement).
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True, inline="always")
+def _load64(buf, byte_offset):
+    """Little-endian uint64 at byte_offset of a uint8 or uint32 array."""
+    i = np.uint64(byte_offset)
+    if buf.itemsize == 4:
+        word = i >> 2
+        return np.uint64(buf[word]) | (np.uint64(buf[word + np.uint64(1)]) << 32)
+    return (np.uint64(buf[i])
+            | (np.uint64(buf[i + np.uint64(1)]) << 8)
+            | (np.uint64(buf[i + np.uint64(2)]) << 16)
+            | (np.uint64(buf[i + np.uint64(3)]) << 24)
+            | (np.uint64(buf[i + np.uint64(4)]) << 32)
+            | (np.uint64(buf[i + np.uint64(5)]) << 40)
+            | (np.uint64(buf[i + np.uint64(6)]) << 48)
+            | (np.uint64(buf[i + np.uint64(7)]) << 56))
+
+
+@njit(cache=True, inline="always")
+def _load32(buf, byte_offset):
+    """Little-endian uint32 (widened to uint64) at byte_offset."""
+    i = np.uint64(byte_offset)
+    if buf.itemsize == 4:
+        return np.uint64(buf[i >> 2])
+    return (np.uint64(buf[i])
+            | (np.uint64(buf[i + np.uint64(1)]) << 8)
+            | (np.uint64(buf[i + np.uint64(2)]) << 16)
+            | (np.uint64(buf[i + np.uint64(3)]) << 24))
+
+
+@njit(cache=True, inline="always")
+def _load8(buf, byte_offset):
+    """Byte (widened to uint64) at byte_offset."""
+    i = np.uint64(byte_offset)
+    if buf.itemsize == 4:
+        return (np.uint64(buf[i >> 2]) >> ((i & np.uint64(3)) << 3)) & _MASK8
+    return np.uint64(buf[i])
+
+
+# ---------------------------------------------------------------------------
+# Scalar building blocks (uint64 in, uint64 out).
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _swap32(x):
+    """Byte-reverse the low 32 bits of x (x < 2**32)."""
+    return (((x & np.uint64(0x000000FF)) << 24)
+            | ((x & np.uint64(0x0000FF00)) << 8)
+            | ((x >> 8) & np.uint64(0x0000FF00))
+            | ((x >> 24) & np.uint64(0x000000FF)))
+
+
+@njit(cache=True)
+def _swap64(x):
+    return (_swap32(x & _MASK32) << 32) | _swap32(x >> 32)
+
+
+@njit(cache=True)
+def _mul128_fold64(lhs, rhs):
+    """XOR of the high and low halves of the 128-bit product lhs*rhs.
+
+    Schoolbook multiplication on 32-bit limbs; `cross` cannot overflow
+    because it sums two 32-bit values and a product of two 32-bit values,
+    which is at most (2**32-1)**2.
+    """
+    lhs_lo = lhs & _MASK32
+    lhs_hi = lhs >> 32
+    rhs_lo = rhs & _MASK32
+    rhs_hi = rhs >> 32
+    lo_lo = lhs_lo * rhs_lo
+    hi_lo = lhs_hi * rhs_lo
+    lo_hi = lhs_lo * rhs_hi
+    hi_hi = lhs_hi * rhs_hi
+    cross = (lo_lo >> 32) + (hi_lo & _MASK32) + lo_hi
+    upper = (hi_lo >> 32) + (cross >> 32) + hi_hi
+    lower = (cross << 32) | (lo_lo & _MASK32)
+    return lower ^ upper
+
+
+@njit(cache=True)
+def _xxh64_avalanche(h):
+    h ^= h >> 33
+    h *= PRIME64_2
+    h ^= h >> 29
+    h *= PRIME64_3
+    h ^= h >> 32
+    return h
+
+
+@njit(cache=True)
+def _xxh3_avalanche(h):
+    h ^= h >> 37
+    h *= PRIME_MX1
+    h ^= h >> 32
+    return h
+
+
+@njit(cache=True)
+def _rrmxmx(h, length):
+    """Stronger avalanche of the 4-8 byte path (length as uint64)."""
+    h ^= ((h << 49) | (h >> 15)) ^ ((h << 24) | (h >> 40))
+    h *= PRIME_MX2
+    h ^= (h >> 35) + length
+    h *= PRIME_MX2
+    h ^= h >> 28
+    return h
+
+
+@njit(cache=True)
+def _mix16_words(input_lo, input_hi, secret_lo, secret_hi, seed):
+    return _mul128_fold64(input_lo ^ (secret_lo + seed), input_hi ^ (secret_hi - seed))
+
+
+@njit(cache=True)
+def _len_9to16_words(input_lo, input_hi, length, bitflip_lo, bitflip_hi):
+    """9-16 byte path given the first and last 8 input bytes as words."""
+    keyed_lo = input_lo ^ bitflip_lo
+    keyed_hi = input_hi ^ bitflip_hi
+    acc = length + _swap64(keyed_lo) + keyed_hi + _mul128_fold64(keyed_lo, keyed_hi)
+    return _xxh3_avalanche(acc)
+
+
+# ---------------------------------------------------------------------------
+# Length classes up to 240 bytes; they always use the default secret (the
+# seed enters arithmetically).  `base` is the byte offset of the input.
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True, inline="always")
+def _mix16b(buf, byte_offset, secret_offset, seed):
+    return _mix16_words(_load64(buf, byte_offset), _load64(buf, byte_offset + 8),
+                        _load64(DEFAULT_SECRET, secret_offset),
+                        _load64(DEFAULT_SECRET, secret_offset + 8), seed)
+
+
+@njit(cache=True)
+def _hash_len_0to16(buf, base, length, seed):
+    secret = DEFAULT_SECRET
+    length_u = np.uint64(length)
+    if length > 8:
+        bitflip_lo = (_load64(secret, 24) ^ _load64(secret, 32)) + seed
+        bitflip_hi = (_load64(secret, 40) ^ _load64(secret, 48)) - seed
+        return _len_9to16_words(_load64(buf, base), _load64(buf, base + length - 8),
+                                length_u, bitflip_lo, bitflip_hi)
+    if length >= 4:
+        # The seed's low half is mirrored into its high half so that both
+        # 32-bit input words are keyed by it.
+        seed_mirrored = seed ^ (_swap32(seed & _MASK32) << 32)
+        first = _load32(buf, base)
+        last = _load32(buf, base + length - 4)
+        bitflip = (_load64(secret, 8) ^ _load64(secret, 16)) - seed_mirrored
+        return _rrmxmx((last + (first << 32)) ^ bitflip, length_u)
+    if length > 0:
+        first = _load8(buf, base)
+        middle = _load8(buf, base + (length >> 1))
+        last = _load8(buf, base + length - 1)
+        combined = (first << 16) | (middle << 24) | last | (length_u << 8)
+        bitflip = (_load32(secret, 0) ^ _load32(secret, 4)) + seed
+        return _xxh64_avalanche(combined ^ bitflip)
+    return _xxh64_avalanche(seed ^ _load64(secret, 56) ^ _load64(secret, 64))
+
+
+@njit(cache=True)
+def _hash_len_17to128(buf, base, length, seed):
+    # 16-byte lanes are taken pairwise from both ends, so every byte is
+    # covered without a length-dependent loop.
+    acc = np.uint64(length) * PRIME64_1
+    end = base + length
+    if length > 32:
+        if length > 64:
+            if length > 96:
+                acc += _mix16b(buf, base + 48, 96, seed)
+                acc += _mix16b(buf, end - 64, 112, seed)
+            acc += _mix16b(buf, base + 32, 64, seed)
+            acc += _mix16b(buf, end - 48, 80, seed)
+        acc += _mix16b(buf, base + 16, 32, seed)
+        acc += _mix16b(buf, end - 32, 48, seed)
+    acc += _mix16b(buf, base, 0, seed)
+    acc += _mix16b(buf, end - 16, 16, seed)
+    return _xxh3_avalanche(acc)
+
+
+@njit(cache=True)
+def _hash_len_129to240(buf, base, length, seed):
+    acc = np.uint64(length) * PRIME64_1
+    for lane in range(8):
+        acc += _mix16b(buf, base + 16 * lane, 16 * lane, seed)
+    # The first 128 bytes are avalanched before the rest is added; lanes
+    # past 128 bytes reuse the secret from a 3-byte offset.
+    acc = _xxh3_avalanche(acc)
+    tail = _mix16b(buf, base + length - 16, _MIDSIZE_LAST_SECRET_OFFSET, seed)
+    for lane in range(8, length // 16):
+        tail += _mix16b(buf, base + 16 * lane, 16 * (lane - 8) + _MIDSIZE_START_OFFSET, seed)
+    return _xxh3_avalanche(acc + tail)
+
+
+# ---------------------------------------------------------------------------
+# Long inputs (> 240 bytes): 64-byte stripes feed eight accumulators, which
+# are scrambled after every 1024-byte block and merged at the end.
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True, inline="always")
+def _accumulate_stripe(acc, buf, byte_offset, secret, secret_offset):
+    """XXH3_accumulate_512 (scalar form) for one 64-byte stripe."""
+    a0, a1, a2, a3, a4, a5, a6, a7 = acc
+    d0 = _load64(buf, byte_offset)
+    d1 = _load64(buf, byte_offset + 8)
+    d2 = _load64(buf, byte_offset + 16)
+    d3 = _load64(buf, byte_offset + 24)
+    d4 = _load64(buf, byte_offset + 32)
+    d5 = _load64(buf, byte_offset + 40)
+    d6 = _load64(buf, byte_offset + 48)
+    d7 = _load64(buf, byte_offset + 56)
+    k0 = d0 ^ _load64(secret, secret_offset)
+    k1 = d1 ^ _load64(secret, secret_offset + 8)
+    k2 = d2 ^ _load64(secret, secret_offset + 16)
+    k3 = d3 ^ _load64(secret, secret_offset + 24)
+    k4 = d4 ^ _load64(secret, secret_offset + 32)
+    k5 = d5 ^ _load64(secret, secret_offset + 40)
+    k6 = d6 ^ _load64(secret, secret_offset + 48)
+    k7 = d7 ^ _load64(secret, secret_offset + 56)
+    # Each lane adds its raw data to its pair lane (i ^ 1) and the 32x32
+    # product of its keyed halves to itself.
+    return (a0 + d1 + (k0 & _MASK32) * (k0 >> 32),
+            a1 + d0 + (k1 & _MASK32) * (k1 >> 32),
+            a2 + d3 + (k2 & _MASK32) * (k2 >> 32),
+            a3 + d2 + (k3 & _MASK32) * (k3 >> 32),
+            a4 + d5 + (k4 & _MASK32) * (k4 >> 32),
+            a5 + d4 + (k5 & _MASK32) * (k5 >> 32),
+            a6 + d7 + (k6 & _MASK32) * (k6 >> 32),
+            a7 + d6 + (k7 & _MASK32) * (k7 >> 32))
+
+
+@njit(cache=True)
+def _scramble_lane(acc, key):
+    acc ^= acc >> 47
+    acc ^= key
+    return acc * PRIME32_1
+
+
+@njit(cache=True, inline="always")
+def _scramble(acc, secret, secret_offset):
+    a0, a1, a2, a3, a4, a5, a6, a7 = acc
+    return (_scramble_lane(a0, _load64(secret, secret_offset)),
+            _scramble_lane(a1, _load64(secret, secret_offset + 8)),
+            _scramble_lane(a2, _load64(secret, secret_offset + 16)),
+            _scramble_lane(a3, _load64(secret, secret_offset + 24)),
+            _scramble_lane(a4, _load64(secret, secret_offset + 32)),
+            _scramble_lane(a5, _load64(secret, secret_offset + 40)),
+            _scramble_lane(a6, _load64(secret, secret_offset + 48)),
+            _scramble_lane(a7, _load64(secret, secret_offset + 56)))
+
+
+@njit(cache=True)
+def hash_long_with_secret(buf, base, length, secret):
+    """XXH3-64 long path (length > 240) of buf at byte offset `base`.
+
+    `secret` is the 192-byte secret already adjusted for the seed: the
+    default secret for seed 0, otherwise make_secret(seed).  buf may be a
+    uint8 array or a uint32 array (then base and length must be multiples
+    of 4).
+    """
+    acc = (PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3,
+           PRIME64_4, PRIME32_2, PRIME64_5, PRIME32_1)
+    # The last byte always belongs to the final, possibly overlapping,
+    # stripe; hence the (length - 1) when counting full blocks and stripes.
+    n_blocks = (length - 1) // _BLOCK_LEN
+    n_stripes = n_blocks * _STRIPES_PER_BLOCK + ((length - 1) % _BLOCK_LEN) // _STRIPE_LEN
+    for stripe in range(n_stripes):
+        in_block = stripe % _STRIPES_PER_BLOCK
+        acc = _accumulate_stripe(acc, buf, base + stripe * _STRIPE_LEN,
+                                 secret, in_block * _SECRET_CONSUME_RATE)
+        # A partial last block has fewer than 16 stripes, so only full
+        # blocks are scrambled.
+        if in_block == _STRIPES_PER_BLOCK - 1:
+            acc = _scramble(acc, secret, _SCRAMBLE_SECRET_OFFSET)
+    acc = _accumulate_stripe(acc, buf, base + length - _STRIPE_LEN,
+                             secret, _LAST_STRIPE_SECRET_OFFSET)
+    a0, a1, a2, a3, a4, a5, a6, a7 = acc
+    s = _MERGE_SECRET_OFFSET
+    result = np.uint64(length) * PRIME64_1
+    result += _mul128_fold64(a0 ^ _load64(secret, s), a1 ^ _load64(secret, s + 8))
+    result += _mul128_fold64(a2 ^ _load64(secret, s + 16), a3 ^ _load64(secret, s + 24))
+    result += _mul128_fold64(a4 ^ _load64(secret, s + 32), a5 ^ _load64(secret, s + 40))
+    result += _mul128_fold64(a6 ^ _load64(secret, s + 48), a7 ^ _load64(secret, s + 56))
+    return _xxh3_avalanche(result)
+
+
+@njit(cache=True)
+def make_secret(seed):
+    """XXH3_initCustomSecret: the 192-byte secret the long path uses for a
+    non-zero seed (allocates the returned array)."""
+    seed_u = np.uint64(seed)
+    secret = np.empty(SECRET_SIZE, dtype=np.uint8)
+    for pair in range(SECRET_SIZE // 16):
+        lo = _load64(DEFAULT_SECRET, 16 * pair) + seed_u
+        hi = _load64(DEFAULT_SECRET, 16 * pair + 8) - seed_u
+        for k in range(8):
+            secret[16 * pair + k] = np.uint8((lo >> (8 * k)) & _MASK8)
+            secret[16 * pair + 8 + k] = np.uint8((hi >> (8 * k)) & _MASK8)
+    return secret
+
+
+@njit(cache=True)
+def _xxh3_64(buf, base, length, seed):
+    """XXH3-64 of `length` bytes of buf starting at byte offset `base`."""
+    if length <= 16:
+        return _hash_len_0to16(buf, base, length, seed)
+    if length <= 128:
+        return _hash_len_17to128(buf, base, length, seed)
+    if length <= 240:
+        return _hash_len_129to240(buf, base, length, seed)
+    if seed == _ZERO:
+        secret = DEFAULT_SECRET
+    elif seed == XXH3_SEED:
+        secret = SECRET_1337
+    else:
+        # Uncommon seed: derive its secret (the only allocating path).
+        secret = make_secret(seed)
+    return hash_long_with_secret(buf, base, length, secret)
+
+
+# ---------------------------------------------------------------------------
+# Public API.
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def xxh3_64_bytes(buf, start, length, seed):
+    """XXH3-64 of buf[start:start+length] (buf: uint8 array) with `seed`."""
+    return _xxh3_64(buf, np.int64(start), np.int64(length), np.uint64(seed))
+
+
+@njit(cache=True)
+def xxh3_64_u32(tokens, start, count, seed):
+    """XXH3-64 of tokens[start:start+count] viewed as 4*count little-endian
+    bytes (tokens: uint32 array) with `seed`; reads the words in place."""
+    return _xxh3_64(tokens, 4 * np.int64(start), 4 * np.int64(count), np.uint64(seed))
+
+
+@njit(cache=True)
+def hash_chain(parent, local):
+    """XXH3-64, seed 1337, of the 16 bytes u64le(parent) || u64le(local)."""
+    return _len_9to16_words(np.uint64(parent), np.uint64(local), _LEN16,
+                            _CHAIN_BITFLIP_LO, _CHAIN_BITFLIP_HI)
+
+
+@njit(cache=True)
+def hash_token_blocks(tokens, block_size, out_local, out_seq):
+    """Hash each complete block of `block_size` tokens.
+
+    out_local[i] is the seed-1337 hash of block i alone; out_seq[i] chains
+    it onto the previous block's sequence hash, so out_seq[i] identifies the
+    whole prefix tokens[:(i+1)*block_size].  Returns the number of complete
+    blocks written.
+    """
+    n_blocks = len(tokens) // block_size
+    parent = _ZERO
+    for block in range(n_blocks):
+        local = xxh3_64_u32(tokens, block * block_size, block_size, XXH3_SEED)
+        out_local[block] = local
+        if block == 0:
+            parent = local
+        else:
+            parent = hash_chain(parent, local)
+        out_seq[block] = parent
+    return n_blocks
+
+
+@njit(cache=True)
+def synthetic_output_token(uuid_hi, uuid_lo, ordinal):
+    """Deterministic token id for output position `ordinal` of a request.
+
+    Low 32 bits of XXH3-64 (seed 0) over 24 bytes: the 16 UUID bytes in
+    RFC (big-endian) order followed by u64le(ordinal).
+    """
+    # As little-endian words, the big-endian UUID halves are byte-swapped.
+    word0 = _swap64(np.uint64(uuid_hi))
+    word1 = _swap64(np.uint64(uuid_lo))
+    word2 = np.uint64(ordinal)
+    # 17-128 byte path for length 24: lanes at byte 0 and byte 8 (len-16).
+    acc = _LEN24_TIMES_PRIME64_1
+    acc += _mix16_words(word0, word1, _SECRET_W0, _SECRET_W8, _ZERO)
+    acc += _mix16_words(word1, word2, _SECRET_W16, _SECRET_W24, _ZERO)
+    return np.uint32(_xxh3_avalanche(acc) & _MASK32)
