@@ -125,183 +125,151 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     n_q = int(q_len.sum())
     n_w = int(w_len.sum())
 
-    # per-request static arrays
-    prompt_len = np.empty(n_q, np.int64)
-    max_output = np.empty(n_q, np.int64)
-    src_row = np.empty(n_q, np.int64)
-    session = np.empty(n_q, np.int64)
-    turn = np.empty(n_q, np.int64)
-    next_turn = np.empty(n_q, np.int64)
-    delay_ms = np.empty(n_q, np.float64)
-    start_ms = np.full(n_q, np.nan)
+    # per-request state, field-major (see kernels.layout)
+    rq_i = np.zeros((L.RQ_I_FIELDS, n_q), np.int64)
+    rq_f = np.full((L.RQ_F_FIELDS, n_q), np.nan)
     start_order = np.zeros(n_q, np.int64)
-    num_starts = np.zeros(n_sims, np.int64)
-    lease_blocks = np.empty(n_q, np.int64)
-    # per-worker sizes
+    cfg_i = np.zeros((L.CFG_I_FIELDS, n_w), np.int64)
+    cfg_f = np.zeros((L.CFG_F_FIELDS, n_w), np.float64)
+    sm_i = np.zeros((L.SM_FIELDS, n_sims), np.int64)
     arena = np.empty(n_w, np.int64)
     run_cap = np.empty(n_w, np.int64)
     wait_cap = np.empty(n_w, np.int64)
-    cfg_cols = {name: np.empty(n_w, dt) for name, dt in (
-        ("num_gpu_blocks", np.int64), ("block_size", np.int64), ("max_num_seqs", np.int64),
-        ("max_num_batched_tokens", np.int64), ("max_model_len", np.int64),
-        ("enable_prefix_caching", np.bool_), ("enable_chunked_prefill", np.bool_),
-        ("preemption_fifo", np.bool_), ("policy", np.int8), ("role", np.int8),
-        ("timing", np.int8), ("fixed_prefill_ms", np.float64), ("fixed_decode_ms", np.float64),
-        ("speedup_ratio", np.float64), ("decode_speedup_ratio", np.float64))}
-    concurrency = np.zeros(n_sims, np.int64)
     for s, sim in enumerate(sims):
         wl, rank = sim.workload, sim.rank
-        a, n = q_off[s], q_len[s]
+        a, n = int(q_off[s]), int(q_len[s])
         sl = slice(a, a + n)
         bs = rank.block_size
-        prompt_len[sl] = wl.input_len
         out = _effective_max_output(sim)
-        max_output[sl] = out
-        src_row[sl] = table_rows[(id(wl), bs)] + np.arange(n)
-        session[sl] = wl.session
-        turn[sl] = wl.turn_index
+        rq_i[L.RQ_PROMPT_LEN, sl] = wl.input_len
+        rq_i[L.RQ_MAX_OUTPUT, sl] = out
+        rq_i[L.RQ_SRC_ROW, sl] = table_rows[(id(wl), bs)] + np.arange(n)
+        rq_i[L.RQ_SESSION, sl] = wl.session
+        rq_i[L.RQ_TURN, sl] = wl.turn_index
         nxt = _next_turns(wl)
-        next_turn[sl] = np.where(nxt >= 0, nxt + a, -1)
-        delay_ms[sl] = wl.delay_ms
-        start_ms[sl] = wl.start_ms
+        rq_i[L.RQ_NEXT_TURN, sl] = np.where(nxt >= 0, nxt + a, -1)
+        rq_f[L.RQF_DELAY_MS, sl] = wl.delay_ms
+        rq_f[L.RQF_START_MS, sl] = wl.start_ms
         firsts = wl.order if sim.concurrency == 0 else np.flatnonzero(wl.turn_index == 0)
         start_order[a:a + len(firsts)] = firsts + a
-        num_starts[s] = len(firsts)
-        concurrency[s] = sim.concurrency
+        sm_i[L.SM_NUM_STARTS, s] = len(firsts)
+        sm_i[L.SM_CONCURRENCY, s] = sim.concurrency
         blocks = -(-(wl.input_len + out) // bs)
-        lease_blocks[sl] = blocks
+        rq_i[L.RQ_LEASE_OFF, sl] = blocks  # turned into offsets below
         per_worker = -(-n // sim.workers) + 1
         if sim.arena_blocks is not None:
             worker_arena = sim.arena_blocks
         else:
-            # resident copies never exceed the blocks of the requests a worker serves
+            # resident copies rarely exceed the blocks of the requests a worker
+            # serves; a run that does is rerun with the full pool (SIM_ARENA_FULL)
             largest = np.sort(blocks)[::-1][:per_worker]
             worker_arena = int(largest.sum()) + 16
-        for w in range(w_off[s], w_off[s] + sim.workers):
-            arena[w] = min(rank.num_gpu_blocks, worker_arena)
-            run_cap[w] = min(rank.max_num_seqs, per_worker) + 1
-            wait_cap[w] = per_worker + 1
-            cfg_cols["num_gpu_blocks"][w] = rank.num_gpu_blocks
-            cfg_cols["block_size"][w] = bs
-            cfg_cols["max_num_seqs"][w] = rank.max_num_seqs
-            cfg_cols["max_num_batched_tokens"][w] = rank.max_num_batched_tokens
-            cfg_cols["max_model_len"][w] = -1 if rank.max_model_len is None else rank.max_model_len
-            cfg_cols["enable_prefix_caching"][w] = rank.enable_prefix_caching
-            cfg_cols["enable_chunked_prefill"][w] = rank.enable_chunked_prefill
-            cfg_cols["preemption_fifo"][w] = rank.preemption_mode == "fifo"
-            cfg_cols["policy"][w] = L.POLICY_TRTLLM if rank.backend == "trtllm" else L.POLICY_VLLM
-            cfg_cols["role"][w] = {"aggregated": L.ROLE_AGGREGATED, "prefill": L.ROLE_PREFILL,
-                                   "decode": L.ROLE_DECODE}[rank.worker_type]
-            cfg_cols["timing"][w] = L.TIMING_FIXED if rank.timing_model == "fixed" else L.TIMING_POLYNOMIAL
-            cfg_cols["fixed_prefill_ms"][w] = rank.fixed_prefill_ms
-            cfg_cols["fixed_decode_ms"][w] = rank.fixed_decode_ms
-            cfg_cols["speedup_ratio"][w] = rank.speedup_ratio
-            cfg_cols["decode_speedup_ratio"][w] = rank.decode_speedup_ratio
-    cfg = L.RankConfig(**cfg_cols)
+        ws = slice(int(w_off[s]), int(w_off[s]) + sim.workers)
+        arena[ws] = min(rank.num_gpu_blocks, worker_arena)
+        run_cap[ws] = min(rank.max_num_seqs, per_worker) + 1
+        wait_cap[ws] = per_worker + 1
+        cfg_i[L.CFG_NUM_GPU_BLOCKS, ws] = rank.num_gpu_blocks
+        cfg_i[L.CFG_BLOCK_SIZE, ws] = bs
+        cfg_i[L.CFG_MAX_NUM_SEQS, ws] = rank.max_num_seqs
+        cfg_i[L.CFG_MAX_NUM_BATCHED_TOKENS, ws] = rank.max_num_batched_tokens
+        cfg_i[L.CFG_MAX_MODEL_LEN, ws] = -1 if rank.max_model_len is None else rank.max_model_len
+        cfg_i[L.CFG_PREFIX_CACHING, ws] = rank.enable_prefix_caching
+        cfg_i[L.CFG_CHUNKED_PREFILL, ws] = rank.enable_chunked_prefill
+        cfg_i[L.CFG_PREEMPTION_FIFO, ws] = rank.preemption_mode == "fifo"
+        cfg_i[L.CFG_POLICY, ws] = L.POLICY_TRTLLM if rank.backend == "trtllm" else L.POLICY_VLLM
+        cfg_i[L.CFG_ROLE, ws] = {"aggregated": L.ROLE_AGGREGATED, "prefill": L.ROLE_PREFILL,
+                                 "decode": L.ROLE_DECODE}[rank.worker_type]
+        cfg_i[L.CFG_TIMING, ws] = L.TIMING_FIXED if rank.timing_model == "fixed" else L.TIMING_POLYNOMIAL
+        cfg_f[L.CFGF_FIXED_PREFILL_MS, ws] = rank.fixed_prefill_ms
+        cfg_f[L.CFGF_FIXED_DECODE_MS, ws] = rank.fixed_decode_ms
+        cfg_f[L.CFGF_SPEEDUP_RATIO, ws] = rank.speedup_ratio
+        cfg_f[L.CFGF_DECODE_SPEEDUP_RATIO, ws] = rank.decode_speedup_ratio
+    cfg = L.RankConfig(i64=cfg_i, f64=cfg_f)
 
-    lease_off = np.concatenate([[0], np.cumsum(lease_blocks)[:-1]]).astype(np.int64)
+    lease_blocks = rq_i[L.RQ_LEASE_OFF].copy()
+    rq_i[L.RQ_LEASE_OFF] = np.concatenate([[0], np.cumsum(lease_blocks)[:-1]])
+    rq_i[L.RQ_STATUS] = L.RS_NOT_ARRIVED
+    rq_i[L.RQ_WORKER] = -1
+    rq_i[L.RQ_FIRST_CACHED] = -1
+    rq_i[L.RQ_TERM_NEXT] = -1
     n_k = int(lease_blocks.sum())
-    rq = L.Requests(
-        prompt_len=prompt_len, max_output=max_output, src_row=src_row,
-        uuid_lo=np.zeros(n_q, np.uint64), session=session, turn=turn, next_turn=next_turn,
-        delay_ms=delay_ms, lease_off=lease_off,
-        status=np.full(n_q, L.RS_NOT_ARRIVED, np.int8), worker=np.full(n_q, -1, np.int64),
-        generated=np.zeros(n_q, np.int64), num_computed=np.zeros(n_q, np.int64),
-        allocated=np.zeros(n_q, np.int64), num_hashed=np.zeros(n_q, np.int64),
-        preemptions=np.zeros(n_q, np.int64), admissions=np.zeros(n_q, np.int64),
-        first_cached=np.full(n_q, -1, np.int64), max_cached=np.zeros(n_q, np.int64),
-        sched_stamp=np.zeros(n_q, np.int64), sched_tokens=np.zeros(n_q, np.int64),
-        sched_prompt=np.zeros(n_q, np.int64), sched_prefix=np.zeros(n_q, np.int64),
-        sched_terminal=np.zeros(n_q, np.bool_), term_next=np.full(n_q, -1, np.int64),
-        arrival_ms=np.full(n_q, np.nan), first_admit_ms=np.full(n_q, np.nan),
-        first_token_ms=np.full(n_q, np.nan), second_token_ms=np.full(n_q, np.nan),
-        last_token_ms=np.full(n_q, np.nan), terminal_ms=np.full(n_q, np.nan),
-        terminal=np.zeros(n_q, np.int8), committed_prefill=np.zeros(n_q, np.int64),
-        lease=np.full(n_k, L.NO_BLOCK, np.int32), seq_hash=np.zeros(n_k, np.uint64),
-    )
+    rq = L.Requests(i64=rq_i, f64=rq_f, lease=np.full(n_k, L.NO_BLOCK, np.int32),
+                    seq_hash=np.zeros(n_k, np.uint64))
 
-    blk_off = np.concatenate([[0], np.cumsum(arena)[:-1]]).astype(np.int64)
     tab_size = np.array([_pow2_at_least(2 * a) for a in arena], np.int64)
-    tab_off = np.concatenate([[0], np.cumsum(tab_size)[:-1]]).astype(np.int64)
+    pool_w = np.zeros((L.PW_FIELDS, n_w), np.int64)
+    pool_w[L.PW_BLK_OFF] = np.concatenate([[0], np.cumsum(arena)[:-1]])
+    pool_w[L.PW_BLK_LEN] = arena
+    pool_w[L.PW_TAB_OFF] = np.concatenate([[0], np.cumsum(tab_size)[:-1]])
+    pool_w[L.PW_TAB_MASK] = tab_size - 1
     n_b = int(arena.sum())
-    pool = L.Pool(
-        blk_off=blk_off, blk_len=arena.copy(), tab_off=tab_off, tab_mask=tab_size - 1,
-        free_top=np.zeros(n_w, np.int64), num_copies=np.zeros(n_w, np.int64),
-        num_reserved=np.zeros(n_w, np.int64), lru_head=np.full(n_w, L.NO_BLOCK, np.int32),
-        lru_tail=np.full(n_w, L.NO_BLOCK, np.int32), lru_len=np.zeros(n_w, np.int64),
-        free_stack=np.empty(n_b, np.int32), blk_hash=np.zeros(n_b, np.uint64),
-        blk_ref=np.zeros(n_b, np.int32), blk_pin=np.zeros(n_b, np.int32),
-        blk_cached=np.zeros(n_b, np.bool_), blk_prev=np.empty(n_b, np.int32),
-        blk_next=np.empty(n_b, np.int32), blk_dup=np.empty(n_b, np.int32),
-        tab=np.empty(int(tab_size.sum()), np.int32),
-    )
+    pool = L.Pool(w64=pool_w, b32=np.zeros((L.PB_FIELDS, n_b), np.int32),
+                  blk_hash=np.zeros(n_b, np.uint64), tab=np.empty(int(tab_size.sum()), np.int32))
     for w in range(n_w):
         pool_reset(pool, w)
 
-    run_off = np.concatenate([[0], np.cumsum(run_cap)[:-1]]).astype(np.int64)
-    wait_off = np.concatenate([[0], np.cumsum(wait_cap)[:-1]]).astype(np.int64)
-    wk = L.Workers(
-        sim=np.repeat(np.arange(n_sims), w_len).astype(np.int64),
-        run_off=run_off, run_len=np.zeros(n_w, np.int64), wait_off=wait_off, wait_cap=wait_cap,
-        wait_head=np.zeros(n_w, np.int64), wait_len=np.zeros(n_w, np.int64),
-        busy=np.zeros(n_w, np.bool_), pass_end_ms=np.zeros(n_w), term_head=np.full(n_w, -1, np.int64),
-        stalled=np.zeros(n_w, np.bool_), pass_stamp=np.zeros(n_w, np.int64),
-        preemptions_total=np.zeros(n_w, np.int64),
-        run_q=np.zeros(int(run_cap.sum()), np.int64), wait_q=np.zeros(int(wait_cap.sum()), np.int64),
-    )
+    wk_i = np.zeros((L.WK_FIELDS, n_w), np.int64)
+    wk_i[L.WK_SIM] = np.repeat(np.arange(n_sims), w_len)
+    wk_i[L.WK_RUN_OFF] = np.concatenate([[0], np.cumsum(run_cap)[:-1]])
+    wk_i[L.WK_WAIT_OFF] = np.concatenate([[0], np.cumsum(wait_cap)[:-1]])
+    wk_i[L.WK_WAIT_CAP] = wait_cap
+    wk_i[L.WK_TERM_HEAD] = -1
+    wk = L.Workers(i64=wk_i, pass_end_ms=np.zeros(n_w),
+                   run_q=np.zeros(int(run_cap.sum()), np.int64),
+                   wait_q=np.zeros(int(wait_cap.sum()), np.int64))
+    sm_i[L.SM_Q_OFF] = q_off
+    sm_i[L.SM_Q_LEN] = q_len
+    sm_i[L.SM_W_OFF] = w_off
+    sm_i[L.SM_W_LEN] = w_len
+    sm_i[L.SM_STATUS] = L.SIM_RUNNING
+    sm_i[L.SM_UUID_NEXT] = 1
     token_stat, token_hist = sketch.token_stats_new(n_sims)
     sim_state = L.Sims(
-        q_off=q_off, q_len=q_len, w_off=w_off, w_len=w_len, concurrency=concurrency,
-        now_ms=np.zeros(n_sims), status=np.full(n_sims, L.SIM_RUNNING, np.int8),
-        start_order=start_order, start_ms=start_ms, num_starts=num_starts,
-        start_ptr=np.zeros(n_sims, np.int64), heap_q=np.zeros(n_q, np.int64),
-        heap_len=np.zeros(n_sims, np.int64), ready_ms=np.full(n_q, np.nan),
-        active_sessions=np.zeros(n_sims, np.int64), rr_cursor=np.zeros(n_sims, np.int64),
-        num_arrived=np.zeros(n_sims, np.int64), num_terminal=np.zeros(n_sims, np.int64),
-        uuid_next=np.ones(n_sims, np.int64), token_stat=token_stat, token_hist=token_hist,
+        i64=sm_i, now_ms=np.zeros(n_sims), start_order=start_order, heap_q=np.zeros(n_q, np.int64),
+        token_stat=token_stat, token_hist=token_hist,
         pass_log=np.zeros((n_sims, pass_log_rows, L.PL_NUM_COLUMNS)),
-        pass_log_len=np.zeros(n_sims, np.int64),
     )
     max_lease = int(lease_blocks.max()) if n_q else 1
-    max_bs = int(cfg.block_size.max())
+    max_bs = int(cfg_i[L.CFG_BLOCK_SIZE].max())
     return cfg, pool, rq, workload, wk, sim_state, max_lease, max_bs
 
 
 def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.DataFrame:
     n = len(sim.workload.input_len)
-    sl = slice(a, a + n)
-    first = rq.first_token_ms[sl]
-    last = rq.last_token_ms[sl]
-    n_out = rq.generated[sl]
-    arrival = rq.arrival_ms[sl]
+    ri = rq.i64[:, a:a + n]
+    rf = rq.f64[:, a:a + n]
+    first = rf[L.RQF_FIRST_TOKEN_MS]
+    last = rf[L.RQF_LAST_TOKEN_MS]
+    arrival = rf[L.RQF_ARRIVAL_MS]
+    n_out = ri[L.RQ_GENERATED]
     with np.errstate(invalid="ignore"):
         tpot = np.where(n_out >= 2, (last - first) / np.maximum(n_out - 1, 1), np.nan)
-    terminal = rq.terminal[sl]
-    status = np.array(L.TERMINAL_STATUS_NAMES, dtype=object)[terminal]
-    worker = rq.worker[sl] - w_first
+    status = np.array(L.TERMINAL_STATUS_NAMES, dtype=object)[ri[L.RQ_TERMINAL]]
+    worker = ri[L.RQ_WORKER]
+    admissions = ri[L.RQ_ADMISSIONS]
     return pd.DataFrame({
         "request_id": sim.workload.request_name,
         "trace_line": sim.workload.line_no,
         "turn_index": sim.workload.turn_index.astype(np.int64),
-        "worker": np.where(rq.worker[sl] >= 0, worker, -1),
+        "worker": np.where(worker >= 0, worker - w_first, -1),
         "arrival_ms": arrival,
-        "first_admit_ms": rq.first_admit_ms[sl],
+        "first_admit_ms": rf[L.RQF_FIRST_ADMIT_MS],
         "first_token_ms": first,
-        "second_token_ms": rq.second_token_ms[sl],
+        "second_token_ms": rf[L.RQF_SECOND_TOKEN_MS],
         "last_token_ms": last,
-        "completion_ms": rq.terminal_ms[sl],
+        "completion_ms": rf[L.RQF_TERMINAL_MS],
         "ttft_ms": first - arrival,
         "tpot_ms": tpot,
         "e2e_ms": last - arrival,
-        "input_tokens": rq.prompt_len[sl],
+        "input_tokens": ri[L.RQ_PROMPT_LEN],
         "output_tokens": n_out,
         "requested_output_tokens": sim.workload.output_len.astype(np.int64),
-        "cached_tokens": rq.max_cached[sl],
-        "first_admission_cached_tokens": np.maximum(rq.first_cached[sl], 0),
-        "admission_count": rq.admissions[sl],
-        "readmission_count": np.maximum(rq.admissions[sl] - 1, 0),
-        "preemptions": rq.preemptions[sl],
-        "committed_prefill_tokens": rq.committed_prefill[sl],
+        "cached_tokens": ri[L.RQ_MAX_CACHED],
+        "first_admission_cached_tokens": np.maximum(ri[L.RQ_FIRST_CACHED], 0),
+        "admission_count": admissions,
+        "readmission_count": np.maximum(admissions - 1, 0),
+        "preemptions": ri[L.RQ_PREEMPTIONS],
+        "committed_prefill_tokens": ri[L.RQ_COMMITTED_PREFILL],
         "terminal_status": status,
     })
 
@@ -317,11 +285,11 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     while True:
         replay_batch(cfg, pool, rq, wl, wk, st, sim_ids, max_lease, max_bs)
         calls += 1
-        for s in range(len(sims)):
-            if st.pass_log_len[s]:
-                pass_chunks[s].append(st.pass_log[s, :st.pass_log_len[s]].copy())
-                st.pass_log_len[s] = 0
-        status = st.status
+        log_len = st.i64[L.SM_PASS_LOG_LEN]
+        for s in np.flatnonzero(log_len):
+            pass_chunks[s].append(st.pass_log[s, :log_len[s]].copy())
+            log_len[s] = 0
+        status = st.i64[L.SM_STATUS]
         if np.any(status == L.SIM_ARENA_FULL):
             # a duplicate-heavy run outgrew the arena estimate: rerun those with the full pool
             redo = np.flatnonzero(status == L.SIM_ARENA_FULL)
@@ -334,7 +302,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         dead = np.flatnonzero(status == L.SIM_DEAD_END)
         if len(dead):
             s = int(dead[0])
-            in_flight = int(st.num_arrived[s] - st.num_terminal[s])
+            in_flight = int(st.i64[L.SM_NUM_ARRIVED, s] - st.i64[L.SM_NUM_TERMINAL, s])
             raise SimulationError(
                 f"simulation {s}: dead end at t={st.now_ms[s]:.6f} ms with {in_flight} in-flight "
                 "requests that can never be scheduled (a request outgrows the KV pool; the "
@@ -343,7 +311,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
             break
     requests, passes = [], []
     for s, sim in enumerate(sims):
-        requests.append(_request_frame(sim, rq, int(st.q_off[s]), int(st.w_off[s])))
+        requests.append(_request_frame(sim, rq, int(st.i64[L.SM_Q_OFF, s]), int(st.i64[L.SM_W_OFF, s])))
         chunk = np.concatenate(pass_chunks[s]) if pass_chunks[s] else np.zeros((0, L.PL_NUM_COLUMNS))
         frame = pd.DataFrame(chunk, columns=list(L.PASS_LOG_COLUMNS))
         for col in L.PASS_LOG_COLUMNS:

@@ -21,21 +21,25 @@ deletion shifts the following cluster back, so no tombstones accumulate.
 import numpy as np
 from numba import njit
 
-from .layout import NO_BLOCK
+from .layout import (
+    NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN, PB_PREV, PB_REF, PW_BLK_LEN,
+    PW_BLK_OFF, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN, PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED,
+    PW_TAB_MASK, PW_TAB_OFF,
+)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _mix(h):
     # The keys are already XXH3 outputs; fold the high bits in so masks of any
     # size see them.
     return h ^ (h >> np.uint64(29))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def table_find(p, w, h):
     """Primary copy of hash ``h`` on worker ``w``, or NO_BLOCK."""
-    off = p.tab_off[w]
-    mask = p.tab_mask[w]
+    off = p.w64[PW_TAB_OFF, w]
+    mask = p.w64[PW_TAB_MASK, w]
     i = np.int64(_mix(h) & np.uint64(mask))
     while True:
         b = p.tab[off + i]
@@ -49,8 +53,8 @@ def table_find(p, w, h):
 @njit(cache=True)
 def _table_set(p, w, h, b):
     """Point hash ``h`` at copy ``b`` (insert or replace)."""
-    off = p.tab_off[w]
-    mask = p.tab_mask[w]
+    off = p.w64[PW_TAB_OFF, w]
+    mask = p.w64[PW_TAB_MASK, w]
     i = np.int64(_mix(h) & np.uint64(mask))
     while True:
         cur = p.tab[off + i]
@@ -63,8 +67,8 @@ def _table_set(p, w, h, b):
 @njit(cache=True)
 def _table_delete(p, w, h):
     """Remove hash ``h``; shift the rest of its probe cluster back (no tombstones)."""
-    off = p.tab_off[w]
-    mask = p.tab_mask[w]
+    off = p.w64[PW_TAB_OFF, w]
+    mask = p.w64[PW_TAB_MASK, w]
     i = np.int64(_mix(h) & np.uint64(mask))
     while True:
         cur = p.tab[off + i]
@@ -91,90 +95,95 @@ def _table_delete(p, w, h):
     p.tab[off + i] = NO_BLOCK
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def num_active(p, w):
     """Blocks counted as in use: copies not in the inactive LRU, plus reservations."""
-    return p.num_copies[w] - p.lru_len[w] + p.num_reserved[w]
+    return p.w64[PW_NUM_COPIES, w] - p.w64[PW_LRU_LEN, w] + p.w64[PW_NUM_RESERVED, w]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def num_free(p, w, capacity):
-    return capacity - p.num_copies[w] - p.num_reserved[w]
+    return capacity - p.w64[PW_NUM_COPIES, w] - p.w64[PW_NUM_RESERVED, w]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _lru_unlink(p, w, b):
-    prv = p.blk_prev[b]
-    nxt = p.blk_next[b]
+    prv = p.b32[PB_PREV, b]
+    nxt = p.b32[PB_NEXT, b]
     if prv == NO_BLOCK:
-        p.lru_head[w] = nxt
+        p.w64[PW_LRU_HEAD, w] = nxt
     else:
-        p.blk_next[prv] = nxt
+        p.b32[PB_NEXT, prv] = nxt
     if nxt == NO_BLOCK:
-        p.lru_tail[w] = prv
+        p.w64[PW_LRU_TAIL, w] = prv
     else:
-        p.blk_prev[nxt] = prv
-    p.blk_prev[b] = NO_BLOCK
-    p.blk_next[b] = NO_BLOCK
-    p.lru_len[w] -= 1
+        p.b32[PB_PREV, nxt] = prv
+    p.b32[PB_PREV, b] = NO_BLOCK
+    p.b32[PB_NEXT, b] = NO_BLOCK
+    p.w64[PW_LRU_LEN, w] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _lru_push_tail(p, w, b):
-    tail = p.lru_tail[w]
-    p.blk_prev[b] = tail
-    p.blk_next[b] = NO_BLOCK
+    tail = p.w64[PW_LRU_TAIL, w]
+    p.b32[PB_PREV, b] = tail
+    p.b32[PB_NEXT, b] = NO_BLOCK
     if tail == NO_BLOCK:
-        p.lru_head[w] = b
+        p.w64[PW_LRU_HEAD, w] = b
     else:
-        p.blk_next[tail] = b
-    p.lru_tail[w] = b
-    p.lru_len[w] += 1
+        p.b32[PB_NEXT, tail] = b
+    p.w64[PW_LRU_TAIL, w] = b
+    p.w64[PW_LRU_LEN, w] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _take_slot(p, w):
     """A free arena slot, or NO_BLOCK when the arena is exhausted."""
-    top = p.free_top[w]
+    top = p.w64[PW_FREE_TOP, w]
     if top == 0:
         return NO_BLOCK
     top -= 1
-    p.free_top[w] = top
-    return p.free_stack[p.blk_off[w] + top]
+    p.w64[PW_FREE_TOP, w] = top
+    return p.b32[PB_FREE_STACK, p.w64[PW_BLK_OFF, w] + top]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _give_slot(p, w, b):
-    p.blk_ref[b] = 0
-    p.blk_pin[b] = 0
-    p.blk_cached[b] = False
-    p.blk_dup[b] = NO_BLOCK
-    p.free_stack[p.blk_off[w] + p.free_top[w]] = b
-    p.free_top[w] += 1
+    p.b32[PB_REF, b] = 0
+    p.b32[PB_PIN, b] = 0
+    p.b32[PB_CACHED, b] = 0
+    p.b32[PB_DUP, b] = NO_BLOCK
+    p.b32[PB_FREE_STACK, p.w64[PW_BLK_OFF, w] + p.w64[PW_FREE_TOP, w]] = b
+    p.w64[PW_FREE_TOP, w] += 1
 
 
 @njit(cache=True)
 def _evict_head(p, w):
     """Evict the LRU head. Returns True if it was the last copy of its hash
     (the reference reports a ``Removed`` event only then)."""
-    b = p.lru_head[w]
+    b = p.w64[PW_LRU_HEAD, w]
     _lru_unlink(p, w, b)
     h = p.blk_hash[b]
     primary = table_find(p, w, h)
     last_copy = False
+    nxt = p.b32[PB_DUP, b]
     if primary == b:
-        nxt = p.blk_dup[b]
         if nxt == NO_BLOCK:
             _table_delete(p, w, h)
             last_copy = True
         else:
+            # the oldest duplicate becomes the primary
             _table_set(p, w, h, nxt)
+            p.b32[PB_DUP_PREV, nxt] = NO_BLOCK
+            p.b32[PB_DUP_TAIL, nxt] = p.b32[PB_DUP_TAIL, b]
     else:
-        cur = primary
-        while p.blk_dup[cur] != b:
-            cur = p.blk_dup[cur]
-        p.blk_dup[cur] = p.blk_dup[b]
-    p.num_copies[w] -= 1
+        prv = p.b32[PB_DUP_PREV, b]
+        p.b32[PB_DUP, prv] = nxt
+        if nxt == NO_BLOCK:
+            p.b32[PB_DUP_TAIL, primary] = prv
+        else:
+            p.b32[PB_DUP_PREV, nxt] = prv
+    p.w64[PW_NUM_COPIES, w] -= 1
     _give_slot(p, w, b)
     return last_copy
 
@@ -184,28 +193,31 @@ def cache_copy(p, w, b, h):
     """Make private copy ``b`` (referenced by its owner) visible under hash ``h``.
     Returns True if the hash became visible (no resident copy before)."""
     p.blk_hash[b] = h
-    p.blk_cached[b] = True
+    p.b32[PB_CACHED, b] = 1
+    p.b32[PB_DUP, b] = NO_BLOCK
     primary = table_find(p, w, h)
     if primary == NO_BLOCK:
         _table_set(p, w, h, b)
+        p.b32[PB_DUP_PREV, b] = NO_BLOCK
+        p.b32[PB_DUP_TAIL, b] = b
         return True
-    cur = primary
-    while p.blk_dup[cur] != NO_BLOCK:
-        cur = p.blk_dup[cur]
-    p.blk_dup[cur] = b
+    tail = p.b32[PB_DUP_TAIL, primary]
+    p.b32[PB_DUP, tail] = b
+    p.b32[PB_DUP_PREV, b] = tail
+    p.b32[PB_DUP_TAIL, primary] = b
     return False
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def release_ref(p, w, b):
     """Drop one lease reference: a private copy is freed at once, a cached copy
     enters the LRU tail when nothing references or pins it any more."""
-    if p.blk_cached[b]:
-        p.blk_ref[b] -= 1
-        if p.blk_ref[b] == 0 and p.blk_pin[b] == 0:
+    if p.b32[PB_CACHED, b]:
+        p.b32[PB_REF, b] -= 1
+        if p.b32[PB_REF, b] == 0 and p.b32[PB_PIN, b] == 0:
             _lru_push_tail(p, w, b)
     else:
-        p.num_copies[w] -= 1
+        p.w64[PW_NUM_COPIES, w] -= 1
         _give_slot(p, w, b)
 
 
@@ -225,7 +237,7 @@ def reserve(p, w, capacity, hits, n_hits, n_fresh, out_fresh):
         inactive_hits = 0
         for i in range(n_hits):
             b = hits[i]
-            if p.blk_ref[b] == 0 and p.blk_pin[b] == 0:
+            if p.b32[PB_REF, b] == 0 and p.b32[PB_PIN, b] == 0:
                 # count distinct copies only: a copy listed twice is pinned once
                 dup = False
                 for j in range(i):
@@ -234,25 +246,25 @@ def reserve(p, w, capacity, hits, n_hits, n_fresh, out_fresh):
                         break
                 if not dup:
                     inactive_hits += 1
-        if needed_evictions > p.lru_len[w] - inactive_hits:
+        if needed_evictions > p.w64[PW_LRU_LEN, w] - inactive_hits:
             return 0
     else:
         needed_evictions = 0
     for i in range(n_hits):
         b = hits[i]
-        if p.blk_ref[b] == 0 and p.blk_pin[b] == 0:
+        if p.b32[PB_REF, b] == 0 and p.b32[PB_PIN, b] == 0:
             _lru_unlink(p, w, b)
-        p.blk_ref[b] += 1
+        p.b32[PB_REF, b] += 1
     for _ in range(needed_evictions):
         _evict_head(p, w)
     for i in range(n_fresh):
         b = _take_slot(p, w)
         if b == NO_BLOCK:
             return -1
-        p.blk_ref[b] = 1
-        p.blk_cached[b] = False
-        p.blk_dup[b] = NO_BLOCK
-        p.num_copies[w] += 1
+        p.b32[PB_REF, b] = 1
+        p.b32[PB_CACHED, b] = 0
+        p.b32[PB_DUP, b] = NO_BLOCK
+        p.w64[PW_NUM_COPIES, w] += 1
         out_fresh[i] = b
     return 1
 
@@ -260,24 +272,26 @@ def reserve(p, w, capacity, hits, n_hits, n_fresh, out_fresh):
 @njit(cache=True)
 def pool_reset(p, w):
     """Empty worker ``w``'s pool: all arena slots free, empty table and LRU."""
-    off = p.blk_off[w]
-    n = p.blk_len[w]
+    off = p.w64[PW_BLK_OFF, w]
+    n = p.w64[PW_BLK_LEN, w]
     for i in range(n):
         b = off + i
-        p.free_stack[off + i] = n - 1 - i + off
-        p.blk_ref[b] = 0
-        p.blk_pin[b] = 0
-        p.blk_cached[b] = False
-        p.blk_prev[b] = NO_BLOCK
-        p.blk_next[b] = NO_BLOCK
-        p.blk_dup[b] = NO_BLOCK
+        p.b32[PB_FREE_STACK, off + i] = n - 1 - i + off
+        p.b32[PB_REF, b] = 0
+        p.b32[PB_PIN, b] = 0
+        p.b32[PB_CACHED, b] = 0
+        p.b32[PB_PREV, b] = NO_BLOCK
+        p.b32[PB_NEXT, b] = NO_BLOCK
+        p.b32[PB_DUP, b] = NO_BLOCK
+        p.b32[PB_DUP_PREV, b] = NO_BLOCK
+        p.b32[PB_DUP_TAIL, b] = NO_BLOCK
         p.blk_hash[b] = 0
-    p.free_top[w] = n
-    p.num_copies[w] = 0
-    p.num_reserved[w] = 0
-    p.lru_head[w] = NO_BLOCK
-    p.lru_tail[w] = NO_BLOCK
-    p.lru_len[w] = 0
-    t0 = p.tab_off[w]
-    for i in range(p.tab_mask[w] + 1):
+    p.w64[PW_FREE_TOP, w] = n
+    p.w64[PW_NUM_COPIES, w] = 0
+    p.w64[PW_NUM_RESERVED, w] = 0
+    p.w64[PW_LRU_HEAD, w] = NO_BLOCK
+    p.w64[PW_LRU_TAIL, w] = NO_BLOCK
+    p.w64[PW_LRU_LEN, w] = 0
+    t0 = p.w64[PW_TAB_OFF, w]
+    for i in range(p.w64[PW_TAB_MASK, w] + 1):
         p.tab[t0 + i] = NO_BLOCK

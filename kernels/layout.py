@@ -1,7 +1,13 @@
 """State layout shared by every kernel: dtypes, sentinels, status codes and the
 NamedTuple bundles that carry the batch state into ``@njit`` code.
 
-Axes (first index of every array):
+Scalar state is field-major: one int64 (or float64) matrix per owner kind whose
+row ``F`` is the contiguous column of field ``F`` (``rq.i64[RQ_GENERATED, q]``).
+That is still structure-of-arrays (a row exports to Arrow without a copy), but a
+kernel receives ~25 arrays instead of ~100: Numba compiles the call graph several
+times faster and each call moves and reference-counts far fewer array handles.
+
+Axes (last index of every field row, first index of every other array):
 
 * ``s`` - simulation in the batch;
 * ``w`` - worker (one logical engine; with ``dp_size == 1`` a worker is one rank);
@@ -20,35 +26,34 @@ from typing import NamedTuple
 import numpy as np
 
 NO_BLOCK = np.int32(-1)          # empty lease entry / empty table slot / list end
-NO_TIME = np.nan                 # a time that has not happened
 
-# Request status (``req_status[q]``): where a request is in its life.
+# Request status (``rq.i64[RQ_STATUS, q]``): where a request is in its life.
 RS_NOT_ARRIVED = 0
 RS_WAITING = 1        # queued, never admitted
 RS_RUNNING = 2
 RS_PREEMPTED = 3      # queued again after preemption (recompute)
 RS_DONE = 4
 
-# Terminal status (``req_terminal[q]``), names follow the reference's records.
+# Terminal status (``rq.i64[RQ_TERMINAL, q]``), names follow the reference's records.
 TERM_NONE = 0
 TERM_COMPLETED = 1
 TERM_REJECTED = 2
 TERMINAL_STATUS_NAMES = ("", "completed", "rejected")
 
-# Scheduling policy of a rank (``rank_policy[w]``).
+# Scheduling policy of a rank (``cfg.i64[CFG_POLICY, w]``).
 POLICY_VLLM = 0
 POLICY_TRTLLM = 1     # vLLM core with GUARANTEED_NO_EVICT capacity policy
 
-# Worker role (``rank_role[w]``).
+# Worker role (``cfg.i64[CFG_ROLE, w]``).
 ROLE_AGGREGATED = 0
 ROLE_PREFILL = 1
 ROLE_DECODE = 2
 
-# Timing model (``rank_timing[w]``).
+# Timing model (``cfg.i64[CFG_TIMING, w]``).
 TIMING_POLYNOMIAL = 0
 TIMING_FIXED = 1
 
-# Simulation status (``sim_status[s]``) returned by the replay kernel.
+# Simulation status (``sims.i64[SM_STATUS, s]``) returned by the replay kernel.
 SIM_RUNNING = 0
 SIM_DONE = 1
 SIM_NEED_FLUSH = 2     # pass log full: the driver drains it and calls again
@@ -81,143 +86,96 @@ PASS_LOG_COLUMNS = (
 PL_NUM_COLUMNS = len(PASS_LOG_COLUMNS)
 
 
+# Rank configuration, per worker: cfg.i64[CFG_*, w] and cfg.f64[CFGF_*, w].
+(CFG_NUM_GPU_BLOCKS, CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, CFG_MAX_NUM_BATCHED_TOKENS,
+ CFG_MAX_MODEL_LEN, CFG_PREFIX_CACHING, CFG_CHUNKED_PREFILL, CFG_PREEMPTION_FIFO, CFG_POLICY,
+ CFG_ROLE, CFG_TIMING) = range(11)
+CFG_I_FIELDS = 11
+(CFGF_FIXED_PREFILL_MS, CFGF_FIXED_DECODE_MS, CFGF_SPEEDUP_RATIO,
+ CFGF_DECODE_SPEEDUP_RATIO) = range(4)
+CFG_F_FIELDS = 4
+
+# Block pool, per worker: pool.w64[PW_*, w]; per arena slot: pool.b32[PB_*, b].
+(PW_BLK_OFF, PW_BLK_LEN, PW_TAB_OFF, PW_TAB_MASK, PW_FREE_TOP, PW_NUM_COPIES, PW_NUM_RESERVED,
+ PW_LRU_HEAD, PW_LRU_TAIL, PW_LRU_LEN) = range(10)
+PW_FIELDS = 10
+# PB_DUP / PB_DUP_PREV link the copies of one hash oldest first; PB_DUP_TAIL is
+# the newest copy, kept on the primary so appending a duplicate is O(1).
+(PB_FREE_STACK, PB_REF, PB_PIN, PB_CACHED, PB_PREV, PB_NEXT, PB_DUP, PB_DUP_PREV,
+ PB_DUP_TAIL) = range(9)
+PB_FIELDS = 9
+
+# Requests: rq.i64[RQ_*, q] and rq.f64[RQF_*, q].
+(RQ_PROMPT_LEN, RQ_MAX_OUTPUT, RQ_SRC_ROW, RQ_SESSION, RQ_TURN, RQ_NEXT_TURN, RQ_LEASE_OFF,
+ RQ_UUID, RQ_STATUS, RQ_WORKER, RQ_GENERATED, RQ_NUM_COMPUTED, RQ_ALLOCATED, RQ_NUM_HASHED,
+ RQ_PREEMPTIONS, RQ_ADMISSIONS, RQ_FIRST_CACHED, RQ_MAX_CACHED, RQ_SCHED_STAMP, RQ_SCHED_TOKENS,
+ RQ_SCHED_PROMPT, RQ_SCHED_PREFIX, RQ_SCHED_TERMINAL, RQ_TERM_NEXT, RQ_TERMINAL,
+ RQ_COMMITTED_PREFILL) = range(26)
+RQ_I_FIELDS = 26
+(RQF_DELAY_MS, RQF_START_MS, RQF_READY_MS, RQF_ARRIVAL_MS, RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS,
+ RQF_SECOND_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_TERMINAL_MS) = range(9)
+RQ_F_FIELDS = 9
+
+# Workers (event loop side): wk.i64[WK_*, w].
+(WK_SIM, WK_RUN_OFF, WK_RUN_LEN, WK_WAIT_OFF, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_BUSY,
+ WK_TERM_HEAD, WK_STALLED, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL) = range(12)
+WK_FIELDS = 12
+
+# Simulations: sims.i64[SM_*, s].
+(SM_Q_OFF, SM_Q_LEN, SM_W_OFF, SM_W_LEN, SM_CONCURRENCY, SM_STATUS, SM_NUM_STARTS,
+ SM_START_PTR, SM_HEAP_LEN, SM_ACTIVE_SESSIONS, SM_RR_CURSOR, SM_NUM_ARRIVED,
+ SM_NUM_TERMINAL, SM_UUID_NEXT, SM_PASS_LOG_LEN) = range(15)
+SM_FIELDS = 15
+
+
 class RankConfig(NamedTuple):
-    """Scheduler configuration per worker ``[w]`` (reference field names)."""
-    num_gpu_blocks: np.ndarray          # int64[w]
-    block_size: np.ndarray              # int64[w]
-    max_num_seqs: np.ndarray            # int64[w]
-    max_num_batched_tokens: np.ndarray  # int64[w]
-    max_model_len: np.ndarray           # int64[w], -1 = no limit
-    enable_prefix_caching: np.ndarray   # bool[w]
-    enable_chunked_prefill: np.ndarray  # bool[w]
-    preemption_fifo: np.ndarray         # bool[w] (False = lifo)
-    policy: np.ndarray                  # int8[w] POLICY_*
-    role: np.ndarray                    # int8[w] ROLE_*
-    timing: np.ndarray                  # int8[w] TIMING_*
-    fixed_prefill_ms: np.ndarray        # float64[w]
-    fixed_decode_ms: np.ndarray         # float64[w]
-    speedup_ratio: np.ndarray           # float64[w]
-    decode_speedup_ratio: np.ndarray    # float64[w]
+    """Scheduler configuration per worker (reference field names, see CFG_*)."""
+    i64: np.ndarray   # int64[CFG_I_FIELDS, w]; max_model_len -1 = no limit
+    f64: np.ndarray   # float64[CFG_F_FIELDS, w]
 
 
 class Pool(NamedTuple):
-    """Paged G1 block pools of every worker: per-worker ``[w]`` counters and
-    per-block ``[b]`` / per-table-slot ``[t]`` arrays (global, sliced by offsets)."""
-    blk_off: np.ndarray        # int64[w] first arena slot of worker w
-    blk_len: np.ndarray        # int64[w] arena slots of worker w
-    tab_off: np.ndarray        # int64[w] first prefix-table slot of worker w
-    tab_mask: np.ndarray       # int64[w] table size - 1 (power of two)
-    free_top: np.ndarray       # int64[w] number of free arena slots on the stack
-    num_copies: np.ndarray     # int64[w] resident physical copies (private + cached)
-    num_reserved: np.ndarray   # int64[w] capacity reserved but not committed
-    lru_head: np.ndarray       # int32[w] oldest unreferenced cached copy
-    lru_tail: np.ndarray       # int32[w]
-    lru_len: np.ndarray        # int64[w]
-    free_stack: np.ndarray     # int32[b] free arena slots (per-worker stacks)
-    blk_hash: np.ndarray       # uint64[b] sequence hash of a cached copy
-    blk_ref: np.ndarray        # int32[b] lease references
-    blk_pin: np.ndarray        # int32[b] reservation pins
-    blk_cached: np.ndarray     # bool[b] cache-visible (else private to one request)
-    blk_prev: np.ndarray       # int32[b] LRU links
-    blk_next: np.ndarray       # int32[b]
-    blk_dup: np.ndarray        # int32[b] next copy of the same hash (FIFO of duplicates)
-    tab: np.ndarray            # int32[t] primary copy of a hash, NO_BLOCK = empty
+    """Paged G1 block pools of every worker (global arrays sliced by PW_BLK_OFF /
+    PW_TAB_OFF): counters per worker, links and counts per arena slot."""
+    w64: np.ndarray       # int64[PW_FIELDS, w]
+    b32: np.ndarray       # int32[PB_FIELDS, b] (free stack, refs, pins, cached flag, LRU, duplicates)
+    blk_hash: np.ndarray  # uint64[b] sequence hash of a cached copy
+    tab: np.ndarray       # int32[t] primary copy of a hash, NO_BLOCK = empty slot
 
 
 class Requests(NamedTuple):
-    """Per-request state ``[q]`` and CSR rows ``[k]`` of every simulation."""
-    # static inputs
-    prompt_len: np.ndarray       # int64[q]
-    max_output: np.ndarray       # int64[q] (TRT-LLM clamp applied by the driver)
-    src_row: np.ndarray          # int64[q] row of the workload tables (tokens, prompt hashes)
-    uuid_lo: np.ndarray          # uint64[q] canonical request uuid (ordinal), for synthetic tokens
-    session: np.ndarray          # int64[q] session index (file order of first appearance)
-    turn: np.ndarray             # int64[q] turn index inside the session
-    next_turn: np.ndarray        # int64[q] next turn of the same session, -1 = last
-    delay_ms: np.ndarray         # float64[q] think time before this turn (turn > 0)
-    lease_off: np.ndarray        # int64[q] first CSR entry of the request's block rows
-    # dynamic state
-    status: np.ndarray           # int8[q] RS_*
-    worker: np.ndarray           # int64[q] placement (global worker index), -1 = none yet
-    generated: np.ndarray        # int64[q] output tokens appended so far
-    num_computed: np.ndarray     # int64[q]
-    allocated: np.ndarray        # int64[q] tokens covered by the lease (watermark)
-    num_hashed: np.ndarray       # int64[q] leading blocks whose sequence hash is known
-    preemptions: np.ndarray      # int64[q]
-    admissions: np.ndarray       # int64[q]
-    first_cached: np.ndarray     # int64[q] reused tokens at first admission, -1 = unset
-    max_cached: np.ndarray       # int64[q] max reused tokens over admissions
-    sched_stamp: np.ndarray      # int64[q] pass stamp of the last scheduling in a pass
-    sched_tokens: np.ndarray     # int64[q] tokens scheduled in that pass
-    sched_prompt: np.ndarray     # int64[q] prompt tokens scheduled in that pass
-    sched_prefix: np.ndarray     # int64[q] prompt tokens computed or cached before it
-    sched_terminal: np.ndarray   # bool[q] generation complete right after scheduling
-    term_next: np.ndarray        # int64[q] intrusive list of terminals of an in-flight pass
-    # records
-    arrival_ms: np.ndarray       # float64[q]
-    first_admit_ms: np.ndarray   # float64[q]
-    first_token_ms: np.ndarray   # float64[q]
-    second_token_ms: np.ndarray  # float64[q]
-    last_token_ms: np.ndarray    # float64[q]
-    terminal_ms: np.ndarray      # float64[q]
-    terminal: np.ndarray         # int8[q] TERM_*
-    committed_prefill: np.ndarray  # int64[q] prompt work committed at admissions
-    # CSR rows
-    lease: np.ndarray            # int32[k] physical block of each block entry
-    seq_hash: np.ndarray         # uint64[k] sequence hash of each block entry
+    """Per-request state of every simulation, field-major (each row is one column
+    of the per-request table), plus the CSR block rows."""
+    i64: np.ndarray       # int64[RQ_I_FIELDS, q]
+    f64: np.ndarray       # float64[RQ_F_FIELDS, q]
+    lease: np.ndarray     # int32[k] physical block of each block entry
+    seq_hash: np.ndarray  # uint64[k] sequence hash of each block entry
 
 
 class Workload(NamedTuple):
     """Trace rows shared by all simulations: prompt tokens as CSR of interned
-    hash ids, and prompt block hashes per distinct engine block size."""
-    hash_indptr: np.ndarray      # int64[row+1]
-    hash_ids: np.ndarray         # uint32[nnz] interned trace hash ids
+    hash ids, and prompt block hashes for the engine block size of the row."""
+    hash_indptr: np.ndarray       # int64[row+1]
+    hash_ids: np.ndarray          # uint32[nnz] interned trace hash ids
     trace_block_size: np.ndarray  # int64[row]
-    phash_indptr: np.ndarray     # int64[row+1] prompt block hashes (engine block size of the row's sims)
-    phash: np.ndarray            # uint64[nnz]
+    phash_indptr: np.ndarray      # int64[row+1]
+    phash: np.ndarray             # uint64[nnz]
 
 
 class Workers(NamedTuple):
-    """Event-loop state of every worker ``[w]``."""
-    sim: np.ndarray              # int64[w] owning simulation
-    run_off: np.ndarray          # int64[w] running-list slice
-    run_len: np.ndarray          # int64[w]
-    wait_off: np.ndarray         # int64[w] waiting ring slice
-    wait_cap: np.ndarray         # int64[w]
-    wait_head: np.ndarray        # int64[w]
-    wait_len: np.ndarray         # int64[w]
-    busy: np.ndarray             # bool[w] pass in flight
-    pass_end_ms: np.ndarray      # float64[w]
-    term_head: np.ndarray        # int64[w] first terminal of the in-flight pass
-    stalled: np.ndarray          # bool[w] last pass had no effect; retry only after new work
-    pass_stamp: np.ndarray       # int64[w] passes started so far
-    preemptions_total: np.ndarray  # int64[w]
-    run_q: np.ndarray            # int64[..] running lists
-    wait_q: np.ndarray           # int64[..] waiting rings
+    """Event-loop state of every worker."""
+    i64: np.ndarray          # int64[WK_FIELDS, w]
+    pass_end_ms: np.ndarray  # float64[w]
+    run_q: np.ndarray        # int64[..] running lists (slices at WK_RUN_OFF)
+    wait_q: np.ndarray       # int64[..] waiting rings (slices at WK_WAIT_OFF)
 
 
 class Sims(NamedTuple):
-    """Event-loop state of every simulation ``[s]`` and its admission source."""
-    q_off: np.ndarray            # int64[s] first request
-    q_len: np.ndarray            # int64[s]
-    w_off: np.ndarray            # int64[s] first worker
-    w_len: np.ndarray            # int64[s]
-    concurrency: np.ndarray      # int64[s] closed-loop session cap, 0 = open loop
-    now_ms: np.ndarray           # float64[s]
-    status: np.ndarray           # int8[s] SIM_*
-    start_order: np.ndarray      # int64[..] first turns in admission order (per-sim slices at q_off)
-    start_ms: np.ndarray         # float64[q] session start of a first turn (open loop)
-    num_starts: np.ndarray       # int64[s] first turns of simulation s
-    start_ptr: np.ndarray        # int64[s] next first turn to release
-    heap_q: np.ndarray           # int64[..] follow-up turns waiting for their time (slices at q_off)
-    heap_len: np.ndarray         # int64[s]
-    ready_ms: np.ndarray         # float64[q] release time of a follow-up turn
-    active_sessions: np.ndarray  # int64[s]
-    rr_cursor: np.ndarray        # int64[s] round-robin placement cursor
-    num_arrived: np.ndarray      # int64[s]
-    num_terminal: np.ndarray     # int64[s]
-    uuid_next: np.ndarray        # int64[s] canonical uuid ordinal of the next arrival
-    token_stat: np.ndarray       # float64[s, TS_*] token-gap accumulators (kernels.sketch)
-    token_hist: np.ndarray       # int64[s, bins] token-gap sketches
-    pass_log: np.ndarray         # float64[s, rows, PL_NUM_COLUMNS]
-    pass_log_len: np.ndarray     # int64[s]
+    """Event-loop state of every simulation and its admission source."""
+    i64: np.ndarray          # int64[SM_FIELDS, s]
+    now_ms: np.ndarray       # float64[s]
+    start_order: np.ndarray  # int64[q] first turns in release order (slices at SM_Q_OFF)
+    heap_q: np.ndarray       # int64[q] follow-up turns by release time (slices at SM_Q_OFF)
+    token_stat: np.ndarray   # float64[s, TOKEN_STAT_WIDTH] token-gap accumulators (kernels.sketch)
+    token_hist: np.ndarray   # int64[s, TOKEN_HIST_WIDTH]
+    pass_log: np.ndarray     # float64[s, rows, PL_NUM_COLUMNS]

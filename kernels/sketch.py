@@ -157,7 +157,7 @@ def token_stats_new(num_sims):
     return stat, hist
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def fold_value(stat, hist, s, stat_base, hist_base, x):
     """Fold one finite sample ``x >= 0`` into one stream of simulation ``s``.
 
@@ -181,7 +181,7 @@ def fold_value(stat, hist, s, stat_base, hist_base, x):
         stat[s, stat_base + STAT_ZERO_COUNT] += 1.0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def fold_gap(stat, hist, s, gap_ms):
     """Fold one inter-token gap of simulation ``s`` into both token streams.
 

@@ -4,27 +4,41 @@ The functions here reproduce the XXH3 algorithm of the reference xxHash
 library (xxhash.h, version 0.8.x) bit for bit: every input length class
 (0, 1-3, 4-8, 9-16, 17-128, 129-240 and the striped long path above 240
 bytes) and every 64-bit seed, including the seed-derived secret that the
-long path uses for a non-zero seed.  The `xxhash` PyPI package
-(`xxhash.xxh3_64_intdigest`) is the test oracle.
+long path uses for a non-zero seed (XXH3_initCustomSecret).  The `xxhash`
+PyPI package (`xxhash.xxh3_64_intdigest`) is the test oracle.
 
 All arithmetic is uint64 with wrap-around.  The 64x64->128 bit product that
 XXH3 folds into 64 bits is computed from 32-bit halves because Numba has no
-128-bit integer type.  The hot paths allocate nothing: the eight long-path
-accumulators live in a tuple of scalars, and the default secret as well as
-the secret for the simulator's seed (1337) are precomputed module constants.
+128-bit integer type.
 
-Input can be a uint8 buffer (`xxh3_64_bytes`) or a uint32 token buffer whose
-words are hashed as consecutive little-endian 4-byte values
-(`xxh3_64_u32`); the latter reads the words directly instead of copying them
-into a byte array.  Both share one implementation; only the low-level
-readers (`_load64`, `_load32`, `_load8`) are specialised by buffer
-dtype.  The uint32 readers assume 4-byte aligned byte offsets, which holds
-for every read XXH3 makes when the input length is a multiple of 4 and the
-input starts on a word boundary.
+Performance notes:
+  * The core works on raw byte addresses and reads input and secret with
+    unaligned native loads (`_load64`, `_load32`, `_load8`).  Passing Numba
+    arrays between non-inlined functions costs an atomic reference-count
+    increment and decrement at every call boundary, which dominated the
+    cost of short inputs; addresses are plain integers.  The public
+    functions take arrays, keep them alive for the whole call and check
+    the requested range (IndexError) before any raw read.
+  * A uint32 token buffer is hashed in place: its memory already holds the
+    little-endian bytes XXH3 must see, so nothing is copied.
+  * Nothing is allocated per call except for long inputs with a seed other
+    than 0 or XXH3_SEED: the default secret and the secret for XXH3_SEED are
+    module constants, and the eight long-path accumulators are a tuple of
+    scalars.
+XXH3 reads little-endian words, which native loads provide only on
+little-endian hosts; the module refuses to import elsewhere.
 """
 
+import sys
+
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
+
+if sys.byteorder != "little":
+    raise ImportError("kernels.xxh3 reads words with native loads and needs a little-endian host")
 
 # ---------------------------------------------------------------------------
 # Constants of the XXH3 specification.
@@ -54,7 +68,7 @@ _SCRAMBLE_SECRET_OFFSET = SECRET_SIZE - _STRIPE_LEN  # 128
 _LAST_STRIPE_SECRET_OFFSET = SECRET_SIZE - _STRIPE_LEN - 7  # 121
 _MERGE_SECRET_OFFSET = 11
 _MIDSIZE_START_OFFSET = 3
-_MIDSIZE_LAST_SECRET_OFFSET = 136 - 17  # XXH3_SECRET_SIZE_MIN - LASTOFFSET
+_MIDSIZE_LAST_SECRET_OFFSET = 136 - 17  # XXH3_SECRET_SIZE_MIN - XXH3_MIDSIZE_LASTOFFSET
 
 # Seed the simulator uses for prefix-cache block hashes.
 XXH3_SEED = np.uint64(1337)
@@ -113,51 +127,56 @@ _LEN24_TIMES_PRIME64_1 = np.uint64((24 * 0x9E3779B185EBCA87) & 0xFFFFFFFFFFFFFFF
 _LEN16 = np.uint64(16)
 
 # ---------------------------------------------------------------------------
-# Buffer readers.  `buf.itemsize` is a compile-time constant, so each
-# specialisation keeps only one branch.  Unsigned indices skip Numba's
-# negative-index wrap-around check, which lets LLVM merge byte loads.
-# They are inlined at the Numba level so that no array crosses a call
-# boundary in the hot paths (every such crossing costs an atomic
-# reference-count increment and decrement).
+# Raw memory access.  Addresses are intp; callers guarantee the bytes exist
+# and that the owning array outlives the call.
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
-def _load64(buf, byte_offset):
-    """Little-endian uint64 at byte_offset of a uint8 or uint32 array."""
-    i = np.uint64(byte_offset)
-    if buf.itemsize == 4:
-        word = i >> 2
-        return np.uint64(buf[word]) | (np.uint64(buf[word + np.uint64(1)]) << 32)
-    return (np.uint64(buf[i])
-            | (np.uint64(buf[i + np.uint64(1)]) << 8)
-            | (np.uint64(buf[i + np.uint64(2)]) << 16)
-            | (np.uint64(buf[i + np.uint64(3)]) << 24)
-            | (np.uint64(buf[i + np.uint64(4)]) << 32)
-            | (np.uint64(buf[i + np.uint64(5)]) << 40)
-            | (np.uint64(buf[i + np.uint64(6)]) << 48)
-            | (np.uint64(buf[i + np.uint64(7)]) << 56))
+def _make_address_of(dtypes):
+    allowed = ", ".join(str(dtype) for dtype in dtypes)
+
+    @intrinsic
+    def address_of(typingctx, array):
+        # Raw addresses are only meaningful for contiguous 1-d arrays whose
+        # items are the bytes or words the caller's offsets count.
+        if not (isinstance(array, types.Array) and array.ndim == 1
+                and array.layout == "C" and array.dtype in dtypes):
+            raise TypingError(f"expected a C-contiguous 1-d array of {allowed}, got {array}")
+
+        def codegen(context, builder, signature, args):
+            array_struct = context.make_array(signature.args[0])(context, builder, value=args[0])
+            return builder.ptrtoint(array_struct.data, context.get_value_type(types.intp))
+
+        return types.intp(array), codegen
+
+    address_of.__doc__ = f"Byte address (intp) of the first item of a C-contiguous {allowed} array."
+    return address_of
 
 
-@njit(cache=True, inline="always")
-def _load32(buf, byte_offset):
-    """Little-endian uint32 (widened to uint64) at byte_offset."""
-    i = np.uint64(byte_offset)
-    if buf.itemsize == 4:
-        return np.uint64(buf[i >> 2])
-    return (np.uint64(buf[i])
-            | (np.uint64(buf[i + np.uint64(1)]) << 8)
-            | (np.uint64(buf[i + np.uint64(2)]) << 16)
-            | (np.uint64(buf[i + np.uint64(3)]) << 24))
+_address_of_bytes = _make_address_of((types.uint8,))
+_address_of_words = _make_address_of((types.uint32,))
 
 
-@njit(cache=True, inline="always")
-def _load8(buf, byte_offset):
-    """Byte (widened to uint64) at byte_offset."""
-    i = np.uint64(byte_offset)
-    if buf.itemsize == 4:
-        return (np.uint64(buf[i >> 2]) >> ((i & np.uint64(3)) << 3)) & _MASK8
-    return np.uint64(buf[i])
+def _make_loader(bits):
+    @intrinsic
+    def load(typingctx, address):
+        if not isinstance(address, types.Integer):
+            return None
+
+        def codegen(context, builder, signature, args):
+            pointer = builder.inttoptr(args[0], ir.IntType(bits).as_pointer())
+            value = builder.load(pointer, align=1)
+            return value if bits == 64 else builder.zext(value, ir.IntType(64))
+
+        return types.uint64(address), codegen
+
+    load.__doc__ = f"Unsigned {bits}-bit little-endian value at `address`, as uint64."
+    return load
+
+
+_load64 = _make_loader(64)
+_load32 = _make_loader(32)
+_load8 = _make_loader(8)
 
 
 # ---------------------------------------------------------------------------
@@ -184,8 +203,8 @@ def _mul128_fold64(lhs, rhs):
     """XOR of the high and low halves of the 128-bit product lhs*rhs.
 
     Schoolbook multiplication on 32-bit limbs; `cross` cannot overflow
-    because it sums two 32-bit values and a product of two 32-bit values,
-    which is at most (2**32-1)**2.
+    because it sums two values below 2**32 and one product of two 32-bit
+    values, which is at most (2**32-1)**2.
     """
     lhs_lo = lhs & _MASK32
     lhs_hi = lhs >> 32
@@ -236,6 +255,13 @@ def _mix16_words(input_lo, input_hi, secret_lo, secret_hi, seed):
 
 
 @njit(cache=True)
+def _mix16b(input_address, secret_address, seed):
+    """Keyed fold of 16 input bytes against 16 secret bytes."""
+    return _mix16_words(_load64(input_address), _load64(input_address + 8),
+                        _load64(secret_address), _load64(secret_address + 8), seed)
+
+
+@njit(cache=True)
 def _len_9to16_words(input_lo, input_hi, length, bitflip_lo, bitflip_hi):
     """9-16 byte path given the first and last 8 input bytes as words."""
     keyed_lo = input_lo ^ bitflip_lo
@@ -245,76 +271,71 @@ def _len_9to16_words(input_lo, input_hi, length, bitflip_lo, bitflip_hi):
 
 
 # ---------------------------------------------------------------------------
-# Length classes up to 240 bytes; they always use the default secret (the
-# seed enters arithmetically).  `base` is the byte offset of the input.
+# Length classes up to 240 bytes.  They always use the default secret; the
+# seed enters arithmetically.  `data` is the input's byte address.
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
-def _mix16b(buf, byte_offset, secret_offset, seed):
-    return _mix16_words(_load64(buf, byte_offset), _load64(buf, byte_offset + 8),
-                        _load64(DEFAULT_SECRET, secret_offset),
-                        _load64(DEFAULT_SECRET, secret_offset + 8), seed)
-
-
 @njit(cache=True)
-def _hash_len_0to16(buf, base, length, seed):
-    secret = DEFAULT_SECRET
+def _hash_len_0to16(data, length, seed):
+    secret = _address_of_bytes(DEFAULT_SECRET)
     length_u = np.uint64(length)
     if length > 8:
-        bitflip_lo = (_load64(secret, 24) ^ _load64(secret, 32)) + seed
-        bitflip_hi = (_load64(secret, 40) ^ _load64(secret, 48)) - seed
-        return _len_9to16_words(_load64(buf, base), _load64(buf, base + length - 8),
+        bitflip_lo = (_load64(secret + 24) ^ _load64(secret + 32)) + seed
+        bitflip_hi = (_load64(secret + 40) ^ _load64(secret + 48)) - seed
+        return _len_9to16_words(_load64(data), _load64(data + length - 8),
                                 length_u, bitflip_lo, bitflip_hi)
     if length >= 4:
-        # The seed's low half is mirrored into its high half so that both
-        # 32-bit input words are keyed by it.
+        # As in the reference, the byte-swapped low half of the seed is
+        # XORed into its high half, so the seed keys both 32-bit input words.
         seed_mirrored = seed ^ (_swap32(seed & _MASK32) << 32)
-        first = _load32(buf, base)
-        last = _load32(buf, base + length - 4)
-        bitflip = (_load64(secret, 8) ^ _load64(secret, 16)) - seed_mirrored
+        first = _load32(data)
+        last = _load32(data + length - 4)
+        bitflip = (_load64(secret + 8) ^ _load64(secret + 16)) - seed_mirrored
         return _rrmxmx((last + (first << 32)) ^ bitflip, length_u)
     if length > 0:
-        first = _load8(buf, base)
-        middle = _load8(buf, base + (length >> 1))
-        last = _load8(buf, base + length - 1)
+        first = _load8(data)
+        middle = _load8(data + (length >> 1))
+        last = _load8(data + length - 1)
         combined = (first << 16) | (middle << 24) | last | (length_u << 8)
-        bitflip = (_load32(secret, 0) ^ _load32(secret, 4)) + seed
+        bitflip = (_load32(secret) ^ _load32(secret + 4)) + seed
         return _xxh64_avalanche(combined ^ bitflip)
-    return _xxh64_avalanche(seed ^ _load64(secret, 56) ^ _load64(secret, 64))
+    return _xxh64_avalanche(seed ^ _load64(secret + 56) ^ _load64(secret + 64))
 
 
 @njit(cache=True)
-def _hash_len_17to128(buf, base, length, seed):
+def _hash_len_17to128(data, length, seed):
+    secret = _address_of_bytes(DEFAULT_SECRET)
     # 16-byte lanes are taken pairwise from both ends, so every byte is
     # covered without a length-dependent loop.
     acc = np.uint64(length) * PRIME64_1
-    end = base + length
+    end = data + length
     if length > 32:
         if length > 64:
             if length > 96:
-                acc += _mix16b(buf, base + 48, 96, seed)
-                acc += _mix16b(buf, end - 64, 112, seed)
-            acc += _mix16b(buf, base + 32, 64, seed)
-            acc += _mix16b(buf, end - 48, 80, seed)
-        acc += _mix16b(buf, base + 16, 32, seed)
-        acc += _mix16b(buf, end - 32, 48, seed)
-    acc += _mix16b(buf, base, 0, seed)
-    acc += _mix16b(buf, end - 16, 16, seed)
+                acc += _mix16b(data + 48, secret + 96, seed)
+                acc += _mix16b(end - 64, secret + 112, seed)
+            acc += _mix16b(data + 32, secret + 64, seed)
+            acc += _mix16b(end - 48, secret + 80, seed)
+        acc += _mix16b(data + 16, secret + 32, seed)
+        acc += _mix16b(end - 32, secret + 48, seed)
+    acc += _mix16b(data, secret, seed)
+    acc += _mix16b(end - 16, secret + 16, seed)
     return _xxh3_avalanche(acc)
 
 
 @njit(cache=True)
-def _hash_len_129to240(buf, base, length, seed):
+def _hash_len_129to240(data, length, seed):
+    secret = _address_of_bytes(DEFAULT_SECRET)
     acc = np.uint64(length) * PRIME64_1
     for lane in range(8):
-        acc += _mix16b(buf, base + 16 * lane, 16 * lane, seed)
+        acc += _mix16b(data + 16 * lane, secret + 16 * lane, seed)
     # The first 128 bytes are avalanched before the rest is added; lanes
     # past 128 bytes reuse the secret from a 3-byte offset.
     acc = _xxh3_avalanche(acc)
-    tail = _mix16b(buf, base + length - 16, _MIDSIZE_LAST_SECRET_OFFSET, seed)
+    tail = _mix16b(data + length - 16, secret + _MIDSIZE_LAST_SECRET_OFFSET, seed)
     for lane in range(8, length // 16):
-        tail += _mix16b(buf, base + 16 * lane, 16 * (lane - 8) + _MIDSIZE_START_OFFSET, seed)
+        tail += _mix16b(data + 16 * lane, secret + 16 * (lane - 8) + _MIDSIZE_START_OFFSET, seed)
     return _xxh3_avalanche(acc + tail)
 
 
@@ -324,26 +345,26 @@ def _hash_len_129to240(buf, base, length, seed):
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
-def _accumulate_stripe(acc, buf, byte_offset, secret, secret_offset):
-    """XXH3_accumulate_512 (scalar form) for one 64-byte stripe."""
+@njit(cache=True)
+def _accumulate_stripe(acc, stripe, secret):
+    """XXH3_accumulate_512 (scalar form) for the 64 bytes at `stripe`."""
     a0, a1, a2, a3, a4, a5, a6, a7 = acc
-    d0 = _load64(buf, byte_offset)
-    d1 = _load64(buf, byte_offset + 8)
-    d2 = _load64(buf, byte_offset + 16)
-    d3 = _load64(buf, byte_offset + 24)
-    d4 = _load64(buf, byte_offset + 32)
-    d5 = _load64(buf, byte_offset + 40)
-    d6 = _load64(buf, byte_offset + 48)
-    d7 = _load64(buf, byte_offset + 56)
-    k0 = d0 ^ _load64(secret, secret_offset)
-    k1 = d1 ^ _load64(secret, secret_offset + 8)
-    k2 = d2 ^ _load64(secret, secret_offset + 16)
-    k3 = d3 ^ _load64(secret, secret_offset + 24)
-    k4 = d4 ^ _load64(secret, secret_offset + 32)
-    k5 = d5 ^ _load64(secret, secret_offset + 40)
-    k6 = d6 ^ _load64(secret, secret_offset + 48)
-    k7 = d7 ^ _load64(secret, secret_offset + 56)
+    d0 = _load64(stripe)
+    d1 = _load64(stripe + 8)
+    d2 = _load64(stripe + 16)
+    d3 = _load64(stripe + 24)
+    d4 = _load64(stripe + 32)
+    d5 = _load64(stripe + 40)
+    d6 = _load64(stripe + 48)
+    d7 = _load64(stripe + 56)
+    k0 = d0 ^ _load64(secret)
+    k1 = d1 ^ _load64(secret + 8)
+    k2 = d2 ^ _load64(secret + 16)
+    k3 = d3 ^ _load64(secret + 24)
+    k4 = d4 ^ _load64(secret + 32)
+    k5 = d5 ^ _load64(secret + 40)
+    k6 = d6 ^ _load64(secret + 48)
+    k7 = d7 ^ _load64(secret + 56)
     # Each lane adds its raw data to its pair lane (i ^ 1) and the 32x32
     # product of its keyed halves to itself.
     return (a0 + d1 + (k0 & _MASK32) * (k0 >> 32),
@@ -363,52 +384,59 @@ def _scramble_lane(acc, key):
     return acc * PRIME32_1
 
 
-@njit(cache=True, inline="always")
-def _scramble(acc, secret, secret_offset):
+@njit(cache=True)
+def _scramble(acc, secret):
+    """XXH3_scrambleAcc with the 64 secret bytes at `secret`."""
     a0, a1, a2, a3, a4, a5, a6, a7 = acc
-    return (_scramble_lane(a0, _load64(secret, secret_offset)),
-            _scramble_lane(a1, _load64(secret, secret_offset + 8)),
-            _scramble_lane(a2, _load64(secret, secret_offset + 16)),
-            _scramble_lane(a3, _load64(secret, secret_offset + 24)),
-            _scramble_lane(a4, _load64(secret, secret_offset + 32)),
-            _scramble_lane(a5, _load64(secret, secret_offset + 40)),
-            _scramble_lane(a6, _load64(secret, secret_offset + 48)),
-            _scramble_lane(a7, _load64(secret, secret_offset + 56)))
+    return (_scramble_lane(a0, _load64(secret)),
+            _scramble_lane(a1, _load64(secret + 8)),
+            _scramble_lane(a2, _load64(secret + 16)),
+            _scramble_lane(a3, _load64(secret + 24)),
+            _scramble_lane(a4, _load64(secret + 32)),
+            _scramble_lane(a5, _load64(secret + 40)),
+            _scramble_lane(a6, _load64(secret + 48)),
+            _scramble_lane(a7, _load64(secret + 56)))
 
 
 @njit(cache=True)
-def hash_long_with_secret(buf, base, length, secret):
-    """XXH3-64 long path (length > 240) of buf at byte offset `base`.
+def _merge_accs(acc, secret, start):
+    a0, a1, a2, a3, a4, a5, a6, a7 = acc
+    result = start
+    result += _mul128_fold64(a0 ^ _load64(secret), a1 ^ _load64(secret + 8))
+    result += _mul128_fold64(a2 ^ _load64(secret + 16), a3 ^ _load64(secret + 24))
+    result += _mul128_fold64(a4 ^ _load64(secret + 32), a5 ^ _load64(secret + 40))
+    result += _mul128_fold64(a6 ^ _load64(secret + 48), a7 ^ _load64(secret + 56))
+    return _xxh3_avalanche(result)
 
-    `secret` is the 192-byte secret already adjusted for the seed: the
-    default secret for seed 0, otherwise make_secret(seed).  buf may be a
-    uint8 array or a uint32 array (then base and length must be multiples
-    of 4).
-    """
+
+@njit(cache=True)
+def _hash_long(data, length, secret):
+    """Long path at address `data` with the (seed-adjusted) secret at
+    address `secret`."""
     acc = (PRIME32_3, PRIME64_1, PRIME64_2, PRIME64_3,
            PRIME64_4, PRIME32_2, PRIME64_5, PRIME32_1)
     # The last byte always belongs to the final, possibly overlapping,
-    # stripe; hence the (length - 1) when counting full blocks and stripes.
-    n_blocks = (length - 1) // _BLOCK_LEN
-    n_stripes = n_blocks * _STRIPES_PER_BLOCK + ((length - 1) % _BLOCK_LEN) // _STRIPE_LEN
+    # stripe, which is handled after the loop; hence the (length - 1).
+    # Full 1024-byte blocks are scrambled after their 16th stripe; a partial
+    # last block has at most 15 stripes and is not scrambled.  One loop with
+    # a conditional scramble (instead of a loop per block) also keeps LLVM
+    # from vectorizing across stripes with slow gathers.
+    n_stripes = (length - 1) // _STRIPE_LEN
     for stripe in range(n_stripes):
         in_block = stripe % _STRIPES_PER_BLOCK
-        acc = _accumulate_stripe(acc, buf, base + stripe * _STRIPE_LEN,
-                                 secret, in_block * _SECRET_CONSUME_RATE)
-        # A partial last block has fewer than 16 stripes, so only full
-        # blocks are scrambled.
+        acc = _accumulate_stripe(acc, data + stripe * _STRIPE_LEN,
+                                 secret + in_block * _SECRET_CONSUME_RATE)
         if in_block == _STRIPES_PER_BLOCK - 1:
-            acc = _scramble(acc, secret, _SCRAMBLE_SECRET_OFFSET)
-    acc = _accumulate_stripe(acc, buf, base + length - _STRIPE_LEN,
-                             secret, _LAST_STRIPE_SECRET_OFFSET)
-    a0, a1, a2, a3, a4, a5, a6, a7 = acc
-    s = _MERGE_SECRET_OFFSET
-    result = np.uint64(length) * PRIME64_1
-    result += _mul128_fold64(a0 ^ _load64(secret, s), a1 ^ _load64(secret, s + 8))
-    result += _mul128_fold64(a2 ^ _load64(secret, s + 16), a3 ^ _load64(secret, s + 24))
-    result += _mul128_fold64(a4 ^ _load64(secret, s + 32), a5 ^ _load64(secret, s + 40))
-    result += _mul128_fold64(a6 ^ _load64(secret, s + 48), a7 ^ _load64(secret, s + 56))
-    return _xxh3_avalanche(result)
+            acc = _scramble(acc, secret + _SCRAMBLE_SECRET_OFFSET)
+    acc = _accumulate_stripe(acc, data + length - _STRIPE_LEN,
+                             secret + _LAST_STRIPE_SECRET_OFFSET)
+    return _merge_accs(acc, secret + _MERGE_SECRET_OFFSET, np.uint64(length) * PRIME64_1)
+
+
+@njit(cache=True)
+def _hash_long_secret_array(data, length, secret):
+    # Taking the secret as an array argument keeps it alive for the call.
+    return _hash_long(data, length, _address_of_bytes(secret))
 
 
 @njit(cache=True)
@@ -416,10 +444,11 @@ def make_secret(seed):
     """XXH3_initCustomSecret: the 192-byte secret the long path uses for a
     non-zero seed (allocates the returned array)."""
     seed_u = np.uint64(seed)
+    default = _address_of_bytes(DEFAULT_SECRET)
     secret = np.empty(SECRET_SIZE, dtype=np.uint8)
     for pair in range(SECRET_SIZE // 16):
-        lo = _load64(DEFAULT_SECRET, 16 * pair) + seed_u
-        hi = _load64(DEFAULT_SECRET, 16 * pair + 8) - seed_u
+        lo = _load64(default + 16 * pair) + seed_u
+        hi = _load64(default + 16 * pair + 8) - seed_u
         for k in range(8):
             secret[16 * pair + k] = np.uint8((lo >> (8 * k)) & _MASK8)
             secret[16 * pair + 8 + k] = np.uint8((hi >> (8 * k)) & _MASK8)
@@ -427,22 +456,20 @@ def make_secret(seed):
 
 
 @njit(cache=True)
-def _xxh3_64(buf, base, length, seed):
-    """XXH3-64 of `length` bytes of buf starting at byte offset `base`."""
+def _xxh3_64_at(data, length, seed):
+    """XXH3-64 of `length` bytes at address `data` (seed: uint64)."""
     if length <= 16:
-        return _hash_len_0to16(buf, base, length, seed)
+        return _hash_len_0to16(data, length, seed)
     if length <= 128:
-        return _hash_len_17to128(buf, base, length, seed)
+        return _hash_len_17to128(data, length, seed)
     if length <= 240:
-        return _hash_len_129to240(buf, base, length, seed)
+        return _hash_len_129to240(data, length, seed)
     if seed == _ZERO:
-        secret = DEFAULT_SECRET
-    elif seed == XXH3_SEED:
-        secret = SECRET_1337
-    else:
-        # Uncommon seed: derive its secret (the only allocating path).
-        secret = make_secret(seed)
-    return hash_long_with_secret(buf, base, length, secret)
+        return _hash_long(data, length, _address_of_bytes(DEFAULT_SECRET))
+    if seed == XXH3_SEED:
+        return _hash_long(data, length, _address_of_bytes(SECRET_1337))
+    # Uncommon seed: derive its secret (the only allocating path).
+    return _hash_long_secret_array(data, length, make_secret(seed))
 
 
 # ---------------------------------------------------------------------------
@@ -451,16 +478,51 @@ def _xxh3_64(buf, base, length, seed):
 
 
 @njit(cache=True)
+def _xxh3_64_checked(address, size, start, length, item_size, seed):
+    """_xxh3_64_at for items [start, start+length) of a buffer of `size`
+    items of `item_size` bytes at `address`, after a range check.
+
+    Takes scalars only: an array argument would cost reference counting
+    around the call, and the raising branch would keep it from being pruned.
+    """
+    if start < 0 or length < 0 or start > size - length:
+        raise IndexError("xxh3: range outside the buffer")
+    return _xxh3_64_at(address + item_size * start, item_size * length, np.uint64(seed))
+
+
+@njit(cache=True)
 def xxh3_64_bytes(buf, start, length, seed):
-    """XXH3-64 of buf[start:start+length] (buf: uint8 array) with `seed`."""
-    return _xxh3_64(buf, np.int64(start), np.int64(length), np.uint64(seed))
+    """XXH3-64 of buf[start:start+length] (buf: C-contiguous uint8 array).
+
+    Pass the seed as np.uint64: Numba types a Python int as int64, which
+    cannot hold seeds of 2**63 and above.
+    """
+    return _xxh3_64_checked(_address_of_bytes(buf), len(buf), np.intp(start), np.intp(length),
+                            1, seed)
 
 
 @njit(cache=True)
 def xxh3_64_u32(tokens, start, count, seed):
-    """XXH3-64 of tokens[start:start+count] viewed as 4*count little-endian
-    bytes (tokens: uint32 array) with `seed`; reads the words in place."""
-    return _xxh3_64(tokens, 4 * np.int64(start), 4 * np.int64(count), np.uint64(seed))
+    """XXH3-64 of tokens[start:start+count] taken as 4*count little-endian
+    bytes (tokens: C-contiguous uint32 array), hashed in place; seed as in
+    xxh3_64_bytes."""
+    return _xxh3_64_checked(_address_of_words(tokens), len(tokens), np.intp(start),
+                            np.intp(count), 4, seed)
+
+
+@njit(cache=True)
+def hash_long_with_secret(buf, start, length, secret):
+    """XXH3-64 long path of buf[start:start+length] (uint8, length > 240)
+    with an explicit 192-byte secret: DEFAULT_SECRET for seed 0, or
+    make_secret(seed), which then equals xxh3_64_bytes with that seed."""
+    if start < 0 or length < 0 or start > len(buf) - length:
+        raise IndexError("xxh3: range outside the buffer")
+    if length <= 240:
+        raise ValueError("xxh3: the long path needs more than 240 bytes")
+    if len(secret) < SECRET_SIZE:
+        raise ValueError("xxh3: the secret must hold 192 bytes")
+    return _hash_long(_address_of_bytes(buf) + np.intp(start), np.intp(length),
+                      _address_of_bytes(secret))
 
 
 @njit(cache=True)
@@ -480,14 +542,13 @@ def hash_token_blocks(tokens, block_size, out_local, out_seq):
     blocks written.
     """
     n_blocks = len(tokens) // block_size
+    if len(out_local) < n_blocks or len(out_seq) < n_blocks:
+        raise ValueError("hash_token_blocks: output arrays shorter than the block count")
     parent = _ZERO
     for block in range(n_blocks):
         local = xxh3_64_u32(tokens, block * block_size, block_size, XXH3_SEED)
         out_local[block] = local
-        if block == 0:
-            parent = local
-        else:
-            parent = hash_chain(parent, local)
+        parent = local if block == 0 else hash_chain(parent, local)
         out_seq[block] = parent
     return n_blocks
 
@@ -499,11 +560,12 @@ def synthetic_output_token(uuid_hi, uuid_lo, ordinal):
     Low 32 bits of XXH3-64 (seed 0) over 24 bytes: the 16 UUID bytes in
     RFC (big-endian) order followed by u64le(ordinal).
     """
-    # As little-endian words, the big-endian UUID halves are byte-swapped.
+    # Read as little-endian words, the big-endian UUID halves are
+    # byte-swapped.
     word0 = _swap64(np.uint64(uuid_hi))
     word1 = _swap64(np.uint64(uuid_lo))
     word2 = np.uint64(ordinal)
-    # 17-128 byte path for length 24: lanes at byte 0 and byte 8 (len-16).
+    # 17-128 byte path for length 24: lanes at byte 0 and byte 8 (= len - 16).
     acc = _LEN24_TIMES_PRIME64_1
     acc += _mix16_words(word0, word1, _SECRET_W0, _SECRET_W8, _ZERO)
     acc += _mix16_words(word1, word2, _SECRET_W16, _SECRET_W24, _ZERO)
