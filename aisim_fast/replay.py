@@ -126,12 +126,12 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     n_w = int(w_len.sum())
 
     # per-request state, field-major (see kernels.layout)
-    rq_i = np.zeros((L.RQ_I_FIELDS, n_q), np.int64)
-    rq_f = np.full((L.RQ_F_FIELDS, n_q), np.nan)
+    rq_i = np.zeros((n_q, L.RQ_I_FIELDS), np.int64)
+    rq_f = np.full((n_q, L.RQ_F_FIELDS), np.nan)
     start_order = np.zeros(n_q, np.int64)
-    cfg_i = np.zeros((L.CFG_I_FIELDS, n_w), np.int64)
-    cfg_f = np.zeros((L.CFG_F_FIELDS, n_w), np.float64)
-    sm_i = np.zeros((L.SM_FIELDS, n_sims), np.int64)
+    cfg_i = np.zeros((n_w, L.CFG_I_FIELDS), np.int64)
+    cfg_f = np.zeros((n_w, L.CFG_F_FIELDS), np.float64)
+    sm_i = np.zeros((n_sims, L.SM_FIELDS), np.int64)
     arena = np.empty(n_w, np.int64)
     run_cap = np.empty(n_w, np.int64)
     wait_cap = np.empty(n_w, np.int64)
@@ -141,21 +141,21 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         sl = slice(a, a + n)
         bs = rank.block_size
         out = _effective_max_output(sim)
-        rq_i[L.RQ_PROMPT_LEN, sl] = wl.input_len
-        rq_i[L.RQ_MAX_OUTPUT, sl] = out
-        rq_i[L.RQ_SRC_ROW, sl] = table_rows[(id(wl), bs)] + np.arange(n)
-        rq_i[L.RQ_SESSION, sl] = wl.session
-        rq_i[L.RQ_TURN, sl] = wl.turn_index
+        rq_i[sl, L.RQ_PROMPT_LEN] = wl.input_len
+        rq_i[sl, L.RQ_MAX_OUTPUT] = out
+        rq_i[sl, L.RQ_SRC_ROW] = table_rows[(id(wl), bs)] + np.arange(n)
+        rq_i[sl, L.RQ_SESSION] = wl.session
+        rq_i[sl, L.RQ_TURN] = wl.turn_index
         nxt = _next_turns(wl)
-        rq_i[L.RQ_NEXT_TURN, sl] = np.where(nxt >= 0, nxt + a, -1)
-        rq_f[L.RQF_DELAY_MS, sl] = wl.delay_ms
-        rq_f[L.RQF_START_MS, sl] = wl.start_ms
+        rq_i[sl, L.RQ_NEXT_TURN] = np.where(nxt >= 0, nxt + a, -1)
+        rq_f[sl, L.RQF_DELAY_MS] = wl.delay_ms
+        rq_f[sl, L.RQF_START_MS] = wl.start_ms
         firsts = wl.order if sim.concurrency == 0 else np.flatnonzero(wl.turn_index == 0)
         start_order[a:a + len(firsts)] = firsts + a
-        sm_i[L.SM_NUM_STARTS, s] = len(firsts)
-        sm_i[L.SM_CONCURRENCY, s] = sim.concurrency
+        sm_i[s, L.SM_NUM_STARTS] = len(firsts)
+        sm_i[s, L.SM_CONCURRENCY] = sim.concurrency
         blocks = -(-(wl.input_len + out) // bs)
-        rq_i[L.RQ_LEASE_OFF, sl] = blocks  # turned into offsets below
+        rq_i[sl, L.RQ_LEASE_OFF] = blocks  # turned into offsets below
         per_worker = -(-n // sim.workers) + 1
         if sim.arena_blocks is not None:
             worker_arena = sim.arena_blocks
@@ -168,61 +168,61 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         arena[ws] = min(rank.num_gpu_blocks, worker_arena)
         run_cap[ws] = min(rank.max_num_seqs, per_worker) + 1
         wait_cap[ws] = per_worker + 1
-        cfg_i[L.CFG_NUM_GPU_BLOCKS, ws] = rank.num_gpu_blocks
-        cfg_i[L.CFG_BLOCK_SIZE, ws] = bs
-        cfg_i[L.CFG_MAX_NUM_SEQS, ws] = rank.max_num_seqs
-        cfg_i[L.CFG_MAX_NUM_BATCHED_TOKENS, ws] = rank.max_num_batched_tokens
-        cfg_i[L.CFG_MAX_MODEL_LEN, ws] = -1 if rank.max_model_len is None else rank.max_model_len
-        cfg_i[L.CFG_PREFIX_CACHING, ws] = rank.enable_prefix_caching
-        cfg_i[L.CFG_CHUNKED_PREFILL, ws] = rank.enable_chunked_prefill
-        cfg_i[L.CFG_PREEMPTION_FIFO, ws] = rank.preemption_mode == "fifo"
-        cfg_i[L.CFG_POLICY, ws] = L.POLICY_TRTLLM if rank.backend == "trtllm" else L.POLICY_VLLM
-        cfg_i[L.CFG_ROLE, ws] = {"aggregated": L.ROLE_AGGREGATED, "prefill": L.ROLE_PREFILL,
+        cfg_i[ws, L.CFG_NUM_GPU_BLOCKS] = rank.num_gpu_blocks
+        cfg_i[ws, L.CFG_BLOCK_SIZE] = bs
+        cfg_i[ws, L.CFG_MAX_NUM_SEQS] = rank.max_num_seqs
+        cfg_i[ws, L.CFG_MAX_NUM_BATCHED_TOKENS] = rank.max_num_batched_tokens
+        cfg_i[ws, L.CFG_MAX_MODEL_LEN] = -1 if rank.max_model_len is None else rank.max_model_len
+        cfg_i[ws, L.CFG_PREFIX_CACHING] = rank.enable_prefix_caching
+        cfg_i[ws, L.CFG_CHUNKED_PREFILL] = rank.enable_chunked_prefill
+        cfg_i[ws, L.CFG_PREEMPTION_FIFO] = rank.preemption_mode == "fifo"
+        cfg_i[ws, L.CFG_POLICY] = L.POLICY_TRTLLM if rank.backend == "trtllm" else L.POLICY_VLLM
+        cfg_i[ws, L.CFG_ROLE] = {"aggregated": L.ROLE_AGGREGATED, "prefill": L.ROLE_PREFILL,
                                  "decode": L.ROLE_DECODE}[rank.worker_type]
-        cfg_i[L.CFG_TIMING, ws] = L.TIMING_FIXED if rank.timing_model == "fixed" else L.TIMING_POLYNOMIAL
-        cfg_f[L.CFGF_FIXED_PREFILL_MS, ws] = rank.fixed_prefill_ms
-        cfg_f[L.CFGF_FIXED_DECODE_MS, ws] = rank.fixed_decode_ms
-        cfg_f[L.CFGF_SPEEDUP_RATIO, ws] = rank.speedup_ratio
-        cfg_f[L.CFGF_DECODE_SPEEDUP_RATIO, ws] = rank.decode_speedup_ratio
+        cfg_i[ws, L.CFG_TIMING] = L.TIMING_FIXED if rank.timing_model == "fixed" else L.TIMING_POLYNOMIAL
+        cfg_f[ws, L.CFGF_FIXED_PREFILL_MS] = rank.fixed_prefill_ms
+        cfg_f[ws, L.CFGF_FIXED_DECODE_MS] = rank.fixed_decode_ms
+        cfg_f[ws, L.CFGF_SPEEDUP_RATIO] = rank.speedup_ratio
+        cfg_f[ws, L.CFGF_DECODE_SPEEDUP_RATIO] = rank.decode_speedup_ratio
     cfg = L.RankConfig(i64=cfg_i, f64=cfg_f)
 
-    lease_blocks = rq_i[L.RQ_LEASE_OFF].copy()
-    rq_i[L.RQ_LEASE_OFF] = np.concatenate([[0], np.cumsum(lease_blocks)[:-1]])
-    rq_i[L.RQ_STATUS] = L.RS_NOT_ARRIVED
-    rq_i[L.RQ_WORKER] = -1
-    rq_i[L.RQ_FIRST_CACHED] = -1
-    rq_i[L.RQ_TERM_NEXT] = -1
+    lease_blocks = rq_i[:, L.RQ_LEASE_OFF].copy()
+    rq_i[:, L.RQ_LEASE_OFF] = np.concatenate([[0], np.cumsum(lease_blocks)[:-1]])
+    rq_i[:, L.RQ_STATUS] = L.RS_NOT_ARRIVED
+    rq_i[:, L.RQ_WORKER] = -1
+    rq_i[:, L.RQ_FIRST_CACHED] = -1
+    rq_i[:, L.RQ_TERM_NEXT] = -1
     n_k = int(lease_blocks.sum())
     rq = L.Requests(i64=rq_i, f64=rq_f, lease=np.full(n_k, L.NO_BLOCK, np.int32),
                     seq_hash=np.zeros(n_k, np.uint64))
 
     tab_size = np.array([_pow2_at_least(2 * a) for a in arena], np.int64)
-    pool_w = np.zeros((L.PW_FIELDS, n_w), np.int64)
-    pool_w[L.PW_BLK_OFF] = np.concatenate([[0], np.cumsum(arena)[:-1]])
-    pool_w[L.PW_BLK_LEN] = arena
-    pool_w[L.PW_TAB_OFF] = np.concatenate([[0], np.cumsum(tab_size)[:-1]])
-    pool_w[L.PW_TAB_MASK] = tab_size - 1
+    pool_w = np.zeros((n_w, L.PW_FIELDS), np.int64)
+    pool_w[:, L.PW_BLK_OFF] = np.concatenate([[0], np.cumsum(arena)[:-1]])
+    pool_w[:, L.PW_BLK_LEN] = arena
+    pool_w[:, L.PW_TAB_OFF] = np.concatenate([[0], np.cumsum(tab_size)[:-1]])
+    pool_w[:, L.PW_TAB_MASK] = tab_size - 1
     n_b = int(arena.sum())
-    pool = L.Pool(w64=pool_w, b32=np.zeros((L.PB_FIELDS, n_b), np.int32),
+    pool = L.Pool(w64=pool_w, b32=np.zeros((n_b, L.PB_FIELDS), np.int32),
                   blk_hash=np.zeros(n_b, np.uint64), tab=np.empty(int(tab_size.sum()), np.int32))
     for w in range(n_w):
         pool_reset(pool, w)
 
-    wk_i = np.zeros((L.WK_FIELDS, n_w), np.int64)
-    wk_i[L.WK_SIM] = np.repeat(np.arange(n_sims), w_len)
-    wk_i[L.WK_RUN_OFF] = np.concatenate([[0], np.cumsum(run_cap)[:-1]])
-    wk_i[L.WK_WAIT_OFF] = np.concatenate([[0], np.cumsum(wait_cap)[:-1]])
-    wk_i[L.WK_WAIT_CAP] = wait_cap
-    wk_i[L.WK_TERM_HEAD] = -1
+    wk_i = np.zeros((n_w, L.WK_FIELDS), np.int64)
+    wk_i[:, L.WK_SIM] = np.repeat(np.arange(n_sims), w_len)
+    wk_i[:, L.WK_RUN_OFF] = np.concatenate([[0], np.cumsum(run_cap)[:-1]])
+    wk_i[:, L.WK_WAIT_OFF] = np.concatenate([[0], np.cumsum(wait_cap)[:-1]])
+    wk_i[:, L.WK_WAIT_CAP] = wait_cap
+    wk_i[:, L.WK_TERM_HEAD] = -1
     wk = L.Workers(i64=wk_i, pass_end_ms=np.zeros(n_w),
                    run_q=np.zeros(int(run_cap.sum()), np.int64),
                    wait_q=np.zeros(int(wait_cap.sum()), np.int64))
-    sm_i[L.SM_Q_OFF] = q_off
-    sm_i[L.SM_Q_LEN] = q_len
-    sm_i[L.SM_W_OFF] = w_off
-    sm_i[L.SM_W_LEN] = w_len
-    sm_i[L.SM_STATUS] = L.SIM_RUNNING
-    sm_i[L.SM_UUID_NEXT] = 1
+    sm_i[:, L.SM_Q_OFF] = q_off
+    sm_i[:, L.SM_Q_LEN] = q_len
+    sm_i[:, L.SM_W_OFF] = w_off
+    sm_i[:, L.SM_W_LEN] = w_len
+    sm_i[:, L.SM_STATUS] = L.SIM_RUNNING
+    sm_i[:, L.SM_UUID_NEXT] = 1
     token_stat, token_hist = sketch.token_stats_new(n_sims)
     sim_state = L.Sims(
         i64=sm_i, now_ms=np.zeros(n_sims), start_order=start_order, heap_q=np.zeros(n_q, np.int64),
@@ -230,46 +230,46 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         pass_log=np.zeros((n_sims, pass_log_rows, L.PL_NUM_COLUMNS)),
     )
     max_lease = int(lease_blocks.max()) if n_q else 1
-    max_bs = int(cfg_i[L.CFG_BLOCK_SIZE].max())
+    max_bs = int(cfg_i[:, L.CFG_BLOCK_SIZE].max())
     return cfg, pool, rq, workload, wk, sim_state, max_lease, max_bs
 
 
 def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.DataFrame:
     n = len(sim.workload.input_len)
-    ri = rq.i64[:, a:a + n]
-    rf = rq.f64[:, a:a + n]
-    first = rf[L.RQF_FIRST_TOKEN_MS]
-    last = rf[L.RQF_LAST_TOKEN_MS]
-    arrival = rf[L.RQF_ARRIVAL_MS]
-    n_out = ri[L.RQ_GENERATED]
+    ri = rq.i64[a:a + n]
+    rf = rq.f64[a:a + n]
+    first = rf[:, L.RQF_FIRST_TOKEN_MS]
+    last = rf[:, L.RQF_LAST_TOKEN_MS]
+    arrival = rf[:, L.RQF_ARRIVAL_MS]
+    n_out = ri[:, L.RQ_GENERATED]
     with np.errstate(invalid="ignore"):
         tpot = np.where(n_out >= 2, (last - first) / np.maximum(n_out - 1, 1), np.nan)
-    status = np.array(L.TERMINAL_STATUS_NAMES, dtype=object)[ri[L.RQ_TERMINAL]]
-    worker = ri[L.RQ_WORKER]
-    admissions = ri[L.RQ_ADMISSIONS]
+    status = np.array(L.TERMINAL_STATUS_NAMES, dtype=object)[ri[:, L.RQ_TERMINAL]]
+    worker = ri[:, L.RQ_WORKER]
+    admissions = ri[:, L.RQ_ADMISSIONS]
     return pd.DataFrame({
         "request_id": sim.workload.request_name,
         "trace_line": sim.workload.line_no,
         "turn_index": sim.workload.turn_index.astype(np.int64),
         "worker": np.where(worker >= 0, worker - w_first, -1),
         "arrival_ms": arrival,
-        "first_admit_ms": rf[L.RQF_FIRST_ADMIT_MS],
+        "first_admit_ms": rf[:, L.RQF_FIRST_ADMIT_MS],
         "first_token_ms": first,
-        "second_token_ms": rf[L.RQF_SECOND_TOKEN_MS],
+        "second_token_ms": rf[:, L.RQF_SECOND_TOKEN_MS],
         "last_token_ms": last,
-        "completion_ms": rf[L.RQF_TERMINAL_MS],
+        "completion_ms": rf[:, L.RQF_TERMINAL_MS],
         "ttft_ms": first - arrival,
         "tpot_ms": tpot,
         "e2e_ms": last - arrival,
-        "input_tokens": ri[L.RQ_PROMPT_LEN],
+        "input_tokens": ri[:, L.RQ_PROMPT_LEN],
         "output_tokens": n_out,
         "requested_output_tokens": sim.workload.output_len.astype(np.int64),
-        "cached_tokens": ri[L.RQ_MAX_CACHED],
-        "first_admission_cached_tokens": np.maximum(ri[L.RQ_FIRST_CACHED], 0),
+        "cached_tokens": ri[:, L.RQ_MAX_CACHED],
+        "first_admission_cached_tokens": np.maximum(ri[:, L.RQ_FIRST_CACHED], 0),
         "admission_count": admissions,
         "readmission_count": np.maximum(admissions - 1, 0),
-        "preemptions": ri[L.RQ_PREEMPTIONS],
-        "committed_prefill_tokens": ri[L.RQ_COMMITTED_PREFILL],
+        "preemptions": ri[:, L.RQ_PREEMPTIONS],
+        "committed_prefill_tokens": ri[:, L.RQ_COMMITTED_PREFILL],
         "terminal_status": status,
     })
 
@@ -285,11 +285,11 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     while True:
         replay_batch(cfg, pool, rq, wl, wk, st, sim_ids, max_lease, max_bs)
         calls += 1
-        log_len = st.i64[L.SM_PASS_LOG_LEN]
+        log_len = st.i64[:, L.SM_PASS_LOG_LEN]
         for s in np.flatnonzero(log_len):
             pass_chunks[s].append(st.pass_log[s, :log_len[s]].copy())
             log_len[s] = 0
-        status = st.i64[L.SM_STATUS]
+        status = st.i64[:, L.SM_STATUS]
         if np.any(status == L.SIM_ARENA_FULL):
             # a duplicate-heavy run outgrew the arena estimate: rerun those with the full pool
             redo = np.flatnonzero(status == L.SIM_ARENA_FULL)
@@ -302,7 +302,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         dead = np.flatnonzero(status == L.SIM_DEAD_END)
         if len(dead):
             s = int(dead[0])
-            in_flight = int(st.i64[L.SM_NUM_ARRIVED, s] - st.i64[L.SM_NUM_TERMINAL, s])
+            in_flight = int(st.i64[s, L.SM_NUM_ARRIVED] - st.i64[s, L.SM_NUM_TERMINAL])
             raise SimulationError(
                 f"simulation {s}: dead end at t={st.now_ms[s]:.6f} ms with {in_flight} in-flight "
                 "requests that can never be scheduled (a request outgrows the KV pool; the "
@@ -311,7 +311,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
             break
     requests, passes = [], []
     for s, sim in enumerate(sims):
-        requests.append(_request_frame(sim, rq, int(st.i64[L.SM_Q_OFF, s]), int(st.i64[L.SM_W_OFF, s])))
+        requests.append(_request_frame(sim, rq, int(st.i64[s, L.SM_Q_OFF]), int(st.i64[s, L.SM_W_OFF])))
         chunk = np.concatenate(pass_chunks[s]) if pass_chunks[s] else np.zeros((0, L.PL_NUM_COLUMNS))
         frame = pd.DataFrame(chunk, columns=list(L.PASS_LOG_COLUMNS))
         for col in L.PASS_LOG_COLUMNS:

@@ -38,8 +38,8 @@ def _mix(h):
 @njit(cache=True, inline="always")
 def table_find(p, w, h):
     """Primary copy of hash ``h`` on worker ``w``, or NO_BLOCK."""
-    off = p.w64[PW_TAB_OFF, w]
-    mask = p.w64[PW_TAB_MASK, w]
+    off = p.w64[w, PW_TAB_OFF]
+    mask = p.w64[w, PW_TAB_MASK]
     i = np.int64(_mix(h) & np.uint64(mask))
     while True:
         b = p.tab[off + i]
@@ -53,8 +53,8 @@ def table_find(p, w, h):
 @njit(cache=True)
 def _table_set(p, w, h, b):
     """Point hash ``h`` at copy ``b`` (insert or replace)."""
-    off = p.w64[PW_TAB_OFF, w]
-    mask = p.w64[PW_TAB_MASK, w]
+    off = p.w64[w, PW_TAB_OFF]
+    mask = p.w64[w, PW_TAB_MASK]
     i = np.int64(_mix(h) & np.uint64(mask))
     while True:
         cur = p.tab[off + i]
@@ -67,8 +67,8 @@ def _table_set(p, w, h, b):
 @njit(cache=True)
 def _table_delete(p, w, h):
     """Remove hash ``h``; shift the rest of its probe cluster back (no tombstones)."""
-    off = p.w64[PW_TAB_OFF, w]
-    mask = p.w64[PW_TAB_MASK, w]
+    off = p.w64[w, PW_TAB_OFF]
+    mask = p.w64[w, PW_TAB_MASK]
     i = np.int64(_mix(h) & np.uint64(mask))
     while True:
         cur = p.tab[off + i]
@@ -98,75 +98,75 @@ def _table_delete(p, w, h):
 @njit(cache=True, inline="always")
 def num_active(p, w):
     """Blocks counted as in use: copies not in the inactive LRU, plus reservations."""
-    return p.w64[PW_NUM_COPIES, w] - p.w64[PW_LRU_LEN, w] + p.w64[PW_NUM_RESERVED, w]
+    return p.w64[w, PW_NUM_COPIES] - p.w64[w, PW_LRU_LEN] + p.w64[w, PW_NUM_RESERVED]
 
 
 @njit(cache=True, inline="always")
 def num_free(p, w, capacity):
-    return capacity - p.w64[PW_NUM_COPIES, w] - p.w64[PW_NUM_RESERVED, w]
+    return capacity - p.w64[w, PW_NUM_COPIES] - p.w64[w, PW_NUM_RESERVED]
 
 
 @njit(cache=True, inline="always")
 def _lru_unlink(p, w, b):
-    prv = p.b32[PB_PREV, b]
-    nxt = p.b32[PB_NEXT, b]
+    prv = p.b32[b, PB_PREV]
+    nxt = p.b32[b, PB_NEXT]
     if prv == NO_BLOCK:
-        p.w64[PW_LRU_HEAD, w] = nxt
+        p.w64[w, PW_LRU_HEAD] = nxt
     else:
-        p.b32[PB_NEXT, prv] = nxt
+        p.b32[prv, PB_NEXT] = nxt
     if nxt == NO_BLOCK:
-        p.w64[PW_LRU_TAIL, w] = prv
+        p.w64[w, PW_LRU_TAIL] = prv
     else:
-        p.b32[PB_PREV, nxt] = prv
-    p.b32[PB_PREV, b] = NO_BLOCK
-    p.b32[PB_NEXT, b] = NO_BLOCK
-    p.w64[PW_LRU_LEN, w] -= 1
+        p.b32[nxt, PB_PREV] = prv
+    p.b32[b, PB_PREV] = NO_BLOCK
+    p.b32[b, PB_NEXT] = NO_BLOCK
+    p.w64[w, PW_LRU_LEN] -= 1
 
 
 @njit(cache=True, inline="always")
 def _lru_push_tail(p, w, b):
-    tail = p.w64[PW_LRU_TAIL, w]
-    p.b32[PB_PREV, b] = tail
-    p.b32[PB_NEXT, b] = NO_BLOCK
+    tail = p.w64[w, PW_LRU_TAIL]
+    p.b32[b, PB_PREV] = tail
+    p.b32[b, PB_NEXT] = NO_BLOCK
     if tail == NO_BLOCK:
-        p.w64[PW_LRU_HEAD, w] = b
+        p.w64[w, PW_LRU_HEAD] = b
     else:
-        p.b32[PB_NEXT, tail] = b
-    p.w64[PW_LRU_TAIL, w] = b
-    p.w64[PW_LRU_LEN, w] += 1
+        p.b32[tail, PB_NEXT] = b
+    p.w64[w, PW_LRU_TAIL] = b
+    p.w64[w, PW_LRU_LEN] += 1
 
 
 @njit(cache=True, inline="always")
 def _take_slot(p, w):
     """A free arena slot, or NO_BLOCK when the arena is exhausted."""
-    top = p.w64[PW_FREE_TOP, w]
+    top = p.w64[w, PW_FREE_TOP]
     if top == 0:
         return NO_BLOCK
     top -= 1
-    p.w64[PW_FREE_TOP, w] = top
-    return p.b32[PB_FREE_STACK, p.w64[PW_BLK_OFF, w] + top]
+    p.w64[w, PW_FREE_TOP] = top
+    return p.b32[p.w64[w, PW_BLK_OFF] + top, PB_FREE_STACK]
 
 
 @njit(cache=True, inline="always")
 def _give_slot(p, w, b):
-    p.b32[PB_REF, b] = 0
-    p.b32[PB_PIN, b] = 0
-    p.b32[PB_CACHED, b] = 0
-    p.b32[PB_DUP, b] = NO_BLOCK
-    p.b32[PB_FREE_STACK, p.w64[PW_BLK_OFF, w] + p.w64[PW_FREE_TOP, w]] = b
-    p.w64[PW_FREE_TOP, w] += 1
+    p.b32[b, PB_REF] = 0
+    p.b32[b, PB_PIN] = 0
+    p.b32[b, PB_CACHED] = 0
+    p.b32[b, PB_DUP] = NO_BLOCK
+    p.b32[p.w64[w, PW_BLK_OFF] + p.w64[w, PW_FREE_TOP], PB_FREE_STACK] = b
+    p.w64[w, PW_FREE_TOP] += 1
 
 
 @njit(cache=True)
 def _evict_head(p, w):
     """Evict the LRU head. Returns True if it was the last copy of its hash
     (the reference reports a ``Removed`` event only then)."""
-    b = p.w64[PW_LRU_HEAD, w]
+    b = p.w64[w, PW_LRU_HEAD]
     _lru_unlink(p, w, b)
     h = p.blk_hash[b]
     primary = table_find(p, w, h)
     last_copy = False
-    nxt = p.b32[PB_DUP, b]
+    nxt = p.b32[b, PB_DUP]
     if primary == b:
         if nxt == NO_BLOCK:
             _table_delete(p, w, h)
@@ -174,16 +174,16 @@ def _evict_head(p, w):
         else:
             # the oldest duplicate becomes the primary
             _table_set(p, w, h, nxt)
-            p.b32[PB_DUP_PREV, nxt] = NO_BLOCK
-            p.b32[PB_DUP_TAIL, nxt] = p.b32[PB_DUP_TAIL, b]
+            p.b32[nxt, PB_DUP_PREV] = NO_BLOCK
+            p.b32[nxt, PB_DUP_TAIL] = p.b32[b, PB_DUP_TAIL]
     else:
-        prv = p.b32[PB_DUP_PREV, b]
-        p.b32[PB_DUP, prv] = nxt
+        prv = p.b32[b, PB_DUP_PREV]
+        p.b32[prv, PB_DUP] = nxt
         if nxt == NO_BLOCK:
-            p.b32[PB_DUP_TAIL, primary] = prv
+            p.b32[primary, PB_DUP_TAIL] = prv
         else:
-            p.b32[PB_DUP_PREV, nxt] = prv
-    p.w64[PW_NUM_COPIES, w] -= 1
+            p.b32[nxt, PB_DUP_PREV] = prv
+    p.w64[w, PW_NUM_COPIES] -= 1
     _give_slot(p, w, b)
     return last_copy
 
@@ -193,18 +193,18 @@ def cache_copy(p, w, b, h):
     """Make private copy ``b`` (referenced by its owner) visible under hash ``h``.
     Returns True if the hash became visible (no resident copy before)."""
     p.blk_hash[b] = h
-    p.b32[PB_CACHED, b] = 1
-    p.b32[PB_DUP, b] = NO_BLOCK
+    p.b32[b, PB_CACHED] = 1
+    p.b32[b, PB_DUP] = NO_BLOCK
     primary = table_find(p, w, h)
     if primary == NO_BLOCK:
         _table_set(p, w, h, b)
-        p.b32[PB_DUP_PREV, b] = NO_BLOCK
-        p.b32[PB_DUP_TAIL, b] = b
+        p.b32[b, PB_DUP_PREV] = NO_BLOCK
+        p.b32[b, PB_DUP_TAIL] = b
         return True
-    tail = p.b32[PB_DUP_TAIL, primary]
-    p.b32[PB_DUP, tail] = b
-    p.b32[PB_DUP_PREV, b] = tail
-    p.b32[PB_DUP_TAIL, primary] = b
+    tail = p.b32[primary, PB_DUP_TAIL]
+    p.b32[tail, PB_DUP] = b
+    p.b32[b, PB_DUP_PREV] = tail
+    p.b32[primary, PB_DUP_TAIL] = b
     return False
 
 
@@ -212,12 +212,12 @@ def cache_copy(p, w, b, h):
 def release_ref(p, w, b):
     """Drop one lease reference: a private copy is freed at once, a cached copy
     enters the LRU tail when nothing references or pins it any more."""
-    if p.b32[PB_CACHED, b]:
-        p.b32[PB_REF, b] -= 1
-        if p.b32[PB_REF, b] == 0 and p.b32[PB_PIN, b] == 0:
+    if p.b32[b, PB_CACHED]:
+        p.b32[b, PB_REF] -= 1
+        if p.b32[b, PB_REF] == 0 and p.b32[b, PB_PIN] == 0:
             _lru_push_tail(p, w, b)
     else:
-        p.w64[PW_NUM_COPIES, w] -= 1
+        p.w64[w, PW_NUM_COPIES] -= 1
         _give_slot(p, w, b)
 
 
@@ -237,7 +237,7 @@ def reserve(p, w, capacity, hits, n_hits, n_fresh, out_fresh):
         inactive_hits = 0
         for i in range(n_hits):
             b = hits[i]
-            if p.b32[PB_REF, b] == 0 and p.b32[PB_PIN, b] == 0:
+            if p.b32[b, PB_REF] == 0 and p.b32[b, PB_PIN] == 0:
                 # count distinct copies only: a copy listed twice is pinned once
                 dup = False
                 for j in range(i):
@@ -246,25 +246,25 @@ def reserve(p, w, capacity, hits, n_hits, n_fresh, out_fresh):
                         break
                 if not dup:
                     inactive_hits += 1
-        if needed_evictions > p.w64[PW_LRU_LEN, w] - inactive_hits:
+        if needed_evictions > p.w64[w, PW_LRU_LEN] - inactive_hits:
             return 0
     else:
         needed_evictions = 0
     for i in range(n_hits):
         b = hits[i]
-        if p.b32[PB_REF, b] == 0 and p.b32[PB_PIN, b] == 0:
+        if p.b32[b, PB_REF] == 0 and p.b32[b, PB_PIN] == 0:
             _lru_unlink(p, w, b)
-        p.b32[PB_REF, b] += 1
+        p.b32[b, PB_REF] += 1
     for _ in range(needed_evictions):
         _evict_head(p, w)
     for i in range(n_fresh):
         b = _take_slot(p, w)
         if b == NO_BLOCK:
             return -1
-        p.b32[PB_REF, b] = 1
-        p.b32[PB_CACHED, b] = 0
-        p.b32[PB_DUP, b] = NO_BLOCK
-        p.w64[PW_NUM_COPIES, w] += 1
+        p.b32[b, PB_REF] = 1
+        p.b32[b, PB_CACHED] = 0
+        p.b32[b, PB_DUP] = NO_BLOCK
+        p.w64[w, PW_NUM_COPIES] += 1
         out_fresh[i] = b
     return 1
 
@@ -272,26 +272,26 @@ def reserve(p, w, capacity, hits, n_hits, n_fresh, out_fresh):
 @njit(cache=True)
 def pool_reset(p, w):
     """Empty worker ``w``'s pool: all arena slots free, empty table and LRU."""
-    off = p.w64[PW_BLK_OFF, w]
-    n = p.w64[PW_BLK_LEN, w]
+    off = p.w64[w, PW_BLK_OFF]
+    n = p.w64[w, PW_BLK_LEN]
     for i in range(n):
         b = off + i
-        p.b32[PB_FREE_STACK, off + i] = n - 1 - i + off
-        p.b32[PB_REF, b] = 0
-        p.b32[PB_PIN, b] = 0
-        p.b32[PB_CACHED, b] = 0
-        p.b32[PB_PREV, b] = NO_BLOCK
-        p.b32[PB_NEXT, b] = NO_BLOCK
-        p.b32[PB_DUP, b] = NO_BLOCK
-        p.b32[PB_DUP_PREV, b] = NO_BLOCK
-        p.b32[PB_DUP_TAIL, b] = NO_BLOCK
+        p.b32[off + i, PB_FREE_STACK] = n - 1 - i + off
+        p.b32[b, PB_REF] = 0
+        p.b32[b, PB_PIN] = 0
+        p.b32[b, PB_CACHED] = 0
+        p.b32[b, PB_PREV] = NO_BLOCK
+        p.b32[b, PB_NEXT] = NO_BLOCK
+        p.b32[b, PB_DUP] = NO_BLOCK
+        p.b32[b, PB_DUP_PREV] = NO_BLOCK
+        p.b32[b, PB_DUP_TAIL] = NO_BLOCK
         p.blk_hash[b] = 0
-    p.w64[PW_FREE_TOP, w] = n
-    p.w64[PW_NUM_COPIES, w] = 0
-    p.w64[PW_NUM_RESERVED, w] = 0
-    p.w64[PW_LRU_HEAD, w] = NO_BLOCK
-    p.w64[PW_LRU_TAIL, w] = NO_BLOCK
-    p.w64[PW_LRU_LEN, w] = 0
-    t0 = p.w64[PW_TAB_OFF, w]
-    for i in range(p.w64[PW_TAB_MASK, w] + 1):
+    p.w64[w, PW_FREE_TOP] = n
+    p.w64[w, PW_NUM_COPIES] = 0
+    p.w64[w, PW_NUM_RESERVED] = 0
+    p.w64[w, PW_LRU_HEAD] = NO_BLOCK
+    p.w64[w, PW_LRU_TAIL] = NO_BLOCK
+    p.w64[w, PW_LRU_LEN] = 0
+    t0 = p.w64[w, PW_TAB_OFF]
+    for i in range(p.w64[w, PW_TAB_MASK] + 1):
         p.tab[t0 + i] = NO_BLOCK

@@ -1,13 +1,14 @@
 """State layout shared by every kernel: dtypes, sentinels, status codes and the
 NamedTuple bundles that carry the batch state into ``@njit`` code.
 
-Scalar state is field-major: one int64 (or float64) matrix per owner kind whose
-row ``F`` is the contiguous column of field ``F`` (``rq.i64[RQ_GENERATED, q]``).
-That is still structure-of-arrays (a row exports to Arrow without a copy), but a
-kernel receives ~25 arrays instead of ~100: Numba compiles the call graph several
-times faster and each call moves and reference-counts far fewer array handles.
+Scalar state is owner-major: one int64 (or float64) matrix per owner kind, one
+row per owner, one column per field (``rq.i64[q, RQ_GENERATED]``). A pass touches
+a dozen fields of each running request, which then share one or two cache lines;
+and a kernel receives ~25 arrays instead of ~100, so Numba compiles the call graph
+several times faster and each call reference-counts far fewer array handles.
+Columns are copied out once per run for Arrow export.
 
-Axes (last index of every field row, first index of every other array):
+Axes (owner axis first):
 
 * ``s`` - simulation in the batch;
 * ``w`` - worker (one logical engine; with ``dp_size == 1`` a worker is one rank);
@@ -27,33 +28,33 @@ import numpy as np
 
 NO_BLOCK = np.int32(-1)          # empty lease entry / empty table slot / list end
 
-# Request status (``rq.i64[RQ_STATUS, q]``): where a request is in its life.
+# Request status (``rq.i64[q, RQ_STATUS]``): where a request is in its life.
 RS_NOT_ARRIVED = 0
 RS_WAITING = 1        # queued, never admitted
 RS_RUNNING = 2
 RS_PREEMPTED = 3      # queued again after preemption (recompute)
 RS_DONE = 4
 
-# Terminal status (``rq.i64[RQ_TERMINAL, q]``), names follow the reference's records.
+# Terminal status (``rq.i64[q, RQ_TERMINAL]``), names follow the reference's records.
 TERM_NONE = 0
 TERM_COMPLETED = 1
 TERM_REJECTED = 2
 TERMINAL_STATUS_NAMES = ("", "completed", "rejected")
 
-# Scheduling policy of a rank (``cfg.i64[CFG_POLICY, w]``).
+# Scheduling policy of a rank (``cfg.i64[w, CFG_POLICY]``).
 POLICY_VLLM = 0
 POLICY_TRTLLM = 1     # vLLM core with GUARANTEED_NO_EVICT capacity policy
 
-# Worker role (``cfg.i64[CFG_ROLE, w]``).
+# Worker role (``cfg.i64[w, CFG_ROLE]``).
 ROLE_AGGREGATED = 0
 ROLE_PREFILL = 1
 ROLE_DECODE = 2
 
-# Timing model (``cfg.i64[CFG_TIMING, w]``).
+# Timing model (``cfg.i64[w, CFG_TIMING]``).
 TIMING_POLYNOMIAL = 0
 TIMING_FIXED = 1
 
-# Simulation status (``sims.i64[SM_STATUS, s]``) returned by the replay kernel.
+# Simulation status (``sims.i64[s, SM_STATUS]``) returned by the replay kernel.
 SIM_RUNNING = 0
 SIM_DONE = 1
 SIM_NEED_FLUSH = 2     # pass log full: the driver drains it and calls again
@@ -86,7 +87,7 @@ PASS_LOG_COLUMNS = (
 PL_NUM_COLUMNS = len(PASS_LOG_COLUMNS)
 
 
-# Rank configuration, per worker: cfg.i64[CFG_*, w] and cfg.f64[CFGF_*, w].
+# Rank configuration, per worker: cfg.i64[w, CFG_*] and cfg.f64[w, CFGF_*].
 (CFG_NUM_GPU_BLOCKS, CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, CFG_MAX_NUM_BATCHED_TOKENS,
  CFG_MAX_MODEL_LEN, CFG_PREFIX_CACHING, CFG_CHUNKED_PREFILL, CFG_PREEMPTION_FIFO, CFG_POLICY,
  CFG_ROLE, CFG_TIMING) = range(11)
@@ -95,7 +96,7 @@ CFG_I_FIELDS = 11
  CFGF_DECODE_SPEEDUP_RATIO) = range(4)
 CFG_F_FIELDS = 4
 
-# Block pool, per worker: pool.w64[PW_*, w]; per arena slot: pool.b32[PB_*, b].
+# Block pool, per worker: pool.w64[w, PW_*]; per arena slot: pool.b32[b, PB_*].
 (PW_BLK_OFF, PW_BLK_LEN, PW_TAB_OFF, PW_TAB_MASK, PW_FREE_TOP, PW_NUM_COPIES, PW_NUM_RESERVED,
  PW_LRU_HEAD, PW_LRU_TAIL, PW_LRU_LEN) = range(10)
 PW_FIELDS = 10
@@ -105,7 +106,7 @@ PW_FIELDS = 10
  PB_DUP_TAIL) = range(9)
 PB_FIELDS = 9
 
-# Requests: rq.i64[RQ_*, q] and rq.f64[RQF_*, q].
+# Requests: rq.i64[q, RQ_*] and rq.f64[q, RQF_*].
 (RQ_PROMPT_LEN, RQ_MAX_OUTPUT, RQ_SRC_ROW, RQ_SESSION, RQ_TURN, RQ_NEXT_TURN, RQ_LEASE_OFF,
  RQ_UUID, RQ_STATUS, RQ_WORKER, RQ_GENERATED, RQ_NUM_COMPUTED, RQ_ALLOCATED, RQ_NUM_HASHED,
  RQ_PREEMPTIONS, RQ_ADMISSIONS, RQ_FIRST_CACHED, RQ_MAX_CACHED, RQ_SCHED_STAMP, RQ_SCHED_TOKENS,
@@ -116,12 +117,12 @@ RQ_I_FIELDS = 26
  RQF_SECOND_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_TERMINAL_MS) = range(9)
 RQ_F_FIELDS = 9
 
-# Workers (event loop side): wk.i64[WK_*, w].
+# Workers (event loop side): wk.i64[w, WK_*].
 (WK_SIM, WK_RUN_OFF, WK_RUN_LEN, WK_WAIT_OFF, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_BUSY,
  WK_TERM_HEAD, WK_STALLED, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL) = range(12)
 WK_FIELDS = 12
 
-# Simulations: sims.i64[SM_*, s].
+# Simulations: sims.i64[s, SM_*].
 (SM_Q_OFF, SM_Q_LEN, SM_W_OFF, SM_W_LEN, SM_CONCURRENCY, SM_STATUS, SM_NUM_STARTS,
  SM_START_PTR, SM_HEAP_LEN, SM_ACTIVE_SESSIONS, SM_RR_CURSOR, SM_NUM_ARRIVED,
  SM_NUM_TERMINAL, SM_UUID_NEXT, SM_PASS_LOG_LEN) = range(15)
@@ -130,24 +131,24 @@ SM_FIELDS = 15
 
 class RankConfig(NamedTuple):
     """Scheduler configuration per worker (reference field names, see CFG_*)."""
-    i64: np.ndarray   # int64[CFG_I_FIELDS, w]; max_model_len -1 = no limit
-    f64: np.ndarray   # float64[CFG_F_FIELDS, w]
+    i64: np.ndarray   # int64[w, CFG_I_FIELDS]; max_model_len -1 = no limit
+    f64: np.ndarray   # float64[w, CFG_F_FIELDS]
 
 
 class Pool(NamedTuple):
     """Paged G1 block pools of every worker (global arrays sliced by PW_BLK_OFF /
     PW_TAB_OFF): counters per worker, links and counts per arena slot."""
-    w64: np.ndarray       # int64[PW_FIELDS, w]
-    b32: np.ndarray       # int32[PB_FIELDS, b] (free stack, refs, pins, cached flag, LRU, duplicates)
+    w64: np.ndarray       # int64[w, PW_FIELDS]
+    b32: np.ndarray       # int32[b, PB_FIELDS] (free stack, refs, pins, cached flag, LRU, duplicates)
     blk_hash: np.ndarray  # uint64[b] sequence hash of a cached copy
     tab: np.ndarray       # int32[t] primary copy of a hash, NO_BLOCK = empty slot
 
 
 class Requests(NamedTuple):
-    """Per-request state of every simulation, field-major (each row is one column
-    of the per-request table), plus the CSR block rows."""
-    i64: np.ndarray       # int64[RQ_I_FIELDS, q]
-    f64: np.ndarray       # float64[RQ_F_FIELDS, q]
+    """Per-request state of every simulation (one row per request), plus the CSR
+    block rows."""
+    i64: np.ndarray       # int64[q, RQ_I_FIELDS]
+    f64: np.ndarray       # float64[q, RQ_F_FIELDS]
     lease: np.ndarray     # int32[k] physical block of each block entry
     seq_hash: np.ndarray  # uint64[k] sequence hash of each block entry
 
@@ -164,7 +165,7 @@ class Workload(NamedTuple):
 
 class Workers(NamedTuple):
     """Event-loop state of every worker."""
-    i64: np.ndarray          # int64[WK_FIELDS, w]
+    i64: np.ndarray          # int64[w, WK_FIELDS]
     pass_end_ms: np.ndarray  # float64[w]
     run_q: np.ndarray        # int64[..] running lists (slices at WK_RUN_OFF)
     wait_q: np.ndarray       # int64[..] waiting rings (slices at WK_WAIT_OFF)
@@ -172,7 +173,7 @@ class Workers(NamedTuple):
 
 class Sims(NamedTuple):
     """Event-loop state of every simulation and its admission source."""
-    i64: np.ndarray          # int64[SM_FIELDS, s]
+    i64: np.ndarray          # int64[s, SM_FIELDS]
     now_ms: np.ndarray       # float64[s]
     start_order: np.ndarray  # int64[q] first turns in release order (slices at SM_Q_OFF)
     heap_q: np.ndarray       # int64[q] follow-up turns by release time (slices at SM_Q_OFF)

@@ -27,8 +27,17 @@ def hash_prompt_blocks(hash_indptr, hash_ids, input_len, trace_block_size, block
         h0 = hash_indptr[r]
         parent = np.uint64(0)
         for i in range(phash_indptr[r + 1] - phash_indptr[r]):
-            for j in range(block_size):
-                tokens[j] = hash_ids[h0 + (i * block_size + j) // trace_block_size]
+            # fill run by run: one trace block spans many engine tokens
+            pos = i * block_size
+            end = pos + block_size
+            j = 0
+            while pos < end:
+                run_end = min(end, (pos // trace_block_size + 1) * trace_block_size)
+                token = hash_ids[h0 + pos // trace_block_size]
+                while pos < run_end:
+                    tokens[j] = token
+                    j += 1
+                    pos += 1
             local = xxh3_64_u32(tokens, 0, block_size, XXH3_SEED)
             if i == 0:
                 parent = local

@@ -32,15 +32,15 @@ def _before(t_a, s_a, u_a, t_b, s_b, u_b):
 
 @njit(cache=True)
 def _heap_push(sims, rq, s, q):
-    base = sims.i64[SM_Q_OFF, s]
-    i = sims.i64[SM_HEAP_LEN, s]
-    sims.i64[SM_HEAP_LEN, s] = i + 1
+    base = sims.i64[s, SM_Q_OFF]
+    i = sims.i64[s, SM_HEAP_LEN]
+    sims.i64[s, SM_HEAP_LEN] = i + 1
     h = sims.heap_q
     while i > 0:
         parent = (i - 1) // 2
         pq = h[base + parent]
-        if _before(rq.f64[RQF_READY_MS, q], rq.i64[RQ_SESSION, q], rq.i64[RQ_TURN, q],
-                   rq.f64[RQF_READY_MS, pq], rq.i64[RQ_SESSION, pq], rq.i64[RQ_TURN, pq]):
+        if _before(rq.f64[q, RQF_READY_MS], rq.i64[q, RQ_SESSION], rq.i64[q, RQ_TURN],
+                   rq.f64[pq, RQF_READY_MS], rq.i64[pq, RQ_SESSION], rq.i64[pq, RQ_TURN]):
             h[base + i] = pq
             i = parent
         else:
@@ -50,11 +50,11 @@ def _heap_push(sims, rq, s, q):
 
 @njit(cache=True)
 def _heap_pop(sims, rq, s):
-    base = sims.i64[SM_Q_OFF, s]
+    base = sims.i64[s, SM_Q_OFF]
     h = sims.heap_q
     top = h[base]
-    n = sims.i64[SM_HEAP_LEN, s] - 1
-    sims.i64[SM_HEAP_LEN, s] = n
+    n = sims.i64[s, SM_HEAP_LEN] - 1
+    sims.i64[s, SM_HEAP_LEN] = n
     if n == 0:
         return top
     last = h[base + n]
@@ -66,12 +66,12 @@ def _heap_pop(sims, rq, s):
         qc = h[base + c]
         if c + 1 < n:
             qd = h[base + c + 1]
-            if _before(rq.f64[RQF_READY_MS, qd], rq.i64[RQ_SESSION, qd], rq.i64[RQ_TURN, qd],
-                       rq.f64[RQF_READY_MS, qc], rq.i64[RQ_SESSION, qc], rq.i64[RQ_TURN, qc]):
+            if _before(rq.f64[qd, RQF_READY_MS], rq.i64[qd, RQ_SESSION], rq.i64[qd, RQ_TURN],
+                       rq.f64[qc, RQF_READY_MS], rq.i64[qc, RQ_SESSION], rq.i64[qc, RQ_TURN]):
                 c += 1
                 qc = qd
-        if _before(rq.f64[RQF_READY_MS, qc], rq.i64[RQ_SESSION, qc], rq.i64[RQ_TURN, qc],
-                   rq.f64[RQF_READY_MS, last], rq.i64[RQ_SESSION, last], rq.i64[RQ_TURN, last]):
+        if _before(rq.f64[qc, RQF_READY_MS], rq.i64[qc, RQ_SESSION], rq.i64[qc, RQ_TURN],
+                   rq.f64[last, RQF_READY_MS], rq.i64[last, RQ_SESSION], rq.i64[last, RQ_TURN]):
             h[base + i] = qc
             i = c
         else:
@@ -83,138 +83,148 @@ def _heap_pop(sims, rq, s):
 @njit(cache=True)
 def _arrive(cfg, rq, wl, wk, sims, s, q, arrival_ms):
     """A request enters the system: round-robin placement, prompt block hashes."""
-    w = sims.i64[SM_W_OFF, s] + sims.i64[SM_RR_CURSOR, s] % sims.i64[SM_W_LEN, s]
-    sims.i64[SM_RR_CURSOR, s] += 1
-    rq.f64[RQF_ARRIVAL_MS, q] = arrival_ms
-    rq.i64[RQ_WORKER, q] = w
-    rq.i64[RQ_STATUS, q] = RS_WAITING
-    rq.i64[RQ_UUID, q] = sims.i64[SM_UUID_NEXT, s]
-    sims.i64[SM_UUID_NEXT, s] += 1
-    sims.i64[SM_NUM_ARRIVED, s] += 1
-    row = rq.i64[RQ_SRC_ROW, q]
+    w = sims.i64[s, SM_W_OFF] + sims.i64[s, SM_RR_CURSOR] % sims.i64[s, SM_W_LEN]
+    sims.i64[s, SM_RR_CURSOR] += 1
+    rq.f64[q, RQF_ARRIVAL_MS] = arrival_ms
+    rq.i64[q, RQ_WORKER] = w
+    rq.i64[q, RQ_STATUS] = RS_WAITING
+    rq.i64[q, RQ_UUID] = sims.i64[s, SM_UUID_NEXT]
+    sims.i64[s, SM_UUID_NEXT] += 1
+    sims.i64[s, SM_NUM_ARRIVED] += 1
+    row = rq.i64[q, RQ_SRC_ROW]
     p0 = wl.phash_indptr[row]
     n_prompt_blocks = wl.phash_indptr[row + 1] - p0
-    k0 = rq.i64[RQ_LEASE_OFF, q]
+    k0 = rq.i64[q, RQ_LEASE_OFF]
     for i in range(n_prompt_blocks):
         rq.seq_hash[k0 + i] = wl.phash[p0 + i]
-    rq.i64[RQ_NUM_HASHED, q] = n_prompt_blocks
+    rq.i64[q, RQ_NUM_HASHED] = n_prompt_blocks
     wait_push_back(wk, w, q)
-    wk.i64[WK_STALLED, w] = 0
+    wk.i64[w, WK_STALLED] = 0
 
 
 @njit(cache=True, inline="always")
 def _admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms):
     """Release every request due at ``now_ms``; returns how many arrived."""
-    closed = sims.i64[SM_CONCURRENCY, s] > 0
-    base = sims.i64[SM_Q_OFF, s]
+    closed = sims.i64[s, SM_CONCURRENCY] > 0
+    base = sims.i64[s, SM_Q_OFF]
     n = 0
     while True:
         q_start = -1
         t_start = 0.0
-        if sims.i64[SM_START_PTR, s] < sims.i64[SM_NUM_STARTS, s]:
-            q0 = sims.start_order[base + sims.i64[SM_START_PTR, s]]
+        if sims.i64[s, SM_START_PTR] < sims.i64[s, SM_NUM_STARTS]:
+            q0 = sims.start_order[base + sims.i64[s, SM_START_PTR]]
             if closed:
-                if sims.i64[SM_ACTIVE_SESSIONS, s] < sims.i64[SM_CONCURRENCY, s]:
+                if sims.i64[s, SM_ACTIVE_SESSIONS] < sims.i64[s, SM_CONCURRENCY]:
                     q_start = q0
                     t_start = now_ms
-            elif rq.f64[RQF_START_MS, q0] <= now_ms:
+            elif rq.f64[q0, RQF_START_MS] <= now_ms:
                 q_start = q0
-                t_start = rq.f64[RQF_START_MS, q0]
+                t_start = rq.f64[q0, RQF_START_MS]
         q_turn = -1
-        if sims.i64[SM_HEAP_LEN, s] > 0:
+        if sims.i64[s, SM_HEAP_LEN] > 0:
             qh = sims.heap_q[base]
-            if rq.f64[RQF_READY_MS, qh] <= now_ms:
+            if rq.f64[qh, RQF_READY_MS] <= now_ms:
                 q_turn = qh
         if q_start < 0 and q_turn < 0:
             return n
         take_start = q_start >= 0 and (q_turn < 0 or _before(
-            t_start, rq.i64[RQ_SESSION, q_start], rq.i64[RQ_TURN, q_start],
-            rq.f64[RQF_READY_MS, q_turn], rq.i64[RQ_SESSION, q_turn], rq.i64[RQ_TURN, q_turn]))
+            t_start, rq.i64[q_start, RQ_SESSION], rq.i64[q_start, RQ_TURN],
+            rq.f64[q_turn, RQF_READY_MS], rq.i64[q_turn, RQ_SESSION], rq.i64[q_turn, RQ_TURN]))
         if take_start:
-            sims.i64[SM_START_PTR, s] += 1
-            sims.i64[SM_ACTIVE_SESSIONS, s] += 1
+            sims.i64[s, SM_START_PTR] += 1
+            sims.i64[s, SM_ACTIVE_SESSIONS] += 1
             _arrive(cfg, rq, wl, wk, sims, s, q_start, t_start)
         else:
             _heap_pop(sims, rq, s)
-            _arrive(cfg, rq, wl, wk, sims, s, q_turn, rq.f64[RQF_READY_MS, q_turn])
+            _arrive(cfg, rq, wl, wk, sims, s, q_turn, rq.f64[q_turn, RQF_READY_MS])
         n += 1
 
 
 @njit(cache=True, inline="always")
 def _complete_pass(rq, wk, sims, s, w):
     """Pass end of worker w: its terminals free session slots and release next turns."""
-    wk.i64[WK_BUSY, w] = 0
-    q = wk.i64[WK_TERM_HEAD, w]
+    wk.i64[w, WK_BUSY] = 0
+    q = wk.i64[w, WK_TERM_HEAD]
     while q >= 0:
-        sims.i64[SM_NUM_TERMINAL, s] += 1
-        nxt = rq.i64[RQ_NEXT_TURN, q]
+        sims.i64[s, SM_NUM_TERMINAL] += 1
+        nxt = rq.i64[q, RQ_NEXT_TURN]
         if nxt >= 0:
-            rq.f64[RQF_READY_MS, nxt] = rq.f64[RQF_TERMINAL_MS, q] + rq.f64[RQF_DELAY_MS, nxt]
+            rq.f64[nxt, RQF_READY_MS] = rq.f64[q, RQF_TERMINAL_MS] + rq.f64[nxt, RQF_DELAY_MS]
             _heap_push(sims, rq, s, nxt)
         else:
-            sims.i64[SM_ACTIVE_SESSIONS, s] -= 1
-        q = rq.i64[RQ_TERM_NEXT, q]
-    wk.i64[WK_TERM_HEAD, w] = -1
+            sims.i64[s, SM_ACTIVE_SESSIONS] -= 1
+        q = rq.i64[q, RQ_TERM_NEXT]
+    wk.i64[w, WK_TERM_HEAD] = -1
 
 
 @njit(cache=True, inline="always")
 def _has_work(wk, w):
-    return wk.i64[WK_RUN_LEN, w] > 0 or wk.i64[WK_WAIT_LEN, w] > 0
+    return wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0
 
 
 @njit(cache=True)
 def run_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens):
     """Advance simulation s until it is done or needs the driver."""
-    w0 = sims.i64[SM_W_OFF, s]
-    w1 = w0 + sims.i64[SM_W_LEN, s]
+    w0 = sims.i64[s, SM_W_OFF]
+    w1 = w0 + sims.i64[s, SM_W_LEN]
     log_rows = sims.pass_log.shape[1]
-    sims.i64[SM_STATUS, s] = SIM_RUNNING
+    sims.i64[s, SM_STATUS] = SIM_RUNNING
     now_ms = sims.now_ms[s]
     while True:
         changed = True
         while changed:
             changed = False
             for w in range(w0, w1):
-                if wk.i64[WK_BUSY, w] and wk.pass_end_ms[w] == now_ms:
+                if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] == now_ms:
                     _complete_pass(rq, wk, sims, s, w)
                     changed = True
-            if _admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms) > 0:
+            # cheap due-check first: the admission step binds the whole state
+            due = False
+            base = sims.i64[s, SM_Q_OFF]
+            if sims.i64[s, SM_START_PTR] < sims.i64[s, SM_NUM_STARTS]:
+                if sims.i64[s, SM_CONCURRENCY] > 0:
+                    due = sims.i64[s, SM_ACTIVE_SESSIONS] < sims.i64[s, SM_CONCURRENCY]
+                else:
+                    due = rq.f64[sims.start_order[base + sims.i64[s, SM_START_PTR]], RQF_START_MS] <= now_ms
+            if sims.i64[s, SM_HEAP_LEN] > 0 and rq.f64[sims.heap_q[base], RQF_READY_MS] <= now_ms:
+                due = True
+            if due and _admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms) > 0:
                 changed = True
             for w in range(w0, w1):
-                if wk.i64[WK_BUSY, w] != 0 or wk.i64[WK_STALLED, w] != 0 or not _has_work(wk, w):
+                if wk.i64[w, WK_BUSY] != 0 or wk.i64[w, WK_STALLED] != 0 or not _has_work(wk, w):
                     continue
-                if log_rows > 0 and sims.i64[SM_PASS_LOG_LEN, s] >= log_rows:
+                if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] >= log_rows:
                     sims.now_ms[s] = now_ms
-                    sims.i64[SM_STATUS, s] = SIM_NEED_FLUSH
+                    sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
                     return
                 end_ms, had_effect, arena_full = run_pass(
                     cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
                 if arena_full:
-                    sims.i64[SM_STATUS, s] = SIM_ARENA_FULL
+                    sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                     return
                 if had_effect:
-                    wk.i64[WK_BUSY, w] = 1
+                    wk.i64[w, WK_BUSY] = 1
                     wk.pass_end_ms[w] = end_ms
                     changed = True
                 else:
                     # nothing can change for this worker until new work reaches it
-                    wk.i64[WK_STALLED, w] = 1
-        if sims.i64[SM_NUM_TERMINAL, s] == sims.i64[SM_Q_LEN, s]:
+                    wk.i64[w, WK_STALLED] = 1
+        if sims.i64[s, SM_NUM_TERMINAL] == sims.i64[s, SM_Q_LEN]:
             sims.now_ms[s] = now_ms
-            sims.i64[SM_STATUS, s] = SIM_DONE
+            sims.i64[s, SM_STATUS] = SIM_DONE
             return
         t_next = np.inf
         for w in range(w0, w1):
-            if wk.i64[WK_BUSY, w] and wk.pass_end_ms[w] < t_next:
+            if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] < t_next:
                 t_next = wk.pass_end_ms[w]
-        base = sims.i64[SM_Q_OFF, s]
-        if sims.i64[SM_CONCURRENCY, s] == 0 and sims.i64[SM_START_PTR, s] < sims.i64[SM_NUM_STARTS, s]:
-            t_next = min(t_next, rq.f64[RQF_START_MS, sims.start_order[base + sims.i64[SM_START_PTR, s]]])
-        if sims.i64[SM_HEAP_LEN, s] > 0:
-            t_next = min(t_next, rq.f64[RQF_READY_MS, sims.heap_q[base]])
+        base = sims.i64[s, SM_Q_OFF]
+        if sims.i64[s, SM_CONCURRENCY] == 0 and sims.i64[s, SM_START_PTR] < sims.i64[s, SM_NUM_STARTS]:
+            t_next = min(t_next, rq.f64[sims.start_order[base + sims.i64[s, SM_START_PTR]], RQF_START_MS])
+        if sims.i64[s, SM_HEAP_LEN] > 0:
+            t_next = min(t_next, rq.f64[sims.heap_q[base], RQF_READY_MS])
         if t_next == np.inf:
             sims.now_ms[s] = now_ms
-            sims.i64[SM_STATUS, s] = SIM_DEAD_END
+            sims.i64[s, SM_STATUS] = SIM_DEAD_END
             return
         now_ms = t_next
 
@@ -226,7 +236,7 @@ def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_
     simulation, so threads share nothing."""
     for i in prange(sim_ids.shape[0]):
         s = sim_ids[i]
-        if sims.i64[SM_STATUS, s] != SIM_RUNNING and sims.i64[SM_STATUS, s] != SIM_NEED_FLUSH:
+        if sims.i64[s, SM_STATUS] != SIM_RUNNING and sims.i64[s, SM_STATUS] != SIM_NEED_FLUSH:
             continue
         acc = np.zeros(8, np.int64)
         hits = np.empty(max_lease_blocks, np.int32)

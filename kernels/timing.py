@@ -77,7 +77,8 @@ def polynomial_prefill_ms(batch, total_isl, total_prefix):
     if mean_isl <= mean_prefix:
         return 0.0
     t = float(batch * (mean_isl - mean_prefix))
-    return 4.209989e-07 * t * t + 1.518344e-02 * t + 16.50142
+    # the reference squares with powi(2): a * (T * T), then the linear term, then the constant
+    return 4.209989e-07 * (t * t) + 1.518344e-02 * t + 16.50142
 
 
 @njit(cache=True)
@@ -89,7 +90,7 @@ def polynomial_decode_ms(batch, active_kv_tokens, total_kv_tokens):
         u = 1.0
     else:
         u = min(1.0, float(active_kv_tokens) / float(total_kv_tokens))
-    return max(1.0, -25.74 * u * u + 54.01 * u + 5.74)
+    return max(1.0, -25.74 * (u * u) + 54.01 * u + 5.74)
 
 
 @njit(cache=True)

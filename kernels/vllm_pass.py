@@ -34,14 +34,14 @@ def _ceil_div(a, b):
 
 @njit(cache=True, inline="always")
 def seq_len(rq, q):
-    return rq.i64[RQ_PROMPT_LEN, q] + rq.i64[RQ_GENERATED, q]
+    return rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_GENERATED]
 
 
 @njit(cache=True, inline="always")
 def remaining_generation(cfg, rq, w, q):
     """Tokens still to generate: output budget, and ``max_model_len`` when set."""
-    rem = rq.i64[RQ_MAX_OUTPUT, q] - rq.i64[RQ_GENERATED, q]
-    limit = cfg.i64[CFG_MAX_MODEL_LEN, w]
+    rem = rq.i64[q, RQ_MAX_OUTPUT] - rq.i64[q, RQ_GENERATED]
+    limit = cfg.i64[w, CFG_MAX_MODEL_LEN]
     if limit >= 0:
         rem = min(rem, limit - seq_len(rq, q))
     return rem
@@ -53,71 +53,82 @@ def remaining_generation(cfg, rq, w, q):
 # ---------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
 def wait_at(wk, w, i):
-    return wk.wait_q[wk.i64[WK_WAIT_OFF, w] + (wk.i64[WK_WAIT_HEAD, w] + i) % wk.i64[WK_WAIT_CAP, w]]
+    return wk.wait_q[wk.i64[w, WK_WAIT_OFF] + (wk.i64[w, WK_WAIT_HEAD] + i) % wk.i64[w, WK_WAIT_CAP]]
 
 
 @njit(cache=True, inline="always")
 def wait_push_back(wk, w, q):
-    cap = wk.i64[WK_WAIT_CAP, w]
-    wk.wait_q[wk.i64[WK_WAIT_OFF, w] + (wk.i64[WK_WAIT_HEAD, w] + wk.i64[WK_WAIT_LEN, w]) % cap] = q
-    wk.i64[WK_WAIT_LEN, w] += 1
+    cap = wk.i64[w, WK_WAIT_CAP]
+    wk.wait_q[wk.i64[w, WK_WAIT_OFF] + (wk.i64[w, WK_WAIT_HEAD] + wk.i64[w, WK_WAIT_LEN]) % cap] = q
+    wk.i64[w, WK_WAIT_LEN] += 1
 
 
 @njit(cache=True, inline="always")
 def wait_push_front(wk, w, q):
-    cap = wk.i64[WK_WAIT_CAP, w]
-    h = (wk.i64[WK_WAIT_HEAD, w] - 1 + cap) % cap
-    wk.i64[WK_WAIT_HEAD, w] = h
-    wk.wait_q[wk.i64[WK_WAIT_OFF, w] + h] = q
-    wk.i64[WK_WAIT_LEN, w] += 1
+    cap = wk.i64[w, WK_WAIT_CAP]
+    h = (wk.i64[w, WK_WAIT_HEAD] - 1 + cap) % cap
+    wk.i64[w, WK_WAIT_HEAD] = h
+    wk.wait_q[wk.i64[w, WK_WAIT_OFF] + h] = q
+    wk.i64[w, WK_WAIT_LEN] += 1
 
 
 @njit(cache=True)
 def wait_remove_at(wk, w, i):
     """Remove entry ``i`` keeping the order of the others."""
-    cap = wk.i64[WK_WAIT_CAP, w]
-    off = wk.i64[WK_WAIT_OFF, w]
-    head = wk.i64[WK_WAIT_HEAD, w]
+    cap = wk.i64[w, WK_WAIT_CAP]
+    off = wk.i64[w, WK_WAIT_OFF]
+    head = wk.i64[w, WK_WAIT_HEAD]
     if i == 0:
-        wk.i64[WK_WAIT_HEAD, w] = (head + 1) % cap
+        wk.i64[w, WK_WAIT_HEAD] = (head + 1) % cap
     else:
-        for j in range(i, wk.i64[WK_WAIT_LEN, w] - 1):
+        for j in range(i, wk.i64[w, WK_WAIT_LEN] - 1):
             wk.wait_q[off + (head + j) % cap] = wk.wait_q[off + (head + j + 1) % cap]
-    wk.i64[WK_WAIT_LEN, w] -= 1
+    wk.i64[w, WK_WAIT_LEN] -= 1
 
 
 @njit(cache=True, inline="always")
 def run_remove_at(wk, w, i):
-    off = wk.i64[WK_RUN_OFF, w]
-    n = wk.i64[WK_RUN_LEN, w]
+    off = wk.i64[w, WK_RUN_OFF]
+    n = wk.i64[w, WK_RUN_LEN]
     for j in range(i, n - 1):
         wk.run_q[off + j] = wk.run_q[off + j + 1]
-    wk.i64[WK_RUN_LEN, w] = n - 1
+    wk.i64[w, WK_RUN_LEN] = n - 1
 
 
 # ---------------------------------------------------------------------------------
 # tokens and block identities
 # ---------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
-def token_at(rq, wl, q, pos):
-    """Token id at ``pos`` of request q: the interned trace hash id of the prompt
-    block, or the reference's synthetic output token for generated positions."""
-    prompt = rq.i64[RQ_PROMPT_LEN, q]
-    if pos < prompt:
-        row = rq.i64[RQ_SRC_ROW, q]
-        return wl.hash_ids[wl.hash_indptr[row] + pos // wl.trace_block_size[row]]
-    return synthetic_output_token(np.uint64(0), np.uint64(rq.i64[RQ_UUID, q]), np.uint64(pos - prompt))
-
-
 @njit(cache=True)
 def _hash_block(rq, wl, q, i, bs, scratch_tokens):
-    """Sequence hash of block i of request q (block i-1 must already be hashed)."""
-    for j in range(bs):
-        scratch_tokens[j] = token_at(rq, wl, q, i * bs + j)
+    """Sequence hash of block i of request q (block i-1 must already be hashed).
+
+    Tokens: prompt positions hold the interned trace hash id of their trace block
+    (filled run by run, a trace block is many engine tokens); generated positions
+    hold the reference's synthetic output token of (request uuid, ordinal)."""
+    prompt = rq.i64[q, RQ_PROMPT_LEN]
+    pos = i * bs
+    end = pos + bs
+    j = 0
+    if pos < prompt:
+        row = rq.i64[q, RQ_SRC_ROW]
+        tbs = wl.trace_block_size[row]
+        h0 = wl.hash_indptr[row]
+        while pos < min(end, prompt):
+            run_end = min(min(end, prompt), (pos // tbs + 1) * tbs)
+            token = wl.hash_ids[h0 + pos // tbs]
+            while pos < run_end:
+                scratch_tokens[j] = token
+                j += 1
+                pos += 1
+    uuid = np.uint64(rq.i64[q, RQ_UUID])
+    while pos < end:
+        scratch_tokens[j] = synthetic_output_token(np.uint64(0), uuid, np.uint64(pos - prompt))
+        j += 1
+        pos += 1
     local = xxh3_64_u32(scratch_tokens, 0, bs, XXH3_SEED)
     if i == 0:
         return local
-    return hash_chain(rq.seq_hash[rq.i64[RQ_LEASE_OFF, q] + i - 1], local)
+    return hash_chain(rq.seq_hash[rq.i64[q, RQ_LEASE_OFF] + i - 1], local)
 
 
 @njit(cache=True)
@@ -125,19 +136,19 @@ def prefix_cost(cfg, p, rq, w, q):
     """(cached_tokens, active_cached_tokens) of a prefix lookup: leading complete
     blocks with a resident copy; active = those whose primary copy is referenced
     or pinned. Lookup does not touch the LRU."""
-    if cfg.i64[CFG_PREFIX_CACHING, w] == 0:
+    if cfg.i64[w, CFG_PREFIX_CACHING] == 0:
         return 0, 0
-    bs = cfg.i64[CFG_BLOCK_SIZE, w]
+    bs = cfg.i64[w, CFG_BLOCK_SIZE]
     length = seq_len(rq, q)
-    k0 = rq.i64[RQ_LEASE_OFF, q]
+    k0 = rq.i64[q, RQ_LEASE_OFF]
     overlap = 0
     active = 0
-    for i in range(rq.i64[RQ_NUM_HASHED, q]):
+    for i in range(rq.i64[q, RQ_NUM_HASHED]):
         b = table_find(p, w, rq.seq_hash[k0 + i])
         if b == NO_BLOCK:
             break
         overlap += 1
-        if p.b32[PB_REF, b] > 0 or p.b32[PB_PIN, b] > 0:
+        if p.b32[b, PB_REF] > 0 or p.b32[b, PB_PIN] > 0:
             active += 1
     return min(overlap * bs, length), min(active * bs, length)
 
@@ -148,8 +159,8 @@ def capped_prefix_cost(cfg, p, rq, w, q):
     cached prefix is capped at ``floor((len-1)/bs)*bs`` (a fully cached aligned
     prompt recomputes its last block). TRT-LLM applies no cap."""
     cached, active = prefix_cost(cfg, p, rq, w, q)
-    if cfg.i64[CFG_POLICY, w] != POLICY_TRTLLM and remaining_generation(cfg, rq, w, q) > 0:
-        bs = cfg.i64[CFG_BLOCK_SIZE, w]
+    if cfg.i64[w, CFG_POLICY] != POLICY_TRTLLM and remaining_generation(cfg, rq, w, q) > 0:
+        bs = cfg.i64[w, CFG_BLOCK_SIZE]
         cap = ((seq_len(rq, q) - 1) // bs) * bs
         cached = min(cached, cap)
         active = min(active, cap)
@@ -164,25 +175,25 @@ def allocate(cfg, p, rq, w, q, target_tokens, reusable_prefix_blocks, hits, fres
     """Grow q's lease to cover ``target_tokens``; the first blocks up to
     ``reusable_prefix_blocks`` are prefix hits, the rest fresh private copies.
     Returns 1 ok, 0 capacity exhausted (unchanged), -1 arena exhausted."""
-    bs = cfg.i64[CFG_BLOCK_SIZE, w]
-    k0 = rq.i64[RQ_LEASE_OFF, q]
-    prev = _ceil_div(rq.i64[RQ_ALLOCATED, q], bs)
+    bs = cfg.i64[w, CFG_BLOCK_SIZE]
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    prev = _ceil_div(rq.i64[q, RQ_ALLOCATED], bs)
     tgt = min(_ceil_div(target_tokens, bs), _ceil_div(seq_len(rq, q), bs))
     if tgt <= prev:
-        rq.i64[RQ_ALLOCATED, q] = max(rq.i64[RQ_ALLOCATED, q], target_tokens)
+        rq.i64[q, RQ_ALLOCATED] = max(rq.i64[q, RQ_ALLOCATED], target_tokens)
         return 1
     count = tgt - prev
     n_hit = min(max(0, reusable_prefix_blocks - prev), count)
     for i in range(n_hit):
         hits[i] = table_find(p, w, rq.seq_hash[k0 + prev + i])
-    res = reserve(p, w, cfg.i64[CFG_NUM_GPU_BLOCKS, w], hits, n_hit, count - n_hit, fresh)
+    res = reserve(p, w, cfg.i64[w, CFG_NUM_GPU_BLOCKS], hits, n_hit, count - n_hit, fresh)
     if res != 1:
         return res
     for i in range(n_hit):
         rq.lease[k0 + prev + i] = hits[i]
     for i in range(count - n_hit):
         rq.lease[k0 + prev + n_hit + i] = fresh[i]
-    rq.i64[RQ_ALLOCATED, q] = target_tokens
+    rq.i64[q, RQ_ALLOCATED] = target_tokens
     return 1
 
 
@@ -190,28 +201,28 @@ def allocate(cfg, p, rq, w, q, target_tokens, reusable_prefix_blocks, hits, fres
 def release_lease(cfg, p, rq, w, q):
     """Release every block, tail first, so a request's leaf enters the LRU (and is
     evicted) before its parents."""
-    bs = cfg.i64[CFG_BLOCK_SIZE, w]
-    k0 = rq.i64[RQ_LEASE_OFF, q]
-    for i in range(_ceil_div(rq.i64[RQ_ALLOCATED, q], bs) - 1, -1, -1):
+    bs = cfg.i64[w, CFG_BLOCK_SIZE]
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    for i in range(_ceil_div(rq.i64[q, RQ_ALLOCATED], bs) - 1, -1, -1):
         release_ref(p, w, rq.lease[k0 + i])
         rq.lease[k0 + i] = NO_BLOCK
-    rq.i64[RQ_ALLOCATED, q] = 0
+    rq.i64[q, RQ_ALLOCATED] = 0
 
 
 @njit(cache=True)
 def finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens):
     """Blocks completed by computing tokens [before, after) get their identity and
     become visible, before later requests of the same pass look them up."""
-    if cfg.i64[CFG_PREFIX_CACHING, w] == 0:
+    if cfg.i64[w, CFG_PREFIX_CACHING] == 0:
         return
-    bs = cfg.i64[CFG_BLOCK_SIZE, w]
-    k0 = rq.i64[RQ_LEASE_OFF, q]
+    bs = cfg.i64[w, CFG_BLOCK_SIZE]
+    k0 = rq.i64[q, RQ_LEASE_OFF]
     for i in range(before // bs, after // bs):
-        if i >= rq.i64[RQ_NUM_HASHED, q]:
+        if i >= rq.i64[q, RQ_NUM_HASHED]:
             rq.seq_hash[k0 + i] = _hash_block(rq, wl, q, i, bs, scratch_tokens)
-            rq.i64[RQ_NUM_HASHED, q] = i + 1
+            rq.i64[q, RQ_NUM_HASHED] = i + 1
         b = rq.lease[k0 + i]
-        if p.b32[PB_CACHED, b] == 0:
+        if p.b32[b, PB_CACHED] == 0:
             cache_copy(p, w, b, rq.seq_hash[k0 + i])
 
 
@@ -221,16 +232,16 @@ def finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens):
 @njit(cache=True)
 def _preempt(cfg, p, rq, wk, w):
     """Preempt the last (lifo) or first (fifo) running request; returns it or -1."""
-    n = wk.i64[WK_RUN_LEN, w]
+    n = wk.i64[w, WK_RUN_LEN]
     if n == 0:
         return -1
-    idx = 0 if cfg.i64[CFG_PREEMPTION_FIFO, w] != 0 else n - 1
-    v = wk.run_q[wk.i64[WK_RUN_OFF, w] + idx]
+    idx = 0 if cfg.i64[w, CFG_PREEMPTION_FIFO] != 0 else n - 1
+    v = wk.run_q[wk.i64[w, WK_RUN_OFF] + idx]
     run_remove_at(wk, w, idx)
-    rq.i64[RQ_STATUS, v] = RS_PREEMPTED
-    rq.i64[RQ_NUM_COMPUTED, v] = 0
-    rq.i64[RQ_PREEMPTIONS, v] += 1
-    wk.i64[WK_PREEMPTIONS_TOTAL, w] += 1
+    rq.i64[v, RQ_STATUS] = RS_PREEMPTED
+    rq.i64[v, RQ_NUM_COMPUTED] = 0
+    rq.i64[v, RQ_PREEMPTIONS] += 1
+    wk.i64[w, WK_PREEMPTIONS_TOTAL] += 1
     wait_push_front(wk, w, v)
     release_lease(cfg, p, rq, w, v)
     return v
@@ -238,14 +249,14 @@ def _preempt(cfg, p, rq, wk, w):
 
 @njit(cache=True)
 def trt_blocks_to_finish(cfg, p, rq, w, q, active_cached):
-    bs = cfg.i64[CFG_BLOCK_SIZE, w]
-    out = rq.i64[RQ_MAX_OUTPUT, q]
-    limit = cfg.i64[CFG_MAX_MODEL_LEN, w]
+    bs = cfg.i64[w, CFG_BLOCK_SIZE]
+    out = rq.i64[q, RQ_MAX_OUTPUT]
+    limit = cfg.i64[w, CFG_MAX_MODEL_LEN]
     if limit >= 0:
-        out = min(out, limit - rq.i64[RQ_PROMPT_LEN, q])
-    to_completion = _ceil_div(rq.i64[RQ_PROMPT_LEN, q] + out, bs)
-    if rq.i64[RQ_ALLOCATED, q] > 0:
-        have = _ceil_div(rq.i64[RQ_ALLOCATED, q], bs)
+        out = min(out, limit - rq.i64[q, RQ_PROMPT_LEN])
+    to_completion = _ceil_div(rq.i64[q, RQ_PROMPT_LEN] + out, bs)
+    if rq.i64[q, RQ_ALLOCATED] > 0:
+        have = _ceil_div(rq.i64[q, RQ_ALLOCATED], bs)
     else:
         have = active_cached // bs
     return max(0, to_completion - have)
@@ -259,46 +270,46 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     terminals (with ``terminal_ms`` = pass end) onto the worker's terminal list.
     ``acc`` is an int64[8] scratch for the pass counters. Returns
     ``(end_ms, had_effect, arena_full)``."""
-    wk.i64[WK_PASS_STAMP, w] += 1
+    wk.i64[w, WK_PASS_STAMP] += 1
     # unique across the workers of a simulation: a disaggregated request is
     # scheduled on two workers and must not match a stale stamp of the other
-    stamp = wk.i64[WK_PASS_STAMP, w] * 65536 + (w % 65536) + 1
-    preemptions_before = wk.i64[WK_PREEMPTIONS_TOTAL, w]
-    bs = cfg.i64[CFG_BLOCK_SIZE, w]
-    capacity = cfg.i64[CFG_NUM_GPU_BLOCKS, w]
-    is_trt = cfg.i64[CFG_POLICY, w] == POLICY_TRTLLM
-    not_decode = cfg.i64[CFG_ROLE, w] != ROLE_DECODE
+    stamp = wk.i64[w, WK_PASS_STAMP] * 65536 + (w % 65536) + 1
+    preemptions_before = wk.i64[w, WK_PREEMPTIONS_TOTAL]
+    bs = cfg.i64[w, CFG_BLOCK_SIZE]
+    capacity = cfg.i64[w, CFG_NUM_GPU_BLOCKS]
+    is_trt = cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM
+    not_decode = cfg.i64[w, CFG_ROLE] != ROLE_DECODE
     # acc: 0 budget, 1 batch_count, 2 total_isl, 3 total_prefix, 4 preempted_any,
     #      5 admitted, 6 scheduled_tokens, 7 rejected
     for i in range(8):
         acc[i] = 0
-    acc[0] = cfg.i64[CFG_MAX_NUM_BATCHED_TOKENS, w]
+    acc[0] = cfg.i64[w, CFG_MAX_NUM_BATCHED_TOKENS]
 
     # running first; the cursor is an index (a fifo victim before it shifts the list)
     rq_i = rq.i64
     i = 0
-    while i < wk.i64[WK_RUN_LEN, w] and acc[0] > 0:
-        q = wk.run_q[wk.i64[WK_RUN_OFF, w] + i]
+    while i < wk.i64[w, WK_RUN_LEN] and acc[0] > 0:
+        q = wk.run_q[wk.i64[w, WK_RUN_OFF] + i]
         # Fast path, the bulk of all scheduling: a running request past its prompt
         # whose next tokens fit in its last block and complete no block. It is
         # exactly what _schedule does in that case, without a call (a call passes
         # the whole state and reference-counts every array of it).
-        before = rq_i[RQ_NUM_COMPUTED, q]
-        prompt = rq_i[RQ_PROMPT_LEN, q]
+        before = rq_i[q, RQ_NUM_COMPUTED]
+        prompt = rq_i[q, RQ_PROMPT_LEN]
         if before >= prompt:
             used = min(seq_len(rq, q) - before, acc[0])
             after = before + used
-            allocated = rq_i[RQ_ALLOCATED, q]
+            allocated = rq_i[q, RQ_ALLOCATED]
             if used > 0 and _ceil_div(after, bs) <= _ceil_div(allocated, bs) \
                     and after // bs == before // bs:
                 if after > allocated:
-                    rq_i[RQ_ALLOCATED, q] = after
-                rq_i[RQ_NUM_COMPUTED, q] = after
-                rq_i[RQ_SCHED_STAMP, q] = stamp
-                rq_i[RQ_SCHED_TOKENS, q] = used
-                rq_i[RQ_SCHED_PROMPT, q] = 0
-                rq_i[RQ_SCHED_PREFIX, q] = prompt
-                rq_i[RQ_SCHED_TERMINAL, q] = 1 if remaining_generation(cfg, rq, w, q) <= 0 else 0
+                    rq_i[q, RQ_ALLOCATED] = after
+                rq_i[q, RQ_NUM_COMPUTED] = after
+                rq_i[q, RQ_SCHED_STAMP] = stamp
+                rq_i[q, RQ_SCHED_TOKENS] = used
+                rq_i[q, RQ_SCHED_PROMPT] = 0
+                rq_i[q, RQ_SCHED_PREFIX] = prompt
+                rq_i[q, RQ_SCHED_TERMINAL] = 1 if remaining_generation(cfg, rq, w, q) <= 0 else 0
                 acc[0] -= used
                 acc[6] += used
                 i += 1
@@ -315,29 +326,29 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             break
 
     # waiting queue: strict FIFO
-    limit = cfg.i64[CFG_MAX_MODEL_LEN, w]
-    while acc[4] == 0 and wk.i64[WK_RUN_LEN, w] < cfg.i64[CFG_MAX_NUM_SEQS, w] and wk.i64[WK_WAIT_LEN, w] > 0:
+    limit = cfg.i64[w, CFG_MAX_MODEL_LEN]
+    while acc[4] == 0 and wk.i64[w, WK_RUN_LEN] < cfg.i64[w, CFG_MAX_NUM_SEQS] and wk.i64[w, WK_WAIT_LEN] > 0:
         q = wait_at(wk, w, 0)
         length = seq_len(rq, q)
-        reject = limit >= 0 and rq.i64[RQ_PROMPT_LEN, q] >= limit
-        if not reject and rq.i64[RQ_STATUS, q] == RS_WAITING:
+        reject = limit >= 0 and rq.i64[q, RQ_PROMPT_LEN] >= limit
+        if not reject and rq.i64[q, RQ_STATUS] == RS_WAITING:
             if is_trt:
-                reject = _ceil_div(rq.i64[RQ_PROMPT_LEN, q] + rq.i64[RQ_MAX_OUTPUT, q], bs) > capacity
+                reject = _ceil_div(rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_MAX_OUTPUT], bs) > capacity
             else:
                 reject = _ceil_div(length, bs) > capacity
         if reject:
             wait_remove_at(wk, w, 0)
-            rq.i64[RQ_STATUS, q] = RS_DONE
-            rq.i64[RQ_TERMINAL, q] = TERM_REJECTED
-            rq.i64[RQ_TERM_NEXT, q] = wk.i64[WK_TERM_HEAD, w]
-            wk.i64[WK_TERM_HEAD, w] = q
+            rq.i64[q, RQ_STATUS] = RS_DONE
+            rq.i64[q, RQ_TERMINAL] = TERM_REJECTED
+            rq.i64[q, RQ_TERM_NEXT] = wk.i64[w, WK_TERM_HEAD]
+            wk.i64[w, WK_TERM_HEAD] = q
             acc[7] += 1
             continue
         cached, active_cached = capped_prefix_cost(cfg, p, rq, w, q)
         available = capacity - num_active(p, w)
         if is_trt:
-            for j in range(wk.i64[WK_RUN_LEN, w]):
-                rj = wk.run_q[wk.i64[WK_RUN_OFF, w] + j]
+            for j in range(wk.i64[w, WK_RUN_LEN]):
+                rj = wk.run_q[wk.i64[w, WK_RUN_OFF] + j]
                 available -= trt_blocks_to_finish(cfg, p, rq, w, rj, 0)
             needed = trt_blocks_to_finish(cfg, p, rq, w, q, active_cached)
         else:
@@ -355,7 +366,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             break
 
     # timing: prefill first, then the decode batch
-    pf_ns = prefill_ns(cfg.i64[CFG_TIMING, w], cfg.f64[CFGF_FIXED_PREFILL_MS, w], cfg.f64[CFGF_SPEEDUP_RATIO, w],
+    pf_ns = prefill_ns(cfg.i64[w, CFG_TIMING], cfg.f64[w, CFGF_FIXED_PREFILL_MS], cfg.f64[w, CFGF_SPEEDUP_RATIO],
                        acc[1], acc[2], acc[3])
     decode_start_ms = now_ms + ns_to_ms(pf_ns)
     n_decode = 0
@@ -365,21 +376,21 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     rq_f = rq.f64
     cfg_i = cfg.i64
     run_q = wk.run_q
-    off = wk.i64[WK_RUN_OFF, w]
-    n_run = wk.i64[WK_RUN_LEN, w]
+    off = wk.i64[w, WK_RUN_OFF]
+    n_run = wk.i64[w, WK_RUN_LEN]
     for j in range(n_run):
         q = run_q[off + j]
-        if rq_i[RQ_NUM_COMPUTED, q] < seq_len(rq, q) or remaining_generation(cfg, rq, w, q) <= 0:
+        if rq_i[q, RQ_NUM_COMPUTED] < seq_len(rq, q) or remaining_generation(cfg, rq, w, q) <= 0:
             continue
-        if rq_i[RQ_SCHED_STAMP, q] == stamp and rq_i[RQ_SCHED_PROMPT, q] > 0 and rq_i[RQ_GENERATED, q] == 0:
+        if rq_i[q, RQ_SCHED_STAMP] == stamp and rq_i[q, RQ_SCHED_PROMPT] > 0 and rq_i[q, RQ_GENERATED] == 0:
             continue  # first token of the pass that computed the prompt: free
         n_decode += 1
         kv_sum += seq_len(rq, q)
-    if cfg_i[CFG_ROLE, w] == ROLE_PREFILL:
+    if cfg_i[w, CFG_ROLE] == ROLE_PREFILL:
         dc_ns = np.int64(0)
     else:
-        dc_ns = decode_ns(cfg_i[CFG_TIMING, w], cfg.f64[CFGF_FIXED_DECODE_MS, w], cfg.f64[CFGF_SPEEDUP_RATIO, w],
-                          cfg.f64[CFGF_DECODE_SPEEDUP_RATIO, w], n_decode, kv_sum, capacity * bs)
+        dc_ns = decode_ns(cfg_i[w, CFG_TIMING], cfg.f64[w, CFGF_FIXED_DECODE_MS], cfg.f64[w, CFGF_SPEEDUP_RATIO],
+                          cfg.f64[w, CFGF_DECODE_SPEEDUP_RATIO], n_decode, kv_sum, capacity * bs)
     end_ms = decode_start_ms + ns_to_ms(dc_ns)
 
     # emit: terminal-without-token outputs and one token per ready request
@@ -390,42 +401,42 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     for j in range(n_run):
         q = run_q[off + j]
         done = False
-        if rq_i[RQ_NUM_COMPUTED, q] >= seq_len(rq, q):
+        if rq_i[q, RQ_NUM_COMPUTED] >= seq_len(rq, q):
             if remaining_generation(cfg, rq, w, q) <= 0:
                 done = True
             else:
-                g = rq_i[RQ_GENERATED, q] + 1
-                rq_i[RQ_GENERATED, q] = g
+                g = rq_i[q, RQ_GENERATED] + 1
+                rq_i[q, RQ_GENERATED] = g
                 n_tokens += 1
                 if g == 1:
-                    rq_f[RQF_FIRST_TOKEN_MS, q] = end_ms
+                    rq_f[q, RQF_FIRST_TOKEN_MS] = end_ms
                 else:
                     if g == 2:
-                        rq_f[RQF_SECOND_TOKEN_MS, q] = end_ms
-                    fold_gap(token_stat, token_hist, s, end_ms - rq_f[RQF_LAST_TOKEN_MS, q])
-                rq_f[RQF_LAST_TOKEN_MS, q] = end_ms
+                        rq_f[q, RQF_SECOND_TOKEN_MS] = end_ms
+                    fold_gap(token_stat, token_hist, s, end_ms - rq_f[q, RQF_LAST_TOKEN_MS])
+                rq_f[q, RQF_LAST_TOKEN_MS] = end_ms
                 done = remaining_generation(cfg, rq, w, q) <= 0
         if done:
             release_lease(cfg, p, rq, w, q)
-            rq_i[RQ_STATUS, q] = RS_DONE
-            rq_i[RQ_TERMINAL, q] = TERM_COMPLETED
-            rq_i[RQ_TERM_NEXT, q] = wk.i64[WK_TERM_HEAD, w]
-            wk.i64[WK_TERM_HEAD, w] = q
+            rq_i[q, RQ_STATUS] = RS_DONE
+            rq_i[q, RQ_TERMINAL] = TERM_COMPLETED
+            rq_i[q, RQ_TERM_NEXT] = wk.i64[w, WK_TERM_HEAD]
+            wk.i64[w, WK_TERM_HEAD] = q
         else:
             run_q[off + keep] = q
             keep += 1
-    wk.i64[WK_RUN_LEN, w] = keep
+    wk.i64[w, WK_RUN_LEN] = keep
 
     # every terminal of this pass becomes visible at its end
-    q = wk.i64[WK_TERM_HEAD, w]
+    q = wk.i64[w, WK_TERM_HEAD]
     while q >= 0:
-        rq.f64[RQF_TERMINAL_MS, q] = end_ms
-        q = rq.i64[RQ_TERM_NEXT, q]
+        rq.f64[q, RQF_TERMINAL_MS] = end_ms
+        q = rq.i64[q, RQ_TERM_NEXT]
 
     had_effect = acc[5] > 0 or acc[6] > 0 or acc[7] > 0 or acc[4] > 0 or n_tokens > 0 \
-        or wk.i64[WK_TERM_HEAD, w] >= 0
+        or wk.i64[w, WK_TERM_HEAD] >= 0
     _log_pass(cfg, p, rq, wk, sims, s, w, now_ms, end_ms, stamp, acc, n_tokens,
-              wk.i64[WK_PREEMPTIONS_TOTAL, w] - preemptions_before)
+              wk.i64[w, WK_PREEMPTIONS_TOTAL] - preemptions_before)
     return end_ms, had_effect, False
 
 
@@ -434,21 +445,21 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
               fresh, scratch_tokens, not_decode):
     """The reference's ``schedule_request``: allocate (preempting on exhaustion),
     finalize computed blocks, record the work and admit a waiting request."""
-    bs = cfg.i64[CFG_BLOCK_SIZE, w]
-    if rq.i64[RQ_NUM_COMPUTED, q] == 0:
+    bs = cfg.i64[w, CFG_BLOCK_SIZE]
+    if rq.i64[q, RQ_NUM_COMPUTED] == 0:
         if from_waiting:
             cached = cost_cached
         else:
             cached, _ = capped_prefix_cost(cfg, p, rq, w, q)
     else:
         cached = 0
-    before = rq.i64[RQ_NUM_COMPUTED, q] + cached
+    before = rq.i64[q, RQ_NUM_COMPUTED] + cached
     length = seq_len(rq, q)
-    prompt = rq.i64[RQ_PROMPT_LEN, q]
+    prompt = rq.i64[q, RQ_PROMPT_LEN]
     prompt_before = min(before, prompt)
     prompt_remaining = prompt - prompt_before
     remaining_known = max(0, length - before)
-    if prompt_remaining > 0 and cfg.i64[CFG_CHUNKED_PREFILL, w] == 0 and prompt_remaining > acc[0]:
+    if prompt_remaining > 0 and cfg.i64[w, CFG_CHUNKED_PREFILL] == 0 and prompt_remaining > acc[0]:
         return BLOCKED
     desired = min(remaining_known, acc[0])
     if desired == 0 and remaining_known > 0:
@@ -457,22 +468,22 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
     after = target
     victims_queued = 0
     while True:
-        if target > rq.i64[RQ_ALLOCATED, q]:
-            if _ceil_div(target, bs) <= _ceil_div(rq.i64[RQ_ALLOCATED, q], bs):
+        if target > rq.i64[q, RQ_ALLOCATED]:
+            if _ceil_div(target, bs) <= _ceil_div(rq.i64[q, RQ_ALLOCATED], bs):
                 # same block count (the common decode step): only the watermark moves
-                rq.i64[RQ_ALLOCATED, q] = target
+                rq.i64[q, RQ_ALLOCATED] = target
                 res = 1
             else:
                 res = allocate(cfg, p, rq, w, q, target, cached // bs, hits, fresh)
             if res < 0:
                 return ALLOC_ARENA_FULL
             if res == 1:
-                rq.i64[RQ_NUM_COMPUTED, q] = after
+                rq.i64[q, RQ_NUM_COMPUTED] = after
                 break
         else:
-            rq.i64[RQ_NUM_COMPUTED, q] = after
+            rq.i64[q, RQ_NUM_COMPUTED] = after
             break
-        if cfg.i64[CFG_POLICY, w] == POLICY_TRTLLM:
+        if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
             after = before  # guaranteed-no-evict never preempts
             break
         v = _preempt(cfg, p, rq, wk, w)
@@ -481,14 +492,14 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
             break
         victims_queued += 1
         acc[4] = 1
-        if rq.i64[RQ_SCHED_STAMP, v] == stamp:
-            rq.i64[RQ_SCHED_STAMP, v] = 0
-            acc[0] += rq.i64[RQ_SCHED_TOKENS, v]
-            acc[6] -= rq.i64[RQ_SCHED_TOKENS, v]
-            if rq.i64[RQ_SCHED_PROMPT, v] > 0 and not_decode:
+        if rq.i64[v, RQ_SCHED_STAMP] == stamp:
+            rq.i64[v, RQ_SCHED_STAMP] = 0
+            acc[0] += rq.i64[v, RQ_SCHED_TOKENS]
+            acc[6] -= rq.i64[v, RQ_SCHED_TOKENS]
+            if rq.i64[v, RQ_SCHED_PROMPT] > 0 and not_decode:
                 acc[1] -= 1
-                acc[2] -= rq.i64[RQ_SCHED_PREFIX, v] + rq.i64[RQ_SCHED_PROMPT, v]
-                acc[3] -= rq.i64[RQ_SCHED_PREFIX, v]
+                acc[2] -= rq.i64[v, RQ_SCHED_PREFIX] + rq.i64[v, RQ_SCHED_PROMPT]
+                acc[3] -= rq.i64[v, RQ_SCHED_PREFIX]
         if v == q:
             return CURRENT_PREEMPTED
     used = after - before
@@ -498,11 +509,11 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
     if after // bs > before // bs:
         finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens)
     prompt_tokens = min(after, prompt) - prompt_before
-    rq.i64[RQ_SCHED_STAMP, q] = stamp
-    rq.i64[RQ_SCHED_TOKENS, q] = used
-    rq.i64[RQ_SCHED_PROMPT, q] = prompt_tokens
-    rq.i64[RQ_SCHED_PREFIX, q] = prompt_before
-    rq.i64[RQ_SCHED_TERMINAL, q] = 1 if remaining_generation(cfg, rq, w, q) <= 0 else 0
+    rq.i64[q, RQ_SCHED_STAMP] = stamp
+    rq.i64[q, RQ_SCHED_TOKENS] = used
+    rq.i64[q, RQ_SCHED_PROMPT] = prompt_tokens
+    rq.i64[q, RQ_SCHED_PREFIX] = prompt_before
+    rq.i64[q, RQ_SCHED_TERMINAL] = 1 if remaining_generation(cfg, rq, w, q) <= 0 else 0
     if prompt_tokens > 0 and not_decode:
         acc[1] += 1
         acc[2] += prompt_before + prompt_tokens
@@ -512,16 +523,16 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
     if from_waiting:
         # victims preempted by this call were queued ahead of q
         wait_remove_at(wk, w, victims_queued)
-        wk.run_q[wk.i64[WK_RUN_OFF, w] + wk.i64[WK_RUN_LEN, w]] = q
-        wk.i64[WK_RUN_LEN, w] += 1
-        rq.i64[RQ_STATUS, q] = RS_RUNNING
-        if rq.i64[RQ_FIRST_CACHED, q] < 0:
-            rq.i64[RQ_FIRST_CACHED, q] = cached
-            rq.f64[RQF_FIRST_ADMIT_MS, q] = now_ms
-        rq.i64[RQ_MAX_CACHED, q] = max(rq.i64[RQ_MAX_CACHED, q], cached)
-        rq.i64[RQ_ADMISSIONS, q] += 1
+        wk.run_q[wk.i64[w, WK_RUN_OFF] + wk.i64[w, WK_RUN_LEN]] = q
+        wk.i64[w, WK_RUN_LEN] += 1
+        rq.i64[q, RQ_STATUS] = RS_RUNNING
+        if rq.i64[q, RQ_FIRST_CACHED] < 0:
+            rq.i64[q, RQ_FIRST_CACHED] = cached
+            rq.f64[q, RQF_FIRST_ADMIT_MS] = now_ms
+        rq.i64[q, RQ_MAX_CACHED] = max(rq.i64[q, RQ_MAX_CACHED], cached)
+        rq.i64[q, RQ_ADMISSIONS] += 1
         if not_decode:
-            rq.i64[RQ_COMMITTED_PREFILL, q] += length - cached
+            rq.i64[q, RQ_COMMITTED_PREFILL] += length - cached
         acc[5] += 1
     return SCHEDULED
 
@@ -529,10 +540,10 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
 @njit(cache=True)
 def _log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens, n_preempted):
     """Append this pass's ForwardPassMetrics row to simulation s's pass log."""
-    row = sims.i64[SM_PASS_LOG_LEN, s]
+    row = sims.i64[s, SM_PASS_LOG_LEN]
     if row >= sims.pass_log.shape[1]:
         return
-    sims.i64[SM_PASS_LOG_LEN, s] = row + 1
+    sims.i64[s, SM_PASS_LOG_LEN] = row + 1
     log = sims.pass_log[s, row]
     n_pf = 0
     pf_tokens = 0
@@ -540,29 +551,29 @@ def _log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens
     n_dc = 0
     dc_kv = 0
     # scheduled requests of this pass: the running list plus those that ended in it
-    off = wk.i64[WK_RUN_OFF, w]
-    for j in range(wk.i64[WK_RUN_LEN, w]):
+    off = wk.i64[w, WK_RUN_OFF]
+    for j in range(wk.i64[w, WK_RUN_LEN]):
         q = wk.run_q[off + j]
-        if rq.i64[RQ_SCHED_STAMP, q] == stamp:
-            if rq.i64[RQ_SCHED_PROMPT, q] > 0:
+        if rq.i64[q, RQ_SCHED_STAMP] == stamp:
+            if rq.i64[q, RQ_SCHED_PROMPT] > 0:
                 n_pf += 1
-                pf_tokens += rq.i64[RQ_SCHED_TOKENS, q]
-                pf_kv += rq.i64[RQ_SCHED_PREFIX, q]
-            elif rq.i64[RQ_SCHED_TERMINAL, q] == 0:
+                pf_tokens += rq.i64[q, RQ_SCHED_TOKENS]
+                pf_kv += rq.i64[q, RQ_SCHED_PREFIX]
+            elif rq.i64[q, RQ_SCHED_TERMINAL] == 0:
                 n_dc += 1
-                dc_kv += rq.i64[RQ_PROMPT_LEN, q] + rq.i64[RQ_GENERATED, q] - 1
-    q = wk.i64[WK_TERM_HEAD, w]
+                dc_kv += rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_GENERATED] - 1
+    q = wk.i64[w, WK_TERM_HEAD]
     while q >= 0:
-        if rq.i64[RQ_SCHED_STAMP, q] == stamp and rq.i64[RQ_TERMINAL, q] == TERM_COMPLETED:
-            if rq.i64[RQ_SCHED_PROMPT, q] > 0:
+        if rq.i64[q, RQ_SCHED_STAMP] == stamp and rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED:
+            if rq.i64[q, RQ_SCHED_PROMPT] > 0:
                 n_pf += 1
-                pf_tokens += rq.i64[RQ_SCHED_TOKENS, q]
-                pf_kv += rq.i64[RQ_SCHED_PREFIX, q]
-            elif rq.i64[RQ_SCHED_TERMINAL, q] == 0:
+                pf_tokens += rq.i64[q, RQ_SCHED_TOKENS]
+                pf_kv += rq.i64[q, RQ_SCHED_PREFIX]
+            elif rq.i64[q, RQ_SCHED_TERMINAL] == 0:
                 n_dc += 1
-                dc_kv += rq.i64[RQ_PROMPT_LEN, q] + rq.i64[RQ_GENERATED, q] - 1
-        q = rq.i64[RQ_TERM_NEXT, q]
-    log[PL_WORKER] = w - sims.i64[SM_W_OFF, s]
+                dc_kv += rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_GENERATED] - 1
+        q = rq.i64[q, RQ_TERM_NEXT]
+    log[PL_WORKER] = w - sims.i64[s, SM_W_OFF]
     log[PL_START_MS] = start_ms
     log[PL_END_MS] = end_ms
     log[PL_NUM_PREFILL_REQUESTS] = n_pf
@@ -573,7 +584,7 @@ def _log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens
     log[PL_NUM_ADMITTED] = acc[5]
     log[PL_NUM_PREEMPTED] = n_preempted
     log[PL_NUM_OUTPUT_TOKENS] = n_tokens
-    log[PL_NUM_RUNNING] = wk.i64[WK_RUN_LEN, w]
-    log[PL_NUM_WAITING] = wk.i64[WK_WAIT_LEN, w]
+    log[PL_NUM_RUNNING] = wk.i64[w, WK_RUN_LEN]
+    log[PL_NUM_WAITING] = wk.i64[w, WK_WAIT_LEN]
     log[PL_ACTIVE_BLOCKS] = num_active(p, w)
-    log[PL_INACTIVE_BLOCKS] = p.w64[PW_LRU_LEN, w]
+    log[PL_INACTIVE_BLOCKS] = p.w64[w, PW_LRU_LEN]
