@@ -435,8 +435,9 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
 
     had_effect = acc[5] > 0 or acc[6] > 0 or acc[7] > 0 or acc[4] > 0 or n_tokens > 0 \
         or wk.i64[w, WK_TERM_HEAD] >= 0
-    _log_pass(cfg, p, rq, wk, sims, s, w, now_ms, end_ms, stamp, acc, n_tokens,
-              wk.i64[w, WK_PREEMPTIONS_TOTAL] - preemptions_before)
+    if sims.i64[s, SM_PASS_LOG_LEN] < sims.pass_log.shape[1]:  # logging on and room left
+        _log_pass(cfg, p, rq, wk, sims, s, w, now_ms, end_ms, stamp, acc, n_tokens,
+                  wk.i64[w, WK_PREEMPTIONS_TOTAL] - preemptions_before)
     return end_ms, had_effect, False
 
 

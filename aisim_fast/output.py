@@ -1,0 +1,297 @@
+"""Run outputs: per-request and per-pass parquet tables plus the summary JSON.
+
+A run folder holds
+
+* ``requests.parquet`` -- one row per request, in request-id (uuid) order;
+* ``passes.parquet``   -- one row per forward pass (left out when passes were not recorded);
+* ``summary.json``     -- the reference summary keys (``report.summarize``).
+
+Both parquet files carry the schema metadata keys ``aisim_fast.version`` and
+``aisim_fast.config`` (JSON of the resolved configuration); ``summary.json`` holds the
+same two entries next to the metrics.
+
+Writing is all-or-nothing: the files go into a temporary sibling folder that is renamed
+into place only once everything is written, so an error (or Ctrl-C) never leaves a
+half-written run behind. With ``overwrite`` the old folder is replaced only after the
+new one is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from aisim_fast import __version__
+from aisim_fast.report import STATUS_COMPLETED, summarize
+
+REQUESTS_FILE = "requests.parquet"
+PASSES_FILE = "passes.parquet"
+SUMMARY_FILE = "summary.json"
+RUN_FILES = (REQUESTS_FILE, PASSES_FILE, SUMMARY_FILE)
+
+META_VERSION_KEY = "aisim_fast.version"
+META_CONFIG_KEY = "aisim_fast.config"
+
+MS_PER_S = 1000.0
+
+
+class OutputError(RuntimeError):
+    """The output folder cannot be used (exists, is a file, ...) or writing failed."""
+
+
+# ---------------------------------------------------------------------------------------
+# request order and summary
+
+
+def uuid_order(session, turn_index) -> np.ndarray:
+    """Row permutation that puts trace rows in request-id (uuid) order.
+
+    Under ``determinism: canonical_v1`` the reference numbers requests 1, 2, 3, ... in
+    session-major order: sessions in order of first appearance in the file, each
+    session's turns in file order (spec output-plan.md 3.1). That is neither file order
+    nor arrival order once a trace has multi-turn sessions, and the summary means must
+    be summed in this order to match the reference bit for bit (report.py docstring).
+    """
+    return np.lexsort((np.asarray(turn_index), np.asarray(session)))
+
+
+def canonical_uuid(ordinal: int) -> str:
+    """The reference's canonical_v1 uuid string of a 1-based ordinal."""
+    text = f"{ordinal:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+def requests_in_uuid_order(frame: pd.DataFrame, session, turn_index) -> pd.DataFrame:
+    """The simulator's request frame (trace-row order) re-ordered by uuid, with a
+    ``uuid`` column spelled as in the golden CSVs so rows can be joined with them."""
+    out = frame.iloc[uuid_order(session, turn_index)].reset_index(drop=True)
+    out["uuid"] = [canonical_uuid(i + 1) for i in range(len(out))]
+    return out
+
+
+def completed_duration_ms(requests: pd.DataFrame) -> float:
+    """``duration_ms`` as ``report.summarize`` defines it (spec replay.md 12.2): the last
+    terminal time of the completed, admitted requests, measured from t = 0."""
+    in_sample = (np.isfinite(requests["first_admit_ms"].to_numpy(np.float64))
+                 & (requests["terminal_status"].to_numpy(object) == STATUS_COMPLETED))
+    if not in_sample.any():
+        return 0.0
+    return max(float(requests["completion_ms"].to_numpy(np.float64)[in_sample].max()), 0.0)
+
+
+def summarize_aggregated_run(requests: pd.DataFrame, token_stat_row, token_hist_row, *,
+                             workers: int, gpus_per_worker: int = 1, sla: dict | None = None,
+                             wall_time_ms: float | None = None) -> dict:
+    """Summary of one aggregated replay, ``requests`` in uuid order.
+
+    Aggregated topologies provision ``workers`` decode-role workers for the whole run
+    and no prefill workers (spec replay.md 12.7): decode worker-seconds are
+    ``workers * duration_s`` and the prefill side reports 0 seconds and 0 GPUs.
+    ``committed_prefill_tokens`` is the prompt work the kernel counted per admission.
+    """
+    duration_s = completed_duration_ms(requests) / MS_PER_S
+    return summarize(
+        requests, token_stat_row, token_hist_row,
+        sla=sla or None,
+        worker_seconds=(0.0, workers * duration_s),
+        gpus_per_worker=(0, gpus_per_worker),
+        committed_prefill_tokens=int(requests["committed_prefill_tokens"].sum()),
+        wall_time_ms=wall_time_ms,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# output folder
+
+
+def _listing(path: Path) -> list[str]:
+    return sorted(entry.name for entry in path.iterdir())
+
+
+def check_out_dir(out_dir, overwrite: bool = False) -> Path:
+    """Refuse an output folder we must not write to; return it as a Path.
+
+    Called before a run starts (so a long simulation is not wasted) and again by
+    ``write_run``. With ``overwrite``, only a folder that holds nothing but run files is
+    replaced: the whole folder is swapped out, and a mistyped ``--out`` (".", a home
+    folder) must not delete unrelated files.
+    """
+    out = Path(out_dir)
+    if not out.exists():
+        if out.is_symlink():
+            raise OutputError(f"output folder {out} is a broken symbolic link; remove it or "
+                              "choose another --out")
+        return out
+    if not out.is_dir():
+        raise OutputError(f"output path {out} exists and is not a folder; choose another --out")
+    if out.is_symlink():
+        raise OutputError(f"output folder {out} is a symbolic link; give the real folder as --out")
+    entries = _listing(out)
+    if not entries:
+        return out
+    if not overwrite:
+        raise OutputError(f"output folder {out} exists and is not empty; pass --overwrite to "
+                          "replace it or choose another --out")
+    foreign = [name for name in entries if name not in RUN_FILES]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise OutputError(f"refusing to overwrite {out}: it holds files that are not run "
+                          f"outputs ({shown}); remove them or choose another --out")
+    return out
+
+
+def _json_safe(value):
+    """Plain JSON types; non-finite floats become null (JSON has no NaN/inf)."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise TypeError(f"cannot store {type(value).__name__} value {value!r} in JSON")
+
+
+def _config_json(resolved_config: dict) -> str:
+    return json.dumps(_json_safe(resolved_config), sort_keys=True, allow_nan=False)
+
+
+def _write_parquet(frame: pd.DataFrame, path: Path, config_json: str) -> None:
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    metadata = dict(table.schema.metadata or {})
+    metadata[META_VERSION_KEY.encode()] = __version__.encode()
+    metadata[META_CONFIG_KEY.encode()] = config_json.encode()
+    pq.write_table(table.replace_schema_metadata(metadata), path)
+
+
+def _make_parents(path: Path, created: list[Path]) -> None:
+    """mkdir -p of ``path``'s parents, appending each folder it creates to ``created``
+    (deepest last) so that a failed run can remove them again."""
+    for parent in reversed(path.parents):
+        if not parent.exists():
+            parent.mkdir()
+            created.append(parent)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
+def _fresh_sibling(out: Path, role: str) -> Path:
+    """An unused hidden name next to ``out`` (same file system, so renames are atomic)."""
+    while True:
+        candidate = out.with_name(f".{out.name}.{role}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        if not os.path.lexists(candidate):
+            return candidate
+
+
+def write_run(out_dir, requests_df: pd.DataFrame, passes_df: pd.DataFrame | None,
+              summary: dict, resolved_config: dict, overwrite: bool = False) -> dict[str, Path]:
+    """Write a run folder atomically; return {"requests": path, ...} of the files written.
+
+    ``passes_df`` None leaves out ``passes.parquet`` (passes were not recorded).
+    Raises ``OutputError`` for a refused folder; any error leaves the file system as it
+    was (no new folder, no temporary folder, an overwritten folder untouched).
+    """
+    out = Path(os.path.abspath(check_out_dir(out_dir, overwrite)))
+    config_json = _config_json(resolved_config)
+    summary_doc = dict(_json_safe(summary))
+    summary_doc[META_VERSION_KEY] = __version__
+    summary_doc[META_CONFIG_KEY] = json.loads(config_json)
+    summary_text = json.dumps(summary_doc, indent=2, allow_nan=False) + "\n"
+
+    created_parents: list[Path] = []
+    staging = None
+    try:
+        _make_parents(out, created_parents)
+        # a sibling, so the final rename stays within one file system
+        staging = _fresh_sibling(out, "partial")
+        staging.mkdir()  # plain mkdir: the umask applies, unlike mkdtemp's 0700
+        written = {"requests": out / REQUESTS_FILE}
+        _write_parquet(requests_df, staging / REQUESTS_FILE, config_json)
+        if passes_df is not None:
+            _write_parquet(passes_df, staging / PASSES_FILE, config_json)
+            written["passes"] = out / PASSES_FILE
+        (staging / SUMMARY_FILE).write_text(summary_text, encoding="ascii")
+        written["summary"] = out / SUMMARY_FILE
+        _move_into_place(staging, out, overwrite)
+        staging = None
+        return written
+    except BaseException as exc:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        _remove_empty(created_parents)
+        if isinstance(exc, OSError):
+            # name the folder the user gave, not the hidden staging folder
+            raise OutputError(f"cannot write output folder {out}: {exc.strerror or exc}") from exc
+        raise
+
+
+def _move_into_place(staging: Path, out: Path, overwrite: bool) -> None:
+    # the folder may have appeared or changed while the simulation ran
+    check_out_dir(out, overwrite)
+    if not out.exists():
+        os.rename(staging, out)
+        return
+    if not _listing(out):
+        out.rmdir()
+        os.rename(staging, out)
+        return
+    # overwrite: park the old run next to it, swap, then delete the parked copy
+    parked = _fresh_sibling(out, "old")
+    os.rename(out, parked)
+    try:
+        os.rename(staging, out)
+    except BaseException:
+        os.rename(parked, out)
+        raise
+    shutil.rmtree(parked, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# reading back
+
+
+def read_requests(out_dir) -> pd.DataFrame:
+    """The per-request table of a run folder."""
+    return pd.read_parquet(Path(out_dir) / REQUESTS_FILE)
+
+
+def read_passes(out_dir) -> pd.DataFrame:
+    """The per-pass table of a run folder (absent when the run used --no-passes)."""
+    return pd.read_parquet(Path(out_dir) / PASSES_FILE)
+
+
+def read_summary(out_dir) -> dict:
+    """summary.json of a run folder, metadata entries included."""
+    return json.loads((Path(out_dir) / SUMMARY_FILE).read_text(encoding="ascii"))
+
+
+def read_metadata(path) -> dict:
+    """(version, resolved config) stored in one parquet file's schema metadata."""
+    metadata = pq.read_schema(path).metadata or {}
+    return {
+        META_VERSION_KEY: metadata[META_VERSION_KEY.encode()].decode(),
+        META_CONFIG_KEY: json.loads(metadata[META_CONFIG_KEY.encode()]),
+    }

@@ -1,0 +1,518 @@
+"""The ``aisim-fast replay`` command line and the run folder it writes.
+
+Runs go through ``cli.main([...])`` in-process (the kernels are compiled once per
+session); one subprocess test covers the installed ``aisim-fast`` console script.
+
+* spec path: tiny20 golden (1 vLLM worker) -> files, parquet metadata, per-request values
+  against the golden CSV, summary keys against the golden report;
+* sess200 golden (2 workers, multi-turn sessions, relative trace path in the spec) ->
+  request-id (uuid) order of the rows, which the summary sums depend on;
+* no-spec path: flags reproduce the tiny20 golden; TRT-LLM closed loop on the default trace;
+* output folder: refused when non-empty, replaced with --overwrite (only if it holds run
+  files alone), all-or-nothing when a write fails;
+* bad input (config fields, flag values, trace lines, specs, a simulation dead end): every
+  error is one ``aisim-fast: error:`` line, exit code 2, and nothing is written.
+"""
+
+import json
+import math
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import aisim_fast
+from aisim_fast import cli, output
+
+DATA_DIR = Path(__file__).parent / "data" / "cli"
+TINY_SPEC = DATA_DIR / "tiny20_vllm_agg1.spec.json"
+TINY_TRACE = DATA_DIR / "mooncake_tiny20.jsonl"
+TINY_CSV = DATA_DIR / "tiny20_vllm_agg1.csv"
+TINY_REPORT = DATA_DIR / "tiny20_vllm_agg1.report.json"
+SESS_SPEC = DATA_DIR / "sess200_vllm_agg2.spec.json"
+SESS_CSV = DATA_DIR / "sess200_vllm_agg2.csv"
+SESS_REPORT = DATA_DIR / "sess200_vllm_agg2.report.json"
+
+PER_REQUEST_ABS_TOL_MS = 1e-6
+SUMMARY_REL_TOL = 1e-9
+# Keys of the golden report that are host-side (spec replay.md 12.8) or reference
+# metadata aisim_fast does not produce.
+NOT_COMPARED = {"wall_time_ms", "processed_tokens_per_s", "processed_output_tokens_per_s",
+                "kv_eviction_policy", "power_w", "power_coverage", "power_diagnostics",
+                "prediction_provenance"}
+TOKEN_LEVEL_MARKERS = ("_itl_ms", "_output_token_throughput_per_user")
+
+
+def run_cli(argv, capsys):
+    """(exit code, stdout, stderr) of one in-process CLI call."""
+    code = cli.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_user_error(code, err, *fragments):
+    assert code == 2, err
+    assert err.startswith("aisim-fast: error: "), err
+    assert err.count("\n") == 1, f"expected one line, got:\n{err}"
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err, f"{fragment!r} not in {err!r}"
+
+
+def golden_report(path):
+    return json.loads(path.read_text())["report"]
+
+
+def assert_summary_matches(summary, golden, keys):
+    bad = []
+    for key in keys:
+        got, want = summary[key], golden[key]
+        if isinstance(want, (int, float)) and not isinstance(want, bool):
+            if not math.isclose(got, want, rel_tol=SUMMARY_REL_TOL, abs_tol=0.0):
+                bad.append(f"{key}: {got!r} != {want!r}")
+        elif got != want:
+            bad.append(f"{key}: {got!r} != {want!r}")
+    assert not bad, "\n".join(bad)
+
+
+def assert_nothing_written(folder, before):
+    """``folder`` holds exactly the entries it held before (no run, no hidden staging)."""
+    assert sorted(os.listdir(folder)) == before
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One spec replay of the tiny20 golden; shared by the read-only checks below."""
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    code = cli.main(["replay", "--spec", str(TINY_SPEC), "--trace", str(TINY_TRACE),
+                     "--out", str(out)])
+    assert code == 0
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# spec path against the goldens
+
+
+def test_spec_run_writes_the_three_files(tiny_run):
+    assert sorted(os.listdir(tiny_run)) == ["passes.parquet", "requests.parquet", "summary.json"]
+    passes = output.read_passes(tiny_run)
+    assert len(passes) > 0
+    assert {"worker", "start_ms", "end_ms", "num_prefill_requests", "sum_prefill_tokens",
+            "num_decode_requests"} <= set(passes.columns)
+    assert (passes["end_ms"] >= passes["start_ms"]).all()
+    assert (passes["worker"] == 0).all() and (passes["rank"] == 0).all()
+    assert passes.columns[:2].tolist() == ["worker", "rank"]
+
+
+def test_parquet_metadata_holds_version_and_resolved_config(tiny_run):
+    for name in ("requests.parquet", "passes.parquet"):
+        meta = output.read_metadata(tiny_run / name)
+        assert meta["aisim_fast.version"] == aisim_fast.__version__
+        config = meta["aisim_fast.config"]
+        assert config["mode"] == "spec"
+        assert config["spec_file"] == str(TINY_SPEC.resolve())
+        assert config["trace_path"] == str(TINY_TRACE.resolve())
+        assert config["workers"] == 1
+        assert config["rank"]["backend"] == "vllm"
+        assert config["rank"]["num_gpu_blocks"] == 16384
+    summary = output.read_summary(tiny_run)
+    assert summary["aisim_fast.version"] == aisim_fast.__version__
+    assert summary["aisim_fast.config"] == output.read_metadata(tiny_run / "requests.parquet")[
+        "aisim_fast.config"]
+
+
+def test_requests_match_golden_csv(tiny_run):
+    got = output.read_requests(tiny_run)
+    golden = pd.read_csv(TINY_CSV)
+    assert len(got) == len(golden) == 20
+    # rows are in uuid order and carry the golden's uuid spelling
+    assert got["uuid"].tolist() == sorted(golden["uuid"])
+    merged = golden.merge(got, on="uuid", suffixes=("_golden", ""))
+    assert len(merged) == 20
+    assert (merged["request_id"] == merged["request_id_golden"]).all()
+    for col in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        np.testing.assert_allclose(merged[col], merged[f"{col}_golden"],
+                                   rtol=0, atol=PER_REQUEST_ABS_TOL_MS, err_msg=col)
+    for col in ("input_tokens", "output_tokens", "cached_tokens", "worker", "terminal_status"):
+        assert (merged[col] == merged[f"{col}_golden"]).all(), col
+    for col in ("request_id", "worker", "arrival_ms", "first_token_ms", "completion_ms",
+                "ttft_ms", "tpot_ms", "e2e_ms", "input_tokens", "output_tokens",
+                "cached_tokens", "terminal_status"):
+        assert col in got.columns
+
+
+def test_summary_matches_golden_report(tiny_run):
+    summary = output.read_summary(tiny_run)
+    golden = golden_report(TINY_REPORT)
+    per_request = [k for k in golden if k not in NOT_COMPARED
+                   and not any(m in k for m in TOKEN_LEVEL_MARKERS)]
+    assert "mean_ttft_ms" in per_request and "gpu_hours" in per_request
+    assert_summary_matches(summary, golden, per_request)
+    # the token-level keys come from the kernels' accumulator (ITL, per-user rate)
+    token_level = [k for k in golden if any(m in k for m in TOKEN_LEVEL_MARKERS)]
+    assert_summary_matches(summary, golden, token_level)
+    # host-side keys are ours, consistent with each other
+    assert summary["wall_time_ms"] > 0
+    assert math.isclose(summary["processed_tokens_per_s"],
+                        summary["processed_tokens"] / summary["wall_time_ms"] * 1000.0)
+
+
+def test_sessions_in_uuid_order_relative_trace(tmp_path, capsys):
+    """sess200: multi-turn sessions, so uuid order is neither file nor arrival order; the
+    spec's relative trace_path resolves next to the spec file (no --trace)."""
+    out = tmp_path / "run"
+    code, _, err = run_cli(["replay", "--spec", SESS_SPEC, "--out", out, "--no-passes"], capsys)
+    assert code == 0, err
+    assert sorted(os.listdir(out)) == ["requests.parquet", "summary.json"]
+    got = output.read_requests(out)
+    golden = pd.read_csv(SESS_CSV)
+    key = ["request_id", "turn_index"]
+    merged = golden.merge(got, on=key, suffixes=("_golden", ""))
+    assert len(merged) == len(golden) == len(got) == 200
+    assert (merged["uuid"] == merged["uuid_golden"]).all()
+    np.testing.assert_allclose(merged["e2e_ms"], merged["e2e_ms_golden"],
+                               rtol=0, atol=PER_REQUEST_ABS_TOL_MS)
+    summary = output.read_summary(out)
+    golden_rep = golden_report(SESS_REPORT)
+    assert summary["aisim_fast.config"]["trace_path"] == str((DATA_DIR / "sessions_200.jsonl").resolve())
+    assert summary["decode_worker_seconds"] == pytest.approx(golden_rep["decode_worker_seconds"],
+                                                             rel=SUMMARY_REL_TOL)
+    assert_summary_matches(summary, golden_rep, ["num_requests", "completed_requests",
+                                                 "mean_e2e_latency_ms", "mean_tpot_ms",
+                                                 "p99_ttft_ms", "committed_prefill_tokens"])
+
+
+# --------------------------------------------------------------------------------------
+# no-spec path
+
+
+def test_flags_reproduce_the_spec_run(tmp_path, tiny_run, capsys):
+    """The tiny20 spec uses the reference defaults, so the same flags give the same run."""
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(["replay", TINY_TRACE, "--backend", "vllm", "--workers", "1",
+                                 "--out", out], capsys)
+    assert code == 0, err
+    assert err == ""
+    for label in ("TTFT", "TPOT", "E2E", "ITL", "prefix reuse", "wall time", "20 completed",
+                  "requests per wall second", str(out / "requests.parquet"),
+                  str(out / "passes.parquet"), str(out / "summary.json")):
+        assert label in stdout, label
+    flags_req = output.read_requests(out)
+    spec_req = output.read_requests(tiny_run)
+    pd.testing.assert_frame_equal(flags_req, spec_req)
+    config = output.read_summary(out)["aisim_fast.config"]
+    assert config["mode"] == "flags" and config["default_trace"] is False
+    assert config["trace_block_size"] == 512 and config["arrival_speedup_ratio"] == 1.0
+
+
+def test_flags_trtllm_closed_loop_on_default_trace(tmp_path, capsys, monkeypatch):
+    """No TRACE = the bundled default (pointed at tiny20 here to keep the test short)."""
+    monkeypatch.setattr(cli, "default_trace_path", lambda: TINY_TRACE)
+    out = tmp_path / "run"
+    code, _, err = run_cli(["replay", "--backend", "trtllm", "--workers", "2", "--concurrency",
+                            "4", "--engine-args", '{"num_gpu_blocks": 2048, "max_num_seqs": 8}',
+                            "--out", out], capsys)
+    assert code == 0, err
+    config = output.read_metadata(out / "requests.parquet")["aisim_fast.config"]
+    assert config["default_trace"] is True
+    assert config["trace_path"] == str(TINY_TRACE.resolve())
+    assert config["rank"]["backend"] == "trtllm"
+    assert config["rank"]["block_size"] == 32  # TRT-LLM's native block size
+    assert config["rank"]["num_gpu_blocks"] == 2048 and config["rank"]["max_num_seqs"] == 8
+    assert config["concurrency"] == 4 and config["workers"] == 2
+    req = output.read_requests(out)
+    assert (req["terminal_status"] == "completed").all()
+    assert set(req["worker"]) == {0, 1}
+    # closed loop: never more than 4 requests between arrival and completion
+    arrival = req["arrival_ms"].to_numpy()
+    done = req["completion_ms"].to_numpy()
+    in_flight = [(arrival <= t).sum() - (done <= t).sum() for t in arrival]
+    assert max(in_flight) <= 4
+    assert set(output.read_passes(out)["worker"]) == {0, 1}
+
+
+def test_python_dash_m_entry_point(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["aisim_fast", "--version"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_module("aisim_fast", run_name="__main__")
+    assert exit_info.value.code == 0
+    assert aisim_fast.__version__ in capsys.readouterr().out
+
+
+def test_console_script_smoke(tmp_path):
+    script = Path(sys.executable).with_name("aisim-fast")
+    if not script.exists():
+        script = shutil.which("aisim-fast")
+    assert script, "the aisim-fast console script is not installed"
+    out = tmp_path / "run"
+    proc = subprocess.run([str(script), "replay", str(TINY_TRACE), "--backend", "vllm",
+                           "--workers", "1", "--no-passes", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote:" in proc.stdout
+    assert sorted(os.listdir(out)) == ["requests.parquet", "summary.json"]
+    bad = subprocess.run([str(script), "replay", "--backend", "vllm", "--workers", "1",
+                          "--engine-args", '{"bogus": 1}', "--out", str(tmp_path / "bad")],
+                         capture_output=True, text=True, timeout=600)
+    assert_user_error(bad.returncode, bad.stderr, "--engine-args.bogus")
+
+
+# --------------------------------------------------------------------------------------
+# output folder handling
+
+
+def test_existing_out_dir_is_refused_then_overwritten(tmp_path, tiny_run, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(tiny_run, out)
+    (out / "summary.json").write_text("{}")
+    args = ["replay", TINY_TRACE, "--backend", "vllm", "--workers", "1", "--out", out]
+    code, _, err = run_cli(args, capsys)
+    assert_user_error(code, err, str(out), "--overwrite")
+    assert (out / "summary.json").read_text() == "{}"
+    code, _, err = run_cli(args + ["--overwrite", "--no-passes"], capsys)
+    assert code == 0, err
+    # the whole folder is replaced: the old passes.parquet is gone with the old run
+    assert sorted(os.listdir(out)) == ["requests.parquet", "summary.json"]
+    assert output.read_summary(out)["completed_requests"] == 20
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+def test_empty_out_dir_and_missing_parents_are_fine(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    for out in (tmp_path / "empty", tmp_path / "a" / "b" / "run"):
+        code, _, err = run_cli(["replay", TINY_TRACE, "--backend", "vllm", "--workers", "1",
+                                "--no-passes", "--out", out], capsys)
+        assert code == 0, err
+        assert (out / "summary.json").is_file()
+
+
+def test_overwrite_refuses_a_folder_with_other_files(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    code, _, err = run_cli(["replay", TINY_TRACE, "--backend", "vllm", "--workers", "1",
+                            "--out", out, "--overwrite"], capsys)
+    assert_user_error(code, err, "notes.txt")
+    assert os.listdir(out) == ["notes.txt"]
+
+
+def test_out_path_that_is_a_file_is_refused(tmp_path, capsys):
+    out = tmp_path / "file"
+    out.write_text("x")
+    code, _, err = run_cli(["replay", TINY_TRACE, "--backend", "vllm", "--workers", "1",
+                            "--out", out, "--overwrite"], capsys)
+    assert_user_error(code, err, "not a folder")
+    assert out.read_text() == "x"
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_failure_while_writing_leaves_nothing_behind(tmp_path, capsys, monkeypatch, existing):
+    """The second parquet write fails: no new folder, no staging folder, and an
+    overwritten run stays as it was."""
+    out = tmp_path / "deep" / "run"
+    if existing:
+        out.mkdir(parents=True)
+        (out / "summary.json").write_text("old")
+    before = sorted(os.listdir(tmp_path))
+    real_write = output._write_parquet
+    calls = []
+
+    def failing_write(frame, path, config_json):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device", str(path))
+        real_write(frame, path, config_json)
+
+    monkeypatch.setattr(output, "_write_parquet", failing_write)
+    args = ["replay", TINY_TRACE, "--backend", "vllm", "--workers", "1", "--out", out]
+    code, stdout, err = run_cli(args + (["--overwrite"] if existing else []), capsys)
+    assert_user_error(code, err, f"cannot write output folder {out}", "No space left on device")
+    assert stdout == ""
+    assert len(calls) == 2
+    assert_nothing_written(tmp_path, before)
+    if existing:
+        assert os.listdir(out.parent) == ["run"]
+        assert os.listdir(out) == ["summary.json"]
+        assert (out / "summary.json").read_text() == "old"
+
+
+# --------------------------------------------------------------------------------------
+# bad input: one line, exit code 2, nothing written
+
+
+def _flags(tmp_path, *extra, trace=TINY_TRACE):
+    return ["replay", trace, "--backend", "vllm", "--workers", "1", *extra,
+            "--out", tmp_path / "run"]
+
+
+@pytest.mark.parametrize("engine_args, fragments", [
+    ('{"max_num_seq": 8}', ["--engine-args.max_num_seq", "unknown field", "max_num_seqs"]),
+    ('{"max_num_seqs": 0}', ["--engine-args.max_num_seqs", ">= 1", "got 0"]),
+    ('{"preemption_mode": "random"}', ["--engine-args.preemption_mode", "lifo, fifo"]),
+    ('{"block_size": "64"}', ["--engine-args.block_size", "integer"]),
+    ('{"timing_model": {"type": "fixed", "prefill_ms": 1}}',
+     ["--engine-args.timing_model.decode_ms", "required"]),
+    ('{"backend": "trtllm"}', ["--engine-args.backend", "contradicts --backend vllm"]),
+    ('[1, 2]', ["--engine-args", "JSON object"]),
+    ('{"max_num_seqs": 8', ["--engine-args", "not valid JSON"]),
+])
+def test_bad_engine_args(tmp_path, capsys, engine_args, fragments):
+    code, _, err = run_cli(_flags(tmp_path, "--engine-args", engine_args), capsys)
+    assert_user_error(code, err, *fragments)
+    assert_nothing_written(tmp_path, [])
+
+
+@pytest.mark.parametrize("extra, fragments", [
+    (["--workers", "0"], ["--workers", ">= 1"]),
+    (["--concurrency", "0"], ["--concurrency", ">= 1"]),
+    (["--trace-block-size", "0"], ["--trace-block-size", ">= 1"]),
+    (["--arrival-speedup-ratio", "0"], ["--arrival-speedup-ratio", "> 0"]),
+    (["--arrival-speedup-ratio", "nan"], ["--arrival-speedup-ratio", "> 0"]),
+    (["--workers", "two"], ["--workers", "invalid int value"]),
+    (["--backend", "sglang"], ["--backend", "invalid choice"]),
+])
+def test_bad_flag_values(tmp_path, capsys, extra, fragments):
+    code, _, err = run_cli(_flags(tmp_path, *extra), capsys)
+    assert_user_error(code, err, *fragments)
+    assert_nothing_written(tmp_path, [])
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["replay", "--out", "x"], ["--backend and --workers are required"]),
+    (["replay", "--backend", "vllm", "--out", "x"], ["--workers is required"]),
+    (["replay", "--backend", "vllm", "--workers", "1"], ["required", "--out"]),
+    (["replay", "--spec", TINY_SPEC, "--workers", "2", "--out", "x"],
+     ["--workers cannot be combined with --spec"]),
+    (["replay", TINY_TRACE, "--spec", TINY_SPEC, "--out", "x"], ["--trace PATH"]),
+    (["replay", TINY_TRACE, "--trace", TINY_TRACE, "--backend", "vllm", "--workers", "1",
+      "--out", "x"], ["not both"]),
+    ([], ["required", "COMMAND"]),
+    (["simulate"], ["invalid choice"]),
+])
+def test_usage_errors(tmp_path, capsys, monkeypatch, argv, fragments):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(argv, capsys)
+    assert_user_error(code, err, *fragments)
+    assert_nothing_written(tmp_path, [])
+
+
+BAD_TRACE_LINES = [
+    ('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]', "invalid JSON"),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 2}', '"hash_ids"'),
+    ('{"timestamp": 0, "input_length": -5, "output_length": 2, "hash_ids": [1]}',
+     '"input_length"'),
+]
+
+
+@pytest.mark.parametrize("bad_line, fragment", BAD_TRACE_LINES)
+def test_malformed_trace_line_names_file_and_line(tmp_path, capsys, bad_line, fragment):
+    trace = tmp_path / "bad.jsonl"
+    good = TINY_TRACE.read_text().splitlines()
+    trace.write_text("\n".join(good[:2] + [bad_line] + good[3:]) + "\n")
+    code, _, err = run_cli(_flags(tmp_path, trace=trace), capsys)
+    assert_user_error(code, err, f"{trace}:3:", fragment)
+    assert_nothing_written(tmp_path, ["bad.jsonl"])
+
+
+def test_malformed_trace_through_spec(tmp_path, capsys):
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": "2", "hash_ids": [1]}\n')
+    code, _, err = run_cli(["replay", "--spec", TINY_SPEC, "--trace", trace,
+                            "--out", tmp_path / "run"], capsys)
+    assert_user_error(code, err, f"{trace}:1:", '"output_length"')
+    assert_nothing_written(tmp_path, ["bad.jsonl"])
+
+
+def test_missing_and_empty_files(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    cases = [
+        (_flags(tmp_path, trace=tmp_path / "nope.jsonl"), ["nope.jsonl", "not found"]),
+        (_flags(tmp_path, trace=tmp_path), ["folder"]),
+        (_flags(tmp_path, trace=empty), ["empty.jsonl", "no requests"]),
+        (["replay", "--spec", tmp_path / "nope.json", "--out", tmp_path / "run"],
+         ["spec file not found", "nope.json"]),
+    ]
+    for argv, fragments in cases:
+        code, _, err = run_cli(argv, capsys)
+        assert_user_error(code, err, *fragments)
+    assert_nothing_written(tmp_path, ["empty.jsonl"])
+
+
+def _spec_copy(tmp_path, edit):
+    payload = json.loads(TINY_SPEC.read_text())
+    edit(payload)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(payload))
+    return path
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (lambda p: p["spec"]["engine"]["rank"].update(max_num_seqs=-1),
+     ["spec.engine.rank.max_num_seqs", ">= 1"]),
+    (lambda p: p["spec"]["engine"]["rank"].update(speculative=True),
+     ["spec.engine.rank.speculative", "unknown field"]),
+    (lambda p: p["spec"]["topology"].update(kind="disaggregated"),
+     ["spec.topology.kind", "not simulated yet"]),
+    (lambda p: p["spec"]["engine"].update(tensor_parallel_size=0),
+     ["spec.engine.tensor_parallel_size"]),
+    (lambda p: p["traffic"].update(trace_path="missing.jsonl"), ["missing.jsonl", "not found"]),
+    (lambda p: p["spec"].update(engine=[1]), ["spec.engine: must be an object"]),
+    (lambda p: p.update(spec=7), ["spec: must be an object"]),
+    (lambda p: p.pop("spec"), ["payload must be an object with 'spec'"]),
+])
+def test_bad_spec(tmp_path, capsys, edit, fragments):
+    spec = _spec_copy(tmp_path, edit)
+    code, _, err = run_cli(["replay", "--spec", spec, "--out", tmp_path / "run"], capsys)
+    assert_user_error(code, err, *fragments)
+    assert_nothing_written(tmp_path, ["spec.json"])
+
+
+def test_spec_that_is_not_json(tmp_path, capsys):
+    spec = tmp_path / "spec.json"
+    spec.write_text("{not json")
+    code, _, err = run_cli(["replay", "--spec", spec, "--out", tmp_path / "run"], capsys)
+    assert_user_error(code, err, str(spec), "not valid JSON")
+    assert_nothing_written(tmp_path, ["spec.json"])
+
+
+def test_simulation_dead_end_is_reported(tmp_path, capsys):
+    """17 blocks of 64 tokens: some tiny20 request can never fit (SimulationError)."""
+    code, stdout, err = run_cli(_flags(tmp_path, "--engine-args", '{"num_gpu_blocks": 17}'),
+                                capsys)
+    assert_user_error(code, err, "dead end", "outgrows the KV pool")
+    assert stdout == ""
+    assert_nothing_written(tmp_path, [])
+
+
+def test_rejections_are_counted(tmp_path, capsys):
+    """18 blocks: four prompts cannot fit and are rejected; the run still completes."""
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(_flags(tmp_path, "--engine-args", '{"num_gpu_blocks": 18}',
+                                       "--no-passes"), capsys)
+    assert code == 0, err
+    assert "16 completed, 4 rejected" in stdout
+    req = output.read_requests(out)
+    assert (req["terminal_status"] == "rejected").sum() == 4
+    summary = output.read_summary(out)
+    assert summary["num_requests"] == 20 and summary["completed_requests"] == 16
+
+
+def test_gpu_hours_follow_tensor_parallel_size(tmp_path, capsys):
+    """gpu_hours = decode worker-seconds x TP x DP / 3600 (spec replay.md 12.7)."""
+    spec = _spec_copy(tmp_path, lambda p: (p["spec"]["engine"].update(tensor_parallel_size=2),
+                                           p["traffic"].update(trace_path=str(TINY_TRACE))))
+    out = tmp_path / "run"
+    code, _, err = run_cli(["replay", "--spec", spec, "--out", out, "--no-passes"], capsys)
+    assert code == 0, err
+    summary = output.read_summary(out)
+    golden = golden_report(TINY_REPORT)
+    assert summary["decode_gpus_per_worker"] == 2 and summary["prefill_gpus_per_worker"] == 0
+    assert summary["gpu_hours"] == pytest.approx(2 * golden["gpu_hours"], rel=SUMMARY_REL_TOL)
