@@ -157,11 +157,6 @@ def _complete_pass(rq, wk, sims, s, w):
     wk.i64[w, WK_TERM_HEAD] = -1
 
 
-@njit(cache=True, inline="always")
-def _has_work(wk, w):
-    return wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0
-
-
 @njit(cache=True)
 def run_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens):
     """Advance simulation s until it is done or needs the driver."""
@@ -191,7 +186,8 @@ def run_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens
             if due and _admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms) > 0:
                 changed = True
             for w in range(w0, w1):
-                if wk.i64[w, WK_BUSY] != 0 or wk.i64[w, WK_STALLED] != 0 or not _has_work(wk, w):
+                if wk.i64[w, WK_BUSY] != 0 or wk.i64[w, WK_STALLED] != 0 \
+                        or (wk.i64[w, WK_RUN_LEN] == 0 and wk.i64[w, WK_WAIT_LEN] == 0):
                     continue
                 if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] >= log_rows:
                     sims.now_ms[s] = now_ms

@@ -157,7 +157,7 @@ def token_stats_new(num_sims):
     return stat, hist
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def fold_value(stat, hist, s, stat_base, hist_base, x):
     """Fold one finite sample ``x >= 0`` into one stream of simulation ``s``.
 
@@ -181,7 +181,7 @@ def fold_value(stat, hist, s, stat_base, hist_base, x):
         stat[s, stat_base + STAT_ZERO_COUNT] += 1.0
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def fold_gap(stat, hist, s, gap_ms):
     """Fold one inter-token gap of simulation ``s`` into both token streams.
 
@@ -204,6 +204,45 @@ def fold_gap(stat, hist, s, gap_ms):
         rate_tok_s = MS_PER_S / gap_ms
         if rate_tok_s < np.inf:
             fold_value(stat, hist, s, RATE_STAT_BASE, RATE_HIST_BASE, rate_tok_s)
+
+
+@njit(cache=True)
+def fold_value_run(stat, hist, s, stat_base, hist_base, x, count):
+    """Fold ``count`` identical samples ``x >= 0`` at once (Chan's merge of a run of
+    equal values: mean and M2 as if folded one by one, up to rounding)."""
+    n_old = stat[s, stat_base + STAT_COUNT]
+    n = n_old + count
+    stat[s, stat_base + STAT_COUNT] = n
+    mean_old = stat[s, stat_base + STAT_MEAN]
+    delta = x - mean_old
+    stat[s, stat_base + STAT_MEAN] = mean_old + delta * count / n
+    stat[s, stat_base + STAT_M2] += delta * delta * n_old * count / n
+    if x < stat[s, stat_base + STAT_MIN]:
+        stat[s, stat_base + STAT_MIN] = x
+    if x > stat[s, stat_base + STAT_MAX]:
+        stat[s, stat_base + STAT_MAX] = x
+    if x >= SKETCH_MIN_INDEXABLE:
+        hist[s, hist_base + sketch_bin(x)] += count
+    else:
+        stat[s, stat_base + STAT_ZERO_COUNT] += count
+
+
+@njit(cache=True)
+def fold_gap_run(stat, hist, s, gap_ms, count):
+    """Fold ``count`` equal inter-token gaps of simulation ``s`` into both streams.
+
+    In one pass every request that also emitted in the previous pass of its worker
+    sees the same gap, so the kernel folds runs of equal gaps: one sketch key (two
+    logarithms) per run instead of per token."""
+    if count <= 0:
+        return
+    if gap_ms < 0.0:
+        gap_ms = 0.0
+    fold_value_run(stat, hist, s, ITL_STAT_BASE, ITL_HIST_BASE, gap_ms, count)
+    if gap_ms > 0.0:
+        rate_tok_s = MS_PER_S / gap_ms
+        if rate_tok_s < np.inf:
+            fold_value_run(stat, hist, s, RATE_STAT_BASE, RATE_HIST_BASE, rate_tok_s, count)
 
 
 @njit(cache=True)

@@ -16,7 +16,7 @@ from numba import njit
 
 from .block_pool import num_active, release_ref, reserve, table_find, cache_copy
 from .layout import *  # noqa: F401,F403 - field and status constants
-from .sketch import fold_gap
+from .sketch import fold_gap_run
 from .timing import decode_ns, ns_to_ms, prefill_ns
 from .xxh3 import XXH3_SEED, hash_chain, synthetic_output_token, xxh3_64_u32
 
@@ -35,6 +35,16 @@ def _ceil_div(a, b):
 @njit(cache=True, inline="always")
 def seq_len(rq, q):
     return rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_GENERATED]
+
+
+@njit(cache=True, inline="always")
+def _remaining(max_output, generated, prompt, limit):
+    """Tokens still to generate, from scalars: hot loops call this one because a
+    helper that receives arrays reference-counts them on every call."""
+    rem = max_output - generated
+    if limit >= 0:
+        rem = min(rem, limit - prompt - generated)
+    return rem
 
 
 @njit(cache=True, inline="always")
@@ -284,6 +294,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     for i in range(8):
         acc[i] = 0
     acc[0] = cfg.i64[w, CFG_MAX_NUM_BATCHED_TOKENS]
+    limit = cfg.i64[w, CFG_MAX_MODEL_LEN]
 
     # running first; the cursor is an index (a fifo victim before it shifts the list)
     rq_i = rq.i64
@@ -297,7 +308,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         before = rq_i[q, RQ_NUM_COMPUTED]
         prompt = rq_i[q, RQ_PROMPT_LEN]
         if before >= prompt:
-            used = min(seq_len(rq, q) - before, acc[0])
+            generated = rq_i[q, RQ_GENERATED]
+            used = min(prompt + generated - before, acc[0])
             after = before + used
             allocated = rq_i[q, RQ_ALLOCATED]
             if used > 0 and _ceil_div(after, bs) <= _ceil_div(allocated, bs) \
@@ -309,7 +321,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 rq_i[q, RQ_SCHED_TOKENS] = used
                 rq_i[q, RQ_SCHED_PROMPT] = 0
                 rq_i[q, RQ_SCHED_PREFIX] = prompt
-                rq_i[q, RQ_SCHED_TERMINAL] = 1 if remaining_generation(cfg, rq, w, q) <= 0 else 0
+                rq_i[q, RQ_SCHED_TERMINAL] = 1 if _remaining(
+                    rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit) <= 0 else 0
                 acc[0] -= used
                 acc[6] += used
                 i += 1
@@ -326,7 +339,6 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             break
 
     # waiting queue: strict FIFO
-    limit = cfg.i64[w, CFG_MAX_MODEL_LEN]
     while acc[4] == 0 and wk.i64[w, WK_RUN_LEN] < cfg.i64[w, CFG_MAX_NUM_SEQS] and wk.i64[w, WK_WAIT_LEN] > 0:
         q = wait_at(wk, w, 0)
         length = seq_len(rq, q)
@@ -380,12 +392,15 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     n_run = wk.i64[w, WK_RUN_LEN]
     for j in range(n_run):
         q = run_q[off + j]
-        if rq_i[q, RQ_NUM_COMPUTED] < seq_len(rq, q) or remaining_generation(cfg, rq, w, q) <= 0:
+        generated = rq_i[q, RQ_GENERATED]
+        prompt = rq_i[q, RQ_PROMPT_LEN]
+        if rq_i[q, RQ_NUM_COMPUTED] < prompt + generated \
+                or _remaining(rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit) <= 0:
             continue
         if rq_i[q, RQ_SCHED_STAMP] == stamp and rq_i[q, RQ_SCHED_PROMPT] > 0 and rq_i[q, RQ_GENERATED] == 0:
             continue  # first token of the pass that computed the prompt: free
         n_decode += 1
-        kv_sum += seq_len(rq, q)
+        kv_sum += prompt + generated
     if cfg_i[w, CFG_ROLE] == ROLE_PREFILL:
         dc_ns = np.int64(0)
     else:
@@ -398,11 +413,16 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     keep = 0
     token_stat = sims.token_stat
     token_hist = sims.token_hist
+    run_gap_ms = 0.0  # current run of equal token gaps, folded when it ends
+    run_count = 0
     for j in range(n_run):
         q = run_q[off + j]
         done = False
-        if rq_i[q, RQ_NUM_COMPUTED] >= seq_len(rq, q):
-            if remaining_generation(cfg, rq, w, q) <= 0:
+        generated = rq_i[q, RQ_GENERATED]
+        prompt = rq_i[q, RQ_PROMPT_LEN]
+        max_output = rq_i[q, RQ_MAX_OUTPUT]
+        if rq_i[q, RQ_NUM_COMPUTED] >= prompt + generated:
+            if _remaining(max_output, generated, prompt, limit) <= 0:
                 done = True
             else:
                 g = rq_i[q, RQ_GENERATED] + 1
@@ -413,9 +433,14 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 else:
                     if g == 2:
                         rq_f[q, RQF_SECOND_TOKEN_MS] = end_ms
-                    fold_gap(token_stat, token_hist, s, end_ms - rq_f[q, RQF_LAST_TOKEN_MS])
+                    gap_ms = end_ms - rq_f[q, RQF_LAST_TOKEN_MS]
+                    if gap_ms != run_gap_ms:
+                        fold_gap_run(token_stat, token_hist, s, run_gap_ms, run_count)
+                        run_gap_ms = gap_ms
+                        run_count = 0
+                    run_count += 1
                 rq_f[q, RQF_LAST_TOKEN_MS] = end_ms
-                done = remaining_generation(cfg, rq, w, q) <= 0
+                done = _remaining(max_output, g, prompt, limit) <= 0
         if done:
             release_lease(cfg, p, rq, w, q)
             rq_i[q, RQ_STATUS] = RS_DONE
@@ -426,6 +451,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             run_q[off + keep] = q
             keep += 1
     wk.i64[w, WK_RUN_LEN] = keep
+    fold_gap_run(token_stat, token_hist, s, run_gap_ms, run_count)
 
     # every terminal of this pass becomes visible at its end
     q = wk.i64[w, WK_TERM_HEAD]
