@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -42,8 +42,8 @@ class Simulation:
 
 @dataclass
 class BatchResult:
-    requests: list[pd.DataFrame]       # one frame per simulation, one row per request
-    passes: list[pd.DataFrame]         # one frame per simulation, one row per forward pass
+    requests: Sequence[pd.DataFrame]   # one frame per simulation, one row per request (built on access)
+    passes: Sequence[pd.DataFrame]     # one frame per simulation, one row per forward pass
     token_stat: np.ndarray             # float64[s, TOKEN_STAT_WIDTH]
     token_hist: np.ndarray             # int64[s, TOKEN_HIST_WIDTH]
     kernel_calls: int
@@ -309,13 +309,33 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
                 "reference aborts on the same condition)")
         if np.all(status == L.SIM_DONE):
             break
-    requests, passes = [], []
-    for s, sim in enumerate(sims):
-        requests.append(_request_frame(sim, rq, int(st.i64[s, L.SM_Q_OFF]), int(st.i64[s, L.SM_W_OFF])))
-        chunk = np.concatenate(pass_chunks[s]) if pass_chunks[s] else np.zeros((0, L.PL_NUM_COLUMNS))
-        frame = pd.DataFrame(chunk, columns=list(L.PASS_LOG_COLUMNS))
-        for col in L.PASS_LOG_COLUMNS:
-            if col not in ("start_ms", "end_ms"):
-                frame[col] = frame[col].astype(np.int64)
-        passes.append(frame)
-    return BatchResult(requests, passes, st.token_stat, st.token_hist, calls)
+    frames = _LazyFrames(len(sims), lambda s: _request_frame(
+        sims[s], rq, int(st.i64[s, L.SM_Q_OFF]), int(st.i64[s, L.SM_W_OFF])))
+    passes = _LazyFrames(len(sims), lambda s: _pass_frame(pass_chunks[s]))
+    return BatchResult(frames, passes, st.token_stat, st.token_hist, calls)
+
+
+class _LazyFrames(Sequence):
+    """Per-simulation tables built on first access: a sweep that reads a few
+    summary columns of thousands of points should not pay for every DataFrame."""
+
+    def __init__(self, n: int, build):
+        self._built: list = [None] * n
+        self._build = build
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+    def __getitem__(self, s):
+        if isinstance(s, slice):
+            return [self[i] for i in range(*s.indices(len(self)))]
+        if self._built[s] is None:
+            self._built[s] = self._build(s)
+        return self._built[s]
+
+
+def _pass_frame(chunks: list[np.ndarray]) -> pd.DataFrame:
+    rows = np.concatenate(chunks) if chunks else np.zeros((0, L.PL_NUM_COLUMNS))
+    return pd.DataFrame({
+        col: rows[:, i] if col in ("start_ms", "end_ms") else rows[:, i].astype(np.int64)
+        for i, col in enumerate(L.PASS_LOG_COLUMNS)})
