@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from aisim_fast import __version__
-from aisim_fast.config import SIMULATED_BACKENDS, ConfigError, ReplaySetup, load_spec, parse_rank
+from aisim_fast.config import SIMULATED_BACKENDS, ConfigError, ReplaySetup, parse_payload, parse_rank
 from aisim_fast.output import (
     OutputError,
     check_out_dir,
@@ -115,33 +115,6 @@ def _read_json_file(path: Path, what: str):
         raise ConfigError(f"{path}: not valid JSON ({exc})") from None
 
 
-def _gpus_per_worker(payload) -> int:
-    """TP x DP of the aggregated role (spec replay.md 12.7); config.py validates dp_size."""
-    engine = (payload.get("spec") or {}).get("engine") or {}
-    tp = engine.get("tensor_parallel_size", 1)
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ConfigError(f"spec.engine.tensor_parallel_size: must be an integer >= 1, got {tp!r}")
-    return tp * engine.get("dp_size", 1)
-
-
-# Payload members that must be JSON objects when present (config.parse_payload reads
-# them with .get and would fail with a bare TypeError / AttributeError otherwise).
-_PAYLOAD_OBJECTS = (("spec",), ("traffic",), ("spec", "topology"), ("spec", "topology", "workers"),
-                    ("spec", "engine"), ("spec", "adapters"), ("spec", "adapters", "placement"),
-                    ("spec", "sla"))
-
-
-def _check_payload_objects(payload, spec_path: Path) -> None:
-    if not isinstance(payload, dict) or "spec" not in payload:
-        raise ConfigError(f"{spec_path}: payload must be an object with 'spec' and 'traffic'")
-    for keys in _PAYLOAD_OBJECTS:
-        node = payload
-        for key in keys:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is not None and not isinstance(node, dict):
-            raise ConfigError(f"{'.'.join(keys)}: must be an object, got {json.dumps(node)[:40]}")
-
-
 def _setup_from_spec(args) -> tuple[ReplaySetup, int, dict]:
     given = [flag for attr, flag in NO_SPEC_FLAGS if getattr(args, attr) is not None]
     if given:
@@ -151,15 +124,10 @@ def _setup_from_spec(args) -> tuple[ReplaySetup, int, dict]:
         raise UsageError("with --spec, give the trace as --trace PATH")
     spec_path = Path(args.spec)
     payload = _read_json_file(spec_path, "spec file")
-    _check_payload_objects(payload, spec_path)
-    try:
-        setup = load_spec(spec_path, trace_override=args.trace_flag)
-    except (TypeError, AttributeError) as exc:
-        # a field of the wrong JSON type that the validation above does not know about
-        raise ConfigError(f"{spec_path}: malformed payload ({exc})") from None
+    setup = parse_payload(payload, spec_path.parent, args.trace_flag)
     source = {"mode": "spec", "spec_file": str(spec_path.resolve()),
               "trace_override": args.trace_flag is not None}
-    return setup, _gpus_per_worker(payload), source
+    return setup, setup.tensor_parallel_size, source
 
 
 def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:

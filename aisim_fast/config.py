@@ -54,6 +54,15 @@ def _bool(path: str, value: Any) -> bool:
     return value
 
 
+def _obj(path: str, value: Any) -> dict:
+    """A JSON object member; absent (None) reads as empty."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        _fail(path, f"must be an object, got {json.dumps(value)[:40]}")
+    return value
+
+
 def _choice(path: str, value: Any, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         _fail(path, f"must be one of {', '.join(allowed)}; got {value!r}")
@@ -191,6 +200,7 @@ class ReplaySetup:
     arrival_speedup_ratio: float = 1.0
     concurrency: int = 0                 # closed-loop session cap; 0 = trace timestamps
     sla: dict = field(default_factory=dict)
+    tensor_parallel_size: int = 1        # GPUs per worker in the GPU-hour accounting
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -212,32 +222,33 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     folder); ``trace_override`` replaces it."""
     if not isinstance(payload, dict) or "spec" not in payload:
         _fail("payload", "must be an object with 'spec' and 'traffic'")
-    spec = payload["spec"]
+    spec = _obj("spec", payload["spec"])
     for key in spec:
         if key not in _SPEC_KEYS:
             _fail(f"spec.{key}", "unknown field; allowed: " + ", ".join(sorted(_SPEC_KEYS)))
     if spec.get("version", 1) != 1:
         _fail("spec.version", f"must be 1, got {spec.get('version')!r}")
-    topo = spec.get("topology") or {}
+    topo = _obj("spec.topology", spec.get("topology"))
     kind = _choice("spec.topology.kind", topo.get("kind"), ("aggregated", "disaggregated"))
     if kind != "aggregated":
         _fail("spec.topology.kind", "'disaggregated' is not simulated yet; use 'aggregated'")
-    pool = topo.get("workers") or {}
+    pool = _obj("spec.topology.workers", topo.get("workers"))
     workers = _int("spec.topology.workers.initial_workers", pool.get("initial_workers", 1), 1)
     if pool.get("startup_delay_ms", 0.0) not in (0, 0.0):
         _fail("spec.topology.workers.startup_delay_ms", "only 0 is simulated")
-    engine = spec.get("engine") or {}
+    engine = _obj("spec.engine", spec.get("engine"))
     if engine.get("dp_size", 1) != 1:
         _fail("spec.engine.dp_size", f"only 1 is simulated, got {engine.get('dp_size')!r}")
-    rank = parse_rank(engine.get("rank") or {}, "spec.engine.rank")
-    adapters = spec.get("adapters") or {}
-    placement = (adapters.get("placement") or {}).get("provider", "round_robin")
+    tp = _int("spec.engine.tensor_parallel_size", engine.get("tensor_parallel_size", 1), 1)
+    rank = parse_rank(_obj("spec.engine.rank", engine.get("rank")), "spec.engine.rank")
+    adapters = _obj("spec.adapters", spec.get("adapters"))
+    placement = _obj("spec.adapters.placement", adapters.get("placement")).get("provider", "round_robin")
     _choice("spec.adapters.placement.provider", placement, ("round_robin",))
     if spec.get("max_sim_time_ms") is not None:
         _fail("spec.max_sim_time_ms", "a simulated-time cap is not supported yet; use null")
     if spec.get("requests"):
         _fail("spec.requests", "inline requests are not supported; give traffic.trace_path")
-    sla = spec.get("sla") or {}
+    sla = _obj("spec.sla", spec.get("sla"))
     for key, value in sla.items():
         _choice("spec.sla key", key, ("ttft_ms", "itl_ms", "e2e_ms"))
         if value is not None and _float(f"spec.sla.{key}", value) <= 0:
@@ -245,7 +256,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     if "e2e_ms" in sla and ("ttft_ms" in sla or "itl_ms" in sla):
         _fail("spec.sla", "e2e_ms is mutually exclusive with ttft_ms / itl_ms")
 
-    traffic = payload.get("traffic") or {}
+    traffic = _obj("traffic", payload.get("traffic"))
     for key in traffic:
         if key not in _TRAFFIC_KEYS:
             _fail(f"traffic.{key}", "unknown or unsupported field; allowed: " + ", ".join(sorted(_TRAFFIC_KEYS)))
@@ -274,6 +285,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
                                      traffic.get("arrival_speedup_ratio", 1.0)),
         concurrency=concurrency,
         sla={k: float(v) for k, v in sla.items() if v is not None},
+        tensor_parallel_size=tp,
     )
 
 

@@ -466,7 +466,7 @@ def _spec_copy(tmp_path, edit):
     (lambda p: p["traffic"].update(trace_path="missing.jsonl"), ["missing.jsonl", "not found"]),
     (lambda p: p["spec"].update(engine=[1]), ["spec.engine: must be an object"]),
     (lambda p: p.update(spec=7), ["spec: must be an object"]),
-    (lambda p: p.pop("spec"), ["payload must be an object with 'spec'"]),
+    (lambda p: p.pop("spec"), ["must be an object with 'spec'"]),
 ])
 def test_bad_spec(tmp_path, capsys, edit, fragments):
     spec = _spec_copy(tmp_path, edit)
