@@ -18,6 +18,7 @@ import pandas as pd
 from aisim_fast.config import RankConfig, ReplaySetup
 from aisim_fast.kernels import layout as L
 from aisim_fast.kernels import sketch
+from aisim_fast.report import sketch_merge_rows
 from aisim_fast.kernels.block_pool import pool_reset
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
 from aisim_fast.kernels.replay_loop import replay_batch
@@ -276,7 +277,106 @@ def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.
 
 def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
               record_passes: bool = True) -> BatchResult:
-    """Run every simulation to completion. Raises SimulationError for a dead end."""
+    """Run every simulation to completion. Raises SimulationError for a dead end.
+
+    An open-loop, single-turn aggregated simulation is split into one unit per
+    worker: round-robin placement sends arrival i to worker i mod N whatever the
+    state, and aggregated workers share nothing else, so the workers are
+    independent simulations and run on separate threads. Results are merged back
+    per simulation (token-gap statistics with Chan's merge)."""
+    units: list[Simulation] = []
+    owner: list[tuple[int, int, np.ndarray | None]] = []  # (simulation, worker, rows)
+    for s, sim in enumerate(sims):
+        shards = _worker_shards(sim)
+        if shards is None:
+            units.append(sim)
+            owner.append((s, -1, None))
+        else:
+            for w, (rows, unit) in enumerate(shards):
+                units.append(unit)
+                owner.append((s, w, rows))
+    if all(w < 0 for _, w, _ in owner):
+        return _run_units(sims, pass_log_rows, record_passes, list(range(len(sims))))
+    res = _run_units(units, pass_log_rows, record_passes, [s for s, _, _ in owner])
+    parts: list[list[int]] = [[] for _ in sims]
+    for u, (s, _, _) in enumerate(owner):
+        parts[s].append(u)
+    stat = np.empty((len(sims),) + res.token_stat.shape[1:])
+    hist = np.empty((len(sims),) + res.token_hist.shape[1:], res.token_hist.dtype)
+    for s in range(len(sims)):
+        stat[s] = sketch_merge_rows(res.token_stat[parts[s]])
+        hist[s] = res.token_hist[parts[s]].sum(axis=0)
+
+    def requests(s):
+        if len(parts[s]) == 1 and owner[parts[s][0]][1] < 0:
+            return res.requests[parts[s][0]]
+        frames = []
+        for u in parts[s]:
+            _, w, rows = owner[u]
+            frame = res.requests[u].copy()
+            frame.index = rows
+            frame["worker"] = np.where(frame["worker"] >= 0, w, -1)
+            frames.append(frame)
+        return pd.concat(frames).sort_index().reset_index(drop=True)
+
+    def passes(s):
+        frames = []
+        for u in parts[s]:
+            frame = res.passes[u].copy()
+            if owner[u][1] >= 0:
+                frame["worker"] = owner[u][1]
+            frames.append(frame)
+        merged = pd.concat(frames, ignore_index=True)
+        return merged.sort_values(["start_ms", "worker"], kind="stable", ignore_index=True)
+
+    return BatchResult(_LazyFrames(len(sims), requests), _LazyFrames(len(sims), passes),
+                       stat, hist, res.kernel_calls)
+
+
+def _worker_shards(sim: Simulation):
+    """Per-worker sub-simulations of an open-loop single-turn aggregated run, or
+    None when its workers interact (closed loop, sessions) or there is one."""
+    wl = sim.workload
+    if sim.workers == 1 or sim.concurrency or np.any(wl.turn_index != 0):
+        return None
+    key = (id(wl), sim.workers)
+    cached = _SHARD_CACHE.get(key)
+    if cached is None or cached[0] is not wl:
+        cached = (wl, [_sub_workload(wl, wl.order[w::sim.workers]) for w in range(sim.workers)])
+        _SHARD_CACHE.clear()  # one trace at a time is the common case; keep memory flat
+        _SHARD_CACHE[key] = cached
+    return [(sub.line_no_rows, Simulation(sub.workload, sim.rank, 1, 0, sim.arena_blocks))
+            for sub in cached[1]]
+
+
+_SHARD_CACHE: dict = {}
+
+
+@dataclass(frozen=True)
+class _Shard:
+    workload: Workload
+    line_no_rows: np.ndarray  # rows of the parent workload, in the shard's order
+
+
+def _sub_workload(wl: Workload, rows: np.ndarray) -> _Shard:
+    """The trace restricted to ``rows`` (already in arrival order)."""
+    counts = wl.hash_indptr[rows + 1] - wl.hash_indptr[rows]
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    take = np.concatenate([np.arange(wl.hash_indptr[r], wl.hash_indptr[r + 1]) for r in rows]) \
+        if len(rows) else np.zeros(0, np.int64)
+    n = len(rows)
+    sub = wl._replace(
+        line_no=wl.line_no[rows], request_name=wl.request_name[rows],
+        session=np.arange(n, dtype=wl.session.dtype), turn_index=wl.turn_index[rows],
+        start_ms=wl.start_ms[rows], delay_ms=wl.delay_ms[rows], input_len=wl.input_len[rows],
+        output_len=wl.output_len[rows], hash_indptr=indptr, hash_ids=wl.hash_ids[take],
+        order=np.arange(n, dtype=wl.order.dtype))
+    return _Shard(sub, rows)
+
+
+def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
+               sim_names: list[int]) -> BatchResult:
+    """Run independent units (whole simulations or worker shards) in one batch."""
     rows = pass_log_rows if record_passes else 0
     cfg, pool, rq, wl, wk, st, max_lease, max_bs = build_state(sims, rows)
     sim_ids = np.arange(len(sims), dtype=np.int64)
@@ -298,13 +398,13 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
                 sim = sims[s]
                 fixed[s] = Simulation(sim.workload, sim.rank, sim.workers, sim.concurrency,
                                       arena_blocks=sim.rank.num_gpu_blocks)
-            return run_batch(fixed, pass_log_rows, record_passes)
+            return _run_units(fixed, pass_log_rows, record_passes, sim_names)
         dead = np.flatnonzero(status == L.SIM_DEAD_END)
         if len(dead):
             s = int(dead[0])
             in_flight = int(st.i64[s, L.SM_NUM_ARRIVED] - st.i64[s, L.SM_NUM_TERMINAL])
             raise SimulationError(
-                f"simulation {s}: dead end at t={st.now_ms[s]:.6f} ms with {in_flight} in-flight "
+                f"simulation {sim_names[s]}: dead end at t={st.now_ms[s]:.6f} ms with {in_flight} in-flight "
                 "requests that can never be scheduled (a request outgrows the KV pool; the "
                 "reference aborts on the same condition)")
         if np.all(status == L.SIM_DONE):

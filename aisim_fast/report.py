@@ -29,12 +29,29 @@ from collections.abc import Mapping
 
 import numpy as np
 
-try:  # installed layout: kernels/ is packaged as aisim_fast.kernels
-    from aisim_fast.kernels import sketch as _sk
-except ImportError:  # source checkout: kernels/ sits next to aisim_fast/
-    from kernels import sketch as _sk
+from aisim_fast.kernels import sketch as _sk
 
 percentile_rank = _sk.percentile_rank
+
+
+def sketch_merge_rows(stat_rows: np.ndarray) -> np.ndarray:
+    """One token-stat row from several (``stat[u, :]`` of independent parts of one
+    run): counts add, means and M2 combine with Chan's parallel formula, min/max
+    fold, zero counts add."""
+    out = np.empty(stat_rows.shape[1])
+    for base in (_sk.ITL_STAT_BASE, _sk.RATE_STAT_BASE):
+        n_i = stat_rows[:, base + _sk.STAT_COUNT]
+        mean_i = stat_rows[:, base + _sk.STAT_MEAN]
+        n = n_i.sum()
+        mean = float((n_i * mean_i).sum() / n) if n > 0 else 0.0
+        m2 = float(stat_rows[:, base + _sk.STAT_M2].sum() + (n_i * (mean_i - mean) ** 2).sum())
+        out[base + _sk.STAT_COUNT] = n
+        out[base + _sk.STAT_MEAN] = mean
+        out[base + _sk.STAT_M2] = m2
+        out[base + _sk.STAT_MIN] = stat_rows[:, base + _sk.STAT_MIN].min()
+        out[base + _sk.STAT_MAX] = stat_rows[:, base + _sk.STAT_MAX].max()
+        out[base + _sk.STAT_ZERO_COUNT] = stat_rows[:, base + _sk.STAT_ZERO_COUNT].sum()
+    return out
 
 REQUEST_COLUMNS = (
     "arrival_ms",
