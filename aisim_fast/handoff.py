@@ -306,7 +306,6 @@ def transfer_timing_violations(timing: TransferTimingArrays) -> dict[int, str]:
     full-prompt delay they imply must be finite and >= 0.  A bandwidth of
     exactly 0 is valid: it means "no timing model" and selects the fallback.
     """
-    n = len(timing)
     reasons: dict[int, str] = {}
 
     def flag(mask: np.ndarray, describe) -> None:

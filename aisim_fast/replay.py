@@ -8,7 +8,6 @@ every simulation runs its complete event loop inside ``kernels.replay_loop``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from collections.abc import Sequence
 

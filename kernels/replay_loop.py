@@ -16,7 +16,15 @@ Simulations are independent, so the batch runs under ``prange``.
 import numpy as np
 from numba import njit, prange
 
-from .layout import *  # noqa: F401,F403 - field and status constants
+from .layout import (
+    RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS, RQ_LEASE_OFF,
+    RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS, RQ_TERM_NEXT, RQ_TURN,
+    RQ_UUID, RQ_WORKER, RS_WAITING, SIM_ARENA_FULL, SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH,
+    SIM_RUNNING, SM_ACTIVE_SESSIONS, SM_CONCURRENCY, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_STARTS,
+    SM_NUM_TERMINAL, SM_PASS_LOG_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_START_PTR, SM_STATUS,
+    SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_RUN_LEN, WK_STALLED, WK_TERM_HEAD,
+    WK_WAIT_LEN,
+)
 from .vllm_pass import run_pass, wait_push_back
 
 

@@ -11,7 +11,6 @@ Pins (spec replay.md 6.2 and 12):
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,15 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from aisim_fast import report  # noqa: E402
-from aisim_fast.report import percentile_rank, summarize  # noqa: E402
-
-try:
-    from aisim_fast.kernels import sketch as sk
-except ImportError:
-    from kernels import sketch as sk
+from aisim_fast import report
+from aisim_fast.kernels import sketch as sk
+from aisim_fast.report import percentile_rank, summarize
 
 LOCAL_DIR = Path(__file__).parent / "data" / "report"
 SHARED_DIR = Path(os.environ.get("AISIM_GOLDEN_DIR", "/work/shared/reference/golden"))

@@ -24,11 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba.core.errors import TypingError
 
-try:
-    from aisim_fast.kernels import xxh3
-except ImportError:  # running from a source checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from kernels import xxh3
+from aisim_fast.kernels import xxh3
 
 U64_MAX = 2**64 - 1
 # 0 and 1337 select precomputed secrets for long inputs; the others take the
@@ -263,11 +259,7 @@ import json, sys
 import numpy as np
 from numba import njit
 from numba.core.runtime import rtsys
-try:
-    from aisim_fast.kernels import xxh3
-except ImportError:
-    sys.path.insert(0, sys.argv[1])
-    from kernels import xxh3
+from aisim_fast.kernels import xxh3
 
 @njit
 def hash_many(tokens, data, n_rounds):
