@@ -303,8 +303,12 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     stat = np.empty((len(sims),) + res.token_stat.shape[1:])
     hist = np.empty((len(sims),) + res.token_hist.shape[1:], res.token_hist.dtype)
     for s in range(len(sims)):
-        stat[s] = sketch_merge_rows(res.token_stat[parts[s]])
-        hist[s] = res.token_hist[parts[s]].sum(axis=0)
+        if len(parts[s]) == 1:  # not split: keep the row bit for bit
+            stat[s] = res.token_stat[parts[s][0]]
+            hist[s] = res.token_hist[parts[s][0]]
+        else:
+            stat[s] = sketch_merge_rows(res.token_stat[parts[s]])
+            hist[s] = res.token_hist[parts[s]].sum(axis=0)
 
     def requests(s):
         if len(parts[s]) == 1 and owner[parts[s][0]][1] < 0:

@@ -1,0 +1,63 @@
+"""Shared test options and fixtures.
+
+``--runslow`` also runs the tests marked ``slow`` (the 10k-request parity case).
+pyproject.toml deselects them by default with ``addopts = "-m 'not slow'"``; an
+explicit ``-m`` expression given on the command line is left alone, only that
+default is lifted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+DATA_DIR = TESTS_DIR / "data"
+GOLDEN_DIR = DATA_DIR / "golden"
+TRACES_DIR = DATA_DIR / "traces"
+REFERENCE_DIR = Path("/work/shared/reference")
+
+# The oracle (tests/oracle.py) is imported by module name from several test files.
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+_DEFAULT_MARKEXPR = "not slow"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="also run tests marked slow (lifts the default -m 'not slow')")
+
+
+def pytest_configure(config):
+    if config.getoption("--runslow"):
+        # Only the pyproject default is replaced: ``-m 'not slow'`` coming from
+        # addopts would otherwise deselect what --runslow asks for. A user's own
+        # later -m (e.g. -m handoff) has already overwritten markexpr and stays.
+        if (config.option.markexpr or "").strip() == _DEFAULT_MARKEXPR:
+            config.option.markexpr = ""
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    return DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def golden_dir() -> Path:
+    return GOLDEN_DIR
+
+
+@pytest.fixture(scope="session")
+def traces_dir() -> Path:
+    return TRACES_DIR
+
+
+@pytest.fixture(scope="session")
+def reference_dir() -> Path:
+    """The reference tool folder (parity.py); tests using it skip when absent."""
+    if not (REFERENCE_DIR / "parity.py").is_file():
+        pytest.skip("reference tools not available at %s" % REFERENCE_DIR)
+    return REFERENCE_DIR
