@@ -223,6 +223,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     sm_i[:, L.SM_W_LEN] = w_len
     sm_i[:, L.SM_STATUS] = L.SIM_RUNNING
     sm_i[:, L.SM_UUID_NEXT] = 1
+    sm_i[:, L.SM_RESUME_WORKER] = -1
     token_stat, token_hist = sketch.token_stats_new(n_sims)
     sim_state = L.Sims(
         i64=sm_i, now_ms=np.zeros(n_sims), start_order=start_order, heap_q=np.zeros(n_q, np.int64),

@@ -21,7 +21,7 @@ from .layout import (
     RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS, RQ_TERM_NEXT, RQ_TURN,
     RQ_UUID, RQ_WORKER, RS_WAITING, SIM_ARENA_FULL, SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH,
     SIM_RUNNING, SM_ACTIVE_SESSIONS, SM_CONCURRENCY, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_STARTS,
-    SM_NUM_TERMINAL, SM_PASS_LOG_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_START_PTR, SM_STATUS,
+    SM_NUM_TERMINAL, SM_PASS_LOG_LEN, SM_Q_LEN, SM_Q_OFF, SM_RESUME_WORKER, SM_RR_CURSOR, SM_START_PTR, SM_STATUS,
     SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_RUN_LEN, WK_STALLED, WK_TERM_HEAD,
     WK_WAIT_LEN,
 )
@@ -173,46 +173,62 @@ def run_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens
     log_rows = sims.pass_log.shape[1]
     sims.i64[s, SM_STATUS] = SIM_RUNNING
     now_ms = sims.now_ms[s]
+    resume_w = sims.i64[s, SM_RESUME_WORKER]
+    sims.i64[s, SM_RESUME_WORKER] = -1
     while True:
         changed = True
         while changed:
             changed = False
-            for w in range(w0, w1):
-                if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] == now_ms:
-                    _complete_pass(rq, wk, sims, s, w)
-                    changed = True
-            # cheap due-check first: the admission step binds the whole state
-            due = False
-            base = sims.i64[s, SM_Q_OFF]
-            if sims.i64[s, SM_START_PTR] < sims.i64[s, SM_NUM_STARTS]:
-                if sims.i64[s, SM_CONCURRENCY] > 0:
-                    due = sims.i64[s, SM_ACTIVE_SESSIONS] < sims.i64[s, SM_CONCURRENCY]
-                else:
-                    due = rq.f64[sims.start_order[base + sims.i64[s, SM_START_PTR]], RQF_START_MS] <= now_ms
-            if sims.i64[s, SM_HEAP_LEN] > 0 and rq.f64[sims.heap_q[base], RQF_READY_MS] <= now_ms:
-                due = True
-            if due and _admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms) > 0:
+            first_w = w0
+            if resume_w >= 0:
+                # continue the drive that a pass-log flush interrupted, as if no
+                # call boundary had been there
+                first_w = resume_w
+                resume_w = -1
                 changed = True
-            for w in range(w0, w1):
-                if wk.i64[w, WK_BUSY] != 0 or wk.i64[w, WK_STALLED] != 0 \
-                        or (wk.i64[w, WK_RUN_LEN] == 0 and wk.i64[w, WK_WAIT_LEN] == 0):
-                    continue
-                if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] >= log_rows:
-                    sims.now_ms[s] = now_ms
-                    sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
-                    return
-                end_ms, had_effect, arena_full = run_pass(
-                    cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
-                if arena_full:
-                    sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
-                    return
-                if had_effect:
+            else:
+                for w in range(w0, w1):
+                    if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] == now_ms:
+                        _complete_pass(rq, wk, sims, s, w)
+                        changed = True
+                # cheap due-check first: the admission step binds the whole state
+                due = False
+                base = sims.i64[s, SM_Q_OFF]
+                if sims.i64[s, SM_START_PTR] < sims.i64[s, SM_NUM_STARTS]:
+                    if sims.i64[s, SM_CONCURRENCY] > 0:
+                        due = sims.i64[s, SM_ACTIVE_SESSIONS] < sims.i64[s, SM_CONCURRENCY]
+                    else:
+                        due = rq.f64[sims.start_order[base + sims.i64[s, SM_START_PTR]],
+                                     RQF_START_MS] <= now_ms
+                if sims.i64[s, SM_HEAP_LEN] > 0 and rq.f64[sims.heap_q[base], RQF_READY_MS] <= now_ms:
+                    due = True
+                if due and _admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms) > 0:
+                    changed = True
+            # drive: a pass that ends at this instant completes inside the drive and
+            # its worker goes again before higher ids; arrivals it releases wait for
+            # the next iteration of the drain (the reference's order)
+            for w in range(first_w, w1):
+                while wk.i64[w, WK_BUSY] == 0 and wk.i64[w, WK_STALLED] == 0 \
+                        and (wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0):
+                    if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] >= log_rows:
+                        sims.now_ms[s] = now_ms
+                        sims.i64[s, SM_RESUME_WORKER] = w
+                        sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
+                        return
+                    end_ms, had_effect, arena_full = run_pass(
+                        cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
+                    if arena_full:
+                        sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                        return
+                    if not had_effect:
+                        # nothing can change for this worker until new work reaches it
+                        wk.i64[w, WK_STALLED] = 1
+                        break
+                    changed = True
                     wk.i64[w, WK_BUSY] = 1
                     wk.pass_end_ms[w] = end_ms
-                    changed = True
-                else:
-                    # nothing can change for this worker until new work reaches it
-                    wk.i64[w, WK_STALLED] = 1
+                    if end_ms == now_ms:
+                        _complete_pass(rq, wk, sims, s, w)
         if sims.i64[s, SM_NUM_TERMINAL] == sims.i64[s, SM_Q_LEN]:
             sims.now_ms[s] = now_ms
             sims.i64[s, SM_STATUS] = SIM_DONE

@@ -27,7 +27,7 @@ from .layout import (
     RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS, RQF_TERMINAL_MS, RQ_ADMISSIONS,
     RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FIRST_CACHED, RQ_GENERATED, RQ_LEASE_OFF,
     RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PREEMPTIONS, RQ_PROMPT_LEN,
-    RQ_SCHED_PREFIX, RQ_SCHED_PROMPT, RQ_SCHED_STAMP, RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS,
+    RQ_SCHED_PREFIX, RQ_SCHED_LEN, RQ_SCHED_PROMPT, RQ_SCHED_STAMP, RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS,
     RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_UUID, RS_DONE, RS_PREEMPTED,
     RS_RUNNING, RS_WAITING, SM_PASS_LOG_LEN, SM_W_OFF, TERM_COMPLETED, TERM_REJECTED,
     WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_WAIT_CAP,
@@ -289,6 +289,17 @@ def trt_blocks_to_finish(cfg, p, rq, w, q, active_cached):
     return max(0, to_completion - have)
 
 
+@njit(cache=True)
+def _finish(cfg, p, rq, wk, w, q):
+    """A request completes in this pass: lease back to the pool (tail first), onto
+    the worker's terminal list (visible at the pass end)."""
+    release_lease(cfg, p, rq, w, q)
+    rq.i64[q, RQ_STATUS] = RS_DONE
+    rq.i64[q, RQ_TERMINAL] = TERM_COMPLETED
+    rq.i64[q, RQ_TERM_NEXT] = wk.i64[w, WK_TERM_HEAD]
+    wk.i64[w, WK_TERM_HEAD] = q
+
+
 @njit(cache=True, inline="always")
 def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
     """Run one pass of worker ``w`` starting at ``now_ms``.
@@ -338,6 +349,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 rq_i[q, RQ_SCHED_TOKENS] = used
                 rq_i[q, RQ_SCHED_PROMPT] = 0
                 rq_i[q, RQ_SCHED_PREFIX] = prompt
+                rq_i[q, RQ_SCHED_LEN] = prompt + generated
                 rq_i[q, RQ_SCHED_TERMINAL] = 1 if _remaining(
                     rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit) <= 0 else 0
                 acc[0] -= used
@@ -425,45 +437,50 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                           cfg.f64[w, CFGF_DECODE_SPEEDUP_RATIO], n_decode, kv_sum, capacity * bs)
     end_ms = decode_start_ms + ns_to_ms(dc_ns)
 
-    # emit: terminal-without-token outputs and one token per ready request
+    # emit, in the reference's output order: first the requests whose generation was
+    # already complete (terminal without a token; their leases go back to the LRU
+    # first), then one token per ready request in running order
     n_tokens = 0
-    keep = 0
     token_stat = sims.token_stat
     token_hist = sims.token_hist
     run_gap_ms = 0.0  # current run of equal token gaps, folded when it ends
     run_count = 0
+    n_no_token = 0
     for j in range(n_run):
         q = run_q[off + j]
+        prompt = rq_i[q, RQ_PROMPT_LEN]
+        generated = rq_i[q, RQ_GENERATED]
+        if rq_i[q, RQ_NUM_COMPUTED] >= prompt + generated \
+                and _remaining(rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit) <= 0:
+            _finish(cfg, p, rq, wk, w, q)
+            n_no_token += 1
+    keep = 0
+    for j in range(n_run):
+        q = run_q[off + j]
+        if n_no_token > 0 and rq_i[q, RQ_STATUS] == RS_DONE:
+            continue
         done = False
         generated = rq_i[q, RQ_GENERATED]
         prompt = rq_i[q, RQ_PROMPT_LEN]
-        max_output = rq_i[q, RQ_MAX_OUTPUT]
         if rq_i[q, RQ_NUM_COMPUTED] >= prompt + generated:
-            if _remaining(max_output, generated, prompt, limit) <= 0:
-                done = True
+            g = generated + 1
+            rq_i[q, RQ_GENERATED] = g
+            n_tokens += 1
+            if g == 1:
+                rq_f[q, RQF_FIRST_TOKEN_MS] = end_ms
             else:
-                g = rq_i[q, RQ_GENERATED] + 1
-                rq_i[q, RQ_GENERATED] = g
-                n_tokens += 1
-                if g == 1:
-                    rq_f[q, RQF_FIRST_TOKEN_MS] = end_ms
-                else:
-                    if g == 2:
-                        rq_f[q, RQF_SECOND_TOKEN_MS] = end_ms
-                    gap_ms = end_ms - rq_f[q, RQF_LAST_TOKEN_MS]
-                    if gap_ms != run_gap_ms:
-                        fold_gap_run(token_stat, token_hist, s, run_gap_ms, run_count)
-                        run_gap_ms = gap_ms
-                        run_count = 0
-                    run_count += 1
-                rq_f[q, RQF_LAST_TOKEN_MS] = end_ms
-                done = _remaining(max_output, g, prompt, limit) <= 0
+                if g == 2:
+                    rq_f[q, RQF_SECOND_TOKEN_MS] = end_ms
+                gap_ms = end_ms - rq_f[q, RQF_LAST_TOKEN_MS]
+                if gap_ms != run_gap_ms:
+                    fold_gap_run(token_stat, token_hist, s, run_gap_ms, run_count)
+                    run_gap_ms = gap_ms
+                    run_count = 0
+                run_count += 1
+            rq_f[q, RQF_LAST_TOKEN_MS] = end_ms
+            done = _remaining(rq_i[q, RQ_MAX_OUTPUT], g, prompt, limit) <= 0
         if done:
-            release_lease(cfg, p, rq, w, q)
-            rq_i[q, RQ_STATUS] = RS_DONE
-            rq_i[q, RQ_TERMINAL] = TERM_COMPLETED
-            rq_i[q, RQ_TERM_NEXT] = wk.i64[w, WK_TERM_HEAD]
-            wk.i64[w, WK_TERM_HEAD] = q
+            _finish(cfg, p, rq, wk, w, q)
         else:
             run_q[off + keep] = q
             keep += 1
@@ -557,6 +574,7 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
     rq.i64[q, RQ_SCHED_TOKENS] = used
     rq.i64[q, RQ_SCHED_PROMPT] = prompt_tokens
     rq.i64[q, RQ_SCHED_PREFIX] = prompt_before
+    rq.i64[q, RQ_SCHED_LEN] = length
     rq.i64[q, RQ_SCHED_TERMINAL] = 1 if remaining_generation(cfg, rq, w, q) <= 0 else 0
     if prompt_tokens > 0 and not_decode:
         acc[1] += 1
@@ -605,7 +623,7 @@ def _log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens
                 pf_kv += rq.i64[q, RQ_SCHED_PREFIX]
             elif rq.i64[q, RQ_SCHED_TERMINAL] == 0:
                 n_dc += 1
-                dc_kv += rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_GENERATED] - 1
+                dc_kv += rq.i64[q, RQ_SCHED_LEN]
     q = wk.i64[w, WK_TERM_HEAD]
     while q >= 0:
         if rq.i64[q, RQ_SCHED_STAMP] == stamp and rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED:
@@ -615,7 +633,7 @@ def _log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens
                 pf_kv += rq.i64[q, RQ_SCHED_PREFIX]
             elif rq.i64[q, RQ_SCHED_TERMINAL] == 0:
                 n_dc += 1
-                dc_kv += rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_GENERATED] - 1
+                dc_kv += rq.i64[q, RQ_SCHED_LEN]
         q = rq.i64[q, RQ_TERM_NEXT]
     log[PL_WORKER] = w - sims.i64[s, SM_W_OFF]
     log[PL_START_MS] = start_ms

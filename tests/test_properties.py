@@ -1,0 +1,784 @@
+"""Randomized equivalence of the Numba kernels with the pure-Python oracle, pool
+invariants of the kernel state, and unit tests of the block pool kernels.
+
+Cases are small Mooncake-like traces (5-40 rows, short prompts sharing hash-id
+prefixes so prefix caching, duplicates and eviction all happen) on random rank
+configurations (pools tight enough to preempt, tiny token budgets, chunked
+prefill off, zero-duration fixed timing, closed loop, sessions). The oracle
+(tests/oracle.py) reproduces the reference goldens exactly, so any difference
+in a per-request record is a kernel bug unless the oracle is shown wrong.
+
+A failing example is printed by hypothesis as a ``Case`` whose repr holds the
+trace rows and the execution payload: write the rows to a .jsonl file and feed
+both to ``oracle.run`` and ``aisim_fast`` to reproduce.
+
+AISIM_PROPERTY_EXAMPLES scales the number of examples (default 1.0 = the CI
+budget; e.g. 20 for a long soak); AISIM_PROPERTY_SHRINK=0 skips shrinking.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from aisim_fast.config import parse_payload
+from aisim_fast.kernels import layout as L
+from aisim_fast.kernels import debug as D
+from aisim_fast.kernels.block_pool import (
+    _evict_head, cache_copy, num_active, num_free, pool_reset, release_ref, reserve, table_find,
+)
+from aisim_fast.kernels.replay_loop import replay_batch
+from aisim_fast.kernels.vllm_pass import release_lease
+from aisim_fast.replay import (
+    DEFAULT_PASS_LOG_ROWS, Simulation, SimulationError, _request_frame, build_state, run_batch,
+    simulation_from_setup,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import oracle  # noqa: E402
+
+SCALE = float(os.environ.get("AISIM_PROPERTY_EXAMPLES", "1"))
+
+
+def _examples(n):
+    return max(1, int(n * SCALE))
+
+
+# status code -> constant name of kernels.debug, for readable assertion messages
+CODE_NAMES = {v: k for k, v in vars(D).items()
+              if k.isupper() and isinstance(v, int)
+              and k.split("_")[0] in ("OK", "POOL", "DRAIN", "LEASE")}
+
+
+def describe(code):
+    return CODE_NAMES.get(int(code), "UNKNOWN_%d" % int(code))
+
+
+# Shrinking a failure can take hypothesis' full five-minute budget (each step replays
+# the oracle); AISIM_PROPERTY_SHRINK=0 reports the first failing example instead.
+_PHASES = tuple(p for p in Phase
+                if p != Phase.shrink or os.environ.get("AISIM_PROPERTY_SHRINK", "1") != "0")
+SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), print_blob=True,
+                phases=_PHASES)
+
+# Per-request columns the kernel must reproduce exactly (None/NaN = no value).
+RECORD_COLUMNS = ("arrival_ms", "first_admit_ms", "first_token_ms", "second_token_ms",
+                  "last_token_ms", "completion_ms", "output_tokens", "cached_tokens",
+                  "first_admission_cached_tokens", "admission_count", "worker",
+                  "terminal_status")
+PASS_COLUMNS = ("worker", "start_ms", "end_ms", "num_prefill_requests", "sum_prefill_tokens",
+                "sum_prefill_kv_tokens", "num_decode_requests", "sum_decode_kv_tokens")
+
+
+# ------------------------------------------------------------------------------------------------
+# random cases
+# ------------------------------------------------------------------------------------------------
+class Case:
+    """Trace rows plus a reference execution payload; repr is a ready reproducer."""
+
+    def __init__(self, rows, spec):
+        self.rows = rows
+        self.spec = spec
+
+    @property
+    def rank(self):
+        return self.spec["spec"]["engine"]["rank"]
+
+    def __repr__(self):
+        lines = ["Case(rows=["]
+        lines += ["  %s," % json.dumps(r) for r in self.rows]
+        lines.append("], spec=%s)" % json.dumps(self.spec))
+        return "\n".join(lines)
+
+
+def make_spec(rank, workers=1, concurrency=0, trace_block_size=512, speedup=1.0):
+    traffic = {"source_type": "trace", "load_type": "trace_timestamps",
+               "trace_format": "mooncake", "trace_block_size": trace_block_size,
+               "arrival_speedup_ratio": speedup}
+    if concurrency:
+        traffic["load_type"] = "concurrency"
+        traffic["replay_concurrency"] = concurrency
+    return {"spec": {"version": 1,
+                     "topology": {"kind": "aggregated",
+                                  "workers": {"initial_workers": workers,
+                                              "startup_delay_ms": 0.0}},
+                     "engine": {"dp_size": 1, "rank": rank}},
+            "traffic": traffic}
+
+
+@st.composite
+def cases(draw, max_rows=40):
+    tbs = draw(st.sampled_from([4, 8, 16, 32, 64]))
+    n = draw(st.integers(5, max_rows))
+    n_families = draw(st.integers(1, 4))
+    sessions = draw(st.booleans()) and draw(st.booleans())
+    n_sessions = draw(st.integers(1, max(1, n // 2))) if sessions else 0
+    rows = []
+    t = 0.0
+    fresh = 0
+    seen_session = set()
+    last_ids = {}
+    for i in range(n):
+        prompt = draw(st.integers(1, 400))
+        n_ids = -(-prompt // tbs)
+        # a shared family prefix, then ids private to this row (occasionally from a
+        # small common pool, so non-prefix collisions happen too)
+        family = draw(st.integers(0, n_families - 1))
+        shared = draw(st.integers(0, n_ids))
+        ids = [1000 * (family + 1) + j for j in range(shared)]
+        sid = draw(st.integers(0, n_sessions - 1)) if sessions else None
+        if sid in last_ids and draw(st.booleans()):
+            # a conversation: the next turn's prompt extends the previous one's
+            ids = last_ids[sid][:n_ids]
+        for _ in range(n_ids - len(ids)):
+            if draw(st.integers(0, 9)) == 0:
+                ids.append(draw(st.integers(1, 5)))
+            else:
+                fresh += 1
+                ids.append(10 ** 6 + fresh)
+        row = {"input_length": prompt, "output_length": draw(st.integers(0, 40)),
+               "hash_ids": ids}
+        if sessions:
+            last_ids[sid] = ids
+            row["session_id"] = "s%02d" % sid
+            if sid in seen_session:
+                # a later turn: released this long after the previous turn ends
+                row["delay"] = draw(st.sampled_from([0, 0, 1, 7.5, 40]))
+            else:
+                seen_session.add(sid)
+                t += draw(st.sampled_from([0, 0, 0, 1, 3, 10.25, 50]))
+                row["timestamp"] = t
+        else:
+            t += draw(st.sampled_from([0, 0, 0, 1, 3, 10.25, 50]))
+            row["timestamp"] = t
+        rows.append(row)
+
+    backend = draw(st.sampled_from(["vllm", "trtllm"]))
+    bs = draw(st.integers(2, 64))
+    chunked = draw(st.booleans())
+    need = max(-(-(r["input_length"] + r["output_length"]) // bs) for r in rows)
+    max_prompt = max(r["input_length"] for r in rows)
+    pool_mode = draw(st.sampled_from(["fits", "fits", "tight", "roomy", "short"]))
+    if pool_mode == "fits":
+        blocks = need + draw(st.integers(0, 2))
+    elif pool_mode == "tight":
+        blocks = need + draw(st.integers(0, need))
+    elif pool_mode == "roomy":
+        blocks = need * draw(st.integers(2, 6))
+    else:
+        # below the largest request: rejections, dead ends (both sides must agree)
+        blocks = draw(st.integers(1, need))
+    budget = draw(st.integers(16, 512))
+    if not chunked and draw(st.booleans()):
+        budget = max(budget, max_prompt)  # mostly live without chunking
+    rank = {
+        "backend": backend, "block_size": bs, "num_gpu_blocks": blocks,
+        "max_num_seqs": draw(st.integers(1, 8)),
+        "max_num_batched_tokens": budget,
+        "enable_prefix_caching": draw(st.booleans()) or draw(st.booleans()),
+        "enable_chunked_prefill": chunked,
+        "preemption_mode": draw(st.sampled_from(["lifo", "fifo"])),
+    }
+    if draw(st.booleans()):
+        rank["timing_model"] = {"type": "polynomial"}
+    else:
+        # zero durations included: passes that end in the instant they start
+        rank["timing_model"] = {"type": "fixed",
+                                "prefill_ms": draw(st.sampled_from([0.0, 1.0, 2.5, 20.0])),
+                                "decode_ms": draw(st.sampled_from([0.0, 0.5, 5.0]))}
+    if draw(st.integers(0, 4)) == 0:
+        rank["speedup_ratio"] = draw(st.sampled_from([0.5, 1.7, 3.0]))
+    if draw(st.integers(0, 4)) == 0:
+        rank["decode_speedup_ratio"] = draw(st.sampled_from([0.8, 2.0]))
+    if draw(st.integers(0, 5)) == 0:
+        rank["max_model_len"] = draw(st.integers(8, 450))
+    workers = draw(st.integers(1, 3))
+    concurrency = draw(st.integers(1, 4)) if draw(st.integers(0, 2)) == 0 else 0
+    speedup = draw(st.sampled_from([1.0, 1.0, 1.0, 2.0, 0.5]))
+    return Case(rows, make_spec(rank, workers, concurrency, tbs, speedup))
+
+
+# ------------------------------------------------------------------------------------------------
+# running both sides
+# ------------------------------------------------------------------------------------------------
+def write_trace(rows, directory):
+    path = os.path.join(directory, "trace.jsonl")
+    with open(path, "w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    return path
+
+
+def run_oracle(case, path):
+    """("ok", records, passes) or ("dead_end", message, None)."""
+    try:
+        records, passes = oracle.run(case.spec, path)
+    except RuntimeError as exc:
+        if "dead end" in str(exc):
+            return "dead_end", str(exc), None
+        raise
+    return "ok", records, passes
+
+
+def kernel_simulation(case, path) -> Simulation:
+    return simulation_from_setup(parse_payload(case.spec, trace_override=path))
+
+
+def run_kernel(case, path):
+    """("ok", requests frame, passes frame) or ("dead_end", message, None)."""
+    try:
+        res = run_batch([kernel_simulation(case, path)])
+    except SimulationError as exc:
+        return "dead_end", str(exc), None
+    return "ok", res.requests[0], res.passes[0]
+
+
+def _value(v):
+    """Comparable cell: None for missing, plain int / float / str otherwise."""
+    if v is None:
+        return None
+    if isinstance(v, (float, np.floating)):
+        return None if math.isnan(v) else float(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    return v
+
+
+def record_differences(records, frame):
+    """[(key, column, oracle value, kernel value)] and the keys present on one side only."""
+    want = {(r["request_id"], int(r["turn_index"])): r for r in records}
+    got = {(r["request_id"], int(r["turn_index"])): r for r in frame.to_dict("records")}
+    diffs = []
+    for key in sorted(set(want) | set(got)):
+        if key not in want or key not in got:
+            diffs.append((key, "<presence>", key in want, key in got))
+            continue
+        for col in RECORD_COLUMNS:
+            a, b = _value(want[key][col]), _value(got[key][col])
+            if a != b:
+                diffs.append((key, col, a, b))
+    return diffs
+
+
+def pass_rows_oracle(passes):
+    return [tuple(_value(p[c]) for c in PASS_COLUMNS) for p in passes]
+
+
+def pass_rows_kernel(frame):
+    rows = frame[list(PASS_COLUMNS)].itertuples(index=False)
+    return [tuple(_value(v) for v in row) for row in rows]
+
+
+def check_case_against_oracle(case):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_trace(case.rows, tmp)
+        want = run_oracle(case, path)
+        got = run_kernel(case, path)
+    assert want[0] == got[0], "dead-end disagreement: oracle %s, kernel %s" % (
+        want[0] if want[0] == "ok" else want[1], got[0] if got[0] == "ok" else got[1])
+    if want[0] == "dead_end":
+        return
+    _, records, passes = want
+    _, frame, kpasses = got
+    diffs = record_differences(records, frame)
+    assert not diffs, "%d record differences (key, column, oracle, kernel), first: %s" % (
+        len(diffs), diffs[:6])
+    # the forward passes themselves: same passes, same times, same FPM counters
+    a, b = pass_rows_oracle(passes), pass_rows_kernel(kpasses)
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    assert a == b, "pass logs differ at pass %d (of %d oracle / %d kernel): oracle %s kernel %s" % (
+        first, len(a), len(b), a[first:first + 2], b[first:first + 2])
+
+
+# ------------------------------------------------------------------------------------------------
+# kernel state, driven directly (the driver's loop without dropping the state)
+# ------------------------------------------------------------------------------------------------
+def run_state(sims, per_pass_check=None, pass_log_rows=DEFAULT_PASS_LOG_ROWS):
+    """Run a batch to completion on a kept state. With ``per_pass_check`` the pass log
+    has one row, so the kernel stops before every pass after the first and the check
+    sees the state between passes. Returns the final state tuple or "dead_end"."""
+    if per_pass_check is not None:
+        pass_log_rows = 1
+    state = build_state(sims, pass_log_rows)
+    cfg, pool, rq, wl, wk, st_, max_lease, max_bs = state
+    ids = np.arange(len(sims), dtype=np.int64)
+    while True:
+        replay_batch(cfg, pool, rq, wl, wk, st_, ids, max_lease, max_bs)
+        st_.i64[:, L.SM_PASS_LOG_LEN] = 0
+        status = st_.i64[:, L.SM_STATUS]
+        if np.any(status == L.SIM_ARENA_FULL):
+            # same recovery as run_batch: the arena estimate was too small
+            sims = [Simulation(s.workload, s.rank, s.workers, s.concurrency,
+                               arena_blocks=s.rank.num_gpu_blocks) for s in sims]
+            return run_state(sims, per_pass_check, pass_log_rows)
+        if per_pass_check is not None:
+            per_pass_check(state)
+        if np.any(status == L.SIM_DEAD_END):
+            return "dead_end"
+        if np.all(status == L.SIM_DONE):
+            return sims, state
+
+
+def pool_codes(state):
+    """{worker: nonzero check_pool code} over every worker of the state."""
+    cfg, pool = state[0], state[1]
+    out = {}
+    for w in range(pool.w64.shape[0]):
+        code = D.check_pool(pool, w, cfg.i64[w, L.CFG_NUM_GPU_BLOCKS])
+        if code:
+            out[w] = describe(code)
+    return out
+
+
+def lease_codes(state):
+    cfg, pool, rq, _, wk, sims = state[:6]
+    out = {}
+    for s in range(sims.i64.shape[0]):
+        q0, nq = sims.i64[s, L.SM_Q_OFF], sims.i64[s, L.SM_Q_LEN]
+        w0, nw = sims.i64[s, L.SM_W_OFF], sims.i64[s, L.SM_W_LEN]
+        for w in range(w0, w0 + nw):
+            code = D.check_leases(pool, rq, w, q0, q0 + nq, cfg.i64[w, L.CFG_BLOCK_SIZE])
+            if code:
+                out[w] = describe(code)
+    return out
+
+
+def drained_codes(state):
+    pool = state[1]
+    out = {}
+    for w in range(pool.w64.shape[0]):
+        code = D.check_drained(pool, w)
+        if code:
+            out[w] = describe(code)
+    return out
+
+
+def frames_of(sims, state):
+    rq, sm = state[2], state[5]
+    return [_request_frame(sim, rq, int(sm.i64[s, L.SM_Q_OFF]), int(sm.i64[s, L.SM_W_OFF]))
+            for s, sim in enumerate(sims)]
+
+
+# ------------------------------------------------------------------------------------------------
+# properties
+# ------------------------------------------------------------------------------------------------
+@settings(max_examples=_examples(300), **SETTINGS)
+@given(cases())
+def test_kernel_matches_oracle(case):
+    check_case_against_oracle(case)
+
+
+@settings(max_examples=_examples(50), **SETTINGS)
+@given(cases(max_rows=25))
+def test_pool_invariants_between_passes(case):
+    """Pool and lease invariants hold between every two passes, the pool is drained
+    at the end, and stopping before every pass does not change the run."""
+    failures = []
+
+    def check(state):
+        for what, codes in (("pool", pool_codes(state)), ("lease", lease_codes(state))):
+            if codes:
+                failures.append((what, codes))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_trace(case.rows, tmp)
+        sim = kernel_simulation(case, path)
+        out = run_state([sim], per_pass_check=check)
+        assert not failures, "invariant violations: %s" % failures[:3]
+        try:
+            ref = run_batch([sim])
+        except SimulationError:
+            assert out == "dead_end"
+            return
+    assert out != "dead_end", "stepwise run dead-ended, run_batch completed"
+    sims, state = out
+    assert not pool_codes(state)
+    assert not drained_codes(state), drained_codes(state)
+    pd.testing.assert_frame_equal(frames_of(sims, state)[0], ref.requests[0], check_exact=True)
+
+
+@settings(max_examples=_examples(20), **SETTINGS)
+@given(st.lists(cases(max_rows=20), min_size=2, max_size=4))
+def test_batch_final_state(batch):
+    """A batch of random simulations: every worker's pool is consistent and drained at
+    the end, and each simulation's records equal its solo run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sims = []
+        for i, case in enumerate(batch):
+            sub = os.path.join(tmp, str(i))
+            os.mkdir(sub)
+            sims.append(kernel_simulation(case, write_trace(case.rows, sub)))
+        solos = []
+        for sim in sims:
+            try:
+                solos.append(run_batch([sim]).requests[0])
+            except SimulationError:
+                solos.append(None)
+    live = [sim for sim, solo in zip(sims, solos) if solo is not None]
+    expected = [solo for solo in solos if solo is not None]
+    if not live:
+        return
+    out = run_state(live)
+    assert out != "dead_end"
+    live, state = out
+    assert not pool_codes(state), pool_codes(state)
+    assert not drained_codes(state), drained_codes(state)
+    assert not lease_codes(state), lease_codes(state)
+    for got, want in zip(frames_of(live, state), expected):
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+# Minimal cases found by the properties above, kept as fast deterministic regressions.
+REGRESSIONS = {
+    # A zero-duration pass (fixed prefill 0 ms, first tokens are free) ends A's turn 0.
+    # The reference completes it inside the drive step and keeps driving: worker 0 starts
+    # B's 5 ms decode pass before admission runs, so A's turn 1 (delay 0) arrives at 0
+    # but is admitted at 5 and emits at 10. Admitting it into the 0 ms pass is wrong.
+    "zero_duration_pass_then_next_turn": Case(
+        [{"session_id": "A", "timestamp": 0, "input_length": 4, "output_length": 1,
+          "hash_ids": [1]},
+         {"session_id": "B", "timestamp": 0, "input_length": 4, "output_length": 3,
+          "hash_ids": [3]},
+         {"session_id": "A", "delay": 0, "input_length": 4, "output_length": 1,
+          "hash_ids": [2]}],
+        make_spec({"backend": "vllm", "block_size": 4, "num_gpu_blocks": 64,
+                   "timing_model": {"type": "fixed", "prefill_ms": 0.0, "decode_ms": 5.0}},
+                  workers=1, trace_block_size=4)),
+    # Two workers with chains of zero-duration passes at t = 0: the reference drives the
+    # lowest idle worker again after each zero-duration pass (0, 0, 0, 1, 1), it does not
+    # alternate (0, 1, 0, 1, 0). Visible in the pass log order. Closed loop (all five
+    # sessions at once), so the driver cannot split the workers into separate runs.
+    "zero_duration_pass_order": Case(
+        [{"timestamp": 0, "input_length": 1, "output_length": 0, "hash_ids": [h]}
+         for h in (1, 2, 2, 2, 2)],
+        make_spec({"backend": "vllm", "block_size": 2, "num_gpu_blocks": 1, "max_num_seqs": 2,
+                   "max_num_batched_tokens": 16, "enable_prefix_caching": False,
+                   "timing_model": {"type": "fixed", "prefill_ms": 0.0, "decode_ms": 0.5}},
+                  workers=2, concurrency=5, trace_block_size=4)),
+    # Requests 1 (emits its only token) and 2 (no output) both end in the pass at 0-1 ms.
+    # The reference releases the no-token terminal first, so the LRU holds 2's blocks
+    # before 1's; request 3 evicts two blocks (2's), and request 4 reuses 1's prefix:
+    # cached_tokens 8. Releasing in running-list order evicts 1's blocks instead (0).
+    "no_token_terminals_release_first": Case(
+        [{"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [1, 2]},
+         {"timestamp": 0, "input_length": 8, "output_length": 0, "hash_ids": [3, 4]},
+         {"timestamp": 10, "input_length": 8, "output_length": 0, "hash_ids": [5, 6]},
+         {"timestamp": 20, "input_length": 12, "output_length": 1, "hash_ids": [1, 2, 7]}],
+        make_spec({"backend": "vllm", "block_size": 4, "num_gpu_blocks": 4,
+                   "timing_model": {"type": "fixed", "prefill_ms": 1.0, "decode_ms": 1.0}},
+                  workers=1, trace_block_size=4)),
+    # Request 2 is preempted at 9 ms with 5 tokens generated and recomputes 9 tokens
+    # with a 4-token budget. The chunk [4, 8) lies past the prompt (an FPM "decode"
+    # entry) but emits no token (a zero-duration pass at 15 ms): its
+    # sum_decode_kv_tokens is the scheduled sequence length, 9. Only the pass log
+    # is affected (the kernel logs prompt + generated - 1 = 8).
+    "recompute_chunk_decode_kv": Case(
+        [{"timestamp": 0, "input_length": 4, "output_length": 12, "hash_ids": [1]},
+         {"timestamp": 0, "input_length": 4, "output_length": 12, "hash_ids": [2]}],
+        make_spec({"backend": "vllm", "block_size": 4, "num_gpu_blocks": 5,
+                   "max_num_batched_tokens": 4, "enable_prefix_caching": False,
+                   "timing_model": {"type": "fixed", "prefill_ms": 1.0, "decode_ms": 1.0}},
+                  workers=1, trace_block_size=4)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+def test_regression_cases(name):
+    check_case_against_oracle(REGRESSIONS[name])
+
+
+def test_zero_duration_pass_expected_values():
+    """The reference timeline of the first regression, spelled out."""
+    case = REGRESSIONS["zero_duration_pass_then_next_turn"]
+    with tempfile.TemporaryDirectory() as tmp:
+        status, frame, _ = run_kernel(case, write_trace(case.rows, tmp))
+    assert status == "ok"
+    row = frame.set_index(["request_id", "turn_index"]).loc[("A", 1)]
+    assert (row["arrival_ms"], row["first_admit_ms"], row["first_token_ms"]) == (0.0, 5.0, 10.0)
+
+
+@settings(max_examples=_examples(25), **SETTINGS)
+@given(cases(max_rows=20))
+def test_arena_overflow_rerun_is_transparent(case):
+    """A one-slot arena overflows at the first multi-block allocation; the driver must
+    rerun with the full pool and produce exactly the normal result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = kernel_simulation(case, write_trace(case.rows, tmp))
+        tiny = Simulation(sim.workload, sim.rank, sim.workers, sim.concurrency, arena_blocks=1)
+        try:
+            want = run_batch([sim])
+        except SimulationError:
+            with pytest.raises(SimulationError):
+                run_batch([tiny])
+            return
+        got = run_batch([tiny])
+    pd.testing.assert_frame_equal(got.requests[0], want.requests[0], check_exact=True)
+    pd.testing.assert_frame_equal(got.passes[0], want.passes[0], check_exact=True)
+
+
+def test_pass_log_flush_between_zero_duration_passes():
+    """A full pass log pauses the kernel before a pass starts; resuming must continue
+    the paused drive, not restart the instant (completing the zero-duration passes
+    and admitting arrivals before the next worker's pass). Closed loop, two workers,
+    zero-duration passes: stopping before every pass must not change the schedule."""
+    rows = [{"input_length": 1, "output_length": o, "hash_ids": [1000], "timestamp": 0.0}
+            for o in (0, 0, 0, 0, 0, 3, 0, 0, 0, 2)]
+    case = Case(rows, make_spec(
+        {"backend": "vllm", "block_size": 2, "num_gpu_blocks": 2, "max_num_seqs": 2,
+         "max_num_batched_tokens": 16, "enable_prefix_caching": False,
+         "timing_model": {"type": "fixed", "prefill_ms": 0.0, "decode_ms": 0.0}},
+        workers=2, concurrency=2, trace_block_size=4))
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = kernel_simulation(case, write_trace(case.rows, tmp))
+        want = run_batch([sim])
+        got = run_batch([sim], pass_log_rows=1)
+    pd.testing.assert_frame_equal(got.requests[0], want.requests[0], check_exact=True)
+    pd.testing.assert_frame_equal(got.passes[0], want.passes[0], check_exact=True)
+
+
+def test_dead_end_agreement_example():
+    """A request whose prompt fits but whose output outgrows the pool: vLLM admits it,
+    preempts it and can never re-admit it; both sides stop with a dead end."""
+    case = Case([{"timestamp": 0, "input_length": 300, "output_length": 200, "hash_ids": [1]}],
+                make_spec({"backend": "vllm", "num_gpu_blocks": 6}))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_trace(case.rows, tmp)
+        assert run_oracle(case, path)[0] == "dead_end"
+        assert run_kernel(case, path)[0] == "dead_end"
+
+
+# ------------------------------------------------------------------------------------------------
+# block pool kernels on a hand-built pool
+# ------------------------------------------------------------------------------------------------
+def make_pool(arena, tab_size=16, workers=1):
+    """Pools laid out as replay.build_state does, ``arena`` slots per worker."""
+    w64 = np.zeros((workers, L.PW_FIELDS), np.int64)
+    w64[:, L.PW_BLK_OFF] = np.arange(workers) * arena
+    w64[:, L.PW_BLK_LEN] = arena
+    w64[:, L.PW_TAB_OFF] = np.arange(workers) * tab_size
+    w64[:, L.PW_TAB_MASK] = tab_size - 1
+    pool = L.Pool(w64=w64, b32=np.zeros((arena * workers, L.PB_FIELDS), np.int32),
+                  blk_hash=np.zeros(arena * workers, np.uint64),
+                  tab=np.empty(tab_size * workers, np.int32))
+    for w in range(workers):
+        pool_reset(pool, w)
+    return pool
+
+
+def take(pool, capacity, n, hits=(), w=0):
+    """reserve() n fresh copies (plus hits); returns (status, fresh copies)."""
+    h = np.array(list(hits) + [0], np.int32)
+    out = np.full(max(n, 1), -1, np.int32)
+    res = reserve(pool, w, capacity, h, len(hits), n, out)
+    return res, [int(b) for b in out[:n]]
+
+
+def lru(pool, w=0):
+    out = []
+    b = pool.w64[w, L.PW_LRU_HEAD]
+    while b != L.NO_BLOCK:
+        out.append(int(b))
+        b = pool.b32[b, L.PB_NEXT]
+    return out
+
+
+def ok(pool, capacity, w=0):
+    code = D.check_pool(pool, w, capacity)
+    assert code == 0, describe(code)
+
+
+def u64(x):
+    return np.uint64(x)
+
+
+def lease_state(blocks, bs, capacity, worker=0):
+    """cfg and rq for one request (q = 0) holding ``blocks`` as its lease."""
+    cfg_i = np.zeros((worker + 1, L.CFG_I_FIELDS), np.int64)
+    cfg_i[:, L.CFG_BLOCK_SIZE] = bs
+    cfg_i[:, L.CFG_NUM_GPU_BLOCKS] = capacity
+    cfg = L.RankConfig(i64=cfg_i, f64=np.zeros((worker + 1, L.CFG_F_FIELDS)))
+    rq_i = np.zeros((1, L.RQ_I_FIELDS), np.int64)
+    rq_i[0, L.RQ_PROMPT_LEN] = len(blocks) * bs
+    rq_i[0, L.RQ_ALLOCATED] = len(blocks) * bs
+    rq_i[0, L.RQ_NUM_COMPUTED] = len(blocks) * bs
+    rq_i[0, L.RQ_NUM_HASHED] = len(blocks)
+    rq_i[0, L.RQ_WORKER] = worker
+    lease = np.array(blocks, np.int32)
+    rq = L.Requests(i64=rq_i, f64=np.zeros((1, L.RQ_F_FIELDS)), lease=lease,
+                    seq_hash=np.zeros(len(blocks), np.uint64))
+    return cfg, rq
+
+
+def test_pool_reserve_and_release_leaf_first():
+    """A released lease enters the LRU tail first, so eviction takes a request's leaf
+    before its parents and a shorter shared prefix survives."""
+    cap = 6
+    pool = make_pool(cap)
+    res, blocks = take(pool, cap, 3)
+    assert res == 1 and len(set(blocks)) == 3
+    for i, b in enumerate(blocks):
+        assert cache_copy(pool, 0, np.int32(b), u64(100 + i))
+    cfg, rq = lease_state(blocks, 4, cap)
+    rq.seq_hash[:] = [100, 101, 102]
+    assert D.check_leases(pool, rq, 0, 0, 1, 4) == 0
+    ok(pool, cap)
+    release_lease(cfg, pool, rq, 0, 0)
+    assert rq.i64[0, L.RQ_ALLOCATED] == 0 and np.all(rq.lease == L.NO_BLOCK)
+    assert lru(pool) == blocks[::-1]
+    ok(pool, cap)
+    assert D.check_drained(pool, 0) == 0
+    # 3 free + 4 needed: exactly one eviction, the leaf (hash 102)
+    res, _ = take(pool, cap, 4)
+    assert res == 1
+    assert table_find(pool, 0, u64(102)) == L.NO_BLOCK
+    assert table_find(pool, 0, u64(101)) == blocks[1]
+    assert table_find(pool, 0, u64(100)) == blocks[0]
+    assert lru(pool) == [blocks[1], blocks[0]]
+    ok(pool, cap)
+    assert D.check_drained(pool, 0) == D.DRAIN_PRIVATE
+
+
+def test_pool_reserve_is_atomic_and_counts_inactive_hits():
+    """A hit that sits in the LRU is pinned by the reservation, so it cannot also be
+    evicted for it; an infeasible reservation changes nothing."""
+    cap = 3
+    pool = make_pool(cap)
+    res, blocks = take(pool, cap, 3)
+    for i, b in enumerate(blocks):
+        cache_copy(pool, 0, np.int32(b), u64(7 + i))
+    for b in blocks:
+        release_ref(pool, 0, np.int32(b))
+    assert len(lru(pool)) == 3 and num_free(pool, 0, cap) == 0
+    before = (pool.w64.copy(), pool.b32.copy(), pool.tab.copy())
+    # hit on block 0 + 3 fresh: 3 evictions needed, only 2 evictable
+    res, _ = take(pool, cap, 3, hits=[blocks[0]])
+    assert res == 0
+    assert all(np.array_equal(x, y) for x, y in zip(before, (pool.w64, pool.b32, pool.tab)))
+    res, fresh = take(pool, cap, 2, hits=[blocks[0]])
+    assert res == 1
+    assert pool.b32[blocks[0], L.PB_REF] == 1
+    assert table_find(pool, 0, u64(7)) == blocks[0]
+    assert num_active(pool, 0) == 3 and lru(pool) == []
+    ok(pool, cap)
+
+
+def test_pool_duplicate_copies_and_last_copy_eviction():
+    """Two requests computing the same block make two copies of one hash: the first is
+    the primary, the second a duplicate; evicting a copy reports the hash as removed
+    only with its last copy, and the oldest duplicate is promoted."""
+    cap = 4
+    pool = make_pool(cap)
+    _, (a,) = take(pool, cap, 1)
+    _, (b,) = take(pool, cap, 1)
+    _, (c,) = take(pool, cap, 1)
+    assert cache_copy(pool, 0, np.int32(a), u64(42))
+    assert not cache_copy(pool, 0, np.int32(b), u64(42))
+    assert not cache_copy(pool, 0, np.int32(c), u64(42))
+    assert table_find(pool, 0, u64(42)) == a
+    assert pool.b32[a, L.PB_DUP] == b and pool.b32[b, L.PB_DUP] == c
+    assert pool.b32[a, L.PB_DUP_TAIL] == c
+    ok(pool, cap)
+    # release the middle duplicate first, then the primary, then the newest
+    for blk in (b, a, c):
+        release_ref(pool, 0, np.int32(blk))
+    ok(pool, cap)
+    assert lru(pool) == [b, a, c]
+    assert not _evict_head(pool, 0)           # b: a duplicate, hash still resident
+    assert table_find(pool, 0, u64(42)) == a and pool.b32[a, L.PB_DUP] == c
+    ok(pool, cap)
+    assert not _evict_head(pool, 0)           # a: the primary, c is promoted
+    assert table_find(pool, 0, u64(42)) == c
+    ok(pool, cap)
+    assert _evict_head(pool, 0)               # c: the last copy
+    assert table_find(pool, 0, u64(42)) == L.NO_BLOCK
+    ok(pool, cap)
+    assert pool.w64[0, L.PW_NUM_COPIES] == 0 and num_free(pool, 0, cap) == cap
+
+
+def test_pool_table_deletion_keeps_probe_clusters():
+    """Hashes below 2**29 land on slot ``h & mask``: several on one home slot form a
+    probe cluster; deleting from its middle must keep the rest findable."""
+    cap = 8
+    pool = make_pool(cap, tab_size=16)
+    hashes = [3, 19, 35, 4, 51, 20]   # homes 3, 3, 3, 4, 3, 4
+    res, blocks = take(pool, cap, len(hashes))
+    for b, h in zip(blocks, hashes):
+        cache_copy(pool, 0, np.int32(b), u64(h))
+    ok(pool, cap)
+    for b in blocks:
+        release_ref(pool, 0, np.int32(b))
+    for i in range(len(hashes)):
+        evicted = lru(pool)[0]
+        assert _evict_head(pool, 0)
+        ok(pool, cap)
+        for b, h in zip(blocks[i + 1:], hashes[i + 1:]):
+            assert table_find(pool, 0, u64(h)) == b
+        assert table_find(pool, 0, pool.blk_hash[evicted]) in (L.NO_BLOCK,)
+    assert np.all(pool.tab == L.NO_BLOCK)
+
+
+def test_pool_arena_exhaustion_is_reported():
+    """Capacity larger than the arena: reserve reports -1 when slots run out."""
+    pool = make_pool(2)
+    res, _ = take(pool, 10, 3)
+    assert res == -1
+
+
+def test_pool_checks_detect_corruption():
+    """Each check names the invariant a deliberate corruption breaks."""
+    cap = 4
+
+    def cached_pool():
+        pool = make_pool(cap)
+        _, blocks = take(pool, cap, 3)
+        for i, b in enumerate(blocks):
+            cache_copy(pool, 0, np.int32(b), u64(11 + i))
+        release_ref(pool, 0, np.int32(blocks[2]))
+        ok(pool, cap)
+        return pool, blocks
+
+    pool, blocks = cached_pool()
+    assert D.check_pool(pool, 0, 2) == D.POOL_CONSERVATION
+    pool.w64[0, L.PW_FREE_TOP] += 1
+    assert D.check_pool(pool, 0, cap) == D.POOL_ARENA
+    pool, blocks = cached_pool()
+    pool.b32[blocks[0], L.PB_REF] = -1
+    assert D.check_pool(pool, 0, cap) == D.POOL_NEGATIVE_COUNT
+    pool, blocks = cached_pool()
+    pool.b32[blocks[0], L.PB_REF] = 0         # unreferenced but not in the LRU
+    assert D.check_pool(pool, 0, cap) == D.POOL_LRU_MEMBERSHIP
+    pool, blocks = cached_pool()
+    pool.w64[0, L.PW_LRU_LEN] = 2
+    assert D.check_pool(pool, 0, cap) == D.POOL_LRU_LINKS
+    pool, blocks = cached_pool()
+    pool.blk_hash[blocks[1]] = u64(11)        # same key twice in the table
+    assert D.check_pool(pool, 0, cap) in (D.POOL_TABLE_DUPLICATE, D.POOL_TABLE_PROBE)
+    pool, blocks = cached_pool()
+    pool.b32[blocks[0], L.PB_CACHED] = 0      # a private copy left in the table
+    assert D.check_pool(pool, 0, cap) == D.POOL_TABLE_ENTRY
+    pool, blocks = cached_pool()
+    t = int(np.flatnonzero(pool.tab == blocks[1])[0])
+    pool.tab[t] = L.NO_BLOCK                  # a cached copy nobody can find
+    assert D.check_pool(pool, 0, cap) == D.POOL_UNREACHABLE
+    pool, blocks = cached_pool()
+    pool.b32[blocks[0], L.PB_DUP_TAIL] = blocks[1]
+    assert D.check_pool(pool, 0, cap) == D.POOL_DUP_CHAIN
+    pool, blocks = cached_pool()
+    assert D.check_drained(pool, 0) == D.DRAIN_REFERENCED
+    # a lease that claims a block its refs do not account for
+    pool, blocks = cached_pool()
+    cfg, rq = lease_state(blocks[:1], 4, cap)
+    rq.seq_hash[0] = 11
+    assert D.check_leases(pool, rq, 0, 0, 1, 4) == D.LEASE_REFS  # blocks[1] unheld
+    rq.seq_hash[0] = 12
+    assert D.check_request(pool, rq, 0, 4) == D.LEASE_HASH
