@@ -57,7 +57,7 @@ LEASE_SHAPE = 31           # entries [0, ceil(allocated/bs)) not all set, or a s
 LEASE_BAD_BLOCK = 32       # a lease entry outside the worker's arena or on a free slot
 LEASE_REFS = 33            # a copy's refs differ from the number of lease entries holding it
 LEASE_HASH = 34            # a cached copy in a lease under a different hash than the entry
-LEASE_PROGRESS = 35        # computed > allocated (live request), allocated > length, too many hashes
+LEASE_PROGRESS = 35        # live request computed > allocated, allocated > length, or >row hashes
 LEASE_WORKER = 36          # a request holding blocks is not placed on this worker
 
 

@@ -372,13 +372,13 @@ def frames_of(sims, state):
 # ------------------------------------------------------------------------------------------------
 # properties
 # ------------------------------------------------------------------------------------------------
-@settings(max_examples=_examples(300), **SETTINGS)
+@settings(max_examples=_examples(500), **SETTINGS)
 @given(cases())
 def test_kernel_matches_oracle(case):
     check_case_against_oracle(case)
 
 
-@settings(max_examples=_examples(50), **SETTINGS)
+@settings(max_examples=_examples(100), **SETTINGS)
 @given(cases(max_rows=25))
 def test_pool_invariants_between_passes(case):
     """Pool and lease invariants hold between every two passes, the pool is drained
@@ -407,7 +407,7 @@ def test_pool_invariants_between_passes(case):
     pd.testing.assert_frame_equal(frames_of(sims, state)[0], ref.requests[0], check_exact=True)
 
 
-@settings(max_examples=_examples(20), **SETTINGS)
+@settings(max_examples=_examples(30), **SETTINGS)
 @given(st.lists(cases(max_rows=20), min_size=2, max_size=4))
 def test_batch_final_state(batch):
     """A batch of random simulations: every worker's pool is consistent and drained at
@@ -507,7 +507,7 @@ def test_zero_duration_pass_expected_values():
     assert (row["arrival_ms"], row["first_admit_ms"], row["first_token_ms"]) == (0.0, 5.0, 10.0)
 
 
-@settings(max_examples=_examples(25), **SETTINGS)
+@settings(max_examples=_examples(30), **SETTINGS)
 @given(cases(max_rows=20))
 def test_arena_overflow_rerun_is_transparent(case):
     """A one-slot arena overflows at the first multi-block allocation; the driver must
