@@ -26,4 +26,12 @@ def _cache_dir() -> str:
 
 
 if not os.environ.get("NUMBA_CACHE_DIR"):
-    numba.config.CACHE_DIR = _cache_dir()
+    _dir = _cache_dir()
+    try:
+        os.makedirs(_dir, exist_ok=True)
+    except OSError:
+        # an unwritable home (some CI sandboxes): a per-user temp folder still caches
+        import tempfile
+        _dir = os.path.join(tempfile.gettempdir(), f"aisim_fast-{os.getuid()}", Path(_dir).name)
+        os.makedirs(_dir, exist_ok=True)
+    numba.config.CACHE_DIR = _dir
