@@ -23,6 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import oracle  # noqa: E402
+from parity_rules import as_key_part, as_number, within  # noqa: E402
 
 try:
     from hypothesis import HealthCheck, given, settings
@@ -43,39 +44,12 @@ TIMELINE_COLUMNS = ("arrival_ms", "first_admit_ms", "first_token_ms", "last_toke
 # ------------------------------------------------------------------------------------------------
 # Parity (same rules as /work/shared/reference/parity.py)
 # ------------------------------------------------------------------------------------------------
-def _number(value):
-    """Float of a cell; None for empty / null / NaN."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = value.strip()
-        if value == "" or value.lower() in ("nan", "none", "null"):
-            return None
-    out = float(value)
-    return None if math.isnan(out) else out
-
-
-def _turn_key(value):
-    number = _number(value)
-    return 0 if number is None else int(number)
-
-
-def _within(gold, cand, rtol, atol):
-    if gold is None and cand is None:
-        return True, 0.0, 0.0
-    if gold is None or cand is None:
-        return False, math.inf, math.inf
-    err = abs(cand - gold)
-    rel = err / abs(gold) if gold != 0 else (0.0 if err == 0 else math.inf)
-    return (err <= atol or err <= rtol * abs(gold)), err, rel
-
-
 def parity_report(golden_csv, records, metrics=PARITY_METRICS, rtol=1e-6, atol=1e-6):
     """Returns (passed, summary line, list of failures)."""
     with open(golden_csv, newline="", encoding="utf-8") as fh:
-        gold = {(row["request_id"].strip(), _turn_key(row.get("turn_index"))): row
+        gold = {(row["request_id"].strip(), as_key_part(row.get("turn_index"))): row
                 for row in csv.DictReader(fh)}
-    cand = {(str(r["request_id"]), _turn_key(r["turn_index"])): r for r in records}
+    cand = {(str(r["request_id"]), as_key_part(r["turn_index"])): r for r in records}
     matched = [k for k in gold if k in cand]
     missing = [k for k in gold if k not in cand]
     extra = [k for k in cand if k not in gold]
@@ -85,7 +59,7 @@ def parity_report(golden_csv, records, metrics=PARITY_METRICS, rtol=1e-6, atol=1
     for metric in metrics:
         max_rel = 0.0
         for key in matched:
-            good, _, rel = _within(_number(gold[key][metric]), _number(cand[key][metric]),
+            good, _, rel = within(as_number(gold[key][metric]), as_number(cand[key][metric]),
                                    rtol, atol)
             if not good:
                 ok_requests.discard(key)
@@ -137,9 +111,9 @@ def test_golden_parity(case):
         golden_csv, records, metrics=TIMELINE_COLUMNS, rtol=0.0, atol=0.0)
     assert timeline_ok, "%s\nfirst failures: %s" % (timeline_line, timeline_failures)
     with open(golden_csv, newline="", encoding="utf-8") as fh:
-        status = {(r["request_id"], _turn_key(r["turn_index"])): r["terminal_status"]
+        status = {(r["request_id"], as_key_part(r["turn_index"])): r["terminal_status"]
                   for r in csv.DictReader(fh)}
-    assert all(status[(r["request_id"], r["turn_index"])] == r["terminal_status"]
+    assert all(status[(r["request_id"], as_key_part(r["turn_index"]))] == r["terminal_status"]
                for r in records)
     assert passes and all(p["end_ms"] >= p["start_ms"] for p in passes)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import functools
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 from aisim_fast.config import load_spec
 from aisim_fast.replay import Simulation, run_batch
 from aisim_fast.workload import load_mooncake
+from parity_rules import ATOL, RTOL, as_key_part, as_number, within
 
 TESTS_DIR = Path(__file__).resolve().parent
 GOLDEN = TESTS_DIR / "data" / "golden"
@@ -48,7 +48,6 @@ ALL_CASES = FAST_CASES + [pytest.param(c, marks=pytest.mark.slow) for c in SLOW_
 
 # parity.py's default metric set and tolerance
 PARITY_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "cached_tokens", "output_tokens")
-RTOL = ATOL = 1e-6
 # Columns compared bit for bit where the golden has them. The golden's
 # second_token_ms is written as first + ttst (a float sum), so it is left out.
 EXACT_TIME_COLUMNS = ("arrival_ms", "first_token_ms", "last_token_ms", "first_admit_ms",
@@ -62,45 +61,6 @@ EXACT_INT_COLUMNS = ("input_tokens", "output_tokens", "cached_tokens",
 # parity.py rules (reimplemented so the test needs nothing outside the repo; the same
 # tool is also run as-is in test_reference_parity_tool when it is available)
 # ------------------------------------------------------------------------------------------------
-def as_number(value):
-    """Float of a cell; None for empty / null / NaN."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = value.strip()
-        if value == "" or value.lower() in ("nan", "none", "null"):
-            return None
-        return float(value)
-    out = float(value)
-    return None if math.isnan(out) else out
-
-
-def as_key_part(value):
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return "" if math.isnan(value) else (str(int(value)) if value.is_integer() else repr(value))
-    text = str(value).strip()
-    try:  # "3", "3.0" and 3 name the same turn
-        num = float(text)
-        if num.is_integer():
-            return str(int(num))
-    except ValueError:
-        pass
-    return text
-
-
-def within(gold, cand, rtol=RTOL, atol=ATOL):
-    """(within tolerance, abs error, rel error), parity.py's definition."""
-    if gold is None and cand is None:
-        return True, 0.0, 0.0
-    if gold is None or cand is None:
-        return False, math.inf, math.inf
-    err = abs(cand - gold)
-    rel = err / abs(gold) if gold != 0 else (0.0 if err == 0 else math.inf)
-    return (err <= atol or err <= rtol * abs(gold)), err, rel
-
-
 def read_golden(case):
     with open(GOLDEN / (case + ".csv"), newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
