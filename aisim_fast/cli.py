@@ -9,6 +9,10 @@ Two ways to describe a replay:
 * ``aisim-fast replay [TRACE] --backend vllm|trtllm --workers N [--engine-args JSON] ...
   --out DIR`` for a Mooncake trace without a spec (no TRACE = the bundled default trace).
   ``--engine-args`` holds reference rank fields, e.g. ``'{"num_gpu_blocks": 4096}'``.
+* ``aisim-fast replay [TRACE] --backend vllm|trtllm --prefill-workers P --decode-workers D
+  [--prefill-engine-args JSON] [--decode-engine-args JSON] [--kv-transfer-bandwidth GBPS]
+  [--kv-bytes-per-token N] [--handoff-latency-ms MS] --out DIR``: disaggregated
+  prefill/decode pools with the KV handoff between them.
 
 Outputs: DIR/requests.parquet, DIR/passes.parquet, DIR/summary.json (see output.py).
 Every user error (bad config, bad trace, refused output folder, a simulation that cannot
@@ -26,15 +30,23 @@ import time
 from pathlib import Path
 
 from aisim_fast import __version__
-from aisim_fast.config import SIMULATED_BACKENDS, ConfigError, ReplaySetup, parse_payload, parse_rank
+from aisim_fast.config import (
+    SIMULATED_BACKENDS,
+    ConfigError,
+    ReplaySetup,
+    check_disaggregated_pair,
+    parse_payload,
+    parse_rank,
+)
 from aisim_fast.output import (
     OutputError,
     check_out_dir,
     requests_in_uuid_order,
     summarize_aggregated_run,
+    summarize_disaggregated_run,
     write_run,
 )
-from aisim_fast.replay import Simulation, SimulationError, run_batch
+from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup
 from aisim_fast.workload import TraceError, default_trace_path, load_mooncake
 
 PROG = "aisim-fast"
@@ -45,10 +57,16 @@ MS_PER_S = 1000.0
 
 # Flags that describe a replay without a spec; with --spec they would be silently
 # ignored or contradict the spec, so they are refused.
+DISAGG_FLAGS = (("prefill_workers", "--prefill-workers"), ("decode_workers", "--decode-workers"),
+                ("prefill_engine_args", "--prefill-engine-args"),
+                ("decode_engine_args", "--decode-engine-args"),
+                ("kv_transfer_bandwidth", "--kv-transfer-bandwidth"),
+                ("kv_bytes_per_token", "--kv-bytes-per-token"),
+                ("handoff_latency_ms", "--handoff-latency-ms"))
 NO_SPEC_FLAGS = (("backend", "--backend"), ("workers", "--workers"),
                  ("engine_args", "--engine-args"), ("concurrency", "--concurrency"),
                  ("trace_block_size", "--trace-block-size"),
-                 ("arrival_speedup_ratio", "--arrival-speedup-ratio"))
+                 ("arrival_speedup_ratio", "--arrival-speedup-ratio")) + DISAGG_FLAGS
 DEFAULT_TRACE_BLOCK_SIZE = 512
 DEFAULT_ARRIVAL_SPEEDUP_RATIO = 1.0
 
@@ -69,9 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     replay = commands.add_parser(
-        "replay", help="replay a Mooncake trace on aggregated vLLM / TRT-LLM workers",
+        "replay", help="replay a Mooncake trace on vLLM / TRT-LLM workers (aggregated or "
+                       "disaggregated prefill/decode)",
         description="Replay a Mooncake JSONL trace. Either --spec SPEC.json (a reference "
-                    "execution payload) or --backend and --workers.")
+                    "execution payload) or --backend with --workers (aggregated) or "
+                    "--prefill-workers and --decode-workers (disaggregated).")
     replay.add_argument("trace", nargs="?", metavar="TRACE",
                         help="Mooncake JSONL trace (without --spec; default: the bundled trace)")
     replay.add_argument("--spec", metavar="SPEC.json",
@@ -82,6 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--workers", type=int, metavar="N", help="aggregated workers")
     replay.add_argument("--engine-args", metavar="JSON",
                         help="JSON object of reference rank fields, merged over {\"backend\": ...}")
+    disagg = replay.add_argument_group(
+        "disaggregated prefill/decode (instead of --workers / --engine-args)")
+    disagg.add_argument("--prefill-workers", type=int, metavar="P", help="prefill pool size")
+    disagg.add_argument("--decode-workers", type=int, metavar="D", help="decode pool size")
+    disagg.add_argument("--prefill-engine-args", metavar="JSON", help="rank fields of the prefill pool")
+    disagg.add_argument("--decode-engine-args", metavar="JSON", help="rank fields of the decode pool")
+    disagg.add_argument("--kv-transfer-bandwidth", type=float, metavar="GBPS",
+                        help="KV transfer bandwidth, decimal GB/s (0 or unset: --handoff-latency-ms)")
+    disagg.add_argument("--kv-bytes-per-token", type=int, metavar="N",
+                        help="KV bytes per prompt token moved from prefill to decode")
+    disagg.add_argument("--handoff-latency-ms", type=float, metavar="MS",
+                        help="transfer delay when bandwidth or bytes per token is unset (default 0)")
     replay.add_argument("--concurrency", type=int, metavar="N",
                         help="closed loop: at most N sessions in flight (default: trace timestamps)")
     replay.add_argument("--trace-block-size", type=int, metavar="TOKENS",
@@ -130,29 +162,97 @@ def _setup_from_spec(args) -> tuple[ReplaySetup, int, dict]:
     return setup, setup.tensor_parallel_size, source
 
 
+def _engine_args(text: str | None, flag: str, backend: str) -> dict:
+    """Reference rank fields from a --*engine-args JSON object, over {"backend": ...}."""
+    fields = {"backend": backend}
+    if text is None:
+        return fields
+    try:
+        extra = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag}: not valid JSON ({exc})") from None
+    if not isinstance(extra, dict):
+        raise ConfigError(f"{flag}: must be a JSON object of rank fields, got {extra!r}")
+    if "backend" in extra and extra["backend"] != backend:
+        raise ConfigError(f"{flag}.backend: {extra['backend']!r} contradicts --backend {backend} "
+                          "(prefill and decode pools must use the same backend)")
+    fields.update(extra)
+    return fields
+
+
+def _flag_count(value: int | None, flag: str) -> int:
+    if value is None or value < 1:
+        raise ConfigError(f"{flag}: must be an integer >= 1, got {value}")
+    return value
+
+
+def _disaggregated_from_flags(args) -> dict:
+    """Pools and transfer model of a disaggregated replay given by flags. The transfer
+    flags are the source (prefill) ranks' engine args; a value also given in an
+    engine-args JSON must agree with the flag."""
+    if args.workers is not None:
+        raise UsageError("--workers is the aggregated pool size; with --prefill-workers give "
+                         "--decode-workers instead")
+    if args.engine_args is not None:
+        raise UsageError("--engine-args describes an aggregated pool; use --prefill-engine-args "
+                         "and --decode-engine-args")
+    if args.decode_workers is None or args.prefill_workers is None:
+        raise UsageError("a disaggregated replay needs both --prefill-workers and --decode-workers")
+    transfer = {}
+    if args.kv_transfer_bandwidth is not None:
+        bw = args.kv_transfer_bandwidth
+        if not math.isfinite(bw) or bw < 0:
+            raise ConfigError(f"--kv-transfer-bandwidth: must be a finite number >= 0 "
+                              f"(decimal GB/s), got {bw}")
+        transfer["kv_transfer_bandwidth"] = bw
+    if args.kv_bytes_per_token is not None:
+        if args.kv_bytes_per_token < 1:
+            raise ConfigError(f"--kv-bytes-per-token: must be an integer >= 1, got "
+                              f"{args.kv_bytes_per_token}")
+        transfer["kv_transfer_bytes_per_token"] = args.kv_bytes_per_token
+    latency = 0.0 if args.handoff_latency_ms is None else args.handoff_latency_ms
+    if not math.isfinite(latency) or latency < 0:
+        raise ConfigError(f"--handoff-latency-ms: must be a finite number >= 0, got {latency}")
+    pools = {}
+    for role, text, flag in (("prefill", args.prefill_engine_args, "--prefill-engine-args"),
+                             ("decode", args.decode_engine_args, "--decode-engine-args")):
+        fields = _engine_args(text, flag, args.backend)
+        for key, value in transfer.items():
+            if key in fields and fields[key] != value:
+                raise ConfigError(f"{flag}.{key}: {fields[key]!r} contradicts the flag value {value!r}")
+            fields[key] = value
+        if fields.setdefault("worker_type", role) != role:
+            raise ConfigError(f"{flag}.worker_type: must be {role!r}, got {fields['worker_type']!r}")
+        pools[role] = parse_rank(fields, flag)
+    check_disaggregated_pair(pools["prefill"], pools["decode"], "--decode-engine-args")
+    return dict(rank=pools["decode"], workers=_flag_count(args.decode_workers, "--decode-workers"),
+                prefill_rank=pools["prefill"],
+                prefill_workers=_flag_count(args.prefill_workers, "--prefill-workers"),
+                handoff_latency_ms=float(latency))
+
+
 def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
     if args.trace is not None and args.trace_flag is not None:
         raise UsageError("give the trace either as TRACE or as --trace, not both")
-    missing = [flag for attr, flag in (("backend", "--backend"), ("workers", "--workers"))
-               if getattr(args, attr) is None]
+    disaggregated = any(getattr(args, attr) is not None for attr, _ in DISAGG_FLAGS)
+    missing = [flag for flag, absent in (("--backend", args.backend is None),
+                                         ("--workers", args.workers is None and not disaggregated))
+               if absent]
     if missing:
         raise UsageError(f"without --spec, {' and '.join(missing)} "
-                         f"{'is' if len(missing) == 1 else 'are'} required")
-    rank_fields = {"backend": args.backend}
-    if args.engine_args is not None:
-        try:
-            extra = json.loads(args.engine_args)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--engine-args: not valid JSON ({exc})") from None
-        if not isinstance(extra, dict):
-            raise ConfigError(f"--engine-args: must be a JSON object of rank fields, got {extra!r}")
-        if "backend" in extra and extra["backend"] != args.backend:
-            raise ConfigError(f"--engine-args.backend: {extra['backend']!r} contradicts "
-                              f"--backend {args.backend}")
-        rank_fields.update(extra)
-    rank = parse_rank(rank_fields, "--engine-args")
-    if args.workers < 1:
-        raise ConfigError(f"--workers: must be an integer >= 1, got {args.workers}")
+                         f"{'is' if len(missing) == 1 else 'are'} required"
+                         + (" (or --prefill-workers and --decode-workers for disaggregated pools)"
+                            if "--workers" in missing else ""))
+    if disaggregated:
+        if args.prefill_workers is None and args.decode_workers is None:
+            given = [flag for attr, flag in DISAGG_FLAGS if getattr(args, attr) is not None]
+            raise UsageError(f"{', '.join(given)} need a disaggregated topology: give "
+                             "--prefill-workers and --decode-workers")
+        topology = _disaggregated_from_flags(args)
+    else:
+        topology = dict(rank=parse_rank(_engine_args(args.engine_args, "--engine-args", args.backend),
+                                        "--engine-args"),
+                        workers=_flag_count(args.workers, "--workers"))
     concurrency = 0
     if args.concurrency is not None:
         if args.concurrency < 1:
@@ -168,9 +268,8 @@ def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
     trace = args.trace if args.trace is not None else args.trace_flag
     default_trace = trace is None
     trace_path = str(default_trace_path() if default_trace else Path(trace))
-    setup = ReplaySetup(rank=rank, workers=args.workers, trace_path=trace_path,
-                        trace_block_size=block_tokens, arrival_speedup_ratio=ratio,
-                        concurrency=concurrency, sla={})
+    setup = ReplaySetup(trace_path=trace_path, trace_block_size=block_tokens,
+                        arrival_speedup_ratio=ratio, concurrency=concurrency, sla={}, **topology)
     return setup, 1, {"mode": "flags", "default_trace": default_trace}
 
 
@@ -196,7 +295,7 @@ def _warm_up(setup: ReplaySetup) -> None:
     not counted in wall_time_ms, which measures simulation speed (spec replay.md 12.8)."""
     first_row = _load_trace(setup, max_rows=1)
     try:
-        run_batch([Simulation(first_row, setup.rank, 1, 0)], record_passes=False)
+        run_batch([simulation_from_setup(setup, first_row)], record_passes=False)
     except SimulationError:
         pass  # the real run reports it, with the real request count
 
@@ -217,19 +316,27 @@ def run_replay(args) -> dict:
 
     record_passes = not args.no_passes
     run_start_s = time.perf_counter()
-    result = run_batch([Simulation(workload, setup.rank, setup.workers, setup.concurrency)],
-                       record_passes=record_passes)
+    result = run_batch([simulation_from_setup(setup, workload)], record_passes=record_passes)
     # floored so the per-wall-second rates stay finite on a clock with coarse ticks
     wall_time_ms = max((time.perf_counter() - run_start_s) * MS_PER_S, 1e-6)
 
     requests = requests_in_uuid_order(result.requests[0], workload.session, workload.turn_index)
-    summary = summarize_aggregated_run(
-        requests, result.token_stat[0], result.token_hist[0], workers=setup.workers,
-        gpus_per_worker=gpus_per_worker, sla=setup.sla, wall_time_ms=wall_time_ms)
+    if setup.disaggregated:
+        summary = summarize_disaggregated_run(
+            requests, result.token_stat[0], result.token_hist[0],
+            prefill_workers=setup.prefill_workers, decode_workers=setup.workers,
+            end_ms=float(result.end_ms[0]),
+            prefill_gpus_per_worker=setup.prefill_tensor_parallel_size,
+            decode_gpus_per_worker=setup.tensor_parallel_size, sla=setup.sla,
+            wall_time_ms=wall_time_ms)
+    else:
+        summary = summarize_aggregated_run(
+            requests, result.token_stat[0], result.token_hist[0], workers=setup.workers,
+            gpus_per_worker=gpus_per_worker, sla=setup.sla, wall_time_ms=wall_time_ms)
     resolved = {
         "command": "replay",
         **source,
-        "topology": "aggregated",
+        "topology": "disaggregated" if setup.disaggregated else "aggregated",
         "gpus_per_worker": gpus_per_worker,
         "record_passes": record_passes,
         **setup.to_json(),
@@ -260,8 +367,10 @@ def format_summary(setup: ReplaySetup, summary: dict, requests, written: dict,
     rejected = int((status == "rejected").sum())
     wall_s = summary["wall_time_ms"] / MS_PER_S
     simulated_rps = summary["num_requests"] / wall_s if wall_s > 0 else math.inf
+    pools = (f"{setup.prefill_workers} prefill + {setup.workers} decode" if setup.disaggregated
+             else f"{setup.workers}")
     lines = [
-        f"replay: {Path(setup.trace_path).name} on {setup.workers} {setup.rank.backend} "
+        f"replay: {Path(setup.trace_path).name} on {pools} {setup.rank.backend} "
         f"worker(s)" + (f", closed loop {setup.concurrency}" if setup.concurrency else ""),
         f"  requests            {summary['num_requests']} arrived, "
         f"{summary['completed_requests']} completed, {rejected} rejected",

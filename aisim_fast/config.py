@@ -201,11 +201,30 @@ class ReplaySetup:
     concurrency: int = 0                 # closed-loop session cap; 0 = trace timestamps
     sla: dict = field(default_factory=dict)
     tensor_parallel_size: int = 1        # GPUs per worker in the GPU-hour accounting
+    # Disaggregated topology: ``rank``/``workers``/``tensor_parallel_size`` describe
+    # the decode pool and these the prefill pool; prefill_workers 0 = aggregated.
+    prefill_rank: RankConfig | None = None
+    prefill_workers: int = 0
+    prefill_tensor_parallel_size: int = 1
+    handoff_latency_ms: float = 0.0      # transfer delay when the timing model is incomplete
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_workers > 0
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["rank"] = self.rank.to_json()
+        if self.prefill_rank is not None:
+            d["prefill_rank"] = self.prefill_rank.to_json()
         return d
+
+
+def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str) -> None:
+    """Both pools must run the same backend (the handoff order is per backend)."""
+    if prefill.backend != decode.backend:
+        _fail(f"{path}.backend", f"prefill and decode backends must match; got prefill "
+                                 f"{prefill.backend!r} and decode {decode.backend!r}")
 
 
 _SPEC_KEYS = {"version", "topology", "engine", "adapters", "max_sim_time_ms", "max_in_flight",
@@ -230,17 +249,29 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         _fail("spec.version", f"must be 1, got {spec.get('version')!r}")
     topo = _obj("spec.topology", spec.get("topology"))
     kind = _choice("spec.topology.kind", topo.get("kind"), ("aggregated", "disaggregated"))
-    if kind != "aggregated":
-        _fail("spec.topology.kind", "'disaggregated' is not simulated yet; use 'aggregated'")
-    pool = _obj("spec.topology.workers", topo.get("workers"))
-    workers = _int("spec.topology.workers.initial_workers", pool.get("initial_workers", 1), 1)
-    if pool.get("startup_delay_ms", 0.0) not in (0, 0.0):
-        _fail("spec.topology.workers.startup_delay_ms", "only 0 is simulated")
     engine = _obj("spec.engine", spec.get("engine"))
-    if engine.get("dp_size", 1) != 1:
-        _fail("spec.engine.dp_size", f"only 1 is simulated, got {engine.get('dp_size')!r}")
-    tp = _int("spec.engine.tensor_parallel_size", engine.get("tensor_parallel_size", 1), 1)
-    rank = parse_rank(_obj("spec.engine.rank", engine.get("rank")), "spec.engine.rank")
+    disagg: dict[str, Any] = {}
+    if kind == "aggregated":
+        workers = _pool_workers("spec.topology.workers", topo.get("workers"))
+        rank, tp = _engine_pool("spec.engine", engine, "aggregated")
+    else:
+        for key in topo:
+            if key not in ("kind", "prefill", "decode", "handoff_latency_ms"):
+                _fail(f"spec.topology.{key}", "unknown field for a disaggregated topology; allowed: "
+                                              "kind, prefill, decode, handoff_latency_ms")
+        workers = _pool_workers("spec.topology.decode", topo.get("decode"))
+        rank, tp = _engine_pool("spec.engine.decode", _obj("spec.engine.decode", engine.get("decode")),
+                                "decode")
+        prefill_rank, prefill_tp = _engine_pool(
+            "spec.engine.prefill", _obj("spec.engine.prefill", engine.get("prefill")), "prefill")
+        check_disaggregated_pair(prefill_rank, rank, "spec.engine.decode.rank")
+        disagg = dict(
+            prefill_rank=prefill_rank,
+            prefill_workers=_pool_workers("spec.topology.prefill", topo.get("prefill")),
+            prefill_tensor_parallel_size=prefill_tp,
+            handoff_latency_ms=_float("spec.topology.handoff_latency_ms",
+                                      topo.get("handoff_latency_ms", 0.0)),
+        )
     adapters = _obj("spec.adapters", spec.get("adapters"))
     placement = _obj("spec.adapters.placement", adapters.get("placement")).get("provider", "round_robin")
     _choice("spec.adapters.placement.provider", placement, ("round_robin",))
@@ -286,7 +317,28 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         concurrency=concurrency,
         sla={k: float(v) for k, v in sla.items() if v is not None},
         tensor_parallel_size=tp,
+        **disagg,
     )
+
+
+def _pool_workers(path: str, raw: Any) -> int:
+    pool = _obj(path, raw)
+    if pool.get("startup_delay_ms", 0.0) not in (0, 0.0):
+        _fail(f"{path}.startup_delay_ms", "only 0 is simulated")
+    return _int(f"{path}.initial_workers", pool.get("initial_workers", 1), 1)
+
+
+def _engine_pool(path: str, engine: dict, worker_type: str) -> tuple[RankConfig, int]:
+    """One pool's engine block: rank fields, dp_size (only 1) and tensor parallelism."""
+    if engine.get("dp_size", 1) != 1:
+        _fail(f"{path}.dp_size", f"only 1 is simulated, got {engine.get('dp_size')!r}")
+    tp = _int(f"{path}.tensor_parallel_size", engine.get("tensor_parallel_size", 1), 1)
+    raw = dict(_obj(f"{path}.rank", engine.get("rank")))
+    declared = raw.get("worker_type", worker_type)
+    if declared != worker_type:
+        _fail(f"{path}.rank.worker_type", f"must be {worker_type!r} in this pool, got {declared!r}")
+    raw["worker_type"] = worker_type
+    return parse_rank(raw, f"{path}.rank"), tp
 
 
 def load_spec(path: str | Path, trace_override: str | None = None) -> ReplaySetup:

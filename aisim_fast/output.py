@@ -109,6 +109,30 @@ def summarize_aggregated_run(requests: pd.DataFrame, token_stat_row, token_hist_
     )
 
 
+def summarize_disaggregated_run(requests: pd.DataFrame, token_stat_row, token_hist_row, *,
+                                prefill_workers: int, decode_workers: int, end_ms: float,
+                                prefill_gpus_per_worker: int = 1, decode_gpus_per_worker: int = 1,
+                                sla: dict | None = None, wall_time_ms: float | None = None) -> dict:
+    """Summary of one disaggregated replay, ``requests`` in uuid order.
+
+    Each pool is provisioned for the whole virtual run, 0 to ``end_ms`` (the last clock
+    advance, which a source release may put after the last token). The prefix-reuse
+    ratio counts a request's largest reuse over all its admissions, decode re-admissions
+    after a preemption included, while the per-request ``cached_tokens`` is the
+    prefill side's (spec replay.md 5.4)."""
+    end_s = end_ms / MS_PER_S
+    reuse = np.maximum(requests["cached_tokens"].to_numpy(np.int64),
+                       requests["decode_cached_tokens"].to_numpy(np.int64))
+    return summarize(
+        requests.assign(cached_tokens=reuse), token_stat_row, token_hist_row,
+        sla=sla or None,
+        worker_seconds=(prefill_workers * end_s, decode_workers * end_s),
+        gpus_per_worker=(prefill_gpus_per_worker, decode_gpus_per_worker),
+        committed_prefill_tokens=int(requests["committed_prefill_tokens"].sum()),
+        wall_time_ms=wall_time_ms,
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # output folder
 

@@ -8,6 +8,7 @@ every simulation runs its complete event loop inside ``kernels.replay_loop``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from collections.abc import Sequence
 
@@ -20,7 +21,7 @@ from aisim_fast.kernels import sketch
 from aisim_fast.report import sketch_merge_rows
 from aisim_fast.kernels.block_pool import pool_reset
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
-from aisim_fast.kernels.replay_loop import replay_batch
+from aisim_fast.kernels.batch import replay_batch
 from aisim_fast.workload import Workload, load_mooncake
 
 DEFAULT_PASS_LOG_ROWS = 65536
@@ -38,6 +39,14 @@ class Simulation:
     workers: int
     concurrency: int = 0  # closed-loop session cap; 0 = open loop by timestamps
     arena_blocks: int | None = None  # per-worker block arena; None = sized from the workload
+    # Disaggregated: ``rank``/``workers`` are the decode pool, these the prefill pool.
+    prefill_rank: RankConfig | None = None
+    prefill_workers: int = 0
+    handoff_latency_ms: float = 0.0
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_workers > 0
 
 
 @dataclass
@@ -47,13 +56,16 @@ class BatchResult:
     token_stat: np.ndarray             # float64[s, TOKEN_STAT_WIDTH]
     token_hist: np.ndarray             # int64[s, TOKEN_HIST_WIDTH]
     kernel_calls: int
+    end_ms: np.ndarray                 # float64[s] virtual clock when the simulation finished
 
 
 def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) -> Simulation:
     if workload is None:
         workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
                                  arrival_speedup_ratio=setup.arrival_speedup_ratio)
-    return Simulation(workload, setup.rank, setup.workers, setup.concurrency)
+    return Simulation(workload, setup.rank, setup.workers, setup.concurrency,
+                      prefill_rank=setup.prefill_rank, prefill_workers=setup.prefill_workers,
+                      handoff_latency_ms=setup.handoff_latency_ms)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -90,11 +102,13 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     tables = []
     n_rows = 0
     for sim in sims:
-        key = (id(sim.workload), sim.rank.block_size)
-        if key not in table_rows:
-            table_rows[key] = n_rows
-            tables.append((sim.workload, sim.rank.block_size))
-            n_rows += len(sim.workload.input_len)
+        sizes = [sim.rank.block_size] + ([sim.prefill_rank.block_size] if sim.disaggregated else [])
+        for bs in sizes:
+            key = (id(sim.workload), bs)
+            if key not in table_rows:
+                table_rows[key] = n_rows
+                tables.append((sim.workload, bs))
+                n_rows += len(sim.workload.input_len)
     hash_indptr_parts, hash_id_parts, tbs_parts, phash_indptr_parts, phash_parts = [], [], [], [], []
     hash_base = 0
     phash_base = 0
@@ -120,15 +134,20 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
 
     q_len = np.array([len(s.workload.input_len) for s in sims], np.int64)
     q_off = np.concatenate([[0], np.cumsum(q_len)[:-1]]).astype(np.int64)
-    w_len = np.array([s.workers for s in sims], np.int64)
+    w_len = np.array([s.workers + s.prefill_workers for s in sims], np.int64)
     w_off = np.concatenate([[0], np.cumsum(w_len)[:-1]]).astype(np.int64)
-    n_q = int(q_len.sum())
+    n_logical = int(q_len.sum())
+    # the prefill rows of disaggregated simulations follow every logical row
+    p_len = np.where([s.disaggregated for s in sims], q_len, 0).astype(np.int64)
+    p_off = n_logical + np.concatenate([[0], np.cumsum(p_len)[:-1]]).astype(np.int64)
+    n_q = n_logical + int(p_len.sum())
     n_w = int(w_len.sum())
 
     # per-request state, field-major (see kernels.layout)
     rq_i = np.zeros((n_q, L.RQ_I_FIELDS), np.int64)
     rq_f = np.full((n_q, L.RQ_F_FIELDS), np.nan)
-    start_order = np.zeros(n_q, np.int64)
+    rq_i[:, L.RQ_PEER] = -1
+    start_order = np.zeros(n_logical, np.int64)
     cfg_i = np.zeros((n_w, L.CFG_I_FIELDS), np.int64)
     cfg_f = np.zeros((n_w, L.CFG_F_FIELDS), np.float64)
     sm_i = np.zeros((n_sims, L.SM_FIELDS), np.int64)
@@ -156,34 +175,36 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         sm_i[s, L.SM_CONCURRENCY] = sim.concurrency
         blocks = -(-(wl.input_len + out) // bs)
         rq_i[sl, L.RQ_LEASE_OFF] = blocks  # turned into offsets below
-        per_worker = -(-n // sim.workers) + 1
-        if sim.arena_blocks is not None:
-            worker_arena = sim.arena_blocks
-        else:
-            # resident copies rarely exceed the blocks of the requests a worker
-            # serves; a run that does is rerun with the full pool (SIM_ARENA_FULL)
-            largest = np.sort(blocks)[::-1][:per_worker]
-            worker_arena = int(largest.sum()) + 16
-        ws = slice(int(w_off[s]), int(w_off[s]) + sim.workers)
-        arena[ws] = min(rank.num_gpu_blocks, worker_arena)
-        run_cap[ws] = min(rank.max_num_seqs, per_worker) + 1
-        wait_cap[ws] = per_worker + 1
-        cfg_i[ws, L.CFG_NUM_GPU_BLOCKS] = rank.num_gpu_blocks
-        cfg_i[ws, L.CFG_BLOCK_SIZE] = bs
-        cfg_i[ws, L.CFG_MAX_NUM_SEQS] = rank.max_num_seqs
-        cfg_i[ws, L.CFG_MAX_NUM_BATCHED_TOKENS] = rank.max_num_batched_tokens
-        cfg_i[ws, L.CFG_MAX_MODEL_LEN] = -1 if rank.max_model_len is None else rank.max_model_len
-        cfg_i[ws, L.CFG_PREFIX_CACHING] = rank.enable_prefix_caching
-        cfg_i[ws, L.CFG_CHUNKED_PREFILL] = rank.enable_chunked_prefill
-        cfg_i[ws, L.CFG_PREEMPTION_FIFO] = rank.preemption_mode == "fifo"
-        cfg_i[ws, L.CFG_POLICY] = L.POLICY_TRTLLM if rank.backend == "trtllm" else L.POLICY_VLLM
-        cfg_i[ws, L.CFG_ROLE] = {"aggregated": L.ROLE_AGGREGATED, "prefill": L.ROLE_PREFILL,
-                                 "decode": L.ROLE_DECODE}[rank.worker_type]
-        cfg_i[ws, L.CFG_TIMING] = L.TIMING_FIXED if rank.timing_model == "fixed" else L.TIMING_POLYNOMIAL
-        cfg_f[ws, L.CFGF_FIXED_PREFILL_MS] = rank.fixed_prefill_ms
-        cfg_f[ws, L.CFGF_FIXED_DECODE_MS] = rank.fixed_decode_ms
-        cfg_f[ws, L.CFGF_SPEEDUP_RATIO] = rank.speedup_ratio
-        cfg_f[ws, L.CFGF_DECODE_SPEEDUP_RATIO] = rank.decode_speedup_ratio
+        pools = [(rank, sim.workers, int(w_off[s]) + sim.prefill_workers, blocks)]
+        if sim.disaggregated:
+            prank = sim.prefill_rank
+            pa = int(p_off[s])
+            psl = slice(pa, pa + n)
+            pblocks = -(-(wl.input_len + 1) // prank.block_size)
+            rq_i[psl, L.RQ_PROMPT_LEN] = wl.input_len
+            rq_i[psl, L.RQ_MAX_OUTPUT] = 1  # the source computes the prompt and one hidden token
+            rq_i[psl, L.RQ_SRC_ROW] = table_rows[(id(wl), prank.block_size)] + np.arange(n)
+            rq_i[psl, L.RQ_SESSION] = wl.session
+            rq_i[psl, L.RQ_TURN] = wl.turn_index
+            rq_i[psl, L.RQ_NEXT_TURN] = -1
+            rq_i[psl, L.RQ_LEASE_OFF] = pblocks
+            rq_i[psl, L.RQ_PEER] = np.arange(a, a + n)
+            rq_i[sl, L.RQ_PEER] = np.arange(pa, pa + n)
+            pools.append((prank, sim.prefill_workers, int(w_off[s]), pblocks))
+        for pool_rank, n_workers, first_w, pool_blocks in pools:
+            per_worker = -(-n // n_workers) + 1
+            if sim.arena_blocks is not None:
+                worker_arena = sim.arena_blocks
+            else:
+                # resident copies rarely exceed the blocks of the requests a worker
+                # serves; a run that does is rerun with the full pool (SIM_ARENA_FULL)
+                largest = np.sort(pool_blocks)[::-1][:per_worker]
+                worker_arena = int(largest.sum()) + 16
+            ws = slice(first_w, first_w + n_workers)
+            arena[ws] = min(pool_rank.num_gpu_blocks, worker_arena)
+            run_cap[ws] = min(pool_rank.max_num_seqs, per_worker) + 1
+            wait_cap[ws] = per_worker + 1
+            _rank_config(cfg_i, cfg_f, ws, pool_rank, sim.handoff_latency_ms)
     cfg = L.RankConfig(i64=cfg_i, f64=cfg_f)
 
     lease_blocks = rq_i[:, L.RQ_LEASE_OFF].copy()
@@ -192,6 +213,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     rq_i[:, L.RQ_WORKER] = -1
     rq_i[:, L.RQ_FIRST_CACHED] = -1
     rq_i[:, L.RQ_TERM_NEXT] = -1
+    rq_i[:, L.RQ_LINK] = -1
     n_k = int(lease_blocks.sum())
     rq = L.Requests(i64=rq_i, f64=rq_f, lease=np.full(n_k, L.NO_BLOCK, np.int32),
                     seq_hash=np.zeros(n_k, np.uint64))
@@ -213,7 +235,9 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     wk_i[:, L.WK_RUN_OFF] = np.concatenate([[0], np.cumsum(run_cap)[:-1]])
     wk_i[:, L.WK_WAIT_OFF] = np.concatenate([[0], np.cumsum(wait_cap)[:-1]])
     wk_i[:, L.WK_WAIT_CAP] = wait_cap
-    wk_i[:, L.WK_TERM_HEAD] = -1
+    for col in (L.WK_TERM_HEAD, L.WK_TERM_TAIL, L.WK_PEND_HEAD, L.WK_PEND_TAIL, L.WK_DEFER_HEAD,
+                L.WK_DEFER_TAIL):
+        wk_i[:, col] = -1
     wk = L.Workers(i64=wk_i, pass_end_ms=np.zeros(n_w),
                    run_q=np.zeros(int(run_cap.sum()), np.int64),
                    wait_q=np.zeros(int(wait_cap.sum()), np.int64))
@@ -224,15 +248,47 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     sm_i[:, L.SM_STATUS] = L.SIM_RUNNING
     sm_i[:, L.SM_UUID_NEXT] = 1
     sm_i[:, L.SM_RESUME_WORKER] = -1
+    sm_i[:, L.SM_PREFILL_LEN] = [sim.prefill_workers for sim in sims]
     token_stat, token_hist = sketch.token_stats_new(n_sims)
     sim_state = L.Sims(
-        i64=sm_i, now_ms=np.zeros(n_sims), start_order=start_order, heap_q=np.zeros(n_q, np.int64),
+        i64=sm_i, now_ms=np.zeros(n_sims), start_order=start_order,
+        heap_q=np.zeros(n_logical, np.int64), actq=np.zeros(n_logical, np.int64),
+        xfer_heap=np.zeros(n_logical, np.int64),
         token_stat=token_stat, token_hist=token_hist,
         pass_log=np.zeros((n_sims, pass_log_rows, L.PL_NUM_COLUMNS)),
     )
     max_lease = int(lease_blocks.max()) if n_q else 1
     max_bs = int(cfg_i[:, L.CFG_BLOCK_SIZE].max())
     return cfg, pool, rq, workload, wk, sim_state, max_lease, max_bs
+
+
+def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConfig,
+                 handoff_latency_ms: float) -> None:
+    """Write one pool's rank configuration into the rows ``ws`` of the config matrices."""
+    cfg_i[ws, L.CFG_NUM_GPU_BLOCKS] = rank.num_gpu_blocks
+    cfg_i[ws, L.CFG_BLOCK_SIZE] = rank.block_size
+    cfg_i[ws, L.CFG_MAX_NUM_SEQS] = rank.max_num_seqs
+    cfg_i[ws, L.CFG_MAX_NUM_BATCHED_TOKENS] = rank.max_num_batched_tokens
+    cfg_i[ws, L.CFG_MAX_MODEL_LEN] = -1 if rank.max_model_len is None else rank.max_model_len
+    cfg_i[ws, L.CFG_PREFIX_CACHING] = rank.enable_prefix_caching
+    cfg_i[ws, L.CFG_CHUNKED_PREFILL] = rank.enable_chunked_prefill
+    cfg_i[ws, L.CFG_PREEMPTION_FIFO] = rank.preemption_mode == "fifo"
+    cfg_i[ws, L.CFG_POLICY] = L.POLICY_TRTLLM if rank.backend == "trtllm" else L.POLICY_VLLM
+    cfg_i[ws, L.CFG_ROLE] = {"aggregated": L.ROLE_AGGREGATED, "prefill": L.ROLE_PREFILL,
+                             "decode": L.ROLE_DECODE}[rank.worker_type]
+    cfg_i[ws, L.CFG_TIMING] = L.TIMING_FIXED if rank.timing_model == "fixed" else L.TIMING_POLYNOMIAL
+    cfg_i[ws, L.CFG_TRANSFER_MODE] = (L.TRANSFER_DESTINATION_MISSING
+                                      if rank.kv_transfer_timing_mode == "destination_missing"
+                                      else L.TRANSFER_FULL_PROMPT)
+    cfg_f[ws, L.CFGF_FIXED_PREFILL_MS] = rank.fixed_prefill_ms
+    cfg_f[ws, L.CFGF_FIXED_DECODE_MS] = rank.fixed_decode_ms
+    cfg_f[ws, L.CFGF_SPEEDUP_RATIO] = rank.speedup_ratio
+    cfg_f[ws, L.CFGF_DECODE_SPEEDUP_RATIO] = rank.decode_speedup_ratio
+    cfg_f[ws, L.CFGF_KV_BANDWIDTH_GBS] = (np.nan if rank.kv_transfer_bandwidth is None
+                                          else rank.kv_transfer_bandwidth)
+    cfg_f[ws, L.CFGF_KV_BYTES_PER_TOKEN] = (np.nan if rank.kv_transfer_bytes_per_token is None
+                                            else rank.kv_transfer_bytes_per_token)
+    cfg_f[ws, L.CFGF_HANDOFF_LATENCY_MS] = handoff_latency_ms
 
 
 def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.DataFrame:
@@ -248,11 +304,14 @@ def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.
     status = np.array(L.TERMINAL_STATUS_NAMES, dtype=object)[ri[:, L.RQ_TERMINAL]]
     worker = ri[:, L.RQ_WORKER]
     admissions = ri[:, L.RQ_ADMISSIONS]
+    if sim.disaggregated:
+        return _disagg_request_frame(sim, rq, a, w_first, ri, rf, tpot, status)
     return pd.DataFrame({
         "request_id": sim.workload.request_name,
         "trace_line": sim.workload.line_no,
         "turn_index": sim.workload.turn_index.astype(np.int64),
         "worker": np.where(worker >= 0, worker - w_first, -1),
+        "decode_worker": np.where(worker >= 0, worker - w_first, -1),  # as the reference records it
         "arrival_ms": arrival,
         "first_admit_ms": rf[:, L.RQF_FIRST_ADMIT_MS],
         "first_token_ms": first,
@@ -271,6 +330,57 @@ def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.
         "readmission_count": np.maximum(admissions - 1, 0),
         "preemptions": ri[:, L.RQ_PREEMPTIONS],
         "committed_prefill_tokens": ri[:, L.RQ_COMMITTED_PREFILL],
+        "terminal_status": status,
+    })
+
+
+def _disagg_request_frame(sim, rq, a, w_first, ri, rf, tpot, status) -> pd.DataFrame:
+    """Per-request record of a disaggregated run: the logical row carries arrival,
+    decode tokens and the handoff timestamps; its prefill row the prefill side.
+    Latencies count decode tokens only (the prefill's one token is hidden)."""
+    peer = ri[:, L.RQ_PEER]
+    pi = rq.i64[peer]
+    pf = rq.f64[peer]
+    first = rf[:, L.RQF_FIRST_TOKEN_MS]
+    last = rf[:, L.RQF_LAST_TOKEN_MS]
+    arrival = rf[:, L.RQF_ARRIVAL_MS]
+    n_prefill_workers = sim.prefill_workers
+    prefill_worker = np.where(pi[:, L.RQ_WORKER] >= 0, pi[:, L.RQ_WORKER] - w_first, -1)
+    decode_worker = np.where(ri[:, L.RQ_WORKER] >= 0, ri[:, L.RQ_WORKER] - w_first - n_prefill_workers, -1)
+    p_adm = pi[:, L.RQ_ADMISSIONS]
+    d_adm = ri[:, L.RQ_ADMISSIONS]
+    return pd.DataFrame({
+        "request_id": sim.workload.request_name,
+        "trace_line": sim.workload.line_no,
+        "turn_index": sim.workload.turn_index.astype(np.int64),
+        "worker": decode_worker,
+        "arrival_ms": arrival,
+        "first_admit_ms": pf[:, L.RQF_FIRST_ADMIT_MS],
+        "first_token_ms": first,
+        "second_token_ms": rf[:, L.RQF_SECOND_TOKEN_MS],
+        "last_token_ms": last,
+        "completion_ms": rf[:, L.RQF_TERMINAL_MS],
+        "ttft_ms": first - arrival,
+        "tpot_ms": tpot,
+        "e2e_ms": last - arrival,
+        "input_tokens": ri[:, L.RQ_PROMPT_LEN],
+        "output_tokens": ri[:, L.RQ_GENERATED],
+        "requested_output_tokens": sim.workload.output_len.astype(np.int64),
+        "cached_tokens": pi[:, L.RQ_MAX_CACHED],
+        "first_admission_cached_tokens": np.maximum(pi[:, L.RQ_FIRST_CACHED], 0),
+        "prefill_worker": prefill_worker,
+        "decode_worker": decode_worker,
+        "prefill_admit_ms": pf[:, L.RQF_FIRST_ADMIT_MS],
+        "source_held_ms": rf[:, L.RQF_SOURCE_HELD_MS],
+        "destination_reserved_ms": rf[:, L.RQF_DEST_RESERVED_MS],
+        "destination_activated_ms": rf[:, L.RQF_DEST_ACTIVATED_MS],
+        "decode_admit_ms": rf[:, L.RQF_FIRST_ADMIT_MS],
+        "source_released_ms": rf[:, L.RQF_SOURCE_RELEASED_MS],
+        "decode_cached_tokens": np.maximum(ri[:, L.RQ_MAX_CACHED], 0),
+        "admission_count": p_adm + d_adm,
+        "readmission_count": np.maximum(p_adm - 1, 0) + np.maximum(d_adm - 1, 0),
+        "preemptions": pi[:, L.RQ_PREEMPTIONS] + ri[:, L.RQ_PREEMPTIONS],
+        "committed_prefill_tokens": pi[:, L.RQ_COMMITTED_PREFILL],
         "terminal_status": status,
     })
 
@@ -320,6 +430,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
             frame = res.requests[u].copy()
             frame.index = rows
             frame["worker"] = np.where(frame["worker"] >= 0, w, -1)
+            frame["decode_worker"] = frame["worker"]
             frames.append(frame)
         return pd.concat(frames).sort_index().reset_index(drop=True)
 
@@ -333,15 +444,16 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         merged = pd.concat(frames, ignore_index=True)
         return merged.sort_values(["start_ms", "worker"], kind="stable", ignore_index=True)
 
+    end_ms = np.array([res.end_ms[parts[s]].max() for s in range(len(sims))])
     return BatchResult(_LazyFrames(len(sims), requests), _LazyFrames(len(sims), passes),
-                       stat, hist, res.kernel_calls)
+                       stat, hist, res.kernel_calls, end_ms)
 
 
 def _worker_shards(sim: Simulation):
     """Per-worker sub-simulations of an open-loop single-turn aggregated run, or
     None when its workers interact (closed loop, sessions) or there is one."""
     wl = sim.workload
-    if sim.workers == 1 or sim.concurrency or np.any(wl.turn_index != 0):
+    if sim.disaggregated or sim.workers == 1 or sim.concurrency or np.any(wl.turn_index != 0):
         return None
     key = (id(wl), sim.workers)
     cached = _SHARD_CACHE.get(key)
@@ -400,8 +512,8 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
             fixed = list(sims)
             for s in redo:
                 sim = sims[s]
-                fixed[s] = Simulation(sim.workload, sim.rank, sim.workers, sim.concurrency,
-                                      arena_blocks=sim.rank.num_gpu_blocks)
+                fixed[s] = dataclasses.replace(sim, arena_blocks=max(
+                    sim.rank.num_gpu_blocks, sim.prefill_rank.num_gpu_blocks if sim.disaggregated else 0))
             return _run_units(fixed, pass_log_rows, record_passes, sim_names)
         dead = np.flatnonzero(status == L.SIM_DEAD_END)
         if len(dead):
@@ -416,7 +528,7 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
     frames = _LazyFrames(len(sims), lambda s: _request_frame(
         sims[s], rq, int(st.i64[s, L.SM_Q_OFF]), int(st.i64[s, L.SM_W_OFF])))
     passes = _LazyFrames(len(sims), lambda s: _pass_frame(pass_chunks[s]))
-    return BatchResult(frames, passes, st.token_stat, st.token_hist, calls)
+    return BatchResult(frames, passes, st.token_stat, st.token_hist, calls, st.now_ms.copy())
 
 
 class _LazyFrames(Sequence):

@@ -34,12 +34,17 @@ RS_WAITING = 1        # queued, never admitted
 RS_RUNNING = 2
 RS_PREEMPTED = 3      # queued again after preemption (recompute)
 RS_DONE = 4
+RS_HELD = 5           # prefill (source) side finished, KV held until ReleaseSource
+RS_PENDING_DEST = 6   # decode side accepted, in the rank's pending-destination FIFO
+RS_RESERVED = 7       # decode side reserved, waiting for the transfer
+RS_ACTIVATED = 8      # decode side activated: queued with its prompt KV resident
 
 # Terminal status (``rq.i64[q, RQ_TERMINAL]``), names follow the reference's records.
 TERM_NONE = 0
 TERM_COMPLETED = 1
 TERM_REJECTED = 2
-TERMINAL_STATUS_NAMES = ("", "completed", "rejected")
+TERM_FAILED = 3       # disaggregated: the destination can never hold the prompt
+TERMINAL_STATUS_NAMES = ("", "completed", "rejected", "failed")
 
 # Scheduling policy of a rank (``cfg.i64[w, CFG_POLICY]``).
 POLICY_VLLM = 0
@@ -61,6 +66,19 @@ SIM_NEED_FLUSH = 2     # pass log full: the driver drains it and calls again
 SIM_DEAD_END = 3       # requests in flight but nothing can ever happen again
 SIM_ARENA_FULL = 4     # block arena smaller than the resident set: rerun with a larger arena
 SIM_STATUS_NAMES = ("running", "done", "need_flush", "dead_end", "arena_full")
+
+# Handoff actions queued by the disaggregated replay (``rq.i64[q, RQ_ACTION]`` of the
+# logical request; SourceFirst order: one action in flight per handoff).
+ACT_NONE = 0
+ACT_SUBMIT_PREFILL = 1
+ACT_RESERVE = 2
+ACT_START_TRANSFER = 3
+ACT_ACTIVATE = 4
+ACT_RELEASE = 5
+
+# KV transfer timing mode (``cfg.i64[w, CFG_TRANSFER_MODE]`` of a prefill worker).
+TRANSFER_FULL_PROMPT = 0
+TRANSFER_DESTINATION_MISSING = 1
 
 # Columns of the per-pass log (``pass_log[s, row, col]``), one row per forward pass.
 PL_WORKER = 0
@@ -90,11 +108,14 @@ PL_NUM_COLUMNS = len(PASS_LOG_COLUMNS)
 # Rank configuration, per worker: cfg.i64[w, CFG_*] and cfg.f64[w, CFGF_*].
 (CFG_NUM_GPU_BLOCKS, CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, CFG_MAX_NUM_BATCHED_TOKENS,
  CFG_MAX_MODEL_LEN, CFG_PREFIX_CACHING, CFG_CHUNKED_PREFILL, CFG_PREEMPTION_FIFO, CFG_POLICY,
- CFG_ROLE, CFG_TIMING) = range(11)
-CFG_I_FIELDS = 11
+ CFG_ROLE, CFG_TIMING, CFG_TRANSFER_MODE) = range(12)
+CFG_I_FIELDS = 12
+# CFGF_KV_BANDWIDTH_GBS / CFGF_KV_BYTES_PER_TOKEN are NaN when not configured (the
+# transfer then takes CFGF_HANDOFF_LATENCY_MS, the topology's fallback).
 (CFGF_FIXED_PREFILL_MS, CFGF_FIXED_DECODE_MS, CFGF_SPEEDUP_RATIO,
- CFGF_DECODE_SPEEDUP_RATIO) = range(4)
-CFG_F_FIELDS = 4
+ CFGF_DECODE_SPEEDUP_RATIO, CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN,
+ CFGF_HANDOFF_LATENCY_MS) = range(7)
+CFG_F_FIELDS = 7
 
 # Block pool, per worker: pool.w64[w, PW_*]; per arena slot: pool.b32[b, PB_*].
 (PW_BLK_OFF, PW_BLK_LEN, PW_TAB_OFF, PW_TAB_MASK, PW_FREE_TOP, PW_NUM_COPIES, PW_NUM_RESERVED,
@@ -111,22 +132,45 @@ PB_FIELDS = 9
  RQ_UUID, RQ_STATUS, RQ_WORKER, RQ_GENERATED, RQ_NUM_COMPUTED, RQ_ALLOCATED, RQ_NUM_HASHED,
  RQ_PREEMPTIONS, RQ_ADMISSIONS, RQ_FIRST_CACHED, RQ_MAX_CACHED, RQ_SCHED_STAMP, RQ_SCHED_TOKENS,
  RQ_SCHED_PROMPT, RQ_SCHED_PREFIX, RQ_SCHED_TERMINAL, RQ_TERM_NEXT, RQ_TERMINAL,
- RQ_COMMITTED_PREFILL, RQ_SCHED_LEN) = range(27)
-RQ_I_FIELDS = 27
+ RQ_COMMITTED_PREFILL, RQ_SCHED_LEN, RQ_PEER, RQ_ACTION, RQ_LINK, RQ_ORDINAL, RQ_ATTEMPT_GEN,
+ RQ_RESERVED_HITS, RQ_RESERVED_FRESH, RQ_XFER_SEQ) = range(35)
+RQ_I_FIELDS = 35
+# Disaggregated replay: a logical request (trace row) is served by two rows, the
+# logical row itself on the decode side and a prefill row (``max_output`` 1) on the
+# prefill side, linked both ways by RQ_PEER (-1 when aggregated). The logical row
+# carries the handoff state: RQ_ACTION (queued/deferred action, ACT_*), RQ_LINK (next
+# entry of a deferred-action or pending-destination list), RQ_ORDINAL (decode-rank
+# arrival ordinal), RQ_ATTEMPT_GEN (capacity generation of its last failed
+# reservation attempt), RQ_RESERVED_HITS / RQ_RESERVED_FRESH (reserved blocks),
+# RQ_XFER_SEQ (start order of its transfer: equal completion times pop in it).
 (RQF_DELAY_MS, RQF_START_MS, RQF_READY_MS, RQF_ARRIVAL_MS, RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS,
- RQF_SECOND_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_TERMINAL_MS) = range(9)
-RQ_F_FIELDS = 9
+ RQF_SECOND_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_TERMINAL_MS, RQF_SOURCE_HELD_MS,
+ RQF_DEST_RESERVED_MS, RQF_DEST_ACTIVATED_MS, RQF_SOURCE_RELEASED_MS, RQF_TRANSFER_DONE_MS) = range(14)
+RQ_F_FIELDS = 14
 
 # Workers (event loop side): wk.i64[w, WK_*].
 (WK_SIM, WK_RUN_OFF, WK_RUN_LEN, WK_WAIT_OFF, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_BUSY,
- WK_TERM_HEAD, WK_STALLED, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL) = range(12)
-WK_FIELDS = 12
+ WK_TERM_HEAD, WK_STALLED, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_TERM_TAIL, WK_PEND_HEAD,
+ WK_PEND_TAIL, WK_PEND_LEN, WK_CAP_GEN, WK_DEFER_HEAD, WK_DEFER_TAIL, WK_ORDINAL_NEXT,
+ WK_TRT_TAIL) = range(21)
+WK_FIELDS = 21
+# WK_TERM_HEAD/TAIL: terminals (and held sources) of the pass in flight, in output
+# order. WK_PEND_*: pending-destination FIFO (linked by RQ_LINK). WK_CAP_GEN: the
+# capacity generation (bumped whenever capacity or slots may have been freed).
+# WK_DEFER_*: handoff actions deferred until this worker's pass in flight ends.
+# WK_TRT_TAIL (TRT-LLM decode rank): blocks that reserved-not-activated and
+# activated-waiting destinations still need to finish, held back from admissions.
 
 # Simulations: sims.i64[s, SM_*].
 (SM_Q_OFF, SM_Q_LEN, SM_W_OFF, SM_W_LEN, SM_CONCURRENCY, SM_STATUS, SM_NUM_STARTS,
  SM_START_PTR, SM_HEAP_LEN, SM_ACTIVE_SESSIONS, SM_RR_CURSOR, SM_NUM_ARRIVED,
- SM_NUM_TERMINAL, SM_UUID_NEXT, SM_PASS_LOG_LEN, SM_RESUME_WORKER) = range(16)
-SM_FIELDS = 16
+ SM_NUM_TERMINAL, SM_UUID_NEXT, SM_PASS_LOG_LEN, SM_RESUME_WORKER, SM_PREFILL_LEN,
+ SM_DECODE_CURSOR, SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_XFER_LEN, SM_OPEN_HANDOFFS, SM_XFER_SEQ) = range(23)
+SM_FIELDS = 23
+# Disaggregated simulations: workers [W_OFF, W_OFF + PREFILL_LEN) are the prefill
+# pool, the rest the decode pool (0 prefill workers = aggregated). SM_ACTQ_*: the
+# FIFO handoff action queue (a ring in ``actq`` at Q_OFF); SM_XFER_LEN: transfers in
+# flight (a heap in ``xfer_heap`` at Q_OFF); SM_OPEN_HANDOFFS: sources not released.
 # SM_RESUME_WORKER: a kernel call that returned to flush the pass log in the middle
 # of an instant's drive resumes the drive at this worker (-1: start a new drain).
 
@@ -179,6 +223,8 @@ class Sims(NamedTuple):
     now_ms: np.ndarray       # float64[s]
     start_order: np.ndarray  # int64[q] first turns in release order (slices at SM_Q_OFF)
     heap_q: np.ndarray       # int64[q] follow-up turns by release time (slices at SM_Q_OFF)
+    actq: np.ndarray         # int64[q] disaggregated handoff action ring (slices at SM_Q_OFF)
+    xfer_heap: np.ndarray    # int64[q] transfers in flight by completion time (slices at SM_Q_OFF)
     token_stat: np.ndarray   # float64[s, TOKEN_STAT_WIDTH] token-gap accumulators (kernels.sketch)
     token_hist: np.ndarray   # int64[s, TOKEN_HIST_WIDTH]
     pass_log: np.ndarray     # float64[s, rows, PL_NUM_COLUMNS]

@@ -14,7 +14,7 @@ Simulations are independent, so the batch runs under ``prange``.
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .layout import (
     RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS, RQ_LEASE_OFF,
@@ -22,7 +22,8 @@ from .layout import (
     RQ_UUID, RQ_WORKER, RS_WAITING, SIM_ARENA_FULL, SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH,
     SIM_RUNNING, SM_ACTIVE_SESSIONS, SM_CONCURRENCY, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_STARTS,
     SM_NUM_TERMINAL, SM_PASS_LOG_LEN, SM_Q_LEN, SM_Q_OFF, SM_RESUME_WORKER, SM_RR_CURSOR, SM_START_PTR, SM_STATUS,
-    SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_RUN_LEN, WK_STALLED, WK_TERM_HEAD,
+    SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_RUN_LEN, WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL,
+    ACT_SUBMIT_PREFILL, RQ_ACTION, SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_PREFILL_LEN,
     WK_WAIT_LEN,
 )
 from .vllm_pass import run_pass, wait_push_back
@@ -88,17 +89,30 @@ def _heap_pop(sims, rq, s):
     return top
 
 
+@njit(cache=True, inline="always")
+def queue_action(rq, sims, s, q, kind):
+    """Append handoff q's next action to the simulation's FIFO action queue."""
+    rq.i64[q, RQ_ACTION] = kind
+    n = sims.i64[s, SM_Q_LEN]
+    sims.actq[sims.i64[s, SM_Q_OFF] + (sims.i64[s, SM_ACTQ_HEAD] + sims.i64[s, SM_ACTQ_LEN]) % n] = q
+    sims.i64[s, SM_ACTQ_LEN] += 1
+
+
 @njit(cache=True)
 def _arrive(cfg, rq, wl, wk, sims, s, q, arrival_ms):
-    """A request enters the system: round-robin placement, prompt block hashes."""
-    w = sims.i64[s, SM_W_OFF] + sims.i64[s, SM_RR_CURSOR] % sims.i64[s, SM_W_LEN]
-    sims.i64[s, SM_RR_CURSOR] += 1
+    """A request enters the system. Aggregated: round-robin placement, prompt block
+    hashes, waiting queue. Disaggregated: the handoff starts (SubmitPrefill queued)."""
     rq.f64[q, RQF_ARRIVAL_MS] = arrival_ms
-    rq.i64[q, RQ_WORKER] = w
     rq.i64[q, RQ_STATUS] = RS_WAITING
     rq.i64[q, RQ_UUID] = sims.i64[s, SM_UUID_NEXT]
     sims.i64[s, SM_UUID_NEXT] += 1
     sims.i64[s, SM_NUM_ARRIVED] += 1
+    if sims.i64[s, SM_PREFILL_LEN] > 0:
+        queue_action(rq, sims, s, q, ACT_SUBMIT_PREFILL)
+        return
+    w = sims.i64[s, SM_W_OFF] + sims.i64[s, SM_RR_CURSOR] % sims.i64[s, SM_W_LEN]
+    sims.i64[s, SM_RR_CURSOR] += 1
+    rq.i64[q, RQ_WORKER] = w
     row = rq.i64[q, RQ_SRC_ROW]
     p0 = wl.phash_indptr[row]
     n_prompt_blocks = wl.phash_indptr[row + 1] - p0
@@ -111,7 +125,7 @@ def _arrive(cfg, rq, wl, wk, sims, s, q, arrival_ms):
 
 
 @njit(cache=True, inline="always")
-def _admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms):
+def admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms):
     """Release every request due at ``now_ms``; returns how many arrived."""
     closed = sims.i64[s, SM_CONCURRENCY] > 0
     base = sims.i64[s, SM_Q_OFF]
@@ -149,20 +163,52 @@ def _admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms):
 
 
 @njit(cache=True, inline="always")
+def logical_terminal(rq, sims, s, q):
+    """Request q reached its terminal: free its session slot or release its next turn."""
+    sims.i64[s, SM_NUM_TERMINAL] += 1
+    nxt = rq.i64[q, RQ_NEXT_TURN]
+    if nxt >= 0:
+        rq.f64[nxt, RQF_READY_MS] = rq.f64[q, RQF_TERMINAL_MS] + rq.f64[nxt, RQF_DELAY_MS]
+        _heap_push(sims, rq, s, nxt)
+    else:
+        sims.i64[s, SM_ACTIVE_SESSIONS] -= 1
+
+
+@njit(cache=True, inline="always")
 def _complete_pass(rq, wk, sims, s, w):
     """Pass end of worker w: its terminals free session slots and release next turns."""
     wk.i64[w, WK_BUSY] = 0
     q = wk.i64[w, WK_TERM_HEAD]
     while q >= 0:
-        sims.i64[s, SM_NUM_TERMINAL] += 1
-        nxt = rq.i64[q, RQ_NEXT_TURN]
-        if nxt >= 0:
-            rq.f64[nxt, RQF_READY_MS] = rq.f64[q, RQF_TERMINAL_MS] + rq.f64[nxt, RQF_DELAY_MS]
-            _heap_push(sims, rq, s, nxt)
-        else:
-            sims.i64[s, SM_ACTIVE_SESSIONS] -= 1
+        logical_terminal(rq, sims, s, q)
         q = rq.i64[q, RQ_TERM_NEXT]
     wk.i64[w, WK_TERM_HEAD] = -1
+    wk.i64[w, WK_TERM_TAIL] = -1
+
+
+@njit(cache=True, inline="always")
+def arrivals_due(rq, sims, s, now_ms):
+    """Cheap check before the admission step (which binds the whole state)."""
+    base = sims.i64[s, SM_Q_OFF]
+    if sims.i64[s, SM_START_PTR] < sims.i64[s, SM_NUM_STARTS]:
+        if sims.i64[s, SM_CONCURRENCY] > 0:
+            if sims.i64[s, SM_ACTIVE_SESSIONS] < sims.i64[s, SM_CONCURRENCY]:
+                return True
+        elif rq.f64[sims.start_order[base + sims.i64[s, SM_START_PTR]], RQF_START_MS] <= now_ms:
+            return True
+    return sims.i64[s, SM_HEAP_LEN] > 0 and rq.f64[sims.heap_q[base], RQF_READY_MS] <= now_ms
+
+
+@njit(cache=True, inline="always")
+def next_release_ms(rq, sims, s):
+    """Release time of the next request (inf when none is scheduled)."""
+    t_next = np.inf
+    base = sims.i64[s, SM_Q_OFF]
+    if sims.i64[s, SM_CONCURRENCY] == 0 and sims.i64[s, SM_START_PTR] < sims.i64[s, SM_NUM_STARTS]:
+        t_next = rq.f64[sims.start_order[base + sims.i64[s, SM_START_PTR]], RQF_START_MS]
+    if sims.i64[s, SM_HEAP_LEN] > 0:
+        t_next = min(t_next, rq.f64[sims.heap_q[base], RQF_READY_MS])
+    return t_next
 
 
 @njit(cache=True)
@@ -191,18 +237,7 @@ def run_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens
                     if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] == now_ms:
                         _complete_pass(rq, wk, sims, s, w)
                         changed = True
-                # cheap due-check first: the admission step binds the whole state
-                due = False
-                base = sims.i64[s, SM_Q_OFF]
-                if sims.i64[s, SM_START_PTR] < sims.i64[s, SM_NUM_STARTS]:
-                    if sims.i64[s, SM_CONCURRENCY] > 0:
-                        due = sims.i64[s, SM_ACTIVE_SESSIONS] < sims.i64[s, SM_CONCURRENCY]
-                    else:
-                        due = rq.f64[sims.start_order[base + sims.i64[s, SM_START_PTR]],
-                                     RQF_START_MS] <= now_ms
-                if sims.i64[s, SM_HEAP_LEN] > 0 and rq.f64[sims.heap_q[base], RQF_READY_MS] <= now_ms:
-                    due = True
-                if due and _admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms) > 0:
+                if arrivals_due(rq, sims, s, now_ms) and admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms) > 0:
                     changed = True
             # drive: a pass that ends at this instant completes inside the drive and
             # its worker goes again before higher ids; arrivals it releases wait for
@@ -233,33 +268,12 @@ def run_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens
             sims.now_ms[s] = now_ms
             sims.i64[s, SM_STATUS] = SIM_DONE
             return
-        t_next = np.inf
+        t_next = next_release_ms(rq, sims, s)
         for w in range(w0, w1):
             if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] < t_next:
                 t_next = wk.pass_end_ms[w]
-        base = sims.i64[s, SM_Q_OFF]
-        if sims.i64[s, SM_CONCURRENCY] == 0 and sims.i64[s, SM_START_PTR] < sims.i64[s, SM_NUM_STARTS]:
-            t_next = min(t_next, rq.f64[sims.start_order[base + sims.i64[s, SM_START_PTR]], RQF_START_MS])
-        if sims.i64[s, SM_HEAP_LEN] > 0:
-            t_next = min(t_next, rq.f64[sims.heap_q[base], RQF_READY_MS])
         if t_next == np.inf:
             sims.now_ms[s] = now_ms
             sims.i64[s, SM_STATUS] = SIM_DEAD_END
             return
         now_ms = t_next
-
-
-@njit(cache=True, parallel=True)
-def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_size):
-    """Advance every simulation in ``sim_ids`` (those still running or paused for a
-    flush) until done, dead end, or its pass log is full. Scratch buffers are per
-    simulation, so threads share nothing."""
-    for i in prange(sim_ids.shape[0]):
-        s = sim_ids[i]
-        if sims.i64[s, SM_STATUS] != SIM_RUNNING and sims.i64[s, SM_STATUS] != SIM_NEED_FLUSH:
-            continue
-        acc = np.zeros(8, np.int64)
-        hits = np.empty(max_lease_blocks, np.int32)
-        fresh = np.empty(max_lease_blocks, np.int32)
-        scratch_tokens = np.empty(max_block_size, np.uint32)
-        run_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens)

@@ -30,7 +30,8 @@ from .layout import (
     RQ_SCHED_PREFIX, RQ_SCHED_LEN, RQ_SCHED_PROMPT, RQ_SCHED_STAMP, RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS,
     RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_UUID, RS_DONE, RS_PREEMPTED,
     RS_RUNNING, RS_WAITING, SM_PASS_LOG_LEN, SM_W_OFF, TERM_COMPLETED, TERM_REJECTED,
-    WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_WAIT_CAP,
+    WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP,
+    WK_PEND_LEN, WK_TRT_TAIL, WK_CAP_GEN, RS_ACTIVATED, RS_HELD,
     WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
 )
 from .sketch import fold_gap_run
@@ -269,6 +270,7 @@ def _preempt(cfg, p, rq, wk, w):
     rq.i64[v, RQ_NUM_COMPUTED] = 0
     rq.i64[v, RQ_PREEMPTIONS] += 1
     wk.i64[w, WK_PREEMPTIONS_TOTAL] += 1
+    wk.i64[w, WK_CAP_GEN] += 1
     wait_push_front(wk, w, v)
     release_lease(cfg, p, rq, w, v)
     return v
@@ -289,15 +291,42 @@ def trt_blocks_to_finish(cfg, p, rq, w, q, active_cached):
     return max(0, to_completion - have)
 
 
+@njit(cache=True, inline="always")
+def push_terminal(rq, wk, w, q):
+    """Append q to the worker's terminal list (output order, visible at the pass end)."""
+    rq.i64[q, RQ_TERM_NEXT] = -1
+    tail = wk.i64[w, WK_TERM_TAIL]
+    if tail < 0:
+        wk.i64[w, WK_TERM_HEAD] = q
+    else:
+        rq.i64[tail, RQ_TERM_NEXT] = q
+    wk.i64[w, WK_TERM_TAIL] = q
+
+
+@njit(cache=True)
+def trt_running_tail(cfg, p, rq, wk, w):
+    """TRT-LLM: blocks the running requests still need to finish, plus (decode rank)
+    those of reserved and activated-waiting destinations."""
+    tail = wk.i64[w, WK_TRT_TAIL]
+    for j in range(wk.i64[w, WK_RUN_LEN]):
+        tail += trt_blocks_to_finish(cfg, p, rq, w, wk.run_q[wk.i64[w, WK_RUN_OFF] + j], 0)
+    return tail
+
+
 @njit(cache=True)
 def _finish(cfg, p, rq, wk, w, q):
     """A request completes in this pass: lease back to the pool (tail first), onto
-    the worker's terminal list (visible at the pass end)."""
-    release_lease(cfg, p, rq, w, q)
-    rq.i64[q, RQ_STATUS] = RS_DONE
-    rq.i64[q, RQ_TERMINAL] = TERM_COMPLETED
-    rq.i64[q, RQ_TERM_NEXT] = wk.i64[w, WK_TERM_HEAD]
-    wk.i64[w, WK_TERM_HEAD] = q
+    the worker's terminal list. A disaggregated prefill (source) request instead
+    keeps its lease - its KV is held for the decode side until ReleaseSource - and
+    its terminal-list entry is the SourceHeld event of the pass."""
+    wk.i64[w, WK_CAP_GEN] += 1  # its running slot is free (and its KV, unless held)
+    if cfg.i64[w, CFG_ROLE] == ROLE_PREFILL:
+        rq.i64[q, RQ_STATUS] = RS_HELD
+    else:
+        release_lease(cfg, p, rq, w, q)
+        rq.i64[q, RQ_STATUS] = RS_DONE
+        rq.i64[q, RQ_TERMINAL] = TERM_COMPLETED
+    push_terminal(rq, wk, w, q)
 
 
 @njit(cache=True, inline="always")
@@ -357,7 +386,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 i += 1
                 continue
         out = _schedule(cfg, p, rq, wl, wk, w, q, False, 0, now_ms, stamp, acc, hits, fresh,
-                        scratch_tokens, not_decode)
+                        scratch_tokens, not_decode, 0)
         if out == SCHEDULED:
             i += 1
         elif out == CURRENT_PREEMPTED:
@@ -367,9 +396,30 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         else:
             break
 
-    # waiting queue: strict FIFO
-    while acc[4] == 0 and wk.i64[w, WK_RUN_LEN] < cfg.i64[w, CFG_MAX_NUM_SEQS] and wk.i64[w, WK_WAIT_LEN] > 0:
-        q = wait_at(wk, w, 0)
+    # waiting queue: strict FIFO. On a decode rank an activated destination (prompt
+    # KV already resident) is admitted without a capacity check, and while any
+    # destination is still pending only activated requests are admitted, in queue
+    # order, skipping the others.
+    dest_pending = wk.i64[w, WK_PEND_LEN] > 0
+    i_wait = 0
+    while acc[4] == 0 and wk.i64[w, WK_RUN_LEN] < cfg.i64[w, CFG_MAX_NUM_SEQS] \
+            and i_wait < wk.i64[w, WK_WAIT_LEN]:
+        q = wait_at(wk, w, i_wait)
+        activated = rq.i64[q, RQ_STATUS] == RS_ACTIVATED
+        if dest_pending and not activated:
+            i_wait += 1
+            continue
+        if activated and not (limit >= 0 and rq.i64[q, RQ_PROMPT_LEN] >= limit):
+            # prompt KV resident: no capacity check, nothing to allocate or compute
+            if is_trt:
+                wk.i64[w, WK_TRT_TAIL] -= trt_blocks_to_finish(cfg, p, rq, w, q, 0)
+            out = _schedule(cfg, p, rq, wl, wk, w, q, True, 0, now_ms, stamp, acc, hits, fresh,
+                            scratch_tokens, not_decode, i_wait)
+            if out == ALLOC_ARENA_FULL:
+                return now_ms, True, True
+            if acc[0] == 0:
+                break
+            continue
         length = seq_len(rq, q)
         reject = limit >= 0 and rq.i64[q, RQ_PROMPT_LEN] >= limit
         if not reject and rq.i64[q, RQ_STATUS] == RS_WAITING:
@@ -378,19 +428,17 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             else:
                 reject = _ceil_div(length, bs) > capacity
         if reject:
-            wait_remove_at(wk, w, 0)
+            wait_remove_at(wk, w, i_wait)
+            wk.i64[w, WK_CAP_GEN] += 1
             rq.i64[q, RQ_STATUS] = RS_DONE
             rq.i64[q, RQ_TERMINAL] = TERM_REJECTED
-            rq.i64[q, RQ_TERM_NEXT] = wk.i64[w, WK_TERM_HEAD]
-            wk.i64[w, WK_TERM_HEAD] = q
+            push_terminal(rq, wk, w, q)
             acc[7] += 1
             continue
         cached, active_cached = capped_prefix_cost(cfg, p, rq, w, q)
         available = capacity - num_active(p, w)
         if is_trt:
-            for j in range(wk.i64[w, WK_RUN_LEN]):
-                rj = wk.run_q[wk.i64[w, WK_RUN_OFF] + j]
-                available -= trt_blocks_to_finish(cfg, p, rq, w, rj, 0)
+            available -= trt_running_tail(cfg, p, rq, wk, w)
             needed = trt_blocks_to_finish(cfg, p, rq, w, q, active_cached)
         else:
             needed = _ceil_div(length, bs) - active_cached // bs
@@ -398,7 +446,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             break
         budget_before = acc[0]
         out = _schedule(cfg, p, rq, wl, wk, w, q, True, cached, now_ms, stamp, acc, hits, fresh,
-                        scratch_tokens, not_decode)
+                        scratch_tokens, not_decode, 0)
         if out == ALLOC_ARENA_FULL:
             return now_ms, True, True
         if out != SCHEDULED:
@@ -503,9 +551,10 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
 
 @njit(cache=True)
 def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp, acc, hits,
-              fresh, scratch_tokens, not_decode):
+              fresh, scratch_tokens, not_decode, wait_index):
     """The reference's ``schedule_request``: allocate (preempting on exhaustion),
-    finalize computed blocks, record the work and admit a waiting request."""
+    finalize computed blocks, record the work and admit a waiting request (found
+    at ``wait_index`` of the waiting queue)."""
     bs = cfg.i64[w, CFG_BLOCK_SIZE]
     if rq.i64[q, RQ_NUM_COMPUTED] == 0:
         if from_waiting:
@@ -584,7 +633,7 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
     acc[6] += used
     if from_waiting:
         # victims preempted by this call were queued ahead of q
-        wait_remove_at(wk, w, victims_queued)
+        wait_remove_at(wk, w, wait_index + victims_queued)
         wk.run_q[wk.i64[w, WK_RUN_OFF] + wk.i64[w, WK_RUN_LEN]] = q
         wk.i64[w, WK_RUN_LEN] += 1
         rq.i64[q, RQ_STATUS] = RS_RUNNING

@@ -460,7 +460,7 @@ def _spec_copy(tmp_path, edit):
     (lambda p: p["spec"]["engine"]["rank"].update(speculative=True),
      ["spec.engine.rank.speculative", "unknown field"]),
     (lambda p: p["spec"]["topology"].update(kind="disaggregated"),
-     ["spec.topology.kind", "not simulated yet"]),
+     ["spec.topology.workers", "unknown field for a disaggregated topology"]),
     (lambda p: p["spec"]["engine"].update(tensor_parallel_size=0),
      ["spec.engine.tensor_parallel_size"]),
     (lambda p: p["traffic"].update(trace_path="missing.jsonl"), ["missing.jsonl", "not found"]),

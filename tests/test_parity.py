@@ -12,6 +12,7 @@ cases must give every simulation exactly its solo result.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import json
 import subprocess
@@ -23,7 +24,7 @@ import pandas as pd
 import pytest
 
 from aisim_fast.config import load_spec
-from aisim_fast.replay import Simulation, run_batch
+from aisim_fast.replay import run_batch, simulation_from_setup
 from aisim_fast.workload import load_mooncake
 from parity_rules import ATOL, RTOL, as_key_part, as_number, within
 
@@ -42,8 +43,10 @@ FAST_CASES = [
     "1k_trtllm_agg2",
     "sess200_vllm_agg2",
     "sess200_vllm_agg2_conc6",
+    "1k_vllm_disagg1p2d",
+    "1k_vllm_disagg1p2d_bw",
 ]
-SLOW_CASES = ["10k_vllm_agg8"]
+SLOW_CASES = ["10k_vllm_agg8", "10k_vllm_disagg2p4d"]
 ALL_CASES = FAST_CASES + [pytest.param(c, marks=pytest.mark.slow) for c in SLOW_CASES]
 
 # parity.py's default metric set and tolerance
@@ -51,10 +54,14 @@ PARITY_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "cached_tokens", "output_token
 # Columns compared bit for bit where the golden has them. The golden's
 # second_token_ms is written as first + ttst (a float sum), so it is left out.
 EXACT_TIME_COLUMNS = ("arrival_ms", "first_token_ms", "last_token_ms", "first_admit_ms",
-                      "completion_ms")
+                      "completion_ms",
+                      # disaggregated handoff timeline (empty in aggregated goldens)
+                      "prefill_admit_ms", "source_held_ms", "destination_reserved_ms",
+                      "destination_activated_ms", "decode_admit_ms", "source_released_ms")
 EXACT_INT_COLUMNS = ("input_tokens", "output_tokens", "cached_tokens",
                      "first_admission_cached_tokens", "worker", "admission_count",
-                     "readmission_count")
+                     "readmission_count", "prefill_worker", "decode_worker",
+                     "decode_cached_tokens")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -123,7 +130,7 @@ def simulation(case) -> Simulation:
     trace_name = json.loads(spec_path.read_text())["traffic"]["trace_path"]
     setup = load_spec(spec_path, trace_override=str(TRACES / Path(trace_name).name))
     wl = _workload(setup.trace_path, setup.trace_block_size, setup.arrival_speedup_ratio)
-    return Simulation(wl, setup.rank, setup.workers, setup.concurrency)
+    return simulation_from_setup(setup, wl)
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,7 +165,7 @@ def test_golden_timeline_bit_exact(case):
             continue
         for key, row in gold.items():
             g = as_number(row[col])
-            c = as_number(cand[key][col])
+            c = as_number(cand[key].get(col))  # aggregated runs have no handoff columns
             # bit equality; two missing values agree
             if not (g is None and c is None) and g != c:
                 bad.append((key, col, g, c))
@@ -209,7 +216,7 @@ def test_batch_order_and_repeats_do_not_matter():
 
 
 @pytest.mark.parametrize("case", ["tiny20_vllm_agg1", "sess200_vllm_agg2_conc6",
-                                  "1k_vllm_agg1_kvpressure"])
+                                  "1k_vllm_agg1_kvpressure", "1k_vllm_disagg1p2d"])
 def test_pass_log_flushes_are_transparent(case):
     """A tiny pass log makes the kernel stop for a flush every few passes and resume;
     the run must be identical to one that never stops."""
@@ -220,13 +227,12 @@ def test_pass_log_flushes_are_transparent(case):
 
 
 @pytest.mark.parametrize("case", ["tiny20_vllm_agg1", "1k_vllm_agg1_kvpressure",
-                                  "sess200_vllm_agg2"])
+                                  "sess200_vllm_agg2", "1k_vllm_disagg1p2d_bw"])
 def test_arena_size_does_not_change_results(case):
     """The per-worker block arena is an allocation detail: sizing it to the full pool
     gives the same run as the workload-based estimate."""
     sim = simulation(case)
-    full = Simulation(sim.workload, sim.rank, sim.workers, sim.concurrency,
-                      arena_blocks=sim.rank.num_gpu_blocks)
+    full = dataclasses.replace(sim, arena_blocks=sim.rank.num_gpu_blocks)
     res = run_batch([full])
     got = (res.requests[0], res.passes[0], res.token_stat[0], res.token_hist[0])
     _assert_same_result(case, got, solo(case))

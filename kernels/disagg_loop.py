@@ -1,0 +1,488 @@
+"""The disaggregated (prefill -> decode) replay event loop, SourceFirst order (vLLM and
+TRT-LLM), run to completion inside one kernel call like the aggregated loop.
+
+A logical request is served by two request rows (see ``layout``): its prefill row
+runs on a prefill worker with one output token; when that pass ends the source KV
+is held (SourceHeld) and the handoff continues with the logical row on a decode
+worker: ReserveDestination -> DestinationReserved -> StartTransfer ->
+TransferCompleted -> ActivateDestination -> ReleaseSource. The decode worker then
+generates every output token of the request.
+
+Order inside one instant (spec/replay.md §1.4, verified bit-exactly on the goldens):
+
+1. pass completions due now, prefill workers before decode workers, by worker id;
+   each re-queues the actions deferred on that worker, then applies its outputs,
+   then its lifecycle events (SourceHeld -> queue ReserveDestination; a decode
+   worker's completion-time reservation retry -> queue StartTransfer);
+2. transfers completing now queue ActivateDestination;
+3. arrivals queue SubmitPrefill, in arrival order;
+4. the FIFO action queue is drained, including the actions it appends;
+5. idle prefill workers, then idle decode workers, start passes in id order; a
+   zero-duration pass completes inside the drive (step 1's rules);
+repeated until nothing changes. Activate (decode worker) and Release (prefill
+worker) wait while their worker has a pass in flight; ReserveDestination is
+accepted at once and reserved at once only when the decode worker is idle.
+"""
+
+import numpy as np
+from numba import njit
+
+from .block_pool import num_active, release_ref, reserve, table_find, cache_copy
+from .layout import (
+    ACT_ACTIVATE, ACT_NONE, ACT_RELEASE, ACT_RESERVE, ACT_START_TRANSFER, ACT_SUBMIT_PREFILL,
+    CFGF_HANDOFF_LATENCY_MS, CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN, CFG_BLOCK_SIZE,
+    CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_POLICY, CFG_PREFIX_CACHING, CFG_TRANSFER_MODE,
+    NO_BLOCK, POLICY_TRTLLM, RQF_ARRIVAL_MS, RQF_DEST_ACTIVATED_MS, RQF_DEST_RESERVED_MS,
+    RQF_SOURCE_HELD_MS, RQF_SOURCE_RELEASED_MS, RQF_START_MS, RQF_TERMINAL_MS,
+    RQF_TRANSFER_DONE_MS, RQ_ACTION, RQ_ALLOCATED, RQ_ATTEMPT_GEN, RQ_LEASE_OFF, RQ_LINK,
+    RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_ORDINAL, RQ_PEER, RQ_PROMPT_LEN, RQ_RESERVED_FRESH,
+    RQ_RESERVED_HITS, RQ_XFER_SEQ, RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_UUID, RQ_WORKER,
+    RS_ACTIVATED, RS_DONE, RS_HELD, RS_PENDING_DEST, RS_RESERVED, RS_WAITING, SIM_ARENA_FULL,
+    SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH, SIM_RUNNING, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD,
+    SM_ACTQ_LEN, SM_CONCURRENCY, SM_DECODE_CURSOR, SM_HEAP_LEN, SM_NUM_STARTS, SM_NUM_TERMINAL,
+    SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RESUME_WORKER,
+    SM_RR_CURSOR, SM_START_PTR, SM_STATUS, SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_FAILED,
+    TERM_REJECTED, TRANSFER_DESTINATION_MISSING, WK_BUSY, WK_CAP_GEN, WK_DEFER_HEAD,
+    WK_DEFER_TAIL, WK_ORDINAL_NEXT, WK_PEND_HEAD, WK_PEND_LEN, WK_PEND_TAIL, WK_RUN_LEN,
+    WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL, WK_TRT_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD,
+    WK_WAIT_LEN, WK_WAIT_OFF,
+)
+from .replay_loop import admit_arrivals, arrivals_due, logical_terminal, next_release_ms, queue_action
+from .vllm_pass import release_lease, run_pass, trt_blocks_to_finish, trt_running_tail, \
+    wait_at, wait_push_back
+
+
+@njit(cache=True)
+def transfer_delay_ms(tokens, kv_bytes_per_token, bandwidth_gb_s, fallback_ms):
+    """KV transfer delay: ``(tokens * bytes/token) / (GB/s * 1e9) * 1000`` in float64,
+    in the reference's operation order (not quantized); the topology's fallback when
+    the model is incomplete (bytes or bandwidth unset, bandwidth 0 or not finite)."""
+    if np.isnan(kv_bytes_per_token) or not np.isfinite(bandwidth_gb_s) or bandwidth_gb_s <= 0.0:
+        return fallback_ms
+    return (np.float64(tokens) * kv_bytes_per_token + 0.0) / (bandwidth_gb_s * 1e9) * 1000.0
+
+
+# ---------------------------------------------------------------------------------
+# the FIFO action queue (a ring per simulation) and per-worker deferred actions
+# ---------------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _pop_action(sims, s):
+    q = sims.actq[sims.i64[s, SM_Q_OFF] + sims.i64[s, SM_ACTQ_HEAD]]
+    sims.i64[s, SM_ACTQ_HEAD] = (sims.i64[s, SM_ACTQ_HEAD] + 1) % sims.i64[s, SM_Q_LEN]
+    sims.i64[s, SM_ACTQ_LEN] -= 1
+    return q
+
+
+@njit(cache=True, inline="always")
+def _defer(rq, wk, w, q):
+    """Keep q's action until worker w's pass in flight completes."""
+    rq.i64[q, RQ_LINK] = -1
+    tail = wk.i64[w, WK_DEFER_TAIL]
+    if tail < 0:
+        wk.i64[w, WK_DEFER_HEAD] = q
+    else:
+        rq.i64[tail, RQ_LINK] = q
+    wk.i64[w, WK_DEFER_TAIL] = q
+
+
+@njit(cache=True, inline="always")
+def _requeue_deferred(rq, wk, sims, s, w):
+    q = wk.i64[w, WK_DEFER_HEAD]
+    while q >= 0:
+        nxt = rq.i64[q, RQ_LINK]
+        rq.i64[q, RQ_LINK] = -1
+        queue_action(rq, sims, s, q, rq.i64[q, RQ_ACTION])
+        q = nxt
+    wk.i64[w, WK_DEFER_HEAD] = -1
+    wk.i64[w, WK_DEFER_TAIL] = -1
+
+
+# ---------------------------------------------------------------------------------
+# transfers in flight: a binary heap by (completion time, start order)
+# ---------------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _xfer_before(rq, a, b):
+    ta = rq.f64[a, RQF_TRANSFER_DONE_MS]
+    tb = rq.f64[b, RQF_TRANSFER_DONE_MS]
+    if ta != tb:
+        return ta < tb
+    return rq.i64[a, RQ_XFER_SEQ] < rq.i64[b, RQ_XFER_SEQ]
+
+
+@njit(cache=True)
+def _xfer_push(rq, sims, s, q):
+    base = sims.i64[s, SM_Q_OFF]
+    h = sims.xfer_heap
+    i = sims.i64[s, SM_XFER_LEN]
+    sims.i64[s, SM_XFER_LEN] = i + 1
+    while i > 0:
+        parent = (i - 1) // 2
+        if _xfer_before(rq, q, h[base + parent]):
+            h[base + i] = h[base + parent]
+            i = parent
+        else:
+            break
+    h[base + i] = q
+
+
+@njit(cache=True)
+def _xfer_pop(rq, sims, s):
+    base = sims.i64[s, SM_Q_OFF]
+    h = sims.xfer_heap
+    top = h[base]
+    n = sims.i64[s, SM_XFER_LEN] - 1
+    sims.i64[s, SM_XFER_LEN] = n
+    if n == 0:
+        return top
+    last = h[base + n]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and _xfer_before(rq, h[base + c + 1], h[base + c]):
+            c += 1
+        if _xfer_before(rq, h[base + c], last):
+            h[base + i] = h[base + c]
+            i = c
+        else:
+            break
+    h[base + i] = last
+    return top
+
+
+# ---------------------------------------------------------------------------------
+# decode rank: pending destinations, reservation, activation
+# ---------------------------------------------------------------------------------
+@njit(cache=True)
+def _load_prompt_hashes(rq, wl, q):
+    """Prompt block hashes of row q at its own worker's block size."""
+    row = rq.i64[q, RQ_SRC_ROW]
+    p0 = wl.phash_indptr[row]
+    n_blocks = wl.phash_indptr[row + 1] - p0
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    for i in range(n_blocks):
+        rq.seq_hash[k0 + i] = wl.phash[p0 + i]
+    rq.i64[q, RQ_NUM_HASHED] = n_blocks
+
+
+@njit(cache=True)
+def _retry_destination(cfg, p, rq, wk, w, hits, fresh):
+    """Try to reserve the head of worker w's pending-destination FIFO (at most one
+    per call, at most one attempt per capacity generation). Returns the reserved
+    row, -1 when nothing was reserved, -2 when the block arena is exhausted."""
+    q = wk.i64[w, WK_PEND_HEAD]
+    if q < 0 or rq.i64[q, RQ_ATTEMPT_GEN] == wk.i64[w, WK_CAP_GEN]:
+        return -1
+    bs = cfg.i64[w, CFG_BLOCK_SIZE]
+    capacity = cfg.i64[w, CFG_NUM_GPU_BLOCKS]
+    prompt = rq.i64[q, RQ_PROMPT_LEN]
+    n_blocks = (prompt + bs - 1) // bs
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    n_hit = 0
+    res = 0
+    if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
+        # guaranteed-no-evict: the whole completion must fit; fresh blocks only
+        available = capacity - num_active(p, w) - trt_running_tail(cfg, p, rq, wk, w)
+        to_finish = trt_blocks_to_finish(cfg, p, rq, w, q, 0)
+        if to_finish <= available:
+            res = reserve(p, w, capacity, hits, 0, n_blocks, fresh)
+            if res == 1:
+                wk.i64[w, WK_TRT_TAIL] += to_finish - n_blocks
+    elif wk.i64[w, WK_RUN_LEN] < cfg.i64[w, CFG_MAX_NUM_SEQS]:
+        if cfg.i64[w, CFG_PREFIX_CACHING] != 0:
+            # the longest resident prefix of complete prompt blocks is reused
+            while n_hit < rq.i64[q, RQ_NUM_HASHED]:
+                b = table_find(p, w, rq.seq_hash[k0 + n_hit])
+                if b == NO_BLOCK:
+                    break
+                hits[n_hit] = b
+                n_hit += 1
+        res = reserve(p, w, capacity, hits, n_hit, n_blocks - n_hit, fresh)
+    if res < 0:
+        return -2
+    if res == 0:
+        rq.i64[q, RQ_ATTEMPT_GEN] = wk.i64[w, WK_CAP_GEN]
+        return -1
+    for i in range(n_hit):
+        rq.lease[k0 + i] = hits[i]
+    for i in range(n_blocks - n_hit):
+        rq.lease[k0 + n_hit + i] = fresh[i]
+    rq.i64[q, RQ_RESERVED_HITS] = n_hit
+    rq.i64[q, RQ_RESERVED_FRESH] = n_blocks - n_hit
+    rq.i64[q, RQ_STATUS] = RS_RESERVED
+    wk.i64[w, WK_PEND_HEAD] = rq.i64[q, RQ_LINK]
+    if rq.i64[q, RQ_LINK] < 0:
+        wk.i64[w, WK_PEND_TAIL] = -1
+    rq.i64[q, RQ_LINK] = -1
+    wk.i64[w, WK_PEND_LEN] -= 1
+    wk.i64[w, WK_STALLED] = 0  # admissions it blocked may run now
+    return q
+
+
+@njit(cache=True)
+def _insert_by_ordinal(rq, wk, w, q):
+    """Put q in w's waiting queue before the first request with a later ordinal."""
+    n = wk.i64[w, WK_WAIT_LEN]
+    i = n
+    while i > 0 and rq.i64[wait_at(wk, w, i - 1), RQ_ORDINAL] > rq.i64[q, RQ_ORDINAL]:
+        i -= 1
+    wait_push_back(wk, w, q)
+    cap = wk.i64[w, WK_WAIT_CAP]
+    off = wk.i64[w, WK_WAIT_OFF]
+    head = wk.i64[w, WK_WAIT_HEAD]
+    for j in range(n, i, -1):
+        wk.wait_q[off + (head + j) % cap] = wk.wait_q[off + (head + j - 1) % cap]
+    wk.wait_q[off + (head + i) % cap] = q
+
+
+@njit(cache=True)
+def _activate(cfg, p, rq, wk, w, q):
+    """Commit q's reservation: its complete fresh prompt blocks become cached copies
+    (visible from now on), the partial tail stays private; q waits, materialized,
+    at its arrival position."""
+    bs = cfg.i64[w, CFG_BLOCK_SIZE]
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    prompt = rq.i64[q, RQ_PROMPT_LEN]
+    if cfg.i64[w, CFG_PREFIX_CACHING] != 0:
+        for i in range(rq.i64[q, RQ_RESERVED_HITS], rq.i64[q, RQ_NUM_HASHED]):
+            cache_copy(p, w, rq.lease[k0 + i], rq.seq_hash[k0 + i])
+    rq.i64[q, RQ_ALLOCATED] = prompt
+    rq.i64[q, RQ_NUM_COMPUTED] = prompt
+    rq.i64[q, RQ_STATUS] = RS_ACTIVATED
+    _insert_by_ordinal(rq, wk, w, q)
+    wk.i64[w, WK_STALLED] = 0
+
+
+# ---------------------------------------------------------------------------------
+# actions
+# ---------------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _reserved(rq, sims, s, q, now_ms):
+    """DestinationReserved: the coordinator starts the transfer."""
+    rq.f64[q, RQF_DEST_RESERVED_MS] = now_ms
+    queue_action(rq, sims, s, q, ACT_START_TRANSFER)
+
+
+@njit(cache=True)
+def _fail_request(rq, sims, s, q, status, now_ms):
+    """A handoff that cannot continue ends its logical request."""
+    rq.i64[q, RQ_STATUS] = RS_DONE
+    rq.i64[q, RQ_TERMINAL] = status
+    rq.f64[q, RQF_TERMINAL_MS] = now_ms
+    logical_terminal(rq, sims, s, q)
+
+
+@njit(cache=True)
+def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
+    """Execute the queued action of handoff q. Returns False when the block arena is
+    exhausted."""
+    kind = rq.i64[q, RQ_ACTION]
+    rq.i64[q, RQ_ACTION] = ACT_NONE
+    w0 = sims.i64[s, SM_W_OFF]
+    n_prefill = sims.i64[s, SM_PREFILL_LEN]
+    qp = rq.i64[q, RQ_PEER]
+    if kind == ACT_SUBMIT_PREFILL:
+        wp = w0 + sims.i64[s, SM_RR_CURSOR] % n_prefill
+        sims.i64[s, SM_RR_CURSOR] += 1
+        rq.i64[qp, RQ_WORKER] = wp
+        rq.i64[qp, RQ_STATUS] = RS_WAITING
+        rq.i64[qp, RQ_UUID] = rq.i64[q, RQ_UUID]
+        rq.f64[qp, RQF_ARRIVAL_MS] = rq.f64[q, RQF_ARRIVAL_MS]
+        _load_prompt_hashes(rq, wl, qp)
+        wait_push_back(wk, wp, qp)
+        wk.i64[wp, WK_STALLED] = 0
+        sims.i64[s, SM_OPEN_HANDOFFS] += 1
+    elif kind == ACT_RESERVE:
+        n_decode = sims.i64[s, SM_W_LEN] - n_prefill
+        wd = w0 + n_prefill + sims.i64[s, SM_DECODE_CURSOR] % n_decode
+        sims.i64[s, SM_DECODE_CURSOR] += 1
+        rq.i64[q, RQ_WORKER] = wd
+        bs = cfg.i64[wd, CFG_BLOCK_SIZE]
+        if cfg.i64[wd, CFG_POLICY] == POLICY_TRTLLM:
+            impossible = trt_blocks_to_finish(cfg, p, rq, wd, q, 0) > cfg.i64[wd, CFG_NUM_GPU_BLOCKS]
+        else:
+            impossible = (rq.i64[q, RQ_PROMPT_LEN] + bs - 1) // bs > cfg.i64[wd, CFG_NUM_GPU_BLOCKS]
+        if impossible:
+            # the destination can never hold the prompt: the handoff unwinds
+            _fail_request(rq, sims, s, q, TERM_FAILED, now_ms)
+            queue_action(rq, sims, s, q, ACT_RELEASE)
+            return True
+        _load_prompt_hashes(rq, wl, q)
+        rq.i64[q, RQ_STATUS] = RS_PENDING_DEST
+        rq.i64[q, RQ_ORDINAL] = wk.i64[wd, WK_ORDINAL_NEXT]
+        wk.i64[wd, WK_ORDINAL_NEXT] += 1
+        rq.i64[q, RQ_ATTEMPT_GEN] = -1
+        rq.i64[q, RQ_LINK] = -1
+        tail = wk.i64[wd, WK_PEND_TAIL]
+        if tail < 0:
+            wk.i64[wd, WK_PEND_HEAD] = q
+        else:
+            rq.i64[tail, RQ_LINK] = q
+        wk.i64[wd, WK_PEND_TAIL] = q
+        wk.i64[wd, WK_PEND_LEN] += 1
+        if wk.i64[wd, WK_BUSY] == 0:
+            r = _retry_destination(cfg, p, rq, wk, wd, hits, fresh)
+            if r == -2:
+                return False
+            if r >= 0:
+                _reserved(rq, sims, s, r, now_ms)
+    elif kind == ACT_START_TRANSFER:
+        wp = rq.i64[qp, RQ_WORKER]
+        if cfg.i64[wp, CFG_TRANSFER_MODE] == TRANSFER_DESTINATION_MISSING:
+            tokens = rq.i64[q, RQ_RESERVED_FRESH] * cfg.i64[rq.i64[q, RQ_WORKER], CFG_BLOCK_SIZE]
+        else:
+            tokens = rq.i64[q, RQ_PROMPT_LEN]
+        delay_ms = transfer_delay_ms(tokens, cfg.f64[wp, CFGF_KV_BYTES_PER_TOKEN],
+                                     cfg.f64[wp, CFGF_KV_BANDWIDTH_GBS],
+                                     cfg.f64[wp, CFGF_HANDOFF_LATENCY_MS])
+        if delay_ms > 0.0:
+            rq.f64[q, RQF_TRANSFER_DONE_MS] = now_ms + delay_ms
+            rq.i64[q, RQ_XFER_SEQ] = sims.i64[s, SM_XFER_SEQ]  # ties pop in start order
+            sims.i64[s, SM_XFER_SEQ] += 1
+            _xfer_push(rq, sims, s, q)
+        else:
+            rq.f64[q, RQF_TRANSFER_DONE_MS] = now_ms
+            queue_action(rq, sims, s, q, ACT_ACTIVATE)
+    elif kind == ACT_ACTIVATE:
+        wd = rq.i64[q, RQ_WORKER]
+        if wk.i64[wd, WK_BUSY] != 0:
+            rq.i64[q, RQ_ACTION] = kind
+            _defer(rq, wk, wd, q)
+            return True
+        _activate(cfg, p, rq, wk, wd, q)
+        rq.f64[q, RQF_DEST_ACTIVATED_MS] = now_ms
+        queue_action(rq, sims, s, q, ACT_RELEASE)
+        r = _retry_destination(cfg, p, rq, wk, wd, hits, fresh)
+        if r == -2:
+            return False
+        if r >= 0:
+            _reserved(rq, sims, s, r, now_ms)
+    elif kind == ACT_RELEASE:
+        wp = rq.i64[qp, RQ_WORKER]
+        if wk.i64[wp, WK_BUSY] != 0:
+            rq.i64[q, RQ_ACTION] = kind
+            _defer(rq, wk, wp, q)
+            return True
+        release_lease(cfg, p, rq, wp, qp)
+        rq.i64[qp, RQ_STATUS] = RS_DONE
+        rq.f64[q, RQF_SOURCE_RELEASED_MS] = now_ms
+        wk.i64[wp, WK_CAP_GEN] += 1
+        wk.i64[wp, WK_STALLED] = 0  # freed blocks may admit its waiting head
+        sims.i64[s, SM_OPEN_HANDOFFS] -= 1
+    return True
+
+
+@njit(cache=True)
+def _complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
+    """Pass end of worker w. Returns (reserved a destination, arena exhausted)."""
+    wk.i64[w, WK_BUSY] = 0
+    _requeue_deferred(rq, wk, sims, s, w)
+    prefill = w < sims.i64[s, SM_W_OFF] + sims.i64[s, SM_PREFILL_LEN]
+    q = wk.i64[w, WK_TERM_HEAD]
+    while q >= 0:
+        nxt = rq.i64[q, RQ_TERM_NEXT]
+        if prefill:
+            ql = rq.i64[q, RQ_PEER]
+            if rq.i64[q, RQ_STATUS] == RS_HELD:
+                rq.f64[ql, RQF_SOURCE_HELD_MS] = now_ms
+                queue_action(rq, sims, s, ql, ACT_RESERVE)
+            else:  # rejected by the prefill rank: the handoff fails with it
+                sims.i64[s, SM_OPEN_HANDOFFS] -= 1
+                _fail_request(rq, sims, s, ql, TERM_REJECTED, now_ms)
+        else:
+            logical_terminal(rq, sims, s, q)
+        q = nxt
+    wk.i64[w, WK_TERM_HEAD] = -1
+    wk.i64[w, WK_TERM_TAIL] = -1
+    if prefill:
+        return False, False
+    r = _retry_destination(cfg, p, rq, wk, w, hits, fresh)
+    if r == -2:
+        return False, True
+    if r >= 0:
+        _reserved(rq, sims, s, r, now_ms)
+        return True, False
+    return False, False
+
+
+@njit(cache=True)
+def run_disagg_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens):
+    """Advance disaggregated simulation s until it is done or needs the driver."""
+    w0 = sims.i64[s, SM_W_OFF]
+    w1 = w0 + sims.i64[s, SM_W_LEN]
+    log_rows = sims.pass_log.shape[1]
+    sims.i64[s, SM_STATUS] = SIM_RUNNING
+    now_ms = sims.now_ms[s]
+    resume_w = sims.i64[s, SM_RESUME_WORKER]
+    sims.i64[s, SM_RESUME_WORKER] = -1
+    while True:
+        changed = True
+        while changed:
+            changed = False
+            first_w = w0
+            if resume_w >= 0:
+                first_w = resume_w
+                resume_w = -1
+                changed = True
+            else:
+                for w in range(w0, w1):
+                    if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] == now_ms:
+                        _, full = _complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh)
+                        if full:
+                            sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                            return
+                        changed = True
+                while sims.i64[s, SM_XFER_LEN] > 0 and \
+                        rq.f64[sims.xfer_heap[sims.i64[s, SM_Q_OFF]], RQF_TRANSFER_DONE_MS] <= now_ms:
+                    queue_action(rq, sims, s, _xfer_pop(rq, sims, s), ACT_ACTIVATE)
+                    changed = True
+                if arrivals_due(rq, sims, s, now_ms) and admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms) > 0:
+                    changed = True
+                while sims.i64[s, SM_ACTQ_LEN] > 0:
+                    if not _run_action(cfg, p, rq, wl, wk, sims, s, _pop_action(sims, s), now_ms, hits, fresh):
+                        sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                        return
+                    changed = True
+            for w in range(first_w, w1):
+                while wk.i64[w, WK_BUSY] == 0 and wk.i64[w, WK_STALLED] == 0 \
+                        and (wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0):
+                    if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] >= log_rows:
+                        sims.now_ms[s] = now_ms
+                        sims.i64[s, SM_RESUME_WORKER] = w
+                        sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
+                        return
+                    end_ms, had_effect, arena_full = run_pass(
+                        cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
+                    if arena_full:
+                        sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                        return
+                    wk.i64[w, WK_BUSY] = 1
+                    wk.pass_end_ms[w] = end_ms
+                    if end_ms == now_ms:
+                        # completes inside the drive; its reservation retry is an effect
+                        reserved, full = _complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms,
+                                                               hits, fresh)
+                        if full:
+                            sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                            return
+                        had_effect = had_effect or reserved
+                    if not had_effect:
+                        wk.i64[w, WK_STALLED] = 1
+                        break
+                    changed = True
+        if sims.i64[s, SM_NUM_TERMINAL] == sims.i64[s, SM_Q_LEN] and sims.i64[s, SM_OPEN_HANDOFFS] == 0:
+            sims.now_ms[s] = now_ms
+            sims.i64[s, SM_STATUS] = SIM_DONE
+            return
+        t_next = next_release_ms(rq, sims, s)
+        for w in range(w0, w1):
+            if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] < t_next:
+                t_next = wk.pass_end_ms[w]
+        if sims.i64[s, SM_XFER_LEN] > 0:
+            t_next = min(t_next, rq.f64[sims.xfer_heap[sims.i64[s, SM_Q_OFF]], RQF_TRANSFER_DONE_MS])
+        if t_next == np.inf:
+            sims.now_ms[s] = now_ms
+            sims.i64[s, SM_STATUS] = SIM_DEAD_END
+            return
+        now_ms = t_next
