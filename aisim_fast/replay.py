@@ -521,8 +521,9 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
             in_flight = int(st.i64[s, L.SM_NUM_ARRIVED] - st.i64[s, L.SM_NUM_TERMINAL])
             raise SimulationError(
                 f"simulation {sim_names[s]}: dead end at t={st.now_ms[s]:.6f} ms with {in_flight} in-flight "
-                "requests that can never be scheduled (a request outgrows the KV pool; the "
-                "reference aborts on the same condition)")
+                "requests that can never be scheduled (a request outgrows its KV pool, or a "
+                "preempted decode request blocks activated ones; the reference aborts on the "
+                "same condition)")
         if np.all(status == L.SIM_DONE):
             break
     frames = _LazyFrames(len(sims), lambda s: _request_frame(

@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import functools
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,13 +25,23 @@ import pandas as pd
 import pytest
 
 from aisim_fast.config import load_spec
-from aisim_fast.replay import run_batch, simulation_from_setup
+from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup
 from aisim_fast.workload import load_mooncake
 from parity_rules import ATOL, RTOL, as_key_part, as_number, within
 
 TESTS_DIR = Path(__file__).resolve().parent
 GOLDEN = TESTS_DIR / "data" / "golden"
 TRACES = TESTS_DIR / "data" / "traces"
+# Small disaggregated runs of the reference made for the corners the big goldens do
+# not reach (decode-side preemption, full decode pools, TRT-LLM, destination_missing,
+# fallback latency, fixed timing, max_num_seqs); traces next to the specs.
+MINI_GOLDEN = TESTS_DIR / "data" / "golden_disagg"
+MINI_CASES = ["dm1", "fb1", "fx1", "tiny40", "tiny35", "seqs2", "ptiny2", "trt1", "trt_tiny",
+              "trt_tiny2", "dead25"]
+
+
+def golden_dir(case):
+    return MINI_GOLDEN if case in MINI_CASES else GOLDEN
 
 FAST_CASES = [
     "tiny20_vllm_agg1",
@@ -45,7 +56,7 @@ FAST_CASES = [
     "sess200_vllm_agg2_conc6",
     "1k_vllm_disagg1p2d",
     "1k_vllm_disagg1p2d_bw",
-]
+] + MINI_CASES
 SLOW_CASES = ["10k_vllm_agg8", "10k_vllm_disagg2p4d"]
 ALL_CASES = FAST_CASES + [pytest.param(c, marks=pytest.mark.slow) for c in SLOW_CASES]
 
@@ -69,7 +80,7 @@ EXACT_INT_COLUMNS = ("input_tokens", "output_tokens", "cached_tokens",
 # tool is also run as-is in test_reference_parity_tool when it is available)
 # ------------------------------------------------------------------------------------------------
 def read_golden(case):
-    with open(GOLDEN / (case + ".csv"), newline="", encoding="utf-8") as fh:
+    with open(golden_dir(case) / (case + ".csv"), newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     return {(row["request_id"].strip(), as_key_part(row.get("turn_index"))): row for row in rows}
 
@@ -126,9 +137,10 @@ def _workload(trace_path, trace_block_size, ratio):
 
 @functools.lru_cache(maxsize=None)
 def simulation(case) -> Simulation:
-    spec_path = GOLDEN / (case + ".spec.json")
+    spec_path = golden_dir(case) / (case + ".spec.json")
     trace_name = json.loads(spec_path.read_text())["traffic"]["trace_path"]
-    setup = load_spec(spec_path, trace_override=str(TRACES / Path(trace_name).name))
+    trace_dir = MINI_GOLDEN if case in MINI_CASES else TRACES
+    setup = load_spec(spec_path, trace_override=str(trace_dir / Path(trace_name).name))
     wl = _workload(setup.trace_path, setup.trace_block_size, setup.arrival_speedup_ratio)
     return simulation_from_setup(setup, wl)
 
@@ -182,7 +194,7 @@ def test_reference_parity_tool(case, reference_dir, tmp_path):
     cand_csv = tmp_path / (case + ".csv")
     solo(case)[0].to_csv(cand_csv, index=False)
     proc = subprocess.run([sys.executable, str(reference_dir / "parity.py"),
-                           str(GOLDEN / (case + ".csv")), str(cand_csv)],
+                           str(golden_dir(case) / (case + ".csv")), str(cand_csv)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
 
@@ -236,3 +248,14 @@ def test_arena_size_does_not_change_results(case):
     res = run_batch([full])
     got = (res.requests[0], res.passes[0], res.token_stat[0], res.token_hist[0])
     _assert_same_result(case, got, solo(case))
+
+
+def test_disaggregated_dead_end_matches_reference():
+    """With 24 decode blocks the reference aborts: a preempted head that does not fit
+    blocks the activated requests behind it (spec engine.md 10.3). aisim_fast stops
+    at the same point with the same number of requests in flight."""
+    expected = (MINI_GOLDEN / "dead24.error.txt").read_text()
+    in_flight = int(re.search(r"with (\d+) in-flight", expected).group(1))
+    setup = load_spec(MINI_GOLDEN / "dead24.spec.json")
+    with pytest.raises(SimulationError, match=rf"with {in_flight} in-flight requests"):
+        run_batch([simulation_from_setup(setup)])
