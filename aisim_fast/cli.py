@@ -46,6 +46,7 @@ from aisim_fast.output import (
     summarize_disaggregated_run,
     write_run,
 )
+from aisim_fast.handoff_audit import audit_handoffs, audited_runs
 from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup
 from aisim_fast.workload import TraceError, default_trace_path, load_mooncake
 
@@ -316,12 +317,15 @@ def run_replay(args) -> dict:
 
     record_passes = not args.no_passes
     run_start_s = time.perf_counter()
-    result = run_batch([simulation_from_setup(setup, workload)], record_passes=record_passes)
+    simulation = simulation_from_setup(setup, workload)
+    result = run_batch([simulation], record_passes=record_passes)
     # floored so the per-wall-second rates stay finite on a clock with coarse ticks
     wall_time_ms = max((time.perf_counter() - run_start_s) * MS_PER_S, 1e-6)
 
     requests = requests_in_uuid_order(result.requests[0], workload.session, workload.turn_index)
     if setup.disaggregated:
+        # every handoff re-checked by the coordinator (outside the timed run)
+        audit_handoffs(audited_runs([simulation], result))
         summary = summarize_disaggregated_run(
             requests, result.token_stat[0], result.token_hist[0],
             prefill_workers=setup.prefill_workers, decode_workers=setup.workers,

@@ -57,6 +57,11 @@ class BatchResult:
     token_hist: np.ndarray             # int64[s, TOKEN_HIST_WIDTH]
     kernel_calls: int
     end_ms: np.ndarray                 # float64[s] virtual clock when the simulation finished
+    # one frame per simulation, one row per handoff lifecycle event (record_handoffs=True;
+    # empty for aggregated simulations)
+    handoffs: Sequence[pd.DataFrame] = ()
+    # per simulation: what is still held when it finished (see ``_leftovers``)
+    leftovers: Sequence[dict] = ()
 
 
 def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) -> Simulation:
@@ -94,7 +99,8 @@ def _next_turns(wl: Workload) -> np.ndarray:
     return nxt
 
 
-def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS):
+def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
+                record_handoffs: bool = False):
     """Allocate and initialise the kernel state of a batch."""
     n_sims = len(sims)
     # workload tables: one block of rows per distinct (trace, engine block size)
@@ -256,6 +262,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         xfer_heap=np.zeros(n_logical, np.int64),
         token_stat=token_stat, token_hist=token_hist,
         pass_log=np.zeros((n_sims, pass_log_rows, L.PL_NUM_COLUMNS)),
+        hlog=np.zeros((n_sims, _handoff_log_rows(sims) if record_handoffs else 0, L.HL_NUM_COLUMNS)),
     )
     max_lease = int(lease_blocks.max()) if n_q else 1
     max_bs = int(cfg_i[:, L.CFG_BLOCK_SIZE].max())
@@ -366,6 +373,8 @@ def _disagg_request_frame(sim, rq, a, w_first, ri, rf, tpot, status) -> pd.DataF
         "input_tokens": ri[:, L.RQ_PROMPT_LEN],
         "output_tokens": ri[:, L.RQ_GENERATED],
         "requested_output_tokens": sim.workload.output_len.astype(np.int64),
+        "prefill_output_tokens": pi[:, L.RQ_GENERATED],  # hidden from the latency metrics
+        "decode_republished_prompt_blocks": ri[:, L.RQ_REPUBLISHED],
         "cached_tokens": pi[:, L.RQ_MAX_CACHED],
         "first_admission_cached_tokens": np.maximum(pi[:, L.RQ_FIRST_CACHED], 0),
         "prefill_worker": prefill_worker,
@@ -376,17 +385,21 @@ def _disagg_request_frame(sim, rq, a, w_first, ri, rf, tpot, status) -> pd.DataF
         "destination_activated_ms": rf[:, L.RQF_DEST_ACTIVATED_MS],
         "decode_admit_ms": rf[:, L.RQF_FIRST_ADMIT_MS],
         "source_released_ms": rf[:, L.RQF_SOURCE_RELEASED_MS],
+        "transfer_done_ms": rf[:, L.RQF_TRANSFER_DONE_MS],
+        "transferable_prompt_tokens": np.where(
+            np.isfinite(rf[:, L.RQF_DEST_RESERVED_MS]),
+            ri[:, L.RQ_RESERVED_FRESH] * sim.rank.block_size, -1),
         "decode_cached_tokens": np.maximum(ri[:, L.RQ_MAX_CACHED], 0),
         "admission_count": p_adm + d_adm,
         "readmission_count": np.maximum(p_adm - 1, 0) + np.maximum(d_adm - 1, 0),
         "preemptions": pi[:, L.RQ_PREEMPTIONS] + ri[:, L.RQ_PREEMPTIONS],
-        "committed_prefill_tokens": pi[:, L.RQ_COMMITTED_PREFILL],
+        "committed_prefill_tokens": pi[:, L.RQ_COMMITTED_PREFILL] + ri[:, L.RQ_COMMITTED_PREFILL],
         "terminal_status": status,
     })
 
 
 def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
-              record_passes: bool = True) -> BatchResult:
+              record_passes: bool = True, record_handoffs: bool = False) -> BatchResult:
     """Run every simulation to completion. Raises SimulationError for a dead end.
 
     An open-loop, single-turn aggregated simulation is split into one unit per
@@ -406,8 +419,8 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
                 units.append(unit)
                 owner.append((s, w, rows))
     if all(w < 0 for _, w, _ in owner):
-        return _run_units(sims, pass_log_rows, record_passes, list(range(len(sims))))
-    res = _run_units(units, pass_log_rows, record_passes, [s for s, _, _ in owner])
+        return _run_units(sims, pass_log_rows, record_passes, list(range(len(sims))), record_handoffs)
+    res = _run_units(units, pass_log_rows, record_passes, [s for s, _, _ in owner], record_handoffs)
     parts: list[list[int]] = [[] for _ in sims]
     for u, (s, _, _) in enumerate(owner):
         parts[s].append(u)
@@ -445,8 +458,11 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         return merged.sort_values(["start_ms", "worker"], kind="stable", ignore_index=True)
 
     end_ms = np.array([res.end_ms[parts[s]].max() for s in range(len(sims))])
+    # only aggregated simulations are split: they have no handoffs
+    no_handoffs = _LazyFrames(len(sims), lambda s: _handoff_frame(sims[s], np.zeros((0, L.HL_NUM_COLUMNS))))
+    leftovers = [_merge_leftovers([res.leftovers[u] for u in parts[s]]) for s in range(len(sims))]
     return BatchResult(_LazyFrames(len(sims), requests), _LazyFrames(len(sims), passes),
-                       stat, hist, res.kernel_calls, end_ms)
+                       stat, hist, res.kernel_calls, end_ms, no_handoffs, leftovers)
 
 
 def _worker_shards(sim: Simulation):
@@ -491,10 +507,10 @@ def _sub_workload(wl: Workload, rows: np.ndarray) -> _Shard:
 
 
 def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
-               sim_names: list[int]) -> BatchResult:
+               sim_names: list[int], record_handoffs: bool = False) -> BatchResult:
     """Run independent units (whole simulations or worker shards) in one batch."""
     rows = pass_log_rows if record_passes else 0
-    cfg, pool, rq, wl, wk, st, max_lease, max_bs = build_state(sims, rows)
+    cfg, pool, rq, wl, wk, st, max_lease, max_bs = build_state(sims, rows, record_handoffs)
     sim_ids = np.arange(len(sims), dtype=np.int64)
     pass_chunks: list[list[np.ndarray]] = [[] for _ in sims]
     calls = 0
@@ -514,7 +530,7 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
                 sim = sims[s]
                 fixed[s] = dataclasses.replace(sim, arena_blocks=max(
                     sim.rank.num_gpu_blocks, sim.prefill_rank.num_gpu_blocks if sim.disaggregated else 0))
-            return _run_units(fixed, pass_log_rows, record_passes, sim_names)
+            return _run_units(fixed, pass_log_rows, record_passes, sim_names, record_handoffs)
         dead = np.flatnonzero(status == L.SIM_DEAD_END)
         if len(dead):
             s = int(dead[0])
@@ -529,7 +545,11 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
     frames = _LazyFrames(len(sims), lambda s: _request_frame(
         sims[s], rq, int(st.i64[s, L.SM_Q_OFF]), int(st.i64[s, L.SM_W_OFF])))
     passes = _LazyFrames(len(sims), lambda s: _pass_frame(pass_chunks[s]))
-    return BatchResult(frames, passes, st.token_stat, st.token_hist, calls, st.now_ms.copy())
+    handoffs = _LazyFrames(len(sims), lambda s: _handoff_frame(
+        sims[s], st.hlog[s, :st.i64[s, L.SM_HLOG_LEN]]))
+    leftovers = [_leftovers(pool, wk, st, s) for s in range(len(sims))]
+    return BatchResult(frames, passes, st.token_stat, st.token_hist, calls, st.now_ms.copy(),
+                       handoffs, leftovers)
 
 
 class _LazyFrames(Sequence):
@@ -556,3 +576,49 @@ def _pass_frame(chunks: list[np.ndarray]) -> pd.DataFrame:
     return pd.DataFrame({
         col: rows[:, i] if col in ("start_ms", "end_ms") else rows[:, i].astype(np.int64)
         for i, col in enumerate(L.PASS_LOG_COLUMNS)})
+
+
+def _handoff_log_rows(sims: Sequence[Simulation]) -> int:
+    """Journal rows per simulation: six lifecycle events per disaggregated request."""
+    return max([len(sim.workload.input_len) * len(L.HANDOFF_EVENT_NAMES)
+                for sim in sims if sim.disaggregated], default=0)
+
+
+def _handoff_frame(sim: Simulation, rows: np.ndarray) -> pd.DataFrame:
+    """The handoff journal of one simulation, in event order. ``blocks``: fresh blocks
+    reserved (DestinationReserved) or prompt blocks published on the decode rank
+    (DestinationActivated); ``blocks_visible_before``: fresh prompt blocks whose hash
+    the decode rank already showed before the activation."""
+    q = rows[:, L.HL_REQUEST].astype(np.int64)
+    return pd.DataFrame({
+        "event": np.array(L.HANDOFF_EVENT_NAMES, dtype=object)[rows[:, L.HL_EVENT].astype(np.int64)],
+        "request_id": sim.workload.request_name[q],
+        "turn_index": sim.workload.turn_index[q].astype(np.int64),
+        "time_ms": rows[:, L.HL_TIME_MS],
+        "blocks": rows[:, L.HL_VALUE_A].astype(np.int64),
+        "blocks_visible_before": rows[:, L.HL_VALUE_B].astype(np.int64),
+    })
+
+
+def _leftovers(pool: L.Pool, wk: L.Workers, st: L.Sims, s: int) -> dict:
+    """State a finished simulation still holds: per worker (prefill pool first) the
+    blocks counted active (referenced, pinned or reserved), queued requests and
+    pending destinations, plus the driver's open handoffs, queued actions and
+    transfers in flight. All zero when the run drained."""
+    ws = slice(int(st.i64[s, L.SM_W_OFF]), int(st.i64[s, L.SM_W_OFF] + st.i64[s, L.SM_W_LEN]))
+    pw = pool.w64[ws]
+    wi = wk.i64[ws]
+    return {
+        "active_blocks": pw[:, L.PW_NUM_COPIES] - pw[:, L.PW_LRU_LEN] + pw[:, L.PW_NUM_RESERVED],
+        "queued_requests": wi[:, L.WK_RUN_LEN] + wi[:, L.WK_WAIT_LEN],
+        "pending_destinations": wi[:, L.WK_PEND_LEN].copy(),
+        "open_handoffs": int(st.i64[s, L.SM_OPEN_HANDOFFS]),
+        "queued_actions": int(st.i64[s, L.SM_ACTQ_LEN]),
+        "transfers_in_flight": int(st.i64[s, L.SM_XFER_LEN]),
+    }
+
+
+def _merge_leftovers(parts: list[dict]) -> dict:
+    """Leftovers of a simulation run as per-worker units, workers in order."""
+    return {key: (np.concatenate([p[key] for p in parts]) if isinstance(parts[0][key], np.ndarray)
+                  else sum(p[key] for p in parts)) for key in parts[0]}

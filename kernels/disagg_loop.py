@@ -30,7 +30,9 @@ from numba import njit
 from .block_pool import num_active, release_ref, reserve, table_find, cache_copy
 from .layout import (
     ACT_ACTIVATE, ACT_NONE, ACT_RELEASE, ACT_RESERVE, ACT_START_TRANSFER, ACT_SUBMIT_PREFILL,
-    CFGF_HANDOFF_LATENCY_MS, CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN, CFG_BLOCK_SIZE,
+    CFGF_HANDOFF_LATENCY_MS, HE_COMPLETED, HE_DESTINATION_ACCEPTED, HE_DESTINATION_ACTIVATED,
+    HE_DESTINATION_RESERVED, HE_SOURCE_HELD, HE_SOURCE_RELEASED, HL_EVENT, HL_REQUEST,
+    HL_TIME_MS, HL_VALUE_A, HL_VALUE_B, SM_HLOG_LEN, CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN, CFG_BLOCK_SIZE,
     CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_POLICY, CFG_PREFIX_CACHING, CFG_TRANSFER_MODE,
     NO_BLOCK, POLICY_TRTLLM, RQF_ARRIVAL_MS, RQF_DEST_ACTIVATED_MS, RQF_DEST_RESERVED_MS,
     RQF_SOURCE_HELD_MS, RQF_SOURCE_RELEASED_MS, RQF_START_MS, RQF_TERMINAL_MS,
@@ -41,7 +43,7 @@ from .layout import (
     SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH, SIM_RUNNING, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD,
     SM_ACTQ_LEN, SM_CONCURRENCY, SM_DECODE_CURSOR, SM_HEAP_LEN, SM_NUM_STARTS, SM_NUM_TERMINAL,
     SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RESUME_WORKER,
-    SM_RR_CURSOR, SM_START_PTR, SM_STATUS, SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_FAILED,
+    SM_RR_CURSOR, SM_START_PTR, SM_STATUS, SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_COMPLETED, TERM_FAILED,
     TERM_REJECTED, TRANSFER_DESTINATION_MISSING, WK_BUSY, WK_CAP_GEN, WK_DEFER_HEAD,
     WK_DEFER_TAIL, WK_ORDINAL_NEXT, WK_PEND_HEAD, WK_PEND_LEN, WK_PEND_TAIL, WK_RUN_LEN,
     WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL, WK_TRT_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD,
@@ -95,6 +97,19 @@ def _requeue_deferred(rq, wk, sims, s, w):
         q = nxt
     wk.i64[w, WK_DEFER_HEAD] = -1
     wk.i64[w, WK_DEFER_TAIL] = -1
+
+
+@njit(cache=True, inline="always")
+def _journal(sims, s, event, q, now_ms, value_a, value_b):
+    """Append a lifecycle event to the opt-in handoff journal (sized by the driver)."""
+    row = sims.i64[s, SM_HLOG_LEN]
+    if row < sims.hlog.shape[1]:
+        sims.i64[s, SM_HLOG_LEN] = row + 1
+        sims.hlog[s, row, HL_EVENT] = event
+        sims.hlog[s, row, HL_REQUEST] = q - sims.i64[s, SM_Q_OFF]
+        sims.hlog[s, row, HL_TIME_MS] = now_ms
+        sims.hlog[s, row, HL_VALUE_A] = value_a
+        sims.hlog[s, row, HL_VALUE_B] = value_b
 
 
 # ---------------------------------------------------------------------------------
@@ -240,18 +255,24 @@ def _insert_by_ordinal(rq, wk, w, q):
 def _activate(cfg, p, rq, wk, w, q):
     """Commit q's reservation: its complete fresh prompt blocks become cached copies
     (visible from now on), the partial tail stays private; q waits, materialized,
-    at its arrival position."""
-    bs = cfg.i64[w, CFG_BLOCK_SIZE]
+    at its arrival position. Returns (blocks that became visible, fresh prompt blocks
+    whose hash was already visible before)."""
     k0 = rq.i64[q, RQ_LEASE_OFF]
     prompt = rq.i64[q, RQ_PROMPT_LEN]
+    visible_before = 0
+    published = 0
     if cfg.i64[w, CFG_PREFIX_CACHING] != 0:
         for i in range(rq.i64[q, RQ_RESERVED_HITS], rq.i64[q, RQ_NUM_HASHED]):
-            cache_copy(p, w, rq.lease[k0 + i], rq.seq_hash[k0 + i])
+            if table_find(p, w, rq.seq_hash[k0 + i]) != NO_BLOCK:
+                visible_before += 1
+            if cache_copy(p, w, rq.lease[k0 + i], rq.seq_hash[k0 + i]):
+                published += 1
     rq.i64[q, RQ_ALLOCATED] = prompt
     rq.i64[q, RQ_NUM_COMPUTED] = prompt
     rq.i64[q, RQ_STATUS] = RS_ACTIVATED
     _insert_by_ordinal(rq, wk, w, q)
     wk.i64[w, WK_STALLED] = 0
+    return published, visible_before
 
 
 # ---------------------------------------------------------------------------------
@@ -261,6 +282,7 @@ def _activate(cfg, p, rq, wk, w, q):
 def _reserved(rq, sims, s, q, now_ms):
     """DestinationReserved: the coordinator starts the transfer."""
     rq.f64[q, RQF_DEST_RESERVED_MS] = now_ms
+    _journal(sims, s, HE_DESTINATION_RESERVED, q, now_ms, rq.i64[q, RQ_RESERVED_FRESH], 0)
     queue_action(rq, sims, s, q, ACT_START_TRANSFER)
 
 
@@ -314,6 +336,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
         wk.i64[wd, WK_ORDINAL_NEXT] += 1
         rq.i64[q, RQ_ATTEMPT_GEN] = -1
         rq.i64[q, RQ_LINK] = -1
+        _journal(sims, s, HE_DESTINATION_ACCEPTED, q, now_ms, 0, 0)
         tail = wk.i64[wd, WK_PEND_TAIL]
         if tail < 0:
             wk.i64[wd, WK_PEND_HEAD] = q
@@ -350,8 +373,9 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
             rq.i64[q, RQ_ACTION] = kind
             _defer(rq, wk, wd, q)
             return True
-        _activate(cfg, p, rq, wk, wd, q)
+        published, visible_before = _activate(cfg, p, rq, wk, wd, q)
         rq.f64[q, RQF_DEST_ACTIVATED_MS] = now_ms
+        _journal(sims, s, HE_DESTINATION_ACTIVATED, q, now_ms, published, visible_before)
         queue_action(rq, sims, s, q, ACT_RELEASE)
         r = _retry_destination(cfg, p, rq, wk, wd, hits, fresh)
         if r == -2:
@@ -367,6 +391,9 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
         release_lease(cfg, p, rq, wp, qp)
         rq.i64[qp, RQ_STATUS] = RS_DONE
         rq.f64[q, RQF_SOURCE_RELEASED_MS] = now_ms
+        _journal(sims, s, HE_SOURCE_RELEASED, q, now_ms, 0, 0)
+        if rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED:
+            _journal(sims, s, HE_COMPLETED, q, now_ms, 0, 0)
         wk.i64[wp, WK_CAP_GEN] += 1
         wk.i64[wp, WK_STALLED] = 0  # freed blocks may admit its waiting head
         sims.i64[s, SM_OPEN_HANDOFFS] -= 1
@@ -386,12 +413,15 @@ def _complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
             ql = rq.i64[q, RQ_PEER]
             if rq.i64[q, RQ_STATUS] == RS_HELD:
                 rq.f64[ql, RQF_SOURCE_HELD_MS] = now_ms
+                _journal(sims, s, HE_SOURCE_HELD, ql, now_ms, 0, 0)
                 queue_action(rq, sims, s, ql, ACT_RESERVE)
             else:  # rejected by the prefill rank: the handoff fails with it
                 sims.i64[s, SM_OPEN_HANDOFFS] -= 1
                 _fail_request(rq, sims, s, ql, TERM_REJECTED, now_ms)
         else:
             logical_terminal(rq, sims, s, q)
+            if not np.isnan(rq.f64[q, RQF_SOURCE_RELEASED_MS]) and rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED:
+                _journal(sims, s, HE_COMPLETED, q, now_ms, 0, 0)
         q = nxt
     wk.i64[w, WK_TERM_HEAD] = -1
     wk.i64[w, WK_TERM_TAIL] = -1

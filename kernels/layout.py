@@ -76,6 +76,23 @@ ACT_START_TRANSFER = 3
 ACT_ACTIVATE = 4
 ACT_RELEASE = 5
 
+# Handoff lifecycle journal (``hlog[s, row, HL_*]``, opt-in): one row per event of
+# the normalized lifecycle, in the order the simulation produced them.
+HE_SOURCE_HELD = 0
+HE_DESTINATION_ACCEPTED = 1
+HE_DESTINATION_RESERVED = 2
+HE_DESTINATION_ACTIVATED = 3
+HE_SOURCE_RELEASED = 4
+HE_COMPLETED = 5       # the request is terminal and its source released
+HANDOFF_EVENT_NAMES = ("SourceHeld", "DestinationAccepted", "DestinationReserved",
+                       "DestinationActivated", "SourceReleased", "Completed")
+# HL_VALUE_A: DestinationReserved -> transferable prompt tokens; DestinationActivated ->
+# prompt blocks that became visible on the decode rank at activation.
+# HL_VALUE_B: DestinationActivated -> prompt blocks already visible there before it
+# that the reservation did not reuse.
+(HL_EVENT, HL_REQUEST, HL_TIME_MS, HL_VALUE_A, HL_VALUE_B) = range(5)
+HL_NUM_COLUMNS = 5
+
 # KV transfer timing mode (``cfg.i64[w, CFG_TRANSFER_MODE]`` of a prefill worker).
 TRANSFER_FULL_PROMPT = 0
 TRANSFER_DESTINATION_MISSING = 1
@@ -133,8 +150,8 @@ PB_FIELDS = 9
  RQ_PREEMPTIONS, RQ_ADMISSIONS, RQ_FIRST_CACHED, RQ_MAX_CACHED, RQ_SCHED_STAMP, RQ_SCHED_TOKENS,
  RQ_SCHED_PROMPT, RQ_SCHED_PREFIX, RQ_SCHED_TERMINAL, RQ_TERM_NEXT, RQ_TERMINAL,
  RQ_COMMITTED_PREFILL, RQ_SCHED_LEN, RQ_PEER, RQ_ACTION, RQ_LINK, RQ_ORDINAL, RQ_ATTEMPT_GEN,
- RQ_RESERVED_HITS, RQ_RESERVED_FRESH, RQ_XFER_SEQ) = range(35)
-RQ_I_FIELDS = 35
+ RQ_RESERVED_HITS, RQ_RESERVED_FRESH, RQ_XFER_SEQ, RQ_REPUBLISHED) = range(36)
+RQ_I_FIELDS = 36
 # Disaggregated replay: a logical request (trace row) is served by two rows, the
 # logical row itself on the decode side and a prefill row (``max_output`` 1) on the
 # prefill side, linked both ways by RQ_PEER (-1 when aggregated). The logical row
@@ -142,7 +159,9 @@ RQ_I_FIELDS = 35
 # entry of a deferred-action or pending-destination list), RQ_ORDINAL (decode-rank
 # arrival ordinal), RQ_ATTEMPT_GEN (capacity generation of its last failed
 # reservation attempt), RQ_RESERVED_HITS / RQ_RESERVED_FRESH (reserved blocks),
-# RQ_XFER_SEQ (start order of its transfer: equal completion times pop in it).
+# RQ_XFER_SEQ (start order of its transfer: equal completion times pop in it),
+# RQ_REPUBLISHED (prompt blocks the decode rank published again after activation,
+# i.e. recomputed after a decode-side preemption had let them be evicted).
 (RQF_DELAY_MS, RQF_START_MS, RQF_READY_MS, RQF_ARRIVAL_MS, RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS,
  RQF_SECOND_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_TERMINAL_MS, RQF_SOURCE_HELD_MS,
  RQF_DEST_RESERVED_MS, RQF_DEST_ACTIVATED_MS, RQF_SOURCE_RELEASED_MS, RQF_TRANSFER_DONE_MS) = range(14)
@@ -165,8 +184,9 @@ WK_FIELDS = 21
 (SM_Q_OFF, SM_Q_LEN, SM_W_OFF, SM_W_LEN, SM_CONCURRENCY, SM_STATUS, SM_NUM_STARTS,
  SM_START_PTR, SM_HEAP_LEN, SM_ACTIVE_SESSIONS, SM_RR_CURSOR, SM_NUM_ARRIVED,
  SM_NUM_TERMINAL, SM_UUID_NEXT, SM_PASS_LOG_LEN, SM_RESUME_WORKER, SM_PREFILL_LEN,
- SM_DECODE_CURSOR, SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_XFER_LEN, SM_OPEN_HANDOFFS, SM_XFER_SEQ) = range(23)
-SM_FIELDS = 23
+ SM_DECODE_CURSOR, SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_XFER_LEN, SM_OPEN_HANDOFFS, SM_XFER_SEQ,
+ SM_HLOG_LEN) = range(24)
+SM_FIELDS = 24
 # Disaggregated simulations: workers [W_OFF, W_OFF + PREFILL_LEN) are the prefill
 # pool, the rest the decode pool (0 prefill workers = aggregated). SM_ACTQ_*: the
 # FIFO handoff action queue (a ring in ``actq`` at Q_OFF); SM_XFER_LEN: transfers in
@@ -228,3 +248,4 @@ class Sims(NamedTuple):
     token_stat: np.ndarray   # float64[s, TOKEN_STAT_WIDTH] token-gap accumulators (kernels.sketch)
     token_hist: np.ndarray   # int64[s, TOKEN_HIST_WIDTH]
     pass_log: np.ndarray     # float64[s, rows, PL_NUM_COLUMNS]
+    hlog: np.ndarray         # float64[s, rows, HL_NUM_COLUMNS] handoff journal (0 rows = off)

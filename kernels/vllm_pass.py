@@ -31,7 +31,7 @@ from .layout import (
     RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_UUID, RS_DONE, RS_PREEMPTED,
     RS_RUNNING, RS_WAITING, SM_PASS_LOG_LEN, SM_W_OFF, TERM_COMPLETED, TERM_REJECTED,
     WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP,
-    WK_PEND_LEN, WK_TRT_TAIL, WK_CAP_GEN, RS_ACTIVATED, RS_HELD,
+    WK_PEND_LEN, WK_TRT_TAIL, WK_CAP_GEN, RS_ACTIVATED, RS_HELD, RQ_REPUBLISHED,
     WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
 )
 from .sketch import fold_gap_run
@@ -251,7 +251,9 @@ def finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens):
             rq.i64[q, RQ_NUM_HASHED] = i + 1
         b = rq.lease[k0 + i]
         if p.b32[b, PB_CACHED] == 0:
-            cache_copy(p, w, b, rq.seq_hash[k0 + i])
+            if cache_copy(p, w, b, rq.seq_hash[k0 + i]) and cfg.i64[w, CFG_ROLE] == ROLE_DECODE \
+                    and i < rq.i64[q, RQ_PROMPT_LEN] // bs:
+                rq.i64[q, RQ_REPUBLISHED] += 1
 
 
 # ---------------------------------------------------------------------------------
@@ -603,13 +605,16 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
         victims_queued += 1
         acc[4] = 1
         if rq.i64[v, RQ_SCHED_STAMP] == stamp:
+            # the victim's work in this pass is undone
             rq.i64[v, RQ_SCHED_STAMP] = 0
             acc[0] += rq.i64[v, RQ_SCHED_TOKENS]
             acc[6] -= rq.i64[v, RQ_SCHED_TOKENS]
-            if rq.i64[v, RQ_SCHED_PROMPT] > 0 and not_decode:
-                acc[1] -= 1
-                acc[2] -= rq.i64[v, RQ_SCHED_PREFIX] + rq.i64[v, RQ_SCHED_PROMPT]
-                acc[3] -= rq.i64[v, RQ_SCHED_PREFIX]
+            if rq.i64[v, RQ_SCHED_PROMPT] > 0:
+                rq.i64[v, RQ_COMMITTED_PREFILL] -= rq.i64[v, RQ_SCHED_TOKENS]
+                if not_decode:
+                    acc[1] -= 1
+                    acc[2] -= rq.i64[v, RQ_SCHED_PREFIX] + rq.i64[v, RQ_SCHED_PROMPT]
+                    acc[3] -= rq.i64[v, RQ_SCHED_PREFIX]
         if v == q:
             return CURRENT_PREEMPTED
     used = after - before
@@ -625,10 +630,14 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
     rq.i64[q, RQ_SCHED_PREFIX] = prompt_before
     rq.i64[q, RQ_SCHED_LEN] = length
     rq.i64[q, RQ_SCHED_TERMINAL] = 1 if remaining_generation(cfg, rq, w, q) <= 0 else 0
-    if prompt_tokens > 0 and not_decode:
-        acc[1] += 1
-        acc[2] += prompt_before + prompt_tokens
-        acc[3] += prompt_before
+    if prompt_tokens > 0:
+        # committed prefill work: every token of a pass chunk that computes prompt
+        # tokens, on any worker (a decode-side recompute after preemption included)
+        rq.i64[q, RQ_COMMITTED_PREFILL] += used
+        if not_decode:
+            acc[1] += 1
+            acc[2] += prompt_before + prompt_tokens
+            acc[3] += prompt_before
     acc[0] -= used
     acc[6] += used
     if from_waiting:
@@ -642,8 +651,6 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
             rq.f64[q, RQF_FIRST_ADMIT_MS] = now_ms
         rq.i64[q, RQ_MAX_CACHED] = max(rq.i64[q, RQ_MAX_CACHED], cached)
         rq.i64[q, RQ_ADMISSIONS] += 1
-        if not_decode:
-            rq.i64[q, RQ_COMMITTED_PREFILL] += length - cached
         acc[5] += 1
     return SCHEDULED
 
@@ -675,7 +682,8 @@ def _log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens
                 dc_kv += rq.i64[q, RQ_SCHED_LEN]
     q = wk.i64[w, WK_TERM_HEAD]
     while q >= 0:
-        if rq.i64[q, RQ_SCHED_STAMP] == stamp and rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED:
+        if rq.i64[q, RQ_SCHED_STAMP] == stamp and (rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED
+                                                   or rq.i64[q, RQ_STATUS] == RS_HELD):
             if rq.i64[q, RQ_SCHED_PROMPT] > 0:
                 n_pf += 1
                 pf_tokens += rq.i64[q, RQ_SCHED_TOKENS]

@@ -487,7 +487,7 @@ def test_simulation_dead_end_is_reported(tmp_path, capsys):
     """17 blocks of 64 tokens: some tiny20 request can never fit (SimulationError)."""
     code, stdout, err = run_cli(_flags(tmp_path, "--engine-args", '{"num_gpu_blocks": 17}'),
                                 capsys)
-    assert_user_error(code, err, "dead end", "outgrows the KV pool")
+    assert_user_error(code, err, "dead end", "outgrows its KV pool")
     assert stdout == ""
     assert_nothing_written(tmp_path, [])
 

@@ -25,6 +25,7 @@ import pandas as pd
 import pytest
 
 from aisim_fast.config import load_spec
+from aisim_fast.output import requests_in_uuid_order, summarize_aggregated_run
 from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup
 from aisim_fast.workload import load_mooncake
 from parity_rules import ATOL, RTOL, as_key_part, as_number, within
@@ -259,3 +260,22 @@ def test_disaggregated_dead_end_matches_reference():
     setup = load_spec(MINI_GOLDEN / "dead24.spec.json")
     with pytest.raises(SimulationError, match=rf"with {in_flight} in-flight requests"):
         run_batch([simulation_from_setup(setup)])
+
+
+AGGREGATED_CASES = [c for c in FAST_CASES if "disagg" not in c and c not in MINI_CASES]
+
+
+@pytest.mark.parametrize("case", AGGREGATED_CASES + [pytest.param("10k_vllm_agg8", marks=pytest.mark.slow)])
+def test_aggregated_summary_matches_reference_report(case):
+    """Every summary key of the reference report, token-level sketches included,
+    from the kernel's own run (the disaggregated cases: test_disagg.py)."""
+    from test_cli import NOT_COMPARED, assert_summary_matches
+    requests, _, token_stat, token_hist = solo(case)
+    sim = simulation(case)
+    setup = load_spec(golden_dir(case) / (case + ".spec.json"),
+                      trace_override=str(TRACES / "unused.jsonl"))
+    ordered = requests_in_uuid_order(requests, sim.workload.session, sim.workload.turn_index)
+    summary = summarize_aggregated_run(ordered, token_stat, token_hist, workers=sim.workers,
+                                       gpus_per_worker=setup.tensor_parallel_size, sla=setup.sla)
+    golden = json.loads((golden_dir(case) / (case + ".report.json")).read_text())["report"]
+    assert_summary_matches(summary, golden, [k for k in golden if k not in NOT_COMPARED])

@@ -1,0 +1,408 @@
+"""Disaggregated prefill/decode replay: the coordinator's audit of kernel runs, the
+conformance record, acceptance scenarios with exact times, summaries against the
+reference reports, the CLI (spec and flags), bad input, and randomized invariants.
+
+Per-request parity with the reference's disaggregated goldens is in test_parity.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aisim_fast import cli
+from aisim_fast.config import parse_payload, parse_rank
+from aisim_fast.handoff import transfer_delay_ms as coordinator_delay_ms
+from aisim_fast.handoff import TransferTimingArrays, TransferTimingMode, resolve_transfer_delay_ms
+from aisim_fast.handoff_audit import (
+    HandoffAuditError,
+    audit_handoffs,
+    audited_runs,
+    conformance_record,
+)
+from aisim_fast.kernels.disagg_loop import transfer_delay_ms as kernel_delay_ms
+from aisim_fast.output import requests_in_uuid_order, summarize_disaggregated_run
+from aisim_fast.replay import Simulation, SimulationError, run_batch, simulation_from_setup
+from aisim_fast.workload import load_mooncake
+from parity_rules import ATOL, RTOL
+from test_cli import NOT_COMPARED, assert_summary_matches, assert_user_error, run_cli
+from test_parity import GOLDEN, MINI_CASES, MINI_GOLDEN, TRACES, simulation
+from test_properties import SETTINGS, _examples, cases, write_trace
+
+BIG_CASES = ["1k_vllm_disagg1p2d", "1k_vllm_disagg1p2d_bw"]
+DISAGG_CASES = BIG_CASES + MINI_CASES
+TRACE_1K = TRACES / "mooncake_1k.jsonl"
+
+
+# ------------------------------------------------------------------------------------------------
+# the coordinator's audit
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def disagg_batch():
+    """Every disaggregated golden case in one batch (they run independently)."""
+    sims = [simulation(c) for c in DISAGG_CASES]
+    return sims, run_batch(sims, record_handoffs=True)
+
+
+def test_coordinator_accepts_every_handoff_of_the_goldens(disagg_batch):
+    sims, res = disagg_batch
+    summary = audit_handoffs(audited_runs(sims, res))
+    assert summary.handoffs == sum(len(res.requests[s]) for s in range(len(sims)))
+    # the bandwidth cases transfer in virtual time, the fallback-0 cases do not
+    assert 0 < summary.transfers_with_delay < summary.handoffs
+
+
+def test_every_golden_run_drains(disagg_batch):
+    sims, res = disagg_batch
+    for case, left in zip(DISAGG_CASES, res.leftovers):
+        assert not left["active_blocks"].any(), case
+        assert not left["queued_requests"].any(), case
+        assert not left["pending_destinations"].any(), case
+        assert left["open_handoffs"] == left["queued_actions"] == left["transfers_in_flight"] == 0, case
+
+
+def test_handoff_journal_follows_the_normalized_lifecycle(disagg_batch):
+    """Per request the journal holds the six SourceFirst events in their order."""
+    expected = ["SourceHeld", "DestinationAccepted", "DestinationReserved",
+                "DestinationActivated", "SourceReleased", "Completed"]
+    sims, res = disagg_batch
+    for s, case in enumerate(DISAGG_CASES):
+        journal = res.handoffs[s]
+        per_request = journal.groupby(["request_id", "turn_index"], sort=False)["event"].agg(list)
+        assert len(per_request) == len(res.requests[s]), case
+        bad = per_request[per_request.map(lambda events: events != expected)]
+        assert bad.empty, f"{case}: {bad.index[0]} has {bad.iloc[0]}"
+        reserved = journal[journal["event"] == "DestinationReserved"]
+        frame = res.requests[s].set_index(["request_id", "turn_index"])
+        blocks = frame.loc[list(zip(reserved["request_id"], reserved["turn_index"])),
+                           "transferable_prompt_tokens"].to_numpy() // sims[s].rank.block_size
+        np.testing.assert_array_equal(reserved["blocks"].to_numpy(), blocks, err_msg=case)
+
+
+@pytest.mark.parametrize("case, column, shift", [
+    ("1k_vllm_disagg1p2d_bw", "transfer_done_ms", 1e-9),
+    ("1k_vllm_disagg1p2d_bw", "destination_reserved_ms", 5.0),
+    ("dm1", "transferable_prompt_tokens", 64),  # destination_missing: the delay depends on it
+])
+def test_audit_names_the_request_that_disagrees(disagg_batch, case, column, shift):
+    sims, res = disagg_batch
+    run = audited_runs(sims, res)[DISAGG_CASES.index(case)]
+    frame = run.requests.copy()
+    frame.loc[7, column] = frame.loc[7, column] + shift
+    with pytest.raises(HandoffAuditError, match=frame.loc[7, "request_id"] + r"\b"):
+        audit_handoffs([dataclasses.replace(run, requests=frame)])
+
+
+# ------------------------------------------------------------------------------------------------
+# conformance record (seed rules)
+# ------------------------------------------------------------------------------------------------
+def test_vllm_conformance_record_validates():
+    record = conformance_record("vllm")
+    record.validate()
+    assert record.destination_stored.on_activation == 2  # both prompt blocks published on activation
+
+
+def test_trtllm_conformance_record_matches_vllm_but_is_outside_the_fixture():
+    vllm, trt = conformance_record("vllm"), conformance_record("trtllm")
+    for field in ("order", "lifecycle", "source_output_tokens", "destination_output_tokens",
+                  "completed_requests", "destination_stored", "source_drained",
+                  "destination_drained", "driver_drained"):
+        assert getattr(trt, field) == getattr(vllm, field), field
+    with pytest.raises(ValueError, match="TRT-LLM does not support destination handoff"):
+        trt.validate()
+
+
+# ------------------------------------------------------------------------------------------------
+# acceptance scenario of spec replay.md 5.4: P = 10 ms, D = 5 ms, one 64-token request
+# ------------------------------------------------------------------------------------------------
+def _one_request(tmp_path, prefill_extra=None, latency_ms=0.0, n_out=4):
+    trace = tmp_path / "one.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "input_length": 64, "output_length": n_out,
+                                 "hash_ids": [7]}) + "\n")
+    ranks = {}
+    for role in ("prefill", "decode"):
+        fields = {"backend": "vllm", "worker_type": role,
+                  "timing_model": {"type": "fixed", "prefill_ms": 10.0, "decode_ms": 5.0}}
+        if role == "prefill":
+            fields.update(prefill_extra or {})
+        ranks[role] = parse_rank(fields, role)
+    sim = Simulation(load_mooncake(trace, trace_block_size=64), ranks["decode"], 1,
+                     prefill_rank=ranks["prefill"], prefill_workers=1, handoff_latency_ms=latency_ms)
+    res = run_batch([sim])
+    audit_handoffs(audited_runs([sim], res))
+    return res.requests[0].iloc[0], res.passes[0]
+
+
+@pytest.mark.parametrize("prefill_extra, latency_ms, activated_ms", [
+    (None, 0.0, 10.0),                                                   # no delay
+    (None, 7.0, 17.0),                                                   # fallback latency
+    ({"kv_transfer_bandwidth": 1.0, "kv_transfer_bytes_per_token": 1_000_000}, 0.0, 74.0),
+    ({"kv_transfer_bandwidth": 0.0, "kv_transfer_bytes_per_token": 1_000_000}, 7.0, 17.0),
+])
+def test_spec_example_timeline(tmp_path, prefill_extra, latency_ms, activated_ms):
+    row, passes = _one_request(tmp_path, prefill_extra, latency_ms)
+    assert row["prefill_admit_ms"] == 0.0
+    assert row["source_held_ms"] == 10.0          # a prefill pass charges prefill time only
+    assert row["destination_reserved_ms"] == 10.0  # the decode worker was idle
+    assert row["destination_activated_ms"] == activated_ms
+    assert row["decode_admit_ms"] == activated_ms
+    assert row["source_released_ms"] == activated_ms  # the prefill worker was idle
+    # decode tokens every 5 ms from the activation; the prefill token is hidden
+    assert row["first_token_ms"] == activated_ms + 5.0
+    assert row["last_token_ms"] == activated_ms + 20.0
+    assert row["ttft_ms"] == activated_ms + 5.0
+    assert row["output_tokens"] == 4 and row["prefill_output_tokens"] == 1
+    assert row["admission_count"] == 2 and row["readmission_count"] == 0
+    decode_passes = passes[passes["worker"] == 1]
+    assert (decode_passes["end_ms"] - decode_passes["start_ms"]).tolist() == [5.0] * 4
+    assert passes.loc[passes["worker"] == 0, "num_prefill_requests"].tolist() == [1]
+
+
+def test_zero_output_request_still_completes(tmp_path):
+    row, _ = _one_request(tmp_path, n_out=0)
+    assert row["terminal_status"] == "completed"
+    assert row["output_tokens"] == 0 and row["prefill_output_tokens"] == 1
+    assert row["source_released_ms"] == 10.0
+
+
+# ------------------------------------------------------------------------------------------------
+# transfer delay: the kernel's formula is the coordinator's, bit for bit
+# ------------------------------------------------------------------------------------------------
+@settings(max_examples=_examples(300), deadline=None)
+@given(tokens=st.integers(0, 200_000),
+       bytes_per_token=st.one_of(st.none(), st.integers(1, 10**7)),
+       bandwidth=st.one_of(st.none(), st.just(0.0),
+                           st.floats(1e-3, 1e4, allow_nan=False, allow_infinity=False)),
+       fallback=st.sampled_from([0.0, 3.0, 7.5]))
+def test_kernel_transfer_delay_matches_coordinator(tokens, bytes_per_token, bandwidth, fallback):
+    nan = float("nan")
+    timing = TransferTimingArrays(mode=[TransferTimingMode.FULL_PROMPT], full_prompt_tokens=tokens,
+                                  kv_bytes_per_token=nan if bytes_per_token is None else bytes_per_token,
+                                  bandwidth_gb_s=nan if bandwidth is None else bandwidth)
+    want = float(resolve_transfer_delay_ms(coordinator_delay_ms(timing), fallback)[0])
+    got = kernel_delay_ms(tokens, nan if bytes_per_token is None else float(bytes_per_token),
+                          nan if bandwidth is None else bandwidth, fallback)
+    assert got == want or (math.isnan(got) and math.isnan(want))
+
+
+# ------------------------------------------------------------------------------------------------
+# summaries against the reference reports; the CLI
+# ------------------------------------------------------------------------------------------------
+def _assert_summary(summary, golden):
+    """Reference keys within 1e-9 relative; a std whose samples are all equal (fixed
+    timing) is float noise around 0 on both sides and is compared against its mean."""
+    noise = {k for k in golden if k.startswith("std_")
+             and abs(golden[k]) <= 1e-9 * abs(golden["mean_" + k[4:]])}
+    for k in noise:
+        assert abs(summary[k]) <= 1e-9 * abs(golden["mean_" + k[4:]]), k
+    assert_summary_matches(summary, golden, [k for k in golden if k not in NOT_COMPARED | noise])
+
+
+@pytest.mark.parametrize("case", DISAGG_CASES)
+def test_summary_matches_reference_report(case, disagg_batch):
+    sims, res = disagg_batch
+    s = DISAGG_CASES.index(case)
+    sim = sims[s]
+    folder = MINI_GOLDEN if case in MINI_CASES else GOLDEN
+    spec = json.loads((folder / (case + ".spec.json")).read_text())
+    setup = parse_payload(spec, folder)
+    requests = requests_in_uuid_order(res.requests[s], sim.workload.session, sim.workload.turn_index)
+    summary = summarize_disaggregated_run(
+        requests, res.token_stat[s], res.token_hist[s], prefill_workers=sim.prefill_workers,
+        decode_workers=sim.workers, end_ms=float(res.end_ms[s]),
+        prefill_gpus_per_worker=setup.prefill_tensor_parallel_size,
+        decode_gpus_per_worker=setup.tensor_parallel_size, sla=setup.sla)
+    golden = json.loads((folder / (case + ".report.json")).read_text())["report"]
+    _assert_summary(summary, golden)
+
+
+def _parity(frame, golden_csv):
+    gold = pd.read_csv(golden_csv)
+    joined = gold.merge(frame, on=["request_id", "turn_index"], suffixes=("_g", "_c"))
+    assert len(joined) == len(gold) == len(frame)
+    for col in ("ttft_ms", "tpot_ms", "e2e_ms", "cached_tokens", "output_tokens",
+                "source_held_ms", "destination_activated_ms", "source_released_ms"):
+        g = joined[col + "_g"].to_numpy(np.float64)
+        c = joined[col + "_c"].to_numpy(np.float64)
+        ok = np.isclose(c, g, rtol=RTOL, atol=ATOL) | (np.isnan(g) & np.isnan(c))
+        assert ok.all(), f"{col}: {(~ok).sum()} requests differ"
+
+
+def test_cli_spec_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(["replay", "--spec", GOLDEN / "1k_vllm_disagg1p2d_bw.spec.json",
+                                 "--trace", TRACE_1K, "--out", out], capsys)
+    assert code == 0, err
+    assert "1 prefill + 2 decode vllm worker(s)" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    golden = json.loads((GOLDEN / "1k_vllm_disagg1p2d_bw.report.json").read_text())["report"]
+    _assert_summary(summary, golden)
+    assert summary["aisim_fast.config"]["prefill_workers"] == 1
+    _parity(pd.read_parquet(out / "requests.parquet"), GOLDEN / "1k_vllm_disagg1p2d_bw.csv")
+
+
+def test_cli_flags_reproduce_the_golden(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = run_cli(["replay", TRACE_1K, "--backend", "vllm", "--prefill-workers", "1",
+                            "--decode-workers", "2", "--kv-transfer-bandwidth", "25",
+                            "--kv-bytes-per-token", "163840", "--out", out], capsys)
+    assert code == 0, err
+    _parity(pd.read_parquet(out / "requests.parquet"), GOLDEN / "1k_vllm_disagg1p2d_bw.csv")
+
+
+def test_cli_flags_engine_args_per_pool(tmp_path, capsys):
+    """Per-pool engine args reach their pool: the tiny35 reference case by flags."""
+    out = tmp_path / "run"
+    code, _, err = run_cli(["replay", MINI_GOLDEN / "t300b.jsonl", "--trace-block-size", "128",
+                            "--backend", "vllm", "--prefill-workers", "1", "--decode-workers", "1",
+                            "--decode-engine-args", '{"num_gpu_blocks": 35}',
+                            "--kv-transfer-bandwidth", "5", "--kv-bytes-per-token", "163840",
+                            "--out", out], capsys)
+    assert code == 0, err
+    _parity(pd.read_parquet(out / "requests.parquet"), MINI_GOLDEN / "tiny35.csv")
+
+
+def _disagg_flags(tmp_path, *extra):
+    return ["replay", TRACES / "mooncake_tiny20.jsonl", "--backend", "vllm",
+            "--out", tmp_path / "run", *extra]
+
+
+@pytest.mark.parametrize("extra, fragments", [
+    (["--prefill-workers", "1", "--decode-workers", "1", "--kv-transfer-bandwidth", "-1"],
+     ["--kv-transfer-bandwidth", ">= 0"]),
+    (["--prefill-workers", "1", "--decode-workers", "1", "--handoff-latency-ms", "-2"],
+     ["--handoff-latency-ms", ">= 0"]),
+    (["--prefill-workers", "1", "--decode-workers", "1", "--kv-bytes-per-token", "0"],
+     ["--kv-bytes-per-token", ">= 1"]),
+    (["--prefill-workers", "0", "--decode-workers", "1"], ["--prefill-workers", ">= 1"]),
+    (["--prefill-workers", "1", "--decode-workers", "1",
+      "--prefill-engine-args", '{"backend": "trtllm"}'],
+     ["--prefill-engine-args.backend", "same backend"]),
+    (["--prefill-workers", "1", "--decode-workers", "1",
+      "--decode-engine-args", '{"kv_transfer_timing_mode": "both"}'],
+     ["--decode-engine-args.kv_transfer_timing_mode", "full_prompt, destination_missing"]),
+    (["--prefill-workers", "1", "--decode-workers", "1",
+      "--prefill-engine-args", '{"worker_type": "decode"}'],
+     ["--prefill-engine-args.worker_type", "'prefill'"]),
+    (["--prefill-workers", "1", "--decode-workers", "1", "--kv-transfer-bandwidth", "5",
+      "--prefill-engine-args", '{"kv_transfer_bandwidth": 6}'],
+     ["--prefill-engine-args.kv_transfer_bandwidth", "contradicts"]),
+    (["--workers", "2", "--prefill-workers", "1", "--decode-workers", "1"],
+     ["--workers", "--decode-workers"]),
+    (["--prefill-workers", "1"], ["--prefill-workers and --decode-workers"]),
+    (["--workers", "1", "--kv-transfer-bandwidth", "5"], ["--kv-transfer-bandwidth",
+                                                          "disaggregated"]),
+])
+def test_bad_disaggregated_flags(tmp_path, capsys, extra, fragments):
+    code, _, err = run_cli(_disagg_flags(tmp_path, *extra), capsys)
+    assert_user_error(code, err, *fragments)
+    assert not (tmp_path / "run").exists()
+
+
+def _disagg_spec():
+    return json.loads((GOLDEN / "1k_vllm_disagg1p2d_bw.spec.json").read_text())
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (lambda p: p["spec"]["engine"]["prefill"]["rank"].update(backend="trtllm"),
+     ["spec.engine.decode.rank.backend", "must match"]),
+    (lambda p: p["spec"]["engine"]["decode"]["rank"].update(kv_transfer_timing_mode="eager"),
+     ["spec.engine.decode.rank.kv_transfer_timing_mode", "full_prompt, destination_missing"]),
+    (lambda p: p["spec"]["engine"]["prefill"]["rank"].update(kv_transfer_bandwidth=-25.0),
+     ["spec.engine.prefill.rank.kv_transfer_bandwidth", ">= 0"]),
+    (lambda p: p["spec"]["topology"].update(handoff_latency_ms=-1.0),
+     ["spec.topology.handoff_latency_ms", ">= 0"]),
+    (lambda p: p["spec"]["topology"]["decode"].update(initial_workers=0),
+     ["spec.topology.decode.initial_workers", ">= 1"]),
+    (lambda p: p["spec"]["engine"]["decode"]["rank"].update(worker_type="prefill"),
+     ["spec.engine.decode.rank.worker_type", "'decode'"]),
+    (lambda p: p["spec"]["topology"].update(workers={"initial_workers": 2}),
+     ["spec.topology.workers", "unknown field"]),
+])
+def test_bad_disaggregated_spec(tmp_path, capsys, edit, fragments):
+    payload = _disagg_spec()
+    edit(payload)
+    spec = tmp_path / "bad.spec.json"
+    spec.write_text(json.dumps(payload))
+    code, _, err = run_cli(["replay", "--spec", spec, "--trace", TRACE_1K,
+                            "--out", tmp_path / "run"], capsys)
+    assert_user_error(code, err, *fragments)
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# randomized invariants
+# ------------------------------------------------------------------------------------------------
+@st.composite
+def disagg_cases(draw):
+    """A random aggregated case turned into a disaggregated one: same trace, the
+    drawn rank for the decode pool, a prefill pool with its own size and budget,
+    and a random transfer model."""
+    case = draw(cases(max_rows=30))
+    decode = dict(case.rank)
+    prefill = dict(decode)
+    prefill["num_gpu_blocks"] = draw(st.sampled_from(
+        [decode["num_gpu_blocks"], 2 * decode["num_gpu_blocks"], 4096]))
+    prefill["max_num_batched_tokens"] = draw(st.integers(16, 512))
+    transfer = draw(st.sampled_from(["none", "bw", "bw0", "missing"]))
+    if transfer != "none":
+        prefill["kv_transfer_bandwidth"] = 0.0 if transfer == "bw0" else draw(
+            st.sampled_from([0.5, 5.0, 25.0]))
+        prefill["kv_transfer_bytes_per_token"] = draw(st.sampled_from([1000, 163840]))
+    if transfer == "missing":
+        prefill["kv_transfer_timing_mode"] = "destination_missing"
+    spec = case.spec
+    spec["spec"]["topology"] = {
+        "kind": "disaggregated",
+        "prefill": {"initial_workers": draw(st.integers(1, 3))},
+        "decode": {"initial_workers": draw(st.integers(1, 3))},
+        "handoff_latency_ms": draw(st.sampled_from([0.0, 0.0, 3.0, 7.5])),
+    }
+    spec["spec"]["engine"] = {"prefill": {"rank": prefill}, "decode": {"rank": decode}}
+    return case
+
+
+@settings(max_examples=_examples(60), **SETTINGS)
+@given(case=disagg_cases())
+def test_random_disaggregated_runs_keep_their_invariants(case):
+    with tempfile.TemporaryDirectory() as tmp:
+        setup = parse_payload(case.spec, trace_override=write_trace(case.rows, tmp))
+        sim = simulation_from_setup(setup)
+        try:
+            res = run_batch([sim], record_handoffs=True)
+        except SimulationError as exc:
+            # a decode pool that a preempted head outgrows, or a request no pool holds
+            assert "dead end" in str(exc)
+            return
+    frame = res.requests[0]
+    left = res.leftovers[0]
+    assert not left["active_blocks"].any() and not left["queued_requests"].any()
+    assert not left["pending_destinations"].any()
+    assert left["open_handoffs"] == left["queued_actions"] == left["transfers_in_flight"] == 0
+    summary = audit_handoffs(audited_runs([sim], res))
+    status = frame["terminal_status"]
+    assert status.isin(["completed", "rejected", "failed"]).all()
+    assert summary.handoffs == int((status == "completed").sum())
+    done = frame[status == "completed"]
+    assert (done["prefill_output_tokens"] == 1).all()
+    assert (done["ttft_ms"].dropna() >= 0).all()
+    # decode placement is a round robin over reservations: loads differ by at most one
+    loads = done["decode_worker"].value_counts().reindex(range(sim.workers), fill_value=0)
+    reached = frame["destination_reserved_ms"].notna()
+    if reached.all():
+        assert loads.max() - loads.min() <= 1
+    # rejections happen on the prefill side, before any decode work
+    rejected = frame[status == "rejected"]
+    assert rejected["source_held_ms"].isna().all() and (rejected["output_tokens"] == 0).all()
+    journal = res.handoffs[0]
+    assert (journal["event"] == "Completed").sum() == summary.handoffs
