@@ -184,9 +184,9 @@ def _check_extras(obj: dict, output_len: int) -> None:
 
 def _intern(flat: list) -> np.ndarray:
     """Map raw u64 hash ids to dense uint32 ids in order of first appearance."""
-    if not flat:
+    if len(flat) == 0:
         return np.zeros(0, dtype=np.uint32)
-    raw = np.array(flat, dtype=np.uint64)
+    raw = np.asarray(flat, dtype=np.uint64)
     uniq, first_pos, inverse = np.unique(raw, return_index=True, return_inverse=True)
     if uniq.shape[0] > _U32_END:
         raise ValueError("trace contains more distinct hash ids than uint32 can represent")
@@ -253,6 +253,9 @@ def load_mooncake(
 
     path_str = os.fspath(path)
     block = trace_block_size
+    simple = _load_simple(path_str, block, ratio, max_rows)
+    if simple is not None:
+        return simple
 
     line_nos: list[int] = []
     names: list[str] = []
@@ -418,6 +421,49 @@ def load_mooncake(
         hash_indptr=hash_indptr,
         hash_ids=_intern(flat_hashes),
         order=order,
+    )
+
+
+def _load_simple(path_str: str, block: int, ratio: float, max_rows: int | None) -> Workload | None:
+    """The trace in its common shape (flat rows of integer timestamp, lengths and
+    hash ids: every row its own single-turn session), read by the compiled scanner;
+    None when any row is not that simple or breaks a rule, so that the general
+    loader below handles it (and names the file and line of an error)."""
+    from aisim_fast.kernels.trace_scan import SCAN_OK, scan_simple_trace
+
+    try:
+        data = np.fromfile(path_str, dtype=np.uint8)
+    except OSError:
+        return None  # the general path reports it
+    status, line_no, ts, input_len, output_len, indptr, raw_hashes = scan_simple_trace(
+        data, -1 if max_rows is None else max_rows)
+    n = line_no.shape[0]
+    if status != SCAN_OK or n == 0 or np.any(output_len < 0):
+        return None
+    capacity = np.diff(indptr) * block
+    input_len = np.where(input_len < 0, capacity, input_len)
+    if np.any(input_len == 0) or np.any(input_len > capacity):
+        return None
+    start_ms = np.where(np.isnan(ts), 0.0, ts)  # a row without a timestamp starts at 0
+    start_ms -= start_ms.min()
+    start_ms /= ratio
+    request_name = np.empty(n, dtype=object)
+    request_name[:] = [f"request_{k}" for k in line_no.tolist()]
+    return Workload(
+        path=path_str,
+        trace_block_size=block,
+        line_no=line_no,
+        request_name=request_name,
+        session=np.arange(n, dtype=np.int32),
+        turn_index=np.zeros(n, dtype=np.int32),
+        start_ms=start_ms,
+        delay_ms=np.zeros(n, dtype=np.float64),
+        input_len=input_len,
+        output_len=output_len,
+        hash_indptr=indptr.copy(),
+        hash_ids=_intern(raw_hashes),
+        # equal starts keep file order: the reference routes and queues ties in line order
+        order=np.argsort(start_ms, kind="stable").astype(np.int64),
     )
 
 

@@ -600,3 +600,82 @@ def test_round_trip(case):
         assert toks.shape == (expect["in"][q],)
         ids = row_hashes(w, q)
         assert np.array_equal(toks, ids[np.arange(toks.shape[0]) // block])
+
+
+# ---------------------------------------------------------------------------------------
+# the compiled scanner of simple rows against the general loader
+# ---------------------------------------------------------------------------------------
+def _general(path, **kw):
+    """load_mooncake with the compiled fast path switched off."""
+    from aisim_fast import workload as W
+
+    saved = W._load_simple
+    W._load_simple = lambda *a, **k: None
+    try:
+        return load_mooncake(path, **kw)
+    finally:
+        W._load_simple = saved
+
+
+def _same_workload(a: Workload, b: Workload) -> bool:
+    for x, y in zip(a, b):
+        if isinstance(x, np.ndarray):
+            if x.dtype != y.dtype or not np.array_equal(x, y, equal_nan=x.dtype.kind == "f"):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+_SPACE = st.sampled_from(["", "", " ", "  ", "\t", "\r"])
+_INT = st.one_of(st.integers(0, 2000), st.integers(0, 2**64 + 5), st.integers(-3, -1))
+_NUMBER_TEXT = st.one_of(_INT.map(str), st.sampled_from(["1.5", "1e3", "007", "0", "-0", "2.0",
+                                                          '"3"', "null", "true"]))
+
+
+@st.composite
+def _raw_row(draw):
+    """A JSON-ish row: mostly the simple shape, sometimes something the scanner must
+    hand over to the general loader (floats, strings, other keys, duplicates...)."""
+    n_ids = draw(st.integers(0, 4))
+    ids = ",".join(draw(_SPACE) + draw(st.one_of(_INT.map(str), st.just("1.0"))) + draw(_SPACE)
+                   for _ in range(n_ids))
+    fields = [("timestamp", draw(_NUMBER_TEXT)), ("input_length", draw(_NUMBER_TEXT)),
+              ("output_length", draw(_NUMBER_TEXT)), ("hash_ids", "[" + ids + "]")]
+    fields = [f for f in fields if draw(st.integers(0, 7)) > 0]  # sometimes a field is missing
+    if draw(st.integers(0, 9)) == 0:
+        fields.append(draw(st.sampled_from([("session_id", '"a"'), ("delay", "5"),
+                                            ("timestamp", "3"), ("priority", "1"),
+                                            ("input_tokens", "4"), ("x\\u0041", "1")])))
+    fields = draw(st.permutations(fields))
+    sp = draw(_SPACE)
+    body = ",".join(f'{sp}"{k}"{draw(_SPACE)}:{draw(_SPACE)}{v}{sp}' for k, v in fields)
+    return draw(_SPACE) + "{" + body + "}" + draw(_SPACE)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.one_of(_raw_row(), st.sampled_from(["", "  ", "\r"])), min_size=1, max_size=6),
+       block=st.sampled_from([1, 16, 512]), max_rows=st.sampled_from([None, 1, 3]))
+def test_fast_scanner_agrees_with_the_general_loader(rows, block, max_rows):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.jsonl"
+        path.write_text("\n".join(rows), encoding="utf-8")
+        try:
+            want = _general(path, trace_block_size=block, max_rows=max_rows)
+        except TraceError as exc:
+            with pytest.raises(TraceError) as got:
+                load_mooncake(path, trace_block_size=block, max_rows=max_rows)
+            assert str(got.value) == str(exc)
+            return
+        got = load_mooncake(path, trace_block_size=block, max_rows=max_rows)
+        assert _same_workload(got, want)
+
+
+def test_fast_scanner_takes_the_bundled_traces():
+    """The compiled path really is the one used for the common traces."""
+    from aisim_fast.workload import _load_simple
+
+    for path in (TINY20, default_trace_path(), DATA / "traces" / "mooncake_1k.jsonl"):
+        fast = _load_simple(str(path), 512, 1.0, None)
+        assert fast is not None, path
+        assert _same_workload(fast, _general(path))
