@@ -469,14 +469,17 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     run_q = wk.run_q
     off = wk.i64[w, WK_RUN_OFF]
     n_run = wk.i64[w, WK_RUN_LEN]
+    n_complete = 0  # ready requests whose generation is already complete (no token)
     for j in range(n_run):
         q = run_q[off + j]
         generated = rq_i[q, RQ_GENERATED]
         prompt = rq_i[q, RQ_PROMPT_LEN]
-        if rq_i[q, RQ_NUM_COMPUTED] < prompt + generated \
-                or _remaining(rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit) <= 0:
+        if rq_i[q, RQ_NUM_COMPUTED] < prompt + generated:
             continue
-        if rq_i[q, RQ_SCHED_STAMP] == stamp and rq_i[q, RQ_SCHED_PROMPT] > 0 and rq_i[q, RQ_GENERATED] == 0:
+        if _remaining(rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit) <= 0:
+            n_complete += 1
+            continue
+        if rq_i[q, RQ_SCHED_STAMP] == stamp and rq_i[q, RQ_SCHED_PROMPT] > 0 and generated == 0:
             continue  # first token of the pass that computed the prompt: free
         n_decode += 1
         kv_sum += prompt + generated
@@ -496,7 +499,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     run_gap_ms = 0.0  # current run of equal token gaps, folded when it ends
     run_count = 0
     n_no_token = 0
-    for j in range(n_run):
+    for j in range(n_run if n_complete > 0 else 0):
         q = run_q[off + j]
         prompt = rq_i[q, RQ_PROMPT_LEN]
         generated = rq_i[q, RQ_GENERATED]
