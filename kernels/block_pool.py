@@ -28,14 +28,14 @@ from .layout import (
 )
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _mix(h):
     # The keys are already XXH3 outputs; fold the high bits in so masks of any
     # size see them.
     return h ^ (h >> np.uint64(29))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def table_find(p, w, h):
     """Primary copy of hash ``h`` on worker ``w``, or NO_BLOCK."""
     off = p.w64[w, PW_TAB_OFF]
@@ -50,7 +50,7 @@ def table_find(p, w, h):
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _table_set(p, w, h, b):
     """Point hash ``h`` at copy ``b`` (insert or replace)."""
     off = p.w64[w, PW_TAB_OFF]
@@ -64,7 +64,7 @@ def _table_set(p, w, h, b):
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _table_delete(p, w, h):
     """Remove hash ``h``; shift the rest of its probe cluster back (no tombstones)."""
     off = p.w64[w, PW_TAB_OFF]
@@ -95,18 +95,18 @@ def _table_delete(p, w, h):
     p.tab[off + i] = NO_BLOCK
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def num_active(p, w):
     """Blocks counted as in use: copies not in the inactive LRU, plus reservations."""
     return p.w64[w, PW_NUM_COPIES] - p.w64[w, PW_LRU_LEN] + p.w64[w, PW_NUM_RESERVED]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def num_free(p, w, capacity):
     return capacity - p.w64[w, PW_NUM_COPIES] - p.w64[w, PW_NUM_RESERVED]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _lru_unlink(p, w, b):
     prv = p.b32[b, PB_PREV]
     nxt = p.b32[b, PB_NEXT]
@@ -123,7 +123,7 @@ def _lru_unlink(p, w, b):
     p.w64[w, PW_LRU_LEN] -= 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _lru_push_tail(p, w, b):
     tail = p.w64[w, PW_LRU_TAIL]
     p.b32[b, PB_PREV] = tail
@@ -136,7 +136,7 @@ def _lru_push_tail(p, w, b):
     p.w64[w, PW_LRU_LEN] += 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _take_slot(p, w):
     """A free arena slot, or NO_BLOCK when the arena is exhausted."""
     top = p.w64[w, PW_FREE_TOP]
@@ -147,7 +147,7 @@ def _take_slot(p, w):
     return p.b32[p.w64[w, PW_BLK_OFF] + top, PB_FREE_STACK]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _give_slot(p, w, b):
     p.b32[b, PB_REF] = 0
     p.b32[b, PB_PIN] = 0
@@ -157,7 +157,7 @@ def _give_slot(p, w, b):
     p.w64[w, PW_FREE_TOP] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _evict_head(p, w):
     """Evict the LRU head. Returns True if it was the last copy of its hash
     (the reference reports a ``Removed`` event only then)."""
@@ -188,7 +188,7 @@ def _evict_head(p, w):
     return last_copy
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def cache_copy(p, w, b, h):
     """Make private copy ``b`` (referenced by its owner) visible under hash ``h``.
     Returns True if the hash became visible (no resident copy before)."""
@@ -208,7 +208,7 @@ def cache_copy(p, w, b, h):
     return False
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def release_ref(p, w, b):
     """Drop one lease reference: a private copy is freed at once, a cached copy
     enters the LRU tail when nothing references or pins it any more."""
@@ -221,7 +221,7 @@ def release_ref(p, w, b):
         _give_slot(p, w, b)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def reserve(p, w, capacity, hits, n_hits, n_fresh, out_fresh):
     """Atomically pin ``hits[:n_hits]`` (resident cached copies) and take ``n_fresh``
     new private copies into ``out_fresh`` (each with one reference), evicting from
@@ -269,7 +269,7 @@ def reserve(p, w, capacity, hits, n_hits, n_fresh, out_fresh):
     return 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def pool_reset(p, w):
     """Empty worker ``w``'s pool: all arena slots free, empty table and LRU."""
     off = p.w64[w, PW_BLK_OFF]

@@ -54,7 +54,7 @@ from .vllm_pass import release_lease, run_pass, trt_blocks_to_finish, trt_runnin
     wait_at, wait_push_back
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def transfer_delay_ms(tokens, kv_bytes_per_token, bandwidth_gb_s, fallback_ms):
     """KV transfer delay: ``(tokens * bytes/token) / (GB/s * 1e9) * 1000`` in float64,
     in the reference's operation order (not quantized); the topology's fallback when
@@ -67,7 +67,7 @@ def transfer_delay_ms(tokens, kv_bytes_per_token, bandwidth_gb_s, fallback_ms):
 # ---------------------------------------------------------------------------------
 # the FIFO action queue (a ring per simulation) and per-worker deferred actions
 # ---------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _pop_action(sims, s):
     q = sims.actq[sims.i64[s, SM_Q_OFF] + sims.i64[s, SM_ACTQ_HEAD]]
     sims.i64[s, SM_ACTQ_HEAD] = (sims.i64[s, SM_ACTQ_HEAD] + 1) % sims.i64[s, SM_Q_LEN]
@@ -75,7 +75,7 @@ def _pop_action(sims, s):
     return q
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _defer(rq, wk, w, q):
     """Keep q's action until worker w's pass in flight completes."""
     rq.i64[q, RQ_LINK] = -1
@@ -87,7 +87,7 @@ def _defer(rq, wk, w, q):
     wk.i64[w, WK_DEFER_TAIL] = q
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _requeue_deferred(rq, wk, sims, s, w):
     q = wk.i64[w, WK_DEFER_HEAD]
     while q >= 0:
@@ -99,7 +99,7 @@ def _requeue_deferred(rq, wk, sims, s, w):
     wk.i64[w, WK_DEFER_TAIL] = -1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _journal(sims, s, event, q, now_ms, value_a, value_b):
     """Append a lifecycle event to the opt-in handoff journal (sized by the driver)."""
     row = sims.i64[s, SM_HLOG_LEN]
@@ -115,7 +115,7 @@ def _journal(sims, s, event, q, now_ms, value_a, value_b):
 # ---------------------------------------------------------------------------------
 # transfers in flight: a binary heap by (completion time, start order)
 # ---------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _xfer_before(rq, a, b):
     ta = rq.f64[a, RQF_TRANSFER_DONE_MS]
     tb = rq.f64[b, RQF_TRANSFER_DONE_MS]
@@ -124,7 +124,7 @@ def _xfer_before(rq, a, b):
     return rq.i64[a, RQ_XFER_SEQ] < rq.i64[b, RQ_XFER_SEQ]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _xfer_push(rq, sims, s, q):
     base = sims.i64[s, SM_Q_OFF]
     h = sims.xfer_heap
@@ -140,7 +140,7 @@ def _xfer_push(rq, sims, s, q):
     h[base + i] = q
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _xfer_pop(rq, sims, s):
     base = sims.i64[s, SM_Q_OFF]
     h = sims.xfer_heap
@@ -169,7 +169,7 @@ def _xfer_pop(rq, sims, s):
 # ---------------------------------------------------------------------------------
 # decode rank: pending destinations, reservation, activation
 # ---------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _load_prompt_hashes(rq, wl, q):
     """Prompt block hashes of row q at its own worker's block size."""
     row = rq.i64[q, RQ_SRC_ROW]
@@ -181,7 +181,7 @@ def _load_prompt_hashes(rq, wl, q):
     rq.i64[q, RQ_NUM_HASHED] = n_blocks
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _retry_destination(cfg, p, rq, wk, w, hits, fresh):
     """Try to reserve the head of worker w's pending-destination FIFO (at most one
     per call, at most one attempt per capacity generation). Returns the reserved
@@ -235,7 +235,7 @@ def _retry_destination(cfg, p, rq, wk, w, hits, fresh):
     return q
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _insert_by_ordinal(rq, wk, w, q):
     """Put q in w's waiting queue before the first request with a later ordinal."""
     n = wk.i64[w, WK_WAIT_LEN]
@@ -251,7 +251,7 @@ def _insert_by_ordinal(rq, wk, w, q):
     wk.wait_q[off + (head + i) % cap] = q
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _activate(cfg, p, rq, wk, w, q):
     """Commit q's reservation: its complete fresh prompt blocks become cached copies
     (visible from now on), the partial tail stays private; q waits, materialized,
@@ -278,7 +278,7 @@ def _activate(cfg, p, rq, wk, w, q):
 # ---------------------------------------------------------------------------------
 # actions
 # ---------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _reserved(rq, sims, s, q, now_ms):
     """DestinationReserved: the coordinator starts the transfer."""
     rq.f64[q, RQF_DEST_RESERVED_MS] = now_ms
@@ -286,7 +286,7 @@ def _reserved(rq, sims, s, q, now_ms):
     queue_action(rq, sims, s, q, ACT_START_TRANSFER)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _fail_request(rq, sims, s, q, status, now_ms):
     """A handoff that cannot continue ends its logical request."""
     rq.i64[q, RQ_STATUS] = RS_DONE
@@ -295,7 +295,7 @@ def _fail_request(rq, sims, s, q, status, now_ms):
     logical_terminal(rq, sims, s, q)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
     """Execute the queued action of handoff q. Returns False when the block arena is
     exhausted."""
@@ -400,7 +400,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
     """Pass end of worker w. Returns (reserved a destination, arena exhausted)."""
     wk.i64[w, WK_BUSY] = 0
@@ -436,7 +436,7 @@ def _complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
     return False, False
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def run_disagg_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens):
     """Advance disaggregated simulation s until it is done or needs the driver."""
     w0 = sims.i64[s, SM_W_OFF]

@@ -29,7 +29,7 @@ from .layout import (
 from .vllm_pass import run_pass, wait_push_back
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _before(t_a, s_a, u_a, t_b, s_b, u_b):
     """Release order: time, then session index, then turn index."""
     if t_a != t_b:
@@ -39,7 +39,7 @@ def _before(t_a, s_a, u_a, t_b, s_b, u_b):
     return u_a < u_b
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _heap_push(sims, rq, s, q):
     base = sims.i64[s, SM_Q_OFF]
     i = sims.i64[s, SM_HEAP_LEN]
@@ -57,7 +57,7 @@ def _heap_push(sims, rq, s, q):
     h[base + i] = q
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _heap_pop(sims, rq, s):
     base = sims.i64[s, SM_Q_OFF]
     h = sims.heap_q
@@ -89,7 +89,7 @@ def _heap_pop(sims, rq, s):
     return top
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def queue_action(rq, sims, s, q, kind):
     """Append handoff q's next action to the simulation's FIFO action queue."""
     rq.i64[q, RQ_ACTION] = kind
@@ -98,7 +98,7 @@ def queue_action(rq, sims, s, q, kind):
     sims.i64[s, SM_ACTQ_LEN] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _arrive(cfg, rq, wl, wk, sims, s, q, arrival_ms):
     """A request enters the system. Aggregated: round-robin placement, prompt block
     hashes, waiting queue. Disaggregated: the handoff starts (SubmitPrefill queued)."""
@@ -124,7 +124,7 @@ def _arrive(cfg, rq, wl, wk, sims, s, q, arrival_ms):
     wk.i64[w, WK_STALLED] = 0
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms):
     """Release every request due at ``now_ms``; returns how many arrived."""
     closed = sims.i64[s, SM_CONCURRENCY] > 0
@@ -162,7 +162,7 @@ def admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms):
         n += 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def logical_terminal(rq, sims, s, q):
     """Request q reached its terminal: free its session slot or release its next turn."""
     sims.i64[s, SM_NUM_TERMINAL] += 1
@@ -174,7 +174,7 @@ def logical_terminal(rq, sims, s, q):
         sims.i64[s, SM_ACTIVE_SESSIONS] -= 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _complete_pass(rq, wk, sims, s, w):
     """Pass end of worker w: its terminals free session slots and release next turns."""
     wk.i64[w, WK_BUSY] = 0
@@ -186,7 +186,7 @@ def _complete_pass(rq, wk, sims, s, w):
     wk.i64[w, WK_TERM_TAIL] = -1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def arrivals_due(rq, sims, s, now_ms):
     """Cheap check before the admission step (which binds the whole state)."""
     base = sims.i64[s, SM_Q_OFF]
@@ -199,7 +199,7 @@ def arrivals_due(rq, sims, s, now_ms):
     return sims.i64[s, SM_HEAP_LEN] > 0 and rq.f64[sims.heap_q[base], RQF_READY_MS] <= now_ms
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def next_release_ms(rq, sims, s):
     """Release time of the next request (inf when none is scheduled)."""
     t_next = np.inf
@@ -211,7 +211,7 @@ def next_release_ms(rq, sims, s):
     return t_next
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def run_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens):
     """Advance simulation s until it is done or needs the driver."""
     w0 = sims.i64[s, SM_W_OFF]

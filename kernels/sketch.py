@@ -91,7 +91,7 @@ TOKEN_HIST_WIDTH = 2 * SKETCH_NUM_BINS
 MS_PER_S = 1000.0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def sketch_key(x):
     """Reference sketch key of a positive value: ``ceil(ln(x) * inv)``.
 
@@ -100,7 +100,7 @@ def sketch_key(x):
     return np.int64(math.ceil(math.log(x) * SKETCH_INV_GAMMA_LN))
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def sketch_value(key):
     """Representative value of sketch key ``key``: ``exp(key * (1/inv)) * (2/(1+g))``.
 
@@ -109,7 +109,7 @@ def sketch_value(key):
     return math.exp(np.float64(key) * SKETCH_VALUE_LN_STEP) * SKETCH_VALUE_SCALE
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def sketch_bin(x):
     """Histogram bin index of a value >= SKETCH_MIN_INDEXABLE, clamped to the fixed range."""
     b = sketch_key(x) + SKETCH_KEY_OFFSET
@@ -157,7 +157,7 @@ def token_stats_new(num_sims):
     return stat, hist
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def fold_value(stat, hist, s, stat_base, hist_base, x):
     """Fold one finite sample ``x >= 0`` into one stream of simulation ``s``.
 
@@ -181,7 +181,7 @@ def fold_value(stat, hist, s, stat_base, hist_base, x):
         stat[s, stat_base + STAT_ZERO_COUNT] += 1.0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def fold_gap(stat, hist, s, gap_ms):
     """Fold one inter-token gap of simulation ``s`` into both token streams.
 
@@ -206,7 +206,7 @@ def fold_gap(stat, hist, s, gap_ms):
             fold_value(stat, hist, s, RATE_STAT_BASE, RATE_HIST_BASE, rate_tok_s)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def fold_value_run(stat, hist, s, stat_base, hist_base, x, count):
     """Fold ``count`` identical samples ``x >= 0`` at once (Chan's merge of a run of
     equal values: mean and M2 as if folded one by one, up to rounding)."""
@@ -227,7 +227,7 @@ def fold_value_run(stat, hist, s, stat_base, hist_base, x, count):
         stat[s, stat_base + STAT_ZERO_COUNT] += count
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def fold_gap_run(stat, hist, s, gap_ms, count):
     """Fold ``count`` equal inter-token gaps of simulation ``s`` into both streams.
 

@@ -19,7 +19,7 @@ NS_PER_S = 1_000_000_000
 _SPLIT = 134217729.0  # 2**27 + 1, Veltkamp splitter for an exact f64 product
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _two_product(a, b):
     """(p, e) with p = fl(a*b) and a*b = p + e exactly (Dekker)."""
     p = a * b
@@ -33,7 +33,7 @@ def _two_product(a, b):
     return p, e
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def secs_to_ns(secs):
     """Nearest whole nanoseconds of ``secs`` (f64 seconds, >= 0), from the exact value
     of the f64 rather than from a rounded ``secs * 1e9``."""
@@ -48,14 +48,14 @@ def secs_to_ns(secs):
     return ns
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def ns_to_ms(ns):
     """Milliseconds of a nanosecond count, as the reference converts a Duration."""
     secs = float(ns // NS_PER_S) + float(ns % NS_PER_S) / 1e9
     return secs * 1000.0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def modeled_ns(raw_ms, ratio):
     """Nanoseconds of a modeled latency ``raw_ms`` divided by ``ratio``: quantized once,
     then (ratio > 0 and duration > 0) divided in seconds and quantized again."""
@@ -66,7 +66,7 @@ def modeled_ns(raw_ms, ratio):
     return ns
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def polynomial_prefill_ms(batch, total_isl, total_prefix):
     """Prefill latency of a batch. The polynomial's argument uses floored integer
     means, ``T = b * (floor(isl/b) - floor(prefix/b))``, not the true total."""
@@ -81,7 +81,7 @@ def polynomial_prefill_ms(batch, total_isl, total_prefix):
     return 4.209989e-07 * (t * t) + 1.518344e-02 * t + 16.50142
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def polynomial_decode_ms(batch, active_kv_tokens, total_kv_tokens):
     """Decode latency: a function of KV utilisation of the configured capacity."""
     if batch == 0:
@@ -93,7 +93,7 @@ def polynomial_decode_ms(batch, active_kv_tokens, total_kv_tokens):
     return max(1.0, -25.74 * (u * u) + 54.01 * u + 5.74)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def prefill_ns(timing, fixed_prefill_ms, speedup, batch, total_isl, total_prefix):
     """Quantized prefill duration of a pass (0 when no request computed prompt tokens
     or the floored means say everything was cached)."""
@@ -106,7 +106,7 @@ def prefill_ns(timing, fixed_prefill_ms, speedup, batch, total_isl, total_prefix
     return modeled_ns(raw, speedup)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def decode_ns(timing, fixed_decode_ms, speedup, decode_speedup, batch, active_kv_tokens,
               total_kv_tokens):
     """Quantized decode duration of a pass over its decode batch."""

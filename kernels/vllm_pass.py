@@ -45,17 +45,17 @@ CURRENT_PREEMPTED = 2
 ALLOC_ARENA_FULL = 3
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _ceil_div(a, b):
     return (a + b - 1) // b
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def seq_len(rq, q):
     return rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_GENERATED]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def _remaining(max_output, generated, prompt, limit):
     """Tokens still to generate, from scalars: hot loops call this one because a
     helper that receives arrays reference-counts them on every call."""
@@ -65,7 +65,7 @@ def _remaining(max_output, generated, prompt, limit):
     return rem
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def remaining_generation(cfg, rq, w, q):
     """Tokens still to generate: output budget, and ``max_model_len`` when set."""
     rem = rq.i64[q, RQ_MAX_OUTPUT] - rq.i64[q, RQ_GENERATED]
@@ -79,19 +79,19 @@ def remaining_generation(cfg, rq, w, q):
 # queues: running list (index order matters for the preemption cursor) and the
 # waiting ring (preempted requests go to its front)
 # ---------------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def wait_at(wk, w, i):
     return wk.wait_q[wk.i64[w, WK_WAIT_OFF] + (wk.i64[w, WK_WAIT_HEAD] + i) % wk.i64[w, WK_WAIT_CAP]]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def wait_push_back(wk, w, q):
     cap = wk.i64[w, WK_WAIT_CAP]
     wk.wait_q[wk.i64[w, WK_WAIT_OFF] + (wk.i64[w, WK_WAIT_HEAD] + wk.i64[w, WK_WAIT_LEN]) % cap] = q
     wk.i64[w, WK_WAIT_LEN] += 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def wait_push_front(wk, w, q):
     cap = wk.i64[w, WK_WAIT_CAP]
     h = (wk.i64[w, WK_WAIT_HEAD] - 1 + cap) % cap
@@ -100,7 +100,7 @@ def wait_push_front(wk, w, q):
     wk.i64[w, WK_WAIT_LEN] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def wait_remove_at(wk, w, i):
     """Remove entry ``i`` keeping the order of the others."""
     cap = wk.i64[w, WK_WAIT_CAP]
@@ -114,7 +114,7 @@ def wait_remove_at(wk, w, i):
     wk.i64[w, WK_WAIT_LEN] -= 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def run_remove_at(wk, w, i):
     off = wk.i64[w, WK_RUN_OFF]
     n = wk.i64[w, WK_RUN_LEN]
@@ -126,7 +126,7 @@ def run_remove_at(wk, w, i):
 # ---------------------------------------------------------------------------------
 # tokens and block identities
 # ---------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _hash_block(rq, wl, q, i, bs, scratch_tokens):
     """Sequence hash of block i of request q (block i-1 must already be hashed).
 
@@ -159,7 +159,7 @@ def _hash_block(rq, wl, q, i, bs, scratch_tokens):
     return hash_chain(rq.seq_hash[rq.i64[q, RQ_LEASE_OFF] + i - 1], local)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def prefix_cost(cfg, p, rq, w, q):
     """(cached_tokens, active_cached_tokens) of a prefix lookup: leading complete
     blocks with a resident copy; active = those whose primary copy is referenced
@@ -181,7 +181,7 @@ def prefix_cost(cfg, p, rq, w, q):
     return min(overlap * bs, length), min(active * bs, length)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def capped_prefix_cost(cfg, p, rq, w, q):
     """Prefix cost after the vLLM recompute rule: while logits are still needed the
     cached prefix is capped at ``floor((len-1)/bs)*bs`` (a fully cached aligned
@@ -198,7 +198,7 @@ def capped_prefix_cost(cfg, p, rq, w, q):
 # ---------------------------------------------------------------------------------
 # lease operations
 # ---------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def allocate(cfg, p, rq, w, q, target_tokens, reusable_prefix_blocks, hits, fresh):
     """Grow q's lease to cover ``target_tokens``; the first blocks up to
     ``reusable_prefix_blocks`` are prefix hits, the rest fresh private copies.
@@ -225,7 +225,7 @@ def allocate(cfg, p, rq, w, q, target_tokens, reusable_prefix_blocks, hits, fres
     return 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def release_lease(cfg, p, rq, w, q):
     """Release every block, tail first, so a request's leaf enters the LRU (and is
     evicted) before its parents."""
@@ -237,7 +237,7 @@ def release_lease(cfg, p, rq, w, q):
     rq.i64[q, RQ_ALLOCATED] = 0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens):
     """Blocks completed by computing tokens [before, after) get their identity and
     become visible, before later requests of the same pass look them up."""
@@ -259,7 +259,7 @@ def finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens):
 # ---------------------------------------------------------------------------------
 # the pass
 # ---------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _preempt(cfg, p, rq, wk, w):
     """Preempt the last (lifo) or first (fifo) running request; returns it or -1."""
     n = wk.i64[w, WK_RUN_LEN]
@@ -278,7 +278,7 @@ def _preempt(cfg, p, rq, wk, w):
     return v
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def trt_blocks_to_finish(cfg, p, rq, w, q, active_cached):
     bs = cfg.i64[w, CFG_BLOCK_SIZE]
     out = rq.i64[q, RQ_MAX_OUTPUT]
@@ -293,7 +293,7 @@ def trt_blocks_to_finish(cfg, p, rq, w, q, active_cached):
     return max(0, to_completion - have)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def push_terminal(rq, wk, w, q):
     """Append q to the worker's terminal list (output order, visible at the pass end)."""
     rq.i64[q, RQ_TERM_NEXT] = -1
@@ -305,7 +305,7 @@ def push_terminal(rq, wk, w, q):
     wk.i64[w, WK_TERM_TAIL] = q
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def trt_running_tail(cfg, p, rq, wk, w):
     """TRT-LLM: blocks the running requests still need to finish, plus (decode rank)
     those of reserved and activated-waiting destinations."""
@@ -315,7 +315,7 @@ def trt_running_tail(cfg, p, rq, wk, w):
     return tail
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _finish(cfg, p, rq, wk, w, q):
     """A request completes in this pass: lease back to the pool (tail first), onto
     the worker's terminal list. A disaggregated prefill (source) request instead
@@ -331,7 +331,7 @@ def _finish(cfg, p, rq, wk, w, q):
     push_terminal(rq, wk, w, q)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
     """Run one pass of worker ``w`` starting at ``now_ms``.
 
@@ -554,7 +554,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     return end_ms, had_effect, False
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp, acc, hits,
               fresh, scratch_tokens, not_decode, wait_index):
     """The reference's ``schedule_request``: allocate (preempting on exhaustion),
@@ -658,7 +658,7 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
     return SCHEDULED
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens, n_preempted):
     """Append this pass's ForwardPassMetrics row to simulation s's pass log."""
     row = sims.i64[s, SM_PASS_LOG_LEN]
