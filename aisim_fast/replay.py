@@ -19,7 +19,6 @@ from aisim_fast.config import RankConfig, ReplaySetup
 from aisim_fast.kernels import layout as L
 from aisim_fast.kernels import sketch
 from aisim_fast.report import sketch_merge_rows
-from aisim_fast.kernels.block_pool import pool_reset
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
 from aisim_fast.kernels.batch import replay_batch
 from aisim_fast.workload import Workload, load_mooncake
@@ -90,6 +89,8 @@ def _effective_max_output(sim: Simulation) -> np.ndarray:
 
 def _next_turns(wl: Workload) -> np.ndarray:
     nxt = np.full(len(wl.input_len), -1, np.int64)
+    if not wl.turn_index.any():
+        return nxt  # single-turn trace: no follow-up turns
     last_of_session: dict[int, int] = {}
     for q, sess in enumerate(wl.session.tolist()):
         prev = last_of_session.get(sess)
@@ -231,10 +232,10 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     pool_w[:, L.PW_TAB_OFF] = np.concatenate([[0], np.cumsum(tab_size)[:-1]])
     pool_w[:, L.PW_TAB_MASK] = tab_size - 1
     n_b = int(arena.sum())
-    pool = L.Pool(w64=pool_w, b32=np.zeros((n_b, L.PB_FIELDS), np.int32),
-                  blk_hash=np.zeros(n_b, np.uint64), tab=np.empty(int(tab_size.sum()), np.int32))
-    for w in range(n_w):
-        pool_reset(pool, w)
+    # arena slots are initialized when first used (block_pool._take_slot)
+    pool = L.Pool(w64=pool_w, b32=np.empty((n_b, L.PB_FIELDS), np.int32),
+                  blk_hash=np.empty(n_b, np.uint64), tab=np.empty(int(tab_size.sum()), np.int32))
+    _reset_pools(pool)
 
     wk_i = np.zeros((n_w, L.WK_FIELDS), np.int64)
     wk_i[:, L.WK_SIM] = np.repeat(np.arange(n_sims), w_len)
@@ -267,6 +268,15 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     max_lease = int(lease_blocks.max()) if n_q else 1
     max_bs = int(cfg_i[:, L.CFG_BLOCK_SIZE].max())
     return cfg, pool, rq, workload, wk, sim_state, max_lease, max_bs
+
+
+def _reset_pools(pool: L.Pool) -> None:
+    """Every worker's pool empty, as ``kernels.block_pool.pool_reset`` leaves it: no
+    arena slot used yet (slots are initialized when first taken), empty prefix table
+    and LRU."""
+    pool.w64[:, [L.PW_FREE_TOP, L.PW_BUMP, L.PW_NUM_COPIES, L.PW_NUM_RESERVED, L.PW_LRU_LEN]] = 0
+    pool.w64[:, [L.PW_LRU_HEAD, L.PW_LRU_TAIL]] = L.NO_BLOCK
+    pool.tab[:] = L.NO_BLOCK
 
 
 def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConfig,

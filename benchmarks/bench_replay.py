@@ -3,7 +3,7 @@
     python benchmarks/bench_replay.py [--ref-python /work/refvenv/bin/python]
         [--cases 10k_vllm_agg8,batch100_1k_vllm_agg2,10k_vllm_disagg2p4d]
         [--repeat K] [--golden-dir DIR] [--trace-dir DIR] [--no-cold]
-        [--numba-threads T] [--aisim-path DIR] [--ref-calls M] [--json-out FILE]
+        [--numba-threads T] [--aisim-path DIR] [--ref-calls M] [--rounds R] [--json-out FILE]
 
 Case names are golden spec names (`<golden-dir>/<name>.spec.json`); a `batch<N>_`
 prefix means N copies of that simulation in ONE aisim_fast run_batch call, compared
@@ -111,23 +111,39 @@ def bench_case(name: str, args, golden_dir: Path, trace_dir: Path) -> dict:
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
 
-    if "unsupported" not in row.get("aisim_cold", {}):
-        print(f"[{name}] aisim_fast warm (best of {args.repeat}) ...", file=sys.stderr, flush=True)
-        row["aisim_warm"] = run_child(aisim_cmd(spec, trace_dir, batch, args.repeat, False),
-                                      base_env, args.timeout)
+    # The host's other tenants slow either side by up to 2x for seconds at a time, so
+    # the two sides alternate for --rounds rounds and each keeps its best round.
+    for round_no in range(args.rounds):
+        tag = f" round {round_no + 1}/{args.rounds}" if args.rounds > 1 else ""
+        if "unsupported" not in row.get("aisim_cold", {}):
+            print(f"[{name}] aisim_fast warm (best of {args.repeat}){tag} ...", file=sys.stderr, flush=True)
+            warm = run_child(aisim_cmd(spec, trace_dir, batch, args.repeat, False),
+                             base_env, args.timeout)
+            row.setdefault("aisim_rounds", []).append(warm.get("best_total_wall_s"))
+            if _better(warm, row.get("aisim_warm"), "best_total_wall_s"):
+                row["aisim_warm"] = warm
 
-    if args.ref_python:
-        calls = min(batch, args.ref_calls) if args.ref_calls else batch
-        print(f"[{name}] reference ({calls} call(s) per sample, best of {args.repeat}) ...",
-              file=sys.stderr, flush=True)
-        ref = run_child([args.ref_python, str(HERE / "ref_driver.py"), "--spec", str(spec),
-                         "--trace-dir", str(trace_dir), "--repeat", str(args.repeat),
-                         "--calls-per-sample", str(calls)], None, args.timeout)
-        # time fewer calls than simulations and scale linearly, if asked to
-        ref["scale"] = batch / calls
-        row["ref"] = ref
+        if args.ref_python:
+            calls = min(batch, args.ref_calls) if args.ref_calls else batch
+            print(f"[{name}] reference ({calls} call(s) per sample, best of {args.repeat}){tag} ...",
+                  file=sys.stderr, flush=True)
+            ref = run_child([args.ref_python, str(HERE / "ref_driver.py"), "--spec", str(spec),
+                             "--trace-dir", str(trace_dir), "--repeat", str(args.repeat),
+                             "--calls-per-sample", str(calls)], None, args.timeout)
+            # time fewer calls than simulations and scale linearly, if asked to
+            ref["scale"] = batch / calls
+            row.setdefault("ref_rounds", []).append(ref.get("best_native_wall_s"))
+            if _better(ref, row.get("ref"), "best_native_wall_s"):
+                row["ref"] = ref
     row["load_after"] = os.getloadavg()
     return row
+
+
+def _better(new: dict, old: dict | None, key: str) -> bool:
+    """Keep the round with the smaller best time (a failed round never wins)."""
+    if old is None or old.get(key) is None:
+        return True
+    return new.get(key) is not None and new[key] < old[key]
 
 
 # ---------------------------------------------------------------------------- report
@@ -185,6 +201,10 @@ def summarize(rows: list[dict], args) -> str:
         cold, warm, ref = r.get("aisim_cold"), r.get("aisim_warm"), r.get("ref")
         lines.append(f"* {r['case']} (load avg before {r['load_before'][0]:.2f}, "
                      f"after {r['load_after'][0]:.2f})")
+        if len(r.get("aisim_rounds", [])) > 1 or len(r.get("ref_rounds", [])) > 1:
+            lines.append("  - best of each round, alternating sides: aisim_fast "
+                         + ", ".join(_fmt(x) for x in r.get("aisim_rounds", []))
+                         + "; reference " + ", ".join(_fmt(x) for x in r.get("ref_rounds", [])))
         for label, part in (("aisim_fast cold", cold), ("aisim_fast warm", warm), ("reference", ref)):
             if part is None:
                 continue
@@ -239,6 +259,8 @@ def main(argv=None) -> int:
     p.add_argument("--trace-dir", default=None,
                    help="folder the specs' relative trace paths refer to (default: <golden-dir>/../traces)")
     p.add_argument("--no-cold", action="store_true", help="skip the empty-cache compile measurement")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="alternate the two sides this many times; each keeps its best round")
     p.add_argument("--numba-threads", type=int, default=None,
                    help="NUMBA_NUM_THREADS for aisim_fast (1 = same single core as the reference)")
     p.add_argument("--aisim-path", default=None,

@@ -24,7 +24,7 @@ from numba import njit
 from .layout import (
     NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN, PB_PREV, PB_REF, PW_BLK_LEN,
     PW_BLK_OFF, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN, PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED,
-    PW_TAB_MASK, PW_TAB_OFF,
+    PW_TAB_MASK, PW_TAB_OFF, PW_BUMP,
 )
 
 
@@ -138,13 +138,29 @@ def _lru_push_tail(p, w, b):
 
 @njit(cache=True, _nrt=False, inline="always")
 def _take_slot(p, w):
-    """A free arena slot, or NO_BLOCK when the arena is exhausted."""
+    """A free arena slot: the last one given back, else the next never-used slot
+    (initialized now, so an arena costs nothing until it is used); NO_BLOCK when
+    the arena is exhausted."""
     top = p.w64[w, PW_FREE_TOP]
-    if top == 0:
+    if top > 0:
+        top -= 1
+        p.w64[w, PW_FREE_TOP] = top
+        return p.b32[p.w64[w, PW_BLK_OFF] + top, PB_FREE_STACK]
+    used = p.w64[w, PW_BUMP]
+    if used == p.w64[w, PW_BLK_LEN]:
         return NO_BLOCK
-    top -= 1
-    p.w64[w, PW_FREE_TOP] = top
-    return p.b32[p.w64[w, PW_BLK_OFF] + top, PB_FREE_STACK]
+    p.w64[w, PW_BUMP] = used + 1
+    b = p.w64[w, PW_BLK_OFF] + used
+    p.b32[b, PB_REF] = 0
+    p.b32[b, PB_PIN] = 0
+    p.b32[b, PB_CACHED] = 0
+    p.b32[b, PB_PREV] = NO_BLOCK
+    p.b32[b, PB_NEXT] = NO_BLOCK
+    p.b32[b, PB_DUP] = NO_BLOCK
+    p.b32[b, PB_DUP_PREV] = NO_BLOCK
+    p.b32[b, PB_DUP_TAIL] = NO_BLOCK
+    p.blk_hash[b] = 0
+    return np.int32(b)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -271,22 +287,9 @@ def reserve(p, w, capacity, hits, n_hits, n_fresh, out_fresh):
 
 @njit(cache=True, _nrt=False)
 def pool_reset(p, w):
-    """Empty worker ``w``'s pool: all arena slots free, empty table and LRU."""
-    off = p.w64[w, PW_BLK_OFF]
-    n = p.w64[w, PW_BLK_LEN]
-    for i in range(n):
-        b = off + i
-        p.b32[off + i, PB_FREE_STACK] = n - 1 - i + off
-        p.b32[b, PB_REF] = 0
-        p.b32[b, PB_PIN] = 0
-        p.b32[b, PB_CACHED] = 0
-        p.b32[b, PB_PREV] = NO_BLOCK
-        p.b32[b, PB_NEXT] = NO_BLOCK
-        p.b32[b, PB_DUP] = NO_BLOCK
-        p.b32[b, PB_DUP_PREV] = NO_BLOCK
-        p.b32[b, PB_DUP_TAIL] = NO_BLOCK
-        p.blk_hash[b] = 0
-    p.w64[w, PW_FREE_TOP] = n
+    """Empty worker ``w``'s pool: no arena slot used yet, empty table and LRU."""
+    p.w64[w, PW_FREE_TOP] = 0
+    p.w64[w, PW_BUMP] = 0
     p.w64[w, PW_NUM_COPIES] = 0
     p.w64[w, PW_NUM_RESERVED] = 0
     p.w64[w, PW_LRU_HEAD] = NO_BLOCK

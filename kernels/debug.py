@@ -24,7 +24,7 @@ from numba import njit
 from .block_pool import _mix
 from .layout import (
     NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN, PB_PREV,
-    PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN, PW_LRU_TAIL,
+    PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN, PW_LRU_TAIL,
     PW_NUM_COPIES, PW_NUM_RESERVED, PW_TAB_MASK, PW_TAB_OFF, RQ_ALLOCATED, RQ_LEASE_OFF,
     RQ_GENERATED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PROMPT_LEN, RQ_STATUS,
     RQ_WORKER, RS_DONE,
@@ -69,17 +69,20 @@ def _home(h, mask):
 
 @njit(cache=True)
 def _resident_flags(p, w):
-    """(flags, ok): per arena slot of worker w 1 = resident, 0 = on the free stack;
-    ok is False when the free stack is malformed (out of range, a slot twice)."""
+    """(flags, ok): per arena slot of worker w 1 = resident, 0 = on the free stack,
+    2 = never used (past PW_BUMP, contents undefined); ok is False when the free
+    stack is malformed (out of range, past the used slots, a slot twice)."""
     off = p.w64[w, PW_BLK_OFF]
     n = p.w64[w, PW_BLK_LEN]
     top = p.w64[w, PW_FREE_TOP]
+    used = p.w64[w, PW_BUMP]
     flags = np.ones(n, np.int8)
-    if top < 0 or top > n:
+    if used < 0 or used > n or top < 0 or top > used:
         return flags, False
+    flags[used:] = 2
     for i in range(top):
         b = np.int64(p.b32[off + i, PB_FREE_STACK])
-        if b < off or b >= off + n or flags[b - off] == 0:
+        if b < off or b >= off + used or flags[b - off] == 0:
             return flags, False  # out of range or listed twice
         flags[b - off] = 0
     return flags, True
@@ -97,12 +100,14 @@ def check_pool(p, w, capacity):
     if copies < 0 or reserved < 0 or copies + reserved > capacity:
         return POOL_CONSERVATION
     flags, stack_ok = _resident_flags(p, w)
-    if not stack_ok or p.w64[w, PW_FREE_TOP] + copies != n:
+    if not stack_ok or p.w64[w, PW_FREE_TOP] + copies != p.w64[w, PW_BUMP]:
         return POOL_ARENA
     n_cached = 0
     n_inactive = 0
     for i in range(n):
         b = off + i
+        if flags[i] == 2:
+            continue
         if flags[i] == 0:
             if p.b32[b, PB_REF] != 0 or p.b32[b, PB_PIN] != 0 or p.b32[b, PB_CACHED] != 0:
                 return POOL_FREE_SLOT_DIRTY
@@ -111,7 +116,7 @@ def check_pool(p, w, capacity):
             return POOL_NEGATIVE_COUNT
     for i in range(n):
         b = off + i
-        if flags[i] == 0:
+        if flags[i] != 1:
             continue
         if p.b32[b, PB_CACHED] == 0:
             # a private copy belongs to the one request that allocated it
@@ -143,7 +148,7 @@ def check_pool(p, w, capacity):
         return POOL_LRU_LINKS
     for i in range(n):
         b = off + i
-        inactive = flags[i] != 0 and p.b32[b, PB_CACHED] != 0 and p.b32[b, PB_REF] == 0 \
+        inactive = flags[i] == 1 and p.b32[b, PB_CACHED] != 0 and p.b32[b, PB_REF] == 0 \
             and p.b32[b, PB_PIN] == 0
         if inactive != (in_lru[i] != 0):
             return POOL_LRU_MEMBERSHIP
@@ -159,7 +164,7 @@ def check_pool(p, w, capacity):
         b = np.int64(p.tab[t0 + t])
         if b == NO_BLOCK:
             continue
-        if b < off or b >= off + n or flags[b - off] == 0 or p.b32[b, PB_CACHED] == 0:
+        if b < off or b >= off + n or flags[b - off] != 1 or p.b32[b, PB_CACHED] == 0:
             return POOL_TABLE_ENTRY
         h = p.blk_hash[b]
         # linear probing from the home slot must reach t before any empty slot, and
@@ -180,7 +185,7 @@ def check_pool(p, w, capacity):
         c = b
         last = b
         while c != NO_BLOCK:
-            if c < off or c >= off + n or flags[c - off] == 0 or p.b32[c, PB_CACHED] == 0:
+            if c < off or c >= off + n or flags[c - off] != 1 or p.b32[c, PB_CACHED] == 0:
                 return POOL_DUP_CHAIN
             if p.blk_hash[c] != h:
                 return POOL_DUP_CHAIN
@@ -214,7 +219,7 @@ def check_drained(p, w):
     if not stack_ok:
         return POOL_ARENA
     for i in range(n):
-        if flags[i] == 0:
+        if flags[i] != 1:
             continue
         b = off + i
         if p.b32[b, PB_CACHED] == 0:
@@ -296,7 +301,7 @@ def check_leases(p, rq, w, q_lo, q_hi, bs):
         return POOL_ARENA
     for i in range(n):
         b = off + i
-        if flags[i] == 0:
+        if flags[i] != 1:
             if holders[i] != 0:
                 return LEASE_BAD_BLOCK
             continue

@@ -136,8 +136,11 @@ CFG_F_FIELDS = 7
 
 # Block pool, per worker: pool.w64[w, PW_*]; per arena slot: pool.b32[b, PB_*].
 (PW_BLK_OFF, PW_BLK_LEN, PW_TAB_OFF, PW_TAB_MASK, PW_FREE_TOP, PW_NUM_COPIES, PW_NUM_RESERVED,
- PW_LRU_HEAD, PW_LRU_TAIL, PW_LRU_LEN) = range(10)
-PW_FIELDS = 10
+ PW_LRU_HEAD, PW_LRU_TAIL, PW_LRU_LEN, PW_BUMP) = range(11)
+PW_FIELDS = 11
+# PW_BUMP: arena slots handed out so far; slots past it were never used and hold
+# garbage until block_pool._take_slot initializes them. PW_FREE_TOP: slots given
+# back, a stack in the PB_FREE_STACK column of the arena's first rows.
 # PB_DUP / PB_DUP_PREV link the copies of one hash oldest first; PB_DUP_TAIL is
 # the newest copy, kept on the primary so appending a duplicate is O(1).
 (PB_FREE_STACK, PB_REF, PB_PIN, PB_CACHED, PB_PREV, PB_NEXT, PB_DUP, PB_DUP_PREV,

@@ -782,3 +782,29 @@ def test_pool_checks_detect_corruption():
     assert D.check_leases(pool, rq, 0, 0, 1, 4) == D.LEASE_REFS  # blocks[1] unheld
     rq.seq_hash[0] = 12
     assert D.check_request(pool, rq, 0, 4) == D.LEASE_HASH
+
+
+def test_vectorized_pool_reset_matches_the_kernel():
+    """build_state empties every pool at once with numpy; the kernels' per-worker
+    pool_reset must give the same pool counters and table (arena slots are only
+    initialized when first taken)."""
+    from aisim_fast.replay import _reset_pools
+
+    rows = [{"timestamp": i, "input_length": 40 + 7 * i, "output_length": 5, "hash_ids": [i, i + 1]}
+            for i in range(12)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_trace(rows, tmp)
+        sims = [kernel_simulation(Case(rows, make_spec({"backend": "vllm", "block_size": bs},
+                                                         workers=w)), path)
+                for bs, w in ((16, 3), (64, 1), (32, 2))]
+        _, pool, *_ = build_state(sims)
+    got = (pool.w64.copy(), pool.tab.copy())
+    pool.tab[:] = 5
+    pool.w64[:, [L.PW_LRU_LEN, L.PW_BUMP, L.PW_FREE_TOP]] = 3
+    for w in range(len(pool.w64)):
+        pool_reset(pool, w)
+    np.testing.assert_array_equal(got[0], pool.w64)
+    np.testing.assert_array_equal(got[1], pool.tab)
+    _reset_pools(pool)
+    np.testing.assert_array_equal(got[0], pool.w64)
+    np.testing.assert_array_equal(got[1], pool.tab)
