@@ -38,7 +38,7 @@ from .layout import (
     RQF_SOURCE_HELD_MS, RQF_SOURCE_RELEASED_MS, RQF_START_MS, RQF_TERMINAL_MS,
     RQF_TRANSFER_DONE_MS, RQ_ACTION, RQ_ALLOCATED, RQ_ATTEMPT_GEN, RQ_LEASE_OFF, RQ_LINK,
     RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_ORDINAL, RQ_PEER, RQ_PROMPT_LEN, RQ_RESERVED_FRESH,
-    RQ_RESERVED_HITS, RQ_XFER_SEQ, RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_UUID, RQ_WORKER,
+    RQ_RESERVED_HITS, RQ_XFER_SEQ, RQ_FAST_LIMIT, RQ_REPORTED, RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_UUID, RQ_WORKER,
     RS_ACTIVATED, RS_DONE, RS_HELD, RS_PENDING_DEST, RS_RESERVED, RS_WAITING, SIM_ARENA_FULL,
     SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH, SIM_RUNNING, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD,
     SM_ACTQ_LEN, SM_CONCURRENCY, SM_DECODE_CURSOR, SM_HEAP_LEN, SM_NUM_STARTS, SM_NUM_TERMINAL,
@@ -269,6 +269,7 @@ def _activate(cfg, p, rq, wk, w, q):
                 published += 1
     rq.i64[q, RQ_ALLOCATED] = prompt
     rq.i64[q, RQ_NUM_COMPUTED] = prompt
+    rq.i64[q, RQ_FAST_LIMIT] = 0
     rq.i64[q, RQ_STATUS] = RS_ACTIVATED
     _insert_by_ordinal(rq, wk, w, q)
     wk.i64[w, WK_STALLED] = 0
@@ -392,7 +393,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
         rq.i64[qp, RQ_STATUS] = RS_DONE
         rq.f64[q, RQF_SOURCE_RELEASED_MS] = now_ms
         _journal(sims, s, HE_SOURCE_RELEASED, q, now_ms, 0, 0)
-        if rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED:
+        if rq.i64[q, RQ_REPORTED] == 1 and rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED:
             _journal(sims, s, HE_COMPLETED, q, now_ms, 0, 0)
         wk.i64[wp, WK_CAP_GEN] += 1
         wk.i64[wp, WK_STALLED] = 0  # freed blocks may admit its waiting head
@@ -420,6 +421,7 @@ def _complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
                 _fail_request(rq, sims, s, ql, TERM_REJECTED, now_ms)
         else:
             logical_terminal(rq, sims, s, q)
+            rq.i64[q, RQ_REPORTED] = 1
             if not np.isnan(rq.f64[q, RQF_SOURCE_RELEASED_MS]) and rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED:
                 _journal(sims, s, HE_COMPLETED, q, now_ms, 0, 0)
         q = nxt

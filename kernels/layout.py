@@ -153,8 +153,12 @@ PB_FIELDS = 9
  RQ_PREEMPTIONS, RQ_ADMISSIONS, RQ_FIRST_CACHED, RQ_MAX_CACHED, RQ_SCHED_STAMP, RQ_SCHED_TOKENS,
  RQ_SCHED_PROMPT, RQ_SCHED_PREFIX, RQ_SCHED_TERMINAL, RQ_TERM_NEXT, RQ_TERMINAL,
  RQ_COMMITTED_PREFILL, RQ_SCHED_LEN, RQ_PEER, RQ_ACTION, RQ_LINK, RQ_ORDINAL, RQ_ATTEMPT_GEN,
- RQ_RESERVED_HITS, RQ_RESERVED_FRESH, RQ_XFER_SEQ, RQ_REPUBLISHED) = range(36)
-RQ_I_FIELDS = 36
+ RQ_RESERVED_HITS, RQ_RESERVED_FRESH, RQ_XFER_SEQ, RQ_REPUBLISHED, RQ_FAST_LIMIT,
+ RQ_REPORTED) = range(38)
+RQ_I_FIELDS = 38
+# RQ_FAST_LIMIT: the largest computed-token count the pass's fast path may reach
+# without completing a block or growing the lease (0 = unknown: take the full
+# schedule_request path, which sets it again).
 # Disaggregated replay: a logical request (trace row) is served by two rows, the
 # logical row itself on the decode side and a prefill row (``max_output`` 1) on the
 # prefill side, linked both ways by RQ_PEER (-1 when aggregated). The logical row
@@ -164,7 +168,9 @@ RQ_I_FIELDS = 36
 # reservation attempt), RQ_RESERVED_HITS / RQ_RESERVED_FRESH (reserved blocks),
 # RQ_XFER_SEQ (start order of its transfer: equal completion times pop in it),
 # RQ_REPUBLISHED (prompt blocks the decode rank published again after activation,
-# i.e. recomputed after a decode-side preemption had let them be evicted).
+# i.e. recomputed after a decode-side preemption had let them be evicted),
+# RQ_REPORTED (1 once its terminal was seen at its pass end: the state changes
+# at pass start, the outside world learns of it at the end).
 (RQF_DELAY_MS, RQF_START_MS, RQF_READY_MS, RQF_ARRIVAL_MS, RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS,
  RQF_SECOND_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_TERMINAL_MS, RQF_SOURCE_HELD_MS,
  RQF_DEST_RESERVED_MS, RQF_DEST_ACTIVATED_MS, RQF_SOURCE_RELEASED_MS, RQF_TRANSFER_DONE_MS) = range(14)

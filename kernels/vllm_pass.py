@@ -31,7 +31,7 @@ from .layout import (
     RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_UUID, RS_DONE, RS_PREEMPTED,
     RS_RUNNING, RS_WAITING, SM_PASS_LOG_LEN, SM_W_OFF, TERM_COMPLETED, TERM_REJECTED,
     WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP,
-    WK_PEND_LEN, WK_TRT_TAIL, WK_CAP_GEN, RS_ACTIVATED, RS_HELD, RQ_REPUBLISHED,
+    WK_PEND_LEN, WK_TRT_TAIL, WK_CAP_GEN, RS_ACTIVATED, RS_HELD, RQ_REPUBLISHED, RQ_FAST_LIMIT,
     WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
 )
 from .sketch import fold_gap_run
@@ -235,6 +235,7 @@ def release_lease(cfg, p, rq, w, q):
         release_ref(p, w, rq.lease[k0 + i])
         rq.lease[k0 + i] = NO_BLOCK
     rq.i64[q, RQ_ALLOCATED] = 0
+    rq.i64[q, RQ_FAST_LIMIT] = 0
 
 
 @njit(cache=True, _nrt=False)
@@ -370,10 +371,10 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             generated = rq_i[q, RQ_GENERATED]
             used = min(prompt + generated - before, acc[0])
             after = before + used
-            allocated = rq_i[q, RQ_ALLOCATED]
-            if used > 0 and _ceil_div(after, bs) <= _ceil_div(allocated, bs) \
-                    and after // bs == before // bs:
-                if after > allocated:
+            # RQ_FAST_LIMIT stands for "after // bs == before // bs and
+            # ceil(after / bs) <= ceil(allocated / bs)" without four integer divisions
+            if used > 0 and after <= rq_i[q, RQ_FAST_LIMIT]:
+                if after > rq_i[q, RQ_ALLOCATED]:
                     rq_i[q, RQ_ALLOCATED] = after
                 rq_i[q, RQ_NUM_COMPUTED] = after
                 rq_i[q, RQ_SCHED_STAMP] = stamp
@@ -561,6 +562,7 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
     finalize computed blocks, record the work and admit a waiting request (found
     at ``wait_index`` of the waiting queue)."""
     bs = cfg.i64[w, CFG_BLOCK_SIZE]
+    rq.i64[q, RQ_FAST_LIMIT] = 0  # set again below once scheduled
     if rq.i64[q, RQ_NUM_COMPUTED] == 0:
         if from_waiting:
             cached = cost_cached
@@ -633,6 +635,9 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
     rq.i64[q, RQ_SCHED_PREFIX] = prompt_before
     rq.i64[q, RQ_SCHED_LEN] = length
     rq.i64[q, RQ_SCHED_TERMINAL] = 1 if remaining_generation(cfg, rq, w, q) <= 0 else 0
+    # the pass fast path may continue up to the end of this block, within the lease
+    rq.i64[q, RQ_FAST_LIMIT] = min((after // bs + 1) * bs - 1,
+                                   _ceil_div(rq.i64[q, RQ_ALLOCATED], bs) * bs)
     if prompt_tokens > 0:
         # committed prefill work: every token of a pass chunk that computes prompt
         # tokens, on any worker (a decode-side recompute after preemption included)

@@ -37,7 +37,7 @@ from aisim_fast.workload import load_mooncake
 from parity_rules import ATOL, RTOL
 from test_cli import NOT_COMPARED, assert_summary_matches, assert_user_error, run_cli
 from test_parity import GOLDEN, MINI_CASES, MINI_GOLDEN, TRACES, simulation
-from test_properties import SETTINGS, _examples, cases, write_trace
+from test_properties import SETTINGS, Case, _examples, cases, write_trace
 
 BIG_CASES = ["1k_vllm_disagg1p2d", "1k_vllm_disagg1p2d_bw"]
 DISAGG_CASES = BIG_CASES + MINI_CASES
@@ -375,6 +375,19 @@ def disagg_cases(draw):
 @settings(max_examples=_examples(60), **SETTINGS)
 @given(case=disagg_cases())
 def test_random_disaggregated_runs_keep_their_invariants(case):
+    check_disaggregated_invariants(case)
+
+
+@pytest.mark.parametrize("name", ["regression_completed_twice"])
+def test_disaggregated_regressions(name):
+    """Cases the random test once failed on. completed_twice: a source released while
+    the decode pass that finishes its request was in flight (the request's state
+    changes at pass start, its terminal is reported at pass end)."""
+    saved = json.loads((MINI_GOLDEN / (name + ".json")).read_text())
+    check_disaggregated_invariants(Case(saved["rows"], saved["spec"]))
+
+
+def check_disaggregated_invariants(case):
     with tempfile.TemporaryDirectory() as tmp:
         setup = parse_payload(case.spec, trace_override=write_trace(case.rows, tmp))
         sim = simulation_from_setup(setup)
