@@ -15,6 +15,7 @@ from numba import njit, prange
 from .disagg_loop import run_disagg_simulation
 from .layout import SIM_NEED_FLUSH, SIM_RUNNING, SM_PREFILL_LEN, SM_STATUS
 from .replay_loop import run_simulation
+from .vllm_pass import ACC_SIZE
 
 
 @njit(cache=True, parallel=True)
@@ -26,7 +27,7 @@ def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_
         s = sim_ids[i]
         if sims.i64[s, SM_STATUS] != SIM_RUNNING and sims.i64[s, SM_STATUS] != SIM_NEED_FLUSH:
             continue
-        acc = np.zeros(8, np.int64)
+        acc = np.zeros(ACC_SIZE, np.int64)
         hits = np.empty(max_lease_blocks, np.int32)
         fresh = np.empty(max_lease_blocks, np.int32)
         scratch_tokens = np.empty(max_block_size, np.uint32)

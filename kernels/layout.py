@@ -154,8 +154,8 @@ PB_FIELDS = 9
  RQ_SCHED_PROMPT, RQ_SCHED_PREFIX, RQ_SCHED_TERMINAL, RQ_TERM_NEXT, RQ_TERMINAL,
  RQ_COMMITTED_PREFILL, RQ_SCHED_LEN, RQ_PEER, RQ_ACTION, RQ_LINK, RQ_ORDINAL, RQ_ATTEMPT_GEN,
  RQ_RESERVED_HITS, RQ_RESERVED_FRESH, RQ_XFER_SEQ, RQ_REPUBLISHED, RQ_FAST_LIMIT,
- RQ_REPORTED) = range(38)
-RQ_I_FIELDS = 38
+ RQ_REPORTED, RQ_SCHED_CLASS) = range(39)
+RQ_I_FIELDS = 39
 # RQ_FAST_LIMIT: the largest computed-token count the pass's fast path may reach
 # without completing a block or growing the lease (0 = unknown: take the full
 # schedule_request path, which sets it again).

@@ -32,6 +32,7 @@ from .layout import (
     RS_RUNNING, RS_WAITING, SM_PASS_LOG_LEN, SM_W_OFF, TERM_COMPLETED, TERM_REJECTED,
     WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP,
     WK_PEND_LEN, WK_TRT_TAIL, WK_CAP_GEN, RS_ACTIVATED, RS_HELD, RQ_REPUBLISHED, RQ_FAST_LIMIT,
+    RQ_SCHED_CLASS,
     WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
 )
 from .sketch import fold_gap_run
@@ -260,6 +261,29 @@ def finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens):
 # ---------------------------------------------------------------------------------
 # the pass
 # ---------------------------------------------------------------------------------
+# what a scheduled request contributes to its pass's timing (RQ_SCHED_CLASS)
+CLASS_NONE = 0      # not ready to emit (prompt chunk pending), or a free first token
+CLASS_DECODE = 1    # in the decode batch
+CLASS_COMPLETE = 2  # ready with nothing left to generate: a terminal without a token
+ACC_SIZE = 11
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _classify(acc, computed, length, remaining, free_first_token):
+    """Class of a request just scheduled up to ``computed`` tokens of ``length``;
+    adds it to the pass's decode-batch counters."""
+    if computed < length:
+        return CLASS_NONE
+    if remaining <= 0:
+        acc[10] += 1
+        return CLASS_COMPLETE
+    if free_first_token:
+        return CLASS_NONE
+    acc[8] += 1
+    acc[9] += length
+    return CLASS_DECODE
+
+
 @njit(cache=True, _nrt=False)
 def _preempt(cfg, p, rq, wk, w):
     """Preempt the last (lifo) or first (fifo) running request; returns it or -1."""
@@ -338,7 +362,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
 
     Reads and writes the worker's queues, pool and the requests it owns; pushes
     terminals (with ``terminal_ms`` = pass end) onto the worker's terminal list.
-    ``acc`` is an int64[8] scratch for the pass counters. Returns
+    ``acc`` is an int64[ACC_SIZE] scratch for the pass counters. Returns
     ``(end_ms, had_effect, arena_full)``."""
     wk.i64[w, WK_PASS_STAMP] += 1
     # unique across the workers of a simulation: a disaggregated request is
@@ -350,8 +374,10 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     is_trt = cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM
     not_decode = cfg.i64[w, CFG_ROLE] != ROLE_DECODE
     # acc: 0 budget, 1 batch_count, 2 total_isl, 3 total_prefix, 4 preempted_any,
-    #      5 admitted, 6 scheduled_tokens, 7 rejected
-    for i in range(8):
+    #      5 admitted, 6 scheduled_tokens, 7 rejected, 8 decode batch size,
+    #      9 decode batch KV tokens, 10 ready requests with nothing left to generate
+    # (8-10 are kept as requests are scheduled, see _classify)
+    for i in range(ACC_SIZE):
         acc[i] = 0
     acc[0] = cfg.i64[w, CFG_MAX_NUM_BATCHED_TOKENS]
     limit = cfg.i64[w, CFG_MAX_MODEL_LEN]
@@ -382,8 +408,9 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 rq_i[q, RQ_SCHED_PROMPT] = 0
                 rq_i[q, RQ_SCHED_PREFIX] = prompt
                 rq_i[q, RQ_SCHED_LEN] = prompt + generated
-                rq_i[q, RQ_SCHED_TERMINAL] = 1 if _remaining(
-                    rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit) <= 0 else 0
+                rem = _remaining(rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit)
+                rq_i[q, RQ_SCHED_TERMINAL] = 1 if rem <= 0 else 0
+                rq_i[q, RQ_SCHED_CLASS] = _classify(acc, after, prompt + generated, rem, False)
                 acc[0] -= used
                 acc[6] += used
                 i += 1
@@ -461,8 +488,11 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     pf_ns = prefill_ns(cfg.i64[w, CFG_TIMING], cfg.f64[w, CFGF_FIXED_PREFILL_MS], cfg.f64[w, CFGF_SPEEDUP_RATIO],
                        acc[1], acc[2], acc[3])
     decode_start_ms = now_ms + ns_to_ms(pf_ns)
-    n_decode = 0
-    kv_sum = 0
+    # only requests scheduled in this pass can be ready to emit: every other running
+    # request emitted in its last pass and needs a computed token first
+    n_decode = acc[8]
+    kv_sum = acc[9]
+    n_complete = acc[10]
     # the per-request loops below index the field matrices directly (hoisted once)
     rq_i = rq.i64
     rq_f = rq.f64
@@ -470,20 +500,6 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     run_q = wk.run_q
     off = wk.i64[w, WK_RUN_OFF]
     n_run = wk.i64[w, WK_RUN_LEN]
-    n_complete = 0  # ready requests whose generation is already complete (no token)
-    for j in range(n_run):
-        q = run_q[off + j]
-        generated = rq_i[q, RQ_GENERATED]
-        prompt = rq_i[q, RQ_PROMPT_LEN]
-        if rq_i[q, RQ_NUM_COMPUTED] < prompt + generated:
-            continue
-        if _remaining(rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit) <= 0:
-            n_complete += 1
-            continue
-        if rq_i[q, RQ_SCHED_STAMP] == stamp and rq_i[q, RQ_SCHED_PROMPT] > 0 and generated == 0:
-            continue  # first token of the pass that computed the prompt: free
-        n_decode += 1
-        kv_sum += prompt + generated
     if cfg_i[w, CFG_ROLE] == ROLE_PREFILL:
         dc_ns = np.int64(0)
     else:
@@ -614,6 +630,11 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
             rq.i64[v, RQ_SCHED_STAMP] = 0
             acc[0] += rq.i64[v, RQ_SCHED_TOKENS]
             acc[6] -= rq.i64[v, RQ_SCHED_TOKENS]
+            if rq.i64[v, RQ_SCHED_CLASS] == CLASS_DECODE:
+                acc[8] -= 1
+                acc[9] -= rq.i64[v, RQ_SCHED_LEN]
+            elif rq.i64[v, RQ_SCHED_CLASS] == CLASS_COMPLETE:
+                acc[10] -= 1
             if rq.i64[v, RQ_SCHED_PROMPT] > 0:
                 rq.i64[v, RQ_COMMITTED_PREFILL] -= rq.i64[v, RQ_SCHED_TOKENS]
                 if not_decode:
@@ -634,7 +655,11 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
     rq.i64[q, RQ_SCHED_PROMPT] = prompt_tokens
     rq.i64[q, RQ_SCHED_PREFIX] = prompt_before
     rq.i64[q, RQ_SCHED_LEN] = length
-    rq.i64[q, RQ_SCHED_TERMINAL] = 1 if remaining_generation(cfg, rq, w, q) <= 0 else 0
+    rem = remaining_generation(cfg, rq, w, q)
+    rq.i64[q, RQ_SCHED_TERMINAL] = 1 if rem <= 0 else 0
+    # the first token of the pass that computed the prompt is not decode work
+    rq.i64[q, RQ_SCHED_CLASS] = _classify(acc, after, length, rem,
+                                          prompt_tokens > 0 and rq.i64[q, RQ_GENERATED] == 0)
     # the pass fast path may continue up to the end of this block, within the lease
     rq.i64[q, RQ_FAST_LIMIT] = min((after // bs + 1) * bs - 1,
                                    _ceil_div(rq.i64[q, RQ_ALLOCATED], bs) * bs)
