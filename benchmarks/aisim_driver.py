@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     try:
         first, res = one_call()
     except ConfigError as exc:
-        # e.g. disaggregated topology before aisim_fast simulates it
+        # e.g. a backend aisim_fast does not simulate yet (SGLang)
         out.update({"unsupported": str(exc), "peak_rss_mib": peak_rss_mib()})
         print(json.dumps(out))
         return 0
