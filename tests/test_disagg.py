@@ -10,17 +10,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aisim_fast import cli
 from aisim_fast.config import parse_payload, parse_rank
 from aisim_fast.handoff import transfer_delay_ms as coordinator_delay_ms
 from aisim_fast.handoff import TransferTimingArrays, TransferTimingMode, resolve_transfer_delay_ms

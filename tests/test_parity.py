@@ -26,7 +26,7 @@ import pytest
 
 from aisim_fast.config import load_spec
 from aisim_fast.output import requests_in_uuid_order, summarize_aggregated_run
-from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup
+from aisim_fast.replay import Simulation, SimulationError, run_batch, simulation_from_setup
 from aisim_fast.workload import load_mooncake
 from parity_rules import ATOL, RTOL, as_key_part, as_number, within
 
