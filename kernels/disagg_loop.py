@@ -27,31 +27,31 @@ accepted at once and reserved at once only when the decode worker is idle.
 import numpy as np
 from numba import njit
 
-from .block_pool import num_active, reserve, table_find, cache_copy
+from .block_pool import cache_copy, num_active, release_ref, reserve, table_find
 from .layout import (
     ACT_ACTIVATE, ACT_NONE, ACT_RELEASE, ACT_RESERVE, ACT_START_TRANSFER, ACT_SUBMIT_PREFILL,
     CFGF_HANDOFF_LATENCY_MS, HE_COMPLETED, HE_DESTINATION_ACCEPTED, HE_DESTINATION_ACTIVATED,
     HE_DESTINATION_RESERVED, HE_SOURCE_HELD, HE_SOURCE_RELEASED, HL_EVENT, HL_REQUEST,
     HL_TIME_MS, HL_VALUE_A, HL_VALUE_B, SM_HLOG_LEN, CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN, CFG_BLOCK_SIZE,
     CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_POLICY, CFG_PREFIX_CACHING, CFG_TRANSFER_MODE,
-    NO_BLOCK, POLICY_TRTLLM, RQF_ARRIVAL_MS, RQF_DEST_ACTIVATED_MS, RQF_DEST_RESERVED_MS,
+    CMD_APPLIED, CMD_NOOP, NO_BLOCK, POLICY_TRTLLM, RQF_ARRIVAL_MS, RQF_DEST_ACTIVATED_MS, RQF_DEST_RESERVED_MS,
     RQF_SOURCE_HELD_MS, RQF_SOURCE_RELEASED_MS, RQF_TERMINAL_MS,
     RQF_TRANSFER_DONE_MS, RQ_ACTION, RQ_ALLOCATED, RQ_ATTEMPT_GEN, RQ_LEASE_OFF, RQ_LINK,
     RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_ORDINAL, RQ_PEER, RQ_PROMPT_LEN, RQ_RESERVED_FRESH,
     RQ_RESERVED_HITS, RQ_XFER_SEQ, RQ_FAST_LIMIT, RQ_REPORTED, RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_UUID, RQ_WORKER,
-    RS_ACTIVATED, RS_DONE, RS_HELD, RS_PENDING_DEST, RS_RESERVED, RS_WAITING, SIM_ARENA_FULL,
+    RS_ACTIVATED, RS_DONE, RS_HELD, RS_PENDING_DEST, RS_PREEMPTED, RS_RESERVED, RS_RUNNING, RS_WAITING, SIM_ARENA_FULL,
     SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH, SIM_RUNNING, SM_ACTQ_HEAD,
     SM_ACTQ_LEN, SM_DECODE_CURSOR, SM_NUM_TERMINAL,
     SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RESUME_WORKER,
-    SM_RR_CURSOR, SM_STATUS, SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_COMPLETED, TERM_FAILED,
+    SM_RR_CURSOR, SM_STATUS, SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_CANCELED, TERM_COMPLETED, TERM_FAILED,
     TERM_REJECTED, TRANSFER_DESTINATION_MISSING, WK_BUSY, WK_CAP_GEN, WK_DEFER_HEAD,
     WK_DEFER_TAIL, WK_ORDINAL_NEXT, WK_PEND_HEAD, WK_PEND_LEN, WK_PEND_TAIL, WK_RUN_LEN,
-    WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL, WK_TRT_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD,
+    WK_STALLED, WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_TRT_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD,
     WK_WAIT_LEN, WK_WAIT_OFF,
 )
 from .replay_loop import admit_arrivals, arrivals_due, logical_terminal, next_release_ms, queue_action
-from .vllm_pass import release_lease, run_pass, trt_blocks_to_finish, trt_running_tail, \
-    wait_at, wait_push_back
+from .vllm_pass import release_lease, run_pass, run_remove_at, trt_blocks_to_finish, \
+    trt_running_tail, wait_at, wait_push_back, wait_remove_at
 
 
 @njit(cache=True, _nrt=False)
@@ -274,6 +274,95 @@ def _activate(cfg, p, rq, wk, w, q):
     _insert_by_ordinal(rq, wk, w, q)
     wk.i64[w, WK_STALLED] = 0
     return published, visible_before
+
+
+# ---------------------------------------------------------------------------------
+# cancellation (engine side, spec engine.md 10.1-10.2 and 11)
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False)
+def _drop_queued(cfg, p, rq, wk, w, q):
+    """Take q out of worker w's running list or waiting queue and release its lease
+    (tail first, as a finish does). Returns False when q is in neither."""
+    off = wk.i64[w, WK_RUN_OFF]
+    for j in range(wk.i64[w, WK_RUN_LEN]):
+        if wk.run_q[off + j] == q:
+            run_remove_at(wk, w, j)
+            release_lease(cfg, p, rq, w, q)
+            return True
+    for j in range(wk.i64[w, WK_WAIT_LEN]):
+        if wait_at(wk, w, j) == q:
+            wait_remove_at(wk, w, j)
+            release_lease(cfg, p, rq, w, q)
+            return True
+    return False
+
+
+@njit(cache=True, _nrt=False)
+def cancel_source(cfg, p, rq, wk, q):
+    """CancelSource for handoff q (its logical row): a held source releases its KV
+    like a finish; a source still queued or running is dropped. Applied frees
+    capacity on the prefill worker (generation bumped); CMD_NOOP when the source is
+    gone already. The caller defers it while the prefill worker has a pass in flight."""
+    qp = rq.i64[q, RQ_PEER]
+    wp = rq.i64[qp, RQ_WORKER]
+    status = rq.i64[qp, RQ_STATUS]
+    if status == RS_HELD:
+        release_lease(cfg, p, rq, wp, qp)
+    elif status == RS_WAITING or status == RS_RUNNING or status == RS_PREEMPTED:
+        if not _drop_queued(cfg, p, rq, wk, wp, qp):
+            return CMD_NOOP
+    else:
+        return CMD_NOOP
+    rq.i64[qp, RQ_STATUS] = RS_DONE
+    wk.i64[wp, WK_CAP_GEN] += 1
+    wk.i64[wp, WK_STALLED] = 0
+    return CMD_APPLIED
+
+
+@njit(cache=True, _nrt=False)
+def cancel_destination(cfg, p, rq, wk, q):
+    """CancelDestination for handoff q: a pending destination leaves the FIFO, a
+    reserved one gives its reservation back (prefix references and fresh blocks,
+    in reverse), an activated (queued or running) one is dropped like a canceled
+    request. Applied bumps the capacity generation; the caller then retries the
+    decode worker's pending head. CMD_NOOP when the destination is gone already."""
+    wd = rq.i64[q, RQ_WORKER]
+    status = rq.i64[q, RQ_STATUS]
+    if status == RS_PENDING_DEST:
+        prev = -1
+        cur = wk.i64[wd, WK_PEND_HEAD]
+        while cur != q:
+            prev = cur
+            cur = rq.i64[cur, RQ_LINK]
+        nxt = rq.i64[q, RQ_LINK]
+        if prev < 0:
+            wk.i64[wd, WK_PEND_HEAD] = nxt
+        else:
+            rq.i64[prev, RQ_LINK] = nxt
+        if wk.i64[wd, WK_PEND_TAIL] == q:
+            wk.i64[wd, WK_PEND_TAIL] = prev
+        rq.i64[q, RQ_LINK] = -1
+        wk.i64[wd, WK_PEND_LEN] -= 1
+    elif status == RS_RESERVED:
+        k0 = rq.i64[q, RQ_LEASE_OFF]
+        n_blocks = rq.i64[q, RQ_RESERVED_HITS] + rq.i64[q, RQ_RESERVED_FRESH]
+        for i in range(n_blocks - 1, -1, -1):
+            release_ref(p, wd, rq.lease[k0 + i])
+            rq.lease[k0 + i] = NO_BLOCK
+        if cfg.i64[wd, CFG_POLICY] == POLICY_TRTLLM:
+            wk.i64[wd, WK_TRT_TAIL] -= trt_blocks_to_finish(cfg, p, rq, wd, q, 0) - n_blocks
+    elif status == RS_ACTIVATED or status == RS_RUNNING or status == RS_PREEMPTED:
+        if status == RS_ACTIVATED and cfg.i64[wd, CFG_POLICY] == POLICY_TRTLLM:
+            wk.i64[wd, WK_TRT_TAIL] -= trt_blocks_to_finish(cfg, p, rq, wd, q, 0)
+        if not _drop_queued(cfg, p, rq, wk, wd, q):
+            return CMD_NOOP
+    else:
+        return CMD_NOOP
+    rq.i64[q, RQ_STATUS] = RS_DONE
+    rq.i64[q, RQ_TERMINAL] = TERM_CANCELED
+    wk.i64[wd, WK_CAP_GEN] += 1
+    wk.i64[wd, WK_STALLED] = 0
+    return CMD_APPLIED
 
 
 # ---------------------------------------------------------------------------------

@@ -44,7 +44,12 @@ TERM_NONE = 0
 TERM_COMPLETED = 1
 TERM_REJECTED = 2
 TERM_FAILED = 3       # disaggregated: the destination can never hold the prompt
-TERMINAL_STATUS_NAMES = ("", "completed", "rejected", "failed")
+TERM_CANCELED = 4
+TERMINAL_STATUS_NAMES = ("", "completed", "rejected", "failed", "canceled")
+
+# Results of an engine command (CancelSource / CancelDestination).
+CMD_NOOP = 0
+CMD_APPLIED = 1
 
 # Scheduling policy of a rank (``cfg.i64[w, CFG_POLICY]``).
 POLICY_VLLM = 0

@@ -416,3 +416,130 @@ def check_disaggregated_invariants(case):
     assert rejected["source_held_ms"].isna().all() and (rejected["output_tokens"] == 0).all()
     journal = res.handoffs[0]
     assert (journal["event"] == "Completed").sum() == summary.handoffs
+
+
+# ------------------------------------------------------------------------------------------------
+# CancelSource / CancelDestination on live engine state
+# ------------------------------------------------------------------------------------------------
+def _stepped_state(case, wanted):
+    """Run ``case`` one forward pass per kernel call (a one-row pass log) until some
+    logical request of it satisfies ``wanted(rq, wk, q)``; returns (state, q)."""
+    from aisim_fast.kernels import layout as L
+    from aisim_fast.kernels.batch import replay_batch
+    from aisim_fast.replay import build_state
+
+    state = build_state([simulation(case)], pass_log_rows=1)
+    cfg, pool, rq, wl, wk, st, max_lease, max_bs = state
+    n = int(st.i64[0, L.SM_Q_LEN])
+    while st.i64[0, L.SM_STATUS] != L.SIM_DONE:
+        replay_batch(cfg, pool, rq, wl, wk, st, np.arange(1), max_lease, max_bs)
+        st.i64[0, L.SM_PASS_LOG_LEN] = 0
+        for q in range(n):
+            if wanted(rq, wk, q):
+                return state, q
+    raise AssertionError(f"{case}: no request reached the wanted state")
+
+
+def _pool_ok(state, w):
+    from aisim_fast.kernels import debug as D
+    from aisim_fast.kernels import layout as L
+
+    cfg, pool = state[0], state[1]
+    code = D.check_pool(pool, w, cfg.i64[w, L.CFG_NUM_GPU_BLOCKS])
+    assert code == 0, f"worker {w}: pool invariant {code} broken"
+
+
+def _pending(rq, wk, w):
+    from aisim_fast.kernels import layout as L
+
+    out, q = [], wk.i64[w, L.WK_PEND_HEAD]
+    while q >= 0:
+        out.append(int(q))
+        q = rq.i64[q, L.RQ_LINK]
+    return out
+
+
+def test_cancel_pending_destination_leaves_the_fifo():
+    from aisim_fast.kernels import layout as L
+    from aisim_fast.kernels.disagg_loop import cancel_destination
+
+    def wanted(rq, wk, q):  # not the head: unlinking from the middle
+        w = rq.i64[q, L.RQ_WORKER]
+        return rq.i64[q, L.RQ_STATUS] == L.RS_PENDING_DEST and wk.i64[w, L.WK_PEND_HEAD] != q
+    state, q = _stepped_state("tiny35", wanted)
+    cfg, pool, rq, wl, wk = state[:5]
+    w = int(rq.i64[q, L.RQ_WORKER])
+    before = _pending(rq, wk, w)
+    assert cancel_destination(cfg, pool, rq, wk, q) == L.CMD_APPLIED
+    after = _pending(rq, wk, w)
+    assert after == [x for x in before if x != q]
+    assert wk.i64[w, L.WK_PEND_LEN] == len(after) and wk.i64[w, L.WK_PEND_TAIL] == after[-1]
+    assert rq.i64[q, L.RQ_TERMINAL] == L.TERM_CANCELED
+    assert cancel_destination(cfg, pool, rq, wk, q) == L.CMD_NOOP  # second cancel
+    _pool_ok(state, w)
+
+
+@pytest.mark.parametrize("case", ["tiny35", "trt_tiny"])
+def test_cancel_reserved_destination_gives_the_reservation_back(case):
+    from aisim_fast.kernels import layout as L
+    from aisim_fast.kernels.block_pool import num_free
+    from aisim_fast.kernels.disagg_loop import cancel_destination
+    from aisim_fast.kernels.vllm_pass import trt_blocks_to_finish
+
+    state, q = _stepped_state(case, lambda rq, wk, q: rq.i64[q, L.RQ_STATUS] == L.RS_RESERVED)
+    cfg, pool, rq, wl, wk = state[:5]
+    w = int(rq.i64[q, L.RQ_WORKER])
+    capacity = cfg.i64[w, L.CFG_NUM_GPU_BLOCKS]
+    free_before = num_free(pool, w, capacity)
+    n_blocks = rq.i64[q, L.RQ_RESERVED_HITS] + rq.i64[q, L.RQ_RESERVED_FRESH]
+    # TRT-LLM holds back what the reservation still needs to finish
+    tail_after = wk.i64[w, L.WK_TRT_TAIL] - (trt_blocks_to_finish(cfg, pool, rq, w, q, 0) - n_blocks
+                                              if case == "trt_tiny" else 0)
+    assert cancel_destination(cfg, pool, rq, wk, q) == L.CMD_APPLIED
+    assert num_free(pool, w, capacity) == free_before + rq.i64[q, L.RQ_RESERVED_FRESH]
+    k0 = rq.i64[q, L.RQ_LEASE_OFF]
+    assert (rq.lease[k0:k0 + n_blocks] == L.NO_BLOCK).all()
+    assert wk.i64[w, L.WK_TRT_TAIL] == tail_after
+    assert cancel_destination(cfg, pool, rq, wk, q) == L.CMD_NOOP
+    _pool_ok(state, w)
+
+
+def test_cancel_activated_destination_drops_the_request():
+    from aisim_fast.kernels import layout as L
+    from aisim_fast.kernels.disagg_loop import cancel_destination
+    from aisim_fast.kernels.vllm_pass import wait_at
+
+    def wanted(rq, wk, q):  # activated and waiting on an idle decode worker
+        return rq.i64[q, L.RQ_STATUS] == L.RS_ACTIVATED and wk.i64[rq.i64[q, L.RQ_WORKER], L.WK_BUSY] == 0
+    state, q = _stepped_state("tiny35", wanted)
+    cfg, pool, rq, wl, wk = state[:5]
+    w = int(rq.i64[q, L.RQ_WORKER])
+    waiting = wk.i64[w, L.WK_WAIT_LEN]
+    assert cancel_destination(cfg, pool, rq, wk, q) == L.CMD_APPLIED
+    assert wk.i64[w, L.WK_WAIT_LEN] == waiting - 1
+    assert q not in [wait_at(wk, w, i) for i in range(wk.i64[w, L.WK_WAIT_LEN])]
+    assert rq.i64[q, L.RQ_ALLOCATED] == 0
+    assert cancel_destination(cfg, pool, rq, wk, q) == L.CMD_NOOP
+    _pool_ok(state, w)
+
+
+@pytest.mark.parametrize("source_status", ["held", "waiting"])
+def test_cancel_source_releases_or_drops_it(source_status):
+    from aisim_fast.kernels import layout as L
+    from aisim_fast.kernels.disagg_loop import cancel_source
+
+    code = L.RS_HELD if source_status == "held" else L.RS_WAITING
+
+    def wanted(rq, wk, q):
+        qp = rq.i64[q, L.RQ_PEER]
+        return rq.i64[qp, L.RQ_STATUS] == code and wk.i64[rq.i64[qp, L.RQ_WORKER], L.WK_BUSY] == 0
+    state, q = _stepped_state("ptiny2", wanted)
+    cfg, pool, rq, wl, wk = state[:5]
+    qp = rq.i64[q, L.RQ_PEER]
+    w = int(rq.i64[qp, L.RQ_WORKER])
+    gen = wk.i64[w, L.WK_CAP_GEN]
+    assert cancel_source(cfg, pool, rq, wk, q) == L.CMD_APPLIED
+    assert rq.i64[qp, L.RQ_STATUS] == L.RS_DONE and rq.i64[qp, L.RQ_ALLOCATED] == 0
+    assert wk.i64[w, L.WK_CAP_GEN] == gen + 1
+    assert cancel_source(cfg, pool, rq, wk, q) == L.CMD_NOOP
+    _pool_ok(state, w)
