@@ -38,7 +38,7 @@ TRACES = TESTS_DIR / "data" / "traces"
 # fallback latency, fixed timing, max_num_seqs); traces next to the specs.
 MINI_GOLDEN = TESTS_DIR / "data" / "golden_disagg"
 MINI_CASES = ["dm1", "fb1", "fx1", "tiny40", "tiny35", "seqs2", "ptiny2", "trt1", "trt_tiny",
-              "trt_tiny2", "dead25"]
+              "trt_tiny2", "dead25", "disagg_conc8", "disagg_sess"]
 
 
 def golden_dir(case):
@@ -140,7 +140,7 @@ def _workload(trace_path, trace_block_size, ratio):
 def simulation(case) -> Simulation:
     spec_path = golden_dir(case) / (case + ".spec.json")
     trace_name = json.loads(spec_path.read_text())["traffic"]["trace_path"]
-    trace_dir = MINI_GOLDEN if case in MINI_CASES else TRACES
+    trace_dir = MINI_GOLDEN if (MINI_GOLDEN / Path(trace_name).name).exists() else TRACES
     setup = load_spec(spec_path, trace_override=str(trace_dir / Path(trace_name).name))
     wl = _workload(setup.trace_path, setup.trace_block_size, setup.arrival_speedup_ratio)
     return simulation_from_setup(setup, wl)
