@@ -1,5 +1,5 @@
-"""The disaggregated (prefill -> decode) replay event loop, SourceFirst order (vLLM and
-TRT-LLM), run to completion inside one kernel call like the aggregated loop.
+"""The disaggregated (prefill -> decode) handoff inside the replay's event loop
+(``kernels.batch.run_simulation``), SourceFirst order (vLLM and TRT-LLM).
 
 A logical request is served by two request rows (see ``layout``): its prefill row
 runs on a prefill worker with one output token; when that pass ends the source KV
@@ -39,18 +39,18 @@ from .layout import (
     RQF_TRANSFER_DONE_MS, RQ_ACTION, RQ_ALLOCATED, RQ_ATTEMPT_GEN, RQ_LEASE_OFF, RQ_LINK,
     RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_ORDINAL, RQ_PEER, RQ_PROMPT_LEN, RQ_RESERVED_FRESH,
     RQ_RESERVED_HITS, RQ_XFER_SEQ, RQ_FAST_LIMIT, RQ_REPORTED, RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_UUID, RQ_WORKER,
-    RS_ACTIVATED, RS_DONE, RS_HELD, RS_PENDING_DEST, RS_PREEMPTED, RS_RESERVED, RS_RUNNING, RS_WAITING, SIM_ARENA_FULL,
-    SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH, SIM_RUNNING, SM_ACTQ_HEAD,
-    SM_ACTQ_LEN, SM_DECODE_CURSOR, SM_NUM_TERMINAL,
-    SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RESUME_WORKER,
-    SM_RR_CURSOR, SM_STATUS, SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_CANCELED, TERM_COMPLETED, TERM_FAILED,
+    RS_ACTIVATED, RS_DONE, RS_HELD, RS_PENDING_DEST, RS_PREEMPTED, RS_RESERVED, RS_RUNNING, RS_WAITING,
+    SM_ACTQ_HEAD,
+    SM_ACTQ_LEN, SM_DECODE_CURSOR,
+    SM_OPEN_HANDOFFS, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF,
+    SM_RR_CURSOR, SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_CANCELED, TERM_COMPLETED, TERM_FAILED,
     TERM_REJECTED, TRANSFER_DESTINATION_MISSING, WK_BUSY, WK_CAP_GEN, WK_DEFER_HEAD,
     WK_DEFER_TAIL, WK_ORDINAL_NEXT, WK_PEND_HEAD, WK_PEND_LEN, WK_PEND_TAIL, WK_RUN_LEN,
     WK_STALLED, WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_TRT_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD,
     WK_WAIT_LEN, WK_WAIT_OFF,
 )
-from .replay_loop import admit_arrivals, arrivals_due, logical_terminal, next_release_ms, queue_action
-from .vllm_pass import release_lease, run_pass, run_remove_at, trt_blocks_to_finish, \
+from .replay_loop import logical_terminal, queue_action
+from .vllm_pass import release_lease, run_remove_at, trt_blocks_to_finish, \
     trt_running_tail, wait_at, wait_push_back, wait_remove_at
 
 
@@ -368,12 +368,19 @@ def cancel_destination(cfg, p, rq, wk, q):
 # ---------------------------------------------------------------------------------
 # actions
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False, inline="always")
-def _reserved(rq, sims, s, q, now_ms):
-    """DestinationReserved: the coordinator starts the transfer."""
-    rq.f64[q, RQF_DEST_RESERVED_MS] = now_ms
-    _journal(sims, s, HE_DESTINATION_RESERVED, q, now_ms, rq.i64[q, RQ_RESERVED_FRESH], 0)
-    queue_action(rq, sims, s, q, ACT_START_TRANSFER)
+@njit(cache=True, _nrt=False)
+def _retry_and_report(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
+    """Retry worker w's pending head; a reservation is a DestinationReserved fact, on
+    which the coordinator starts the transfer. Returns (reserved, arena exhausted)."""
+    r = _retry_destination(cfg, p, rq, wk, w, hits, fresh)
+    if r == -2:
+        return False, True
+    if r < 0:
+        return False, False
+    rq.f64[r, RQF_DEST_RESERVED_MS] = now_ms
+    _journal(sims, s, HE_DESTINATION_RESERVED, r, now_ms, rq.i64[r, RQ_RESERVED_FRESH], 0)
+    queue_action(rq, sims, s, r, ACT_START_TRANSFER)
+    return True, False
 
 
 @njit(cache=True, _nrt=False)
@@ -435,11 +442,8 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
         wk.i64[wd, WK_PEND_TAIL] = q
         wk.i64[wd, WK_PEND_LEN] += 1
         if wk.i64[wd, WK_BUSY] == 0:
-            r = _retry_destination(cfg, p, rq, wk, wd, hits, fresh)
-            if r == -2:
-                return False
-            if r >= 0:
-                _reserved(rq, sims, s, r, now_ms)
+            _, full = _retry_and_report(cfg, p, rq, wk, sims, s, wd, now_ms, hits, fresh)
+            return not full
     elif kind == ACT_START_TRANSFER:
         wp = rq.i64[qp, RQ_WORKER]
         if cfg.i64[wp, CFG_TRANSFER_MODE] == TRANSFER_DESTINATION_MISSING:
@@ -467,11 +471,8 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
         rq.f64[q, RQF_DEST_ACTIVATED_MS] = now_ms
         _journal(sims, s, HE_DESTINATION_ACTIVATED, q, now_ms, published, visible_before)
         queue_action(rq, sims, s, q, ACT_RELEASE)
-        r = _retry_destination(cfg, p, rq, wk, wd, hits, fresh)
-        if r == -2:
-            return False
-        if r >= 0:
-            _reserved(rq, sims, s, r, now_ms)
+        _, full = _retry_and_report(cfg, p, rq, wk, sims, s, wd, now_ms, hits, fresh)
+        return not full
     elif kind == ACT_RELEASE:
         wp = rq.i64[qp, RQ_WORKER]
         if wk.i64[wp, WK_BUSY] != 0:
@@ -491,7 +492,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
 
 
 @njit(cache=True, _nrt=False)
-def _complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
+def complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
     """Pass end of worker w. Returns (reserved a destination, arena exhausted)."""
     wk.i64[w, WK_BUSY] = 0
     _requeue_deferred(rq, wk, sims, s, w)
@@ -518,92 +519,36 @@ def _complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
     wk.i64[w, WK_TERM_TAIL] = -1
     if prefill:
         return False, False
-    r = _retry_destination(cfg, p, rq, wk, w, hits, fresh)
-    if r == -2:
-        return False, True
-    if r >= 0:
-        _reserved(rq, sims, s, r, now_ms)
-        return True, False
-    return False, False
+    return _retry_and_report(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh)
 
 
 @njit(cache=True, _nrt=False)
-def run_disagg_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens):
-    """Advance disaggregated simulation s until it is done or needs the driver."""
-    w0 = sims.i64[s, SM_W_OFF]
-    w1 = w0 + sims.i64[s, SM_W_LEN]
-    log_rows = sims.pass_log.shape[1]
-    sims.i64[s, SM_STATUS] = SIM_RUNNING
-    now_ms = sims.now_ms[s]
-    resume_w = sims.i64[s, SM_RESUME_WORKER]
-    sims.i64[s, SM_RESUME_WORKER] = -1
-    while True:
-        changed = True
-        while changed:
-            changed = False
-            first_w = w0
-            if resume_w >= 0:
-                first_w = resume_w
-                resume_w = -1
-                changed = True
-            else:
-                for w in range(w0, w1):
-                    if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] == now_ms:
-                        _, full = _complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh)
-                        if full:
-                            sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
-                            return
-                        changed = True
-                while sims.i64[s, SM_XFER_LEN] > 0 and \
-                        rq.f64[sims.xfer_heap[sims.i64[s, SM_Q_OFF]], RQF_TRANSFER_DONE_MS] <= now_ms:
-                    queue_action(rq, sims, s, _xfer_pop(rq, sims, s), ACT_ACTIVATE)
-                    changed = True
-                if arrivals_due(rq, sims, s, now_ms) and admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms) > 0:
-                    changed = True
-                while sims.i64[s, SM_ACTQ_LEN] > 0:
-                    if not _run_action(cfg, p, rq, wl, wk, sims, s, _pop_action(sims, s), now_ms, hits, fresh):
-                        sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
-                        return
-                    changed = True
-            for w in range(first_w, w1):
-                while wk.i64[w, WK_BUSY] == 0 and wk.i64[w, WK_STALLED] == 0 \
-                        and (wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0):
-                    if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] >= log_rows:
-                        sims.now_ms[s] = now_ms
-                        sims.i64[s, SM_RESUME_WORKER] = w
-                        sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
-                        return
-                    end_ms, had_effect, arena_full = run_pass(
-                        cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
-                    if arena_full:
-                        sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
-                        return
-                    wk.i64[w, WK_BUSY] = 1
-                    wk.pass_end_ms[w] = end_ms
-                    if end_ms == now_ms:
-                        # completes inside the drive; its reservation retry is an effect
-                        reserved, full = _complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms,
-                                                               hits, fresh)
-                        if full:
-                            sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
-                            return
-                        had_effect = had_effect or reserved
-                    if not had_effect:
-                        wk.i64[w, WK_STALLED] = 1
-                        break
-                    changed = True
-        if sims.i64[s, SM_NUM_TERMINAL] == sims.i64[s, SM_Q_LEN] and sims.i64[s, SM_OPEN_HANDOFFS] == 0:
-            sims.now_ms[s] = now_ms
-            sims.i64[s, SM_STATUS] = SIM_DONE
-            return
-        t_next = next_release_ms(rq, sims, s)
-        for w in range(w0, w1):
-            if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] < t_next:
-                t_next = wk.pass_end_ms[w]
-        if sims.i64[s, SM_XFER_LEN] > 0:
-            t_next = min(t_next, rq.f64[sims.xfer_heap[sims.i64[s, SM_Q_OFF]], RQF_TRANSFER_DONE_MS])
-        if t_next == np.inf:
-            sims.now_ms[s] = now_ms
-            sims.i64[s, SM_STATUS] = SIM_DEAD_END
-            return
-        now_ms = t_next
+def drain_transfers(rq, sims, s, now_ms):
+    """Transfers completing at ``now_ms`` queue their ActivateDestination. Returns
+    whether any did."""
+    any_done = False
+    while sims.i64[s, SM_XFER_LEN] > 0 and \
+            rq.f64[sims.xfer_heap[sims.i64[s, SM_Q_OFF]], RQF_TRANSFER_DONE_MS] <= now_ms:
+        queue_action(rq, sims, s, _xfer_pop(rq, sims, s), ACT_ACTIVATE)
+        any_done = True
+    return any_done
+
+
+@njit(cache=True, _nrt=False)
+def drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh):
+    """Run the FIFO action queue empty, actions it appends included. Returns
+    (whether any ran, arena exhausted)."""
+    ran = False
+    while sims.i64[s, SM_ACTQ_LEN] > 0:
+        ran = True
+        if not _run_action(cfg, p, rq, wl, wk, sims, s, _pop_action(sims, s), now_ms, hits, fresh):
+            return ran, True
+    return ran, False
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def next_transfer_ms(rq, sims, s):
+    """Completion time of the next transfer in flight (inf when none)."""
+    if sims.i64[s, SM_XFER_LEN] == 0:
+        return np.inf
+    return rq.f64[sims.xfer_heap[sims.i64[s, SM_Q_OFF]], RQF_TRANSFER_DONE_MS]

@@ -1,16 +1,11 @@
-"""The aggregated replay event loop, run to completion (or to the next point that
-needs the driver) inside one kernel call for a whole batch of simulations.
+"""The admission side of the replay and the aggregated pass completion, shared by
+both topologies' event loop (``kernels.batch.run_simulation``).
 
-Per simulation it follows the reference's ``replay/agg.rs`` drain, verified in
-spec/replay.md §1.4 and engine.md §14.3: at one instant, pass completions (worker
-order), then arrivals (open loop: release time <= now; closed loop: while fewer
-than ``concurrency`` sessions are active), then idle workers with work start a
-pass in worker order; a pass that ends at ``now`` completes inside the same
-instant; repeat until nothing changes, then jump to the next pass end or
-release time. Placement is round robin over arrivals. A later turn of a session
-is released ``delay_ms`` after the previous turn's terminal.
-
-Simulations are independent, so the batch runs under ``prange``.
+Arrivals follow the reference's ``replay/agg.rs`` drain, verified in
+spec/replay.md §1.4 and engine.md §14.3: open loop, release time <= now; closed
+loop, while fewer than ``concurrency`` sessions are active. Placement is round
+robin over arrivals (aggregated) or a queued SubmitPrefill (disaggregated). A later
+turn of a session is released ``delay_ms`` after the previous turn's terminal.
 """
 
 import numpy as np
@@ -19,14 +14,13 @@ from numba import njit
 from .layout import (
     RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS, RQ_LEASE_OFF,
     RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS, RQ_TERM_NEXT, RQ_TURN,
-    RQ_UUID, RQ_WORKER, RS_WAITING, SIM_ARENA_FULL, SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH,
-    SIM_RUNNING, SM_ACTIVE_SESSIONS, SM_CONCURRENCY, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_STARTS,
-    SM_NUM_TERMINAL, SM_PASS_LOG_LEN, SM_Q_LEN, SM_Q_OFF, SM_RESUME_WORKER, SM_RR_CURSOR, SM_START_PTR, SM_STATUS,
-    SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_RUN_LEN, WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL,
+    RQ_UUID, RQ_WORKER, RS_WAITING,
+    SM_ACTIVE_SESSIONS, SM_CONCURRENCY, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_STARTS,
+    SM_NUM_TERMINAL, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_START_PTR,
+    SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL,
     ACT_SUBMIT_PREFILL, RQ_ACTION, SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_PREFILL_LEN,
-    WK_WAIT_LEN,
 )
-from .vllm_pass import run_pass, wait_push_back
+from .vllm_pass import wait_push_back
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -175,7 +169,7 @@ def logical_terminal(rq, sims, s, q):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _complete_pass(rq, wk, sims, s, w):
+def complete_pass(rq, wk, sims, s, w):
     """Pass end of worker w: its terminals free session slots and release next turns."""
     wk.i64[w, WK_BUSY] = 0
     q = wk.i64[w, WK_TERM_HEAD]
@@ -209,71 +203,3 @@ def next_release_ms(rq, sims, s):
     if sims.i64[s, SM_HEAP_LEN] > 0:
         t_next = min(t_next, rq.f64[sims.heap_q[base], RQF_READY_MS])
     return t_next
-
-
-@njit(cache=True, _nrt=False)
-def run_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens):
-    """Advance simulation s until it is done or needs the driver."""
-    w0 = sims.i64[s, SM_W_OFF]
-    w1 = w0 + sims.i64[s, SM_W_LEN]
-    log_rows = sims.pass_log.shape[1]
-    sims.i64[s, SM_STATUS] = SIM_RUNNING
-    now_ms = sims.now_ms[s]
-    resume_w = sims.i64[s, SM_RESUME_WORKER]
-    sims.i64[s, SM_RESUME_WORKER] = -1
-    while True:
-        changed = True
-        while changed:
-            changed = False
-            first_w = w0
-            if resume_w >= 0:
-                # continue the drive that a pass-log flush interrupted, as if no
-                # call boundary had been there
-                first_w = resume_w
-                resume_w = -1
-                changed = True
-            else:
-                for w in range(w0, w1):
-                    if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] == now_ms:
-                        _complete_pass(rq, wk, sims, s, w)
-                        changed = True
-                if arrivals_due(rq, sims, s, now_ms) and admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms) > 0:
-                    changed = True
-            # drive: a pass that ends at this instant completes inside the drive and
-            # its worker goes again before higher ids; arrivals it releases wait for
-            # the next iteration of the drain (the reference's order)
-            for w in range(first_w, w1):
-                while wk.i64[w, WK_BUSY] == 0 and wk.i64[w, WK_STALLED] == 0 \
-                        and (wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0):
-                    if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] >= log_rows:
-                        sims.now_ms[s] = now_ms
-                        sims.i64[s, SM_RESUME_WORKER] = w
-                        sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
-                        return
-                    end_ms, had_effect, arena_full = run_pass(
-                        cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
-                    if arena_full:
-                        sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
-                        return
-                    if not had_effect:
-                        # nothing can change for this worker until new work reaches it
-                        wk.i64[w, WK_STALLED] = 1
-                        break
-                    changed = True
-                    wk.i64[w, WK_BUSY] = 1
-                    wk.pass_end_ms[w] = end_ms
-                    if end_ms == now_ms:
-                        _complete_pass(rq, wk, sims, s, w)
-        if sims.i64[s, SM_NUM_TERMINAL] == sims.i64[s, SM_Q_LEN]:
-            sims.now_ms[s] = now_ms
-            sims.i64[s, SM_STATUS] = SIM_DONE
-            return
-        t_next = next_release_ms(rq, sims, s)
-        for w in range(w0, w1):
-            if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] < t_next:
-                t_next = wk.pass_end_ms[w]
-        if t_next == np.inf:
-            sims.now_ms[s] = now_ms
-            sims.i64[s, SM_STATUS] = SIM_DEAD_END
-            return
-        now_ms = t_next
