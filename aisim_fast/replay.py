@@ -309,6 +309,11 @@ def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConf
 
 
 def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.DataFrame:
+    """Per-request record, columns named as in the reference's per-request CSVs.
+
+    Disaggregated: the logical row carries arrival, decode tokens and the handoff
+    timestamps, its prefill row (RQ_PEER) the prefill side; latencies count decode
+    tokens only (the prefill's one token is hidden), admissions both sides."""
     n = len(sim.workload.input_len)
     ri = rq.i64[a:a + n]
     rf = rq.f64[a:a + n]
@@ -318,59 +323,23 @@ def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.
     n_out = ri[:, L.RQ_GENERATED]
     with np.errstate(invalid="ignore"):
         tpot = np.where(n_out >= 2, (last - first) / np.maximum(n_out - 1, 1), np.nan)
-    status = np.array(L.TERMINAL_STATUS_NAMES, dtype=object)[ri[:, L.RQ_TERMINAL]]
-    worker = ri[:, L.RQ_WORKER]
-    admissions = ri[:, L.RQ_ADMISSIONS]
     if sim.disaggregated:
-        return _disagg_request_frame(sim, rq, a, w_first, ri, rf, tpot, status)
-    return pd.DataFrame({
+        pi, pf = rq.i64[ri[:, L.RQ_PEER]], rq.f64[ri[:, L.RQ_PEER]]
+        prefill_worker = np.where(pi[:, L.RQ_WORKER] >= 0, pi[:, L.RQ_WORKER] - w_first, -1)
+        first_decode_worker = w_first + sim.prefill_workers
+    else:
+        pi, pf = ri, rf  # one row serves both sides
+        first_decode_worker = w_first
+    worker = np.where(ri[:, L.RQ_WORKER] >= 0, ri[:, L.RQ_WORKER] - first_decode_worker, -1)
+    cols = {
         "request_id": sim.workload.request_name,
         "trace_line": sim.workload.line_no,
         "turn_index": sim.workload.turn_index.astype(np.int64),
-        "worker": np.where(worker >= 0, worker - w_first, -1),
-        "decode_worker": np.where(worker >= 0, worker - w_first, -1),  # as the reference records it
-        "arrival_ms": arrival,
-        "first_admit_ms": rf[:, L.RQF_FIRST_ADMIT_MS],
-        "first_token_ms": first,
-        "second_token_ms": rf[:, L.RQF_SECOND_TOKEN_MS],
-        "last_token_ms": last,
-        "completion_ms": rf[:, L.RQF_TERMINAL_MS],
-        "ttft_ms": first - arrival,
-        "tpot_ms": tpot,
-        "e2e_ms": last - arrival,
-        "input_tokens": ri[:, L.RQ_PROMPT_LEN],
-        "output_tokens": n_out,
-        "requested_output_tokens": sim.workload.output_len.astype(np.int64),
-        "cached_tokens": ri[:, L.RQ_MAX_CACHED],
-        "first_admission_cached_tokens": np.maximum(ri[:, L.RQ_FIRST_CACHED], 0),
-        "admission_count": admissions,
-        "readmission_count": np.maximum(admissions - 1, 0),
-        "preemptions": ri[:, L.RQ_PREEMPTIONS],
-        "committed_prefill_tokens": ri[:, L.RQ_COMMITTED_PREFILL],
-        "terminal_status": status,
-    })
-
-
-def _disagg_request_frame(sim, rq, a, w_first, ri, rf, tpot, status) -> pd.DataFrame:
-    """Per-request record of a disaggregated run: the logical row carries arrival,
-    decode tokens and the handoff timestamps; its prefill row the prefill side.
-    Latencies count decode tokens only (the prefill's one token is hidden)."""
-    peer = ri[:, L.RQ_PEER]
-    pi = rq.i64[peer]
-    pf = rq.f64[peer]
-    first = rf[:, L.RQF_FIRST_TOKEN_MS]
-    last = rf[:, L.RQF_LAST_TOKEN_MS]
-    arrival = rf[:, L.RQF_ARRIVAL_MS]
-    n_prefill_workers = sim.prefill_workers
-    prefill_worker = np.where(pi[:, L.RQ_WORKER] >= 0, pi[:, L.RQ_WORKER] - w_first, -1)
-    decode_worker = np.where(ri[:, L.RQ_WORKER] >= 0, ri[:, L.RQ_WORKER] - w_first - n_prefill_workers, -1)
-    p_adm = pi[:, L.RQ_ADMISSIONS]
-    d_adm = ri[:, L.RQ_ADMISSIONS]
-    return pd.DataFrame({
-        "request_id": sim.workload.request_name,
-        "trace_line": sim.workload.line_no,
-        "turn_index": sim.workload.turn_index.astype(np.int64),
-        "worker": decode_worker,
+        "worker": worker,
+    }
+    if not sim.disaggregated:
+        cols["decode_worker"] = worker  # as the reference records it
+    cols.update({
         "arrival_ms": arrival,
         "first_admit_ms": pf[:, L.RQF_FIRST_ADMIT_MS],
         "first_token_ms": first,
@@ -381,31 +350,50 @@ def _disagg_request_frame(sim, rq, a, w_first, ri, rf, tpot, status) -> pd.DataF
         "tpot_ms": tpot,
         "e2e_ms": last - arrival,
         "input_tokens": ri[:, L.RQ_PROMPT_LEN],
-        "output_tokens": ri[:, L.RQ_GENERATED],
+        "output_tokens": n_out,
         "requested_output_tokens": sim.workload.output_len.astype(np.int64),
-        "prefill_output_tokens": pi[:, L.RQ_GENERATED],  # hidden from the latency metrics
-        "decode_republished_prompt_blocks": ri[:, L.RQ_REPUBLISHED],
+    })
+    if sim.disaggregated:
+        cols.update({
+            "prefill_output_tokens": pi[:, L.RQ_GENERATED],  # hidden from the latency metrics
+            "decode_republished_prompt_blocks": ri[:, L.RQ_REPUBLISHED],
+        })
+    cols.update({
         "cached_tokens": pi[:, L.RQ_MAX_CACHED],
         "first_admission_cached_tokens": np.maximum(pi[:, L.RQ_FIRST_CACHED], 0),
-        "prefill_worker": prefill_worker,
-        "decode_worker": decode_worker,
-        "prefill_admit_ms": pf[:, L.RQF_FIRST_ADMIT_MS],
-        "source_held_ms": rf[:, L.RQF_SOURCE_HELD_MS],
-        "destination_reserved_ms": rf[:, L.RQF_DEST_RESERVED_MS],
-        "destination_activated_ms": rf[:, L.RQF_DEST_ACTIVATED_MS],
-        "decode_admit_ms": rf[:, L.RQF_FIRST_ADMIT_MS],
-        "source_released_ms": rf[:, L.RQF_SOURCE_RELEASED_MS],
-        "transfer_done_ms": rf[:, L.RQF_TRANSFER_DONE_MS],
-        "transferable_prompt_tokens": np.where(
-            np.isfinite(rf[:, L.RQF_DEST_RESERVED_MS]),
-            ri[:, L.RQ_RESERVED_FRESH] * sim.rank.block_size, -1),
-        "decode_cached_tokens": np.maximum(ri[:, L.RQ_MAX_CACHED], 0),
-        "admission_count": p_adm + d_adm,
-        "readmission_count": np.maximum(p_adm - 1, 0) + np.maximum(d_adm - 1, 0),
-        "preemptions": pi[:, L.RQ_PREEMPTIONS] + ri[:, L.RQ_PREEMPTIONS],
-        "committed_prefill_tokens": pi[:, L.RQ_COMMITTED_PREFILL] + ri[:, L.RQ_COMMITTED_PREFILL],
-        "terminal_status": status,
     })
+    admissions = ri[:, L.RQ_ADMISSIONS]
+    readmissions = np.maximum(admissions - 1, 0)
+    preemptions = ri[:, L.RQ_PREEMPTIONS]
+    committed = ri[:, L.RQ_COMMITTED_PREFILL]
+    if sim.disaggregated:
+        cols.update({
+            "prefill_worker": prefill_worker,
+            "decode_worker": worker,
+            "prefill_admit_ms": pf[:, L.RQF_FIRST_ADMIT_MS],
+            "source_held_ms": rf[:, L.RQF_SOURCE_HELD_MS],
+            "destination_reserved_ms": rf[:, L.RQF_DEST_RESERVED_MS],
+            "destination_activated_ms": rf[:, L.RQF_DEST_ACTIVATED_MS],
+            "decode_admit_ms": rf[:, L.RQF_FIRST_ADMIT_MS],
+            "source_released_ms": rf[:, L.RQF_SOURCE_RELEASED_MS],
+            "transfer_done_ms": rf[:, L.RQF_TRANSFER_DONE_MS],
+            "transferable_prompt_tokens": np.where(
+                np.isfinite(rf[:, L.RQF_DEST_RESERVED_MS]),
+                ri[:, L.RQ_RESERVED_FRESH] * sim.rank.block_size, -1),
+            "decode_cached_tokens": np.maximum(ri[:, L.RQ_MAX_CACHED], 0),
+        })
+        readmissions = readmissions + np.maximum(pi[:, L.RQ_ADMISSIONS] - 1, 0)
+        admissions = admissions + pi[:, L.RQ_ADMISSIONS]
+        preemptions = preemptions + pi[:, L.RQ_PREEMPTIONS]
+        committed = committed + pi[:, L.RQ_COMMITTED_PREFILL]
+    cols.update({
+        "admission_count": admissions,
+        "readmission_count": readmissions,
+        "preemptions": preemptions,
+        "committed_prefill_tokens": committed,
+        "terminal_status": np.array(L.TERMINAL_STATUS_NAMES, dtype=object)[ri[:, L.RQ_TERMINAL]],
+    })
+    return pd.DataFrame(cols)
 
 
 def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
