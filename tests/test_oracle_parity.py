@@ -24,6 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import oracle  # noqa: E402
 from parity_rules import as_key_part, as_number, within  # noqa: E402
+from test_parity import AGGREGATED_CASES  # noqa: E402
 
 try:
     from hypothesis import HealthCheck, given, settings
@@ -77,19 +78,8 @@ def parity_report(golden_csv, records, metrics=PARITY_METRICS, rtol=1e-6, atol=1
     return passed, line, failures[:10]
 
 
-GOLDEN_CASES = [
-    "tiny20_vllm_agg1",
-    "1k_vllm_agg1",
-    "1k_vllm_agg1_fixed",
-    "1k_vllm_agg2",
-    "1k_vllm_agg1_conc16",
-    "1k_vllm_agg1_kvpressure",
-    "1k_vllm_agg2_noprefix",
-    "1k_trtllm_agg2",
-    "sess200_vllm_agg2",
-    "sess200_vllm_agg2_conc6",
-    pytest.param("10k_vllm_agg8", marks=pytest.mark.slow),
-]
+# the aggregated goldens (the oracle models aggregated replay only)
+GOLDEN_CASES = AGGREGATED_CASES + [pytest.param("10k_vllm_agg8", marks=pytest.mark.slow)]
 
 
 def run_case(case):
