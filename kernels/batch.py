@@ -21,6 +21,7 @@ replay. The arrays all belong to the driver and outlive the call."""
 import numpy as np
 from numba import njit, prange
 
+from .decode_run import decode_run, quiet_until_ms
 from .disagg_loop import complete_disagg_pass, drain_actions, drain_transfers, next_transfer_ms
 from .layout import (
     SIM_ARENA_FULL, SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH, SIM_RUNNING, SM_NUM_TERMINAL,
@@ -85,6 +86,22 @@ def run_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens
                         sims.i64[s, SM_RESUME_WORKER] = w
                         sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
                         return
+                    if not disagg:
+                        # pure decode passes up to the next event, without walking the
+                        # running list per pass (kernels.decode_run)
+                        end_ms, n_passes, arena_full = decode_run(
+                            cfg, p, rq, wl, wk, sims, s, w, now_ms,
+                            quiet_until_ms(rq, wk, sims, s, w, now_ms),
+                            log_rows - sims.i64[s, SM_PASS_LOG_LEN] if log_rows > 0 else 1 << 62,
+                            acc, hits, fresh, scratch_tokens)
+                        if arena_full:
+                            sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                            return
+                        if n_passes > 0:
+                            wk.i64[w, WK_BUSY] = 1
+                            wk.pass_end_ms[w] = end_ms
+                            changed = True
+                            break
                     end_ms, had_effect, arena_full = run_pass(
                         cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
                     if arena_full:

@@ -1,0 +1,218 @@
+"""Runs of decode passes, computed without walking the running list per pass.
+
+Most passes of a replay are *decode passes*: every running request is past its
+prompt, computes one token, emits it and is not finished by it, and the waiting
+queue cannot admit anything. Such a pass changes no queue or list; most requests
+only move their counters by one, and the pass's duration depends on the batch
+size and the batch's KV tokens, which grow by the batch size each pass.
+``decode_run`` runs K of them back to back: a request's fields are brought up to
+date once at the end of the run, and only the requests that leave the schedule
+fast path in a pass (completing a block, which is hashed and published, or
+growing the lease by a fresh block) go through the full schedule step, in running
+order, in that pass. The result is exactly the float operations, pass log rows,
+token-gap folds, pool operations and request fields that ``vllm_pass.run_pass``
+produces one pass at a time (the property tests hold it to that pass by pass).
+
+A run ends before the first pass that finishes a request or whose fresh blocks
+the pool cannot give without preempting, and before any other event of the
+simulation: a pass may only start at the previous pass's end ``e`` when nothing
+else happens at ``e`` - no release due by then, and no other worker's pass
+ending by then.
+"""
+
+import numpy as np
+from numba import njit
+
+from .block_pool import num_active, num_free
+from .layout import (
+    CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS, CFGF_SPEEDUP_RATIO, CFG_BLOCK_SIZE,
+    CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
+    CFG_ROLE, CFG_TIMING, PL_ACTIVE_BLOCKS, PL_END_MS, PL_INACTIVE_BLOCKS, PL_NUM_ADMITTED,
+    PL_NUM_DECODE_REQUESTS, PL_NUM_OUTPUT_TOKENS, PL_NUM_PREEMPTED, PL_NUM_PREFILL_REQUESTS,
+    PL_NUM_RUNNING, PL_NUM_WAITING, PL_START_MS, PL_SUM_DECODE_KV_TOKENS,
+    PL_SUM_PREFILL_KV_TOKENS, PL_SUM_PREFILL_TOKENS, PL_WORKER, PW_LRU_LEN, RQF_LAST_TOKEN_MS,
+    RQF_SECOND_TOKEN_MS, RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT,
+    RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_SCHED_CLASS, RQ_SCHED_LEN, RQ_SCHED_PREFIX,
+    RQ_SCHED_PROMPT, RQ_SCHED_STAMP, RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS, ROLE_AGGREGATED,
+    SM_PASS_LOG_LEN, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF, WK_STALLED,
+    WK_WAIT_LEN,
+)
+from .replay_loop import arrivals_due, next_release_ms
+from .sketch import fold_gap_run
+from .timing import decode_ns, ns_to_ms
+from .vllm_pass import ALLOC_ARENA_FULL, CLASS_DECODE, _ceil_div, _schedule
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def quiet_until_ms(rq, wk, sims, s, w, now_ms):
+    """Earliest time at which something other than worker w's own passes happens in
+    its simulation: the next release, or another worker's pass end. ``-inf`` when
+    something else happens at this instant: a closed-loop slot freed by a terminal
+    of the drive (its arrival comes in the drain's next round), or another worker
+    about to be driven."""
+    if arrivals_due(rq, sims, s, now_ms):
+        return -np.inf
+    t_ms = next_release_ms(rq, sims, s)
+    w0 = sims.i64[s, SM_W_OFF]
+    w1 = w0 + sims.i64[s, SM_W_LEN]
+    for v in range(w0, w1):
+        if v == w:
+            continue
+        if wk.i64[v, WK_BUSY]:
+            t_ms = min(t_ms, wk.pass_end_ms[v])
+        elif wk.i64[v, WK_STALLED] == 0 and wk.i64[v, WK_RUN_LEN] + wk.i64[v, WK_WAIT_LEN] > 0:
+            return -np.inf
+    return t_ms
+
+
+@njit(cache=True, _nrt=False)
+def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, acc, hits, fresh,
+               scratch_tokens):
+    """Run worker w's decode passes from ``now_ms``: the first starts now, each next
+    one at the previous end while that end is before ``quiet_until``, at most
+    ``max_passes``. Returns ``(end_ms of the last pass, passes run, arena_full)``;
+    0 passes (nothing changed) when the next pass is not a decode pass. The last
+    pass is left in flight, the earlier ones completed (they have no terminals)."""
+    n = wk.i64[w, WK_RUN_LEN]
+    if n == 0 or max_passes <= 0 or cfg.i64[w, CFG_ROLE] != ROLE_AGGREGATED \
+            or n > cfg.i64[w, CFG_MAX_NUM_BATCHED_TOKENS]:
+        return now_ms, 0, False
+    if wk.i64[w, WK_WAIT_LEN] > 0 and n < cfg.i64[w, CFG_MAX_NUM_SEQS]:
+        return now_ms, 0, False  # the waiting queue may admit
+    rq_i = rq.i64
+    rq_f = rq.f64
+    off = wk.i64[w, WK_RUN_OFF]
+    limit = cfg.i64[w, CFG_MAX_MODEL_LEN]
+    bs = cfg.i64[w, CFG_BLOCK_SIZE]
+    capacity = cfg.i64[w, CFG_NUM_GPU_BLOCKS]
+    # During the run every request's fields stay as they were at its start (the
+    # base): pass k computes token NUM_COMPUTED + k and emits token GENERATED + k.
+    # k_last: passes before the first one that finishes a request; next_event: the
+    # first pass in which some request leaves the fast path (completes a block or
+    # grows its lease), i.e. computes past its RQ_FAST_LIMIT.
+    k_last = max_passes
+    next_event = max_passes + 1
+    kv_tokens = 0
+    for j in range(n):
+        q = wk.run_q[off + j]
+        prompt = rq_i[q, RQ_PROMPT_LEN]
+        generated = rq_i[q, RQ_GENERATED]
+        computed = rq_i[q, RQ_NUM_COMPUTED]
+        # decoding: everything but the last emitted token computed, and that token
+        # emitted at the end of the previous pass (so every gap of a pass is equal)
+        if generated < 1 or computed != prompt + generated - 1 or rq_f[q, RQF_LAST_TOKEN_MS] != now_ms:
+            return now_ms, 0, False
+        remaining = rq_i[q, RQ_MAX_OUTPUT] - generated
+        if limit >= 0:
+            remaining = min(remaining, limit - prompt - generated)
+        k_last = min(k_last, remaining - 1)
+        if k_last <= 0:
+            return now_ms, 0, False
+        next_event = min(next_event, rq_i[q, RQ_FAST_LIMIT] - computed + 1)
+        kv_tokens += prompt + generated
+
+    timing = cfg.i64[w, CFG_TIMING]
+    fixed_ms = cfg.f64[w, CFGF_FIXED_DECODE_MS]
+    speedup = cfg.f64[w, CFGF_SPEEDUP_RATIO]
+    decode_speedup = cfg.f64[w, CFGF_DECODE_SPEEDUP_RATIO]
+    total_kv_tokens = capacity * bs
+    log_on = sims.pass_log.shape[1] > 0
+    not_decode = True  # an aggregated worker
+    start_ms = now_ms
+    end_ms = now_ms
+    first_end_ms = now_ms
+    k = 0
+    while k < k_last and (k == 0 or end_ms < quiet_until):
+        pass_k = k + 1
+        start_ms = end_ms
+        dc_ns = decode_ns(timing, fixed_ms, speedup, decode_speedup, n, kv_tokens, total_kv_tokens)
+        if dc_ns <= 0:
+            break  # a zero-length pass completes inside the drive: leave it to run_pass
+        if pass_k == next_event:
+            # requests leaving the fast path in this pass take the full schedule
+            # step, in running order. A lease that must grow takes one fresh block
+            # each; if the pool cannot give them all without preempting, the pass
+            # is not a decode-only pass: stop before it.
+            growing = 0
+            for j in range(n):
+                q = wk.run_q[off + j]
+                computed = rq_i[q, RQ_NUM_COMPUTED] + pass_k
+                if computed > rq_i[q, RQ_FAST_LIMIT] and computed > _ceil_div(rq_i[q, RQ_ALLOCATED], bs) * bs:
+                    growing += 1
+            if growing > 0 and growing - num_free(p, w, capacity) > p.w64[w, PW_LRU_LEN]:
+                break
+            stamp = (wk.i64[w, WK_PASS_STAMP] + pass_k) * 65536 + (w % 65536) + 1
+            next_event = k_last + 1
+            for j in range(n):
+                q = wk.run_q[off + j]
+                base_computed = rq_i[q, RQ_NUM_COMPUTED]
+                if base_computed + pass_k > rq_i[q, RQ_FAST_LIMIT]:
+                    base_generated = rq_i[q, RQ_GENERATED]
+                    rq_i[q, RQ_NUM_COMPUTED] = base_computed + k
+                    rq_i[q, RQ_GENERATED] = base_generated + k
+                    acc[0] = n  # _schedule's pass counters (scratch here: this loop keeps its own)
+                    out = _schedule(cfg, p, rq, wl, wk, w, q, False, 0, start_ms, stamp, acc, hits,
+                                    fresh, scratch_tokens, not_decode, 0)
+                    rq_i[q, RQ_NUM_COMPUTED] = base_computed
+                    rq_i[q, RQ_GENERATED] = base_generated
+                    if out == ALLOC_ARENA_FULL:
+                        return now_ms, 0, True
+                next_event = min(next_event, rq_i[q, RQ_FAST_LIMIT] - base_computed + 1)
+        # the pass's prefill part is empty: start + 0 ms, then the decode batch
+        end_ms = (start_ms + 0.0) + ns_to_ms(dc_ns)
+        fold_gap_run(sims.token_stat, sims.token_hist, s, end_ms - start_ms, n)
+        if log_on:
+            _log_decode_pass(p, wk, sims, s, w, start_ms, end_ms, n, kv_tokens)
+        if k == 0:
+            first_end_ms = end_ms
+        kv_tokens += n
+        k += 1
+    if k == 0:
+        return now_ms, 0, False
+
+    stamp = (wk.i64[w, WK_PASS_STAMP] + k) * 65536 + (w % 65536) + 1
+    wk.i64[w, WK_PASS_STAMP] += k
+    for j in range(n):
+        q = wk.run_q[off + j]
+        prompt = rq_i[q, RQ_PROMPT_LEN]
+        generated = rq_i[q, RQ_GENERATED]
+        if generated == 1:
+            rq_f[q, RQF_SECOND_TOKEN_MS] = first_end_ms
+        computed = rq_i[q, RQ_NUM_COMPUTED] + k
+        rq_i[q, RQ_NUM_COMPUTED] = computed
+        if computed > rq_i[q, RQ_ALLOCATED]:
+            rq_i[q, RQ_ALLOCATED] = computed
+        rq_i[q, RQ_GENERATED] = generated + k
+        rq_f[q, RQF_LAST_TOKEN_MS] = end_ms
+        # what the last pass's schedule step recorded
+        rq_i[q, RQ_SCHED_STAMP] = stamp
+        rq_i[q, RQ_SCHED_TOKENS] = 1
+        rq_i[q, RQ_SCHED_PROMPT] = 0
+        rq_i[q, RQ_SCHED_PREFIX] = prompt
+        rq_i[q, RQ_SCHED_LEN] = prompt + generated + k - 1
+        rq_i[q, RQ_SCHED_TERMINAL] = 0
+        rq_i[q, RQ_SCHED_CLASS] = CLASS_DECODE
+    return end_ms, k, False
+
+
+@njit(cache=True, _nrt=False)
+def _log_decode_pass(p, wk, sims, s, w, start_ms, end_ms, n, kv_tokens):
+    """The ForwardPassMetrics row ``vllm_pass._log_pass`` writes for a pure decode pass."""
+    row = sims.i64[s, SM_PASS_LOG_LEN]
+    sims.i64[s, SM_PASS_LOG_LEN] = row + 1
+    log = sims.pass_log[s, row]
+    log[PL_WORKER] = w - sims.i64[s, SM_W_OFF]
+    log[PL_START_MS] = start_ms
+    log[PL_END_MS] = end_ms
+    log[PL_NUM_PREFILL_REQUESTS] = 0
+    log[PL_SUM_PREFILL_TOKENS] = 0
+    log[PL_SUM_PREFILL_KV_TOKENS] = 0
+    log[PL_NUM_DECODE_REQUESTS] = n
+    log[PL_SUM_DECODE_KV_TOKENS] = kv_tokens
+    log[PL_NUM_ADMITTED] = 0
+    log[PL_NUM_PREEMPTED] = 0
+    log[PL_NUM_OUTPUT_TOKENS] = n
+    log[PL_NUM_RUNNING] = n
+    log[PL_NUM_WAITING] = wk.i64[w, WK_WAIT_LEN]
+    log[PL_ACTIVE_BLOCKS] = num_active(p, w)
+    log[PL_INACTIVE_BLOCKS] = p.w64[w, PW_LRU_LEN]
