@@ -8,6 +8,7 @@ every simulation runs its complete event loop inside ``kernels.replay_loop``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from collections.abc import Sequence
@@ -22,6 +23,11 @@ from aisim_fast.report import sketch_merge_rows
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
 from aisim_fast.kernels.batch import replay_batch
 from aisim_fast.workload import Workload, load_mooncake
+
+try:
+    from numpy._core.multiarray import _set_madvise_hugepage
+except ImportError:  # numpy < 2
+    from numpy.core.multiarray import _set_madvise_hugepage
 
 DEFAULT_PASS_LOG_ROWS = 65536
 
@@ -117,6 +123,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
                 tables.append((sim.workload, bs))
                 n_rows += len(sim.workload.input_len)
     hash_indptr_parts, hash_id_parts, tbs_parts, phash_indptr_parts, phash_parts = [], [], [], [], []
+    distinct_prompt_blocks: dict[tuple[int, int], int] = {}
     hash_base = 0
     phash_base = 0
     for wl, bs in tables:
@@ -124,6 +131,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         phash = np.empty(indptr[-1], np.uint64)
         hash_prompt_blocks(wl.hash_indptr, wl.hash_ids, wl.input_len.astype(np.int64),
                            wl.trace_block_size, bs, indptr, phash)
+        distinct_prompt_blocks[(id(wl), bs)] = len(np.unique(phash))
         hash_indptr_parts.append(wl.hash_indptr[:-1] + hash_base)
         hash_id_parts.append(wl.hash_ids)
         tbs_parts.append(np.full(len(wl.input_len), wl.trace_block_size, np.int64))
@@ -207,6 +215,15 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
                 # serves; a run that does is rerun with the full pool (SIM_ARENA_FULL)
                 largest = np.sort(pool_blocks)[::-1][:per_worker]
                 worker_arena = int(largest.sum()) + 16
+                if not sim.disaggregated:
+                    # an aggregated worker's resident copies are at most one per
+                    # distinct full prompt block plus every request's private blocks
+                    # (partial prompt block and output), give or take duplicates of
+                    # a prefix computed twice concurrently: an eighth more covers
+                    # every reference run by a wide margin
+                    private = int((pool_blocks - wl.input_len // bs).sum())
+                    resident = distinct_prompt_blocks[(id(wl), bs)] + private
+                    worker_arena = min(worker_arena, resident + resident // 8 + 64)
             ws = slice(first_w, first_w + n_workers)
             arena[ws] = min(pool_rank.num_gpu_blocks, worker_arena)
             run_cap[ws] = min(pool_rank.max_num_seqs, per_worker) + 1
@@ -233,8 +250,10 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     pool_w[:, L.PW_TAB_MASK] = tab_size - 1
     n_b = int(arena.sum())
     # arena slots are initialized when first used (block_pool._take_slot)
-    pool = L.Pool(w64=pool_w, b32=np.empty((n_b, L.PB_FIELDS), np.int32),
-                  blk_hash=np.empty(n_b, np.uint64), tab=np.empty(int(tab_size.sum()), np.int32))
+    with _small_pages():
+        b32 = np.empty((n_b, L.PB_FIELDS), np.int32)
+        blk_hash = np.empty(n_b, np.uint64)
+    pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=np.empty(int(tab_size.sum()), np.int32))
     _reset_pools(pool)
 
     wk_i = np.zeros((n_w, L.WK_FIELDS), np.int64)
@@ -256,7 +275,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     sm_i[:, L.SM_UUID_NEXT] = 1
     sm_i[:, L.SM_RESUME_WORKER] = -1
     sm_i[:, L.SM_PREFILL_LEN] = [sim.prefill_workers for sim in sims]
-    token_stat, token_hist = sketch.token_stats_new(n_sims)
+    with _small_pages():
+        token_stat, token_hist = sketch.token_stats_new(n_sims)
     sim_state = L.Sims(
         i64=sm_i, now_ms=np.zeros(n_sims), start_order=start_order,
         heap_q=np.zeros(n_logical, np.int64), actq=np.zeros(n_logical, np.int64),
@@ -268,6 +288,20 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     max_lease = int(lease_blocks.max()) if n_q else 1
     max_bs = int(cfg_i[:, L.CFG_BLOCK_SIZE].max())
     return cfg, pool, rq, workload, wk, sim_state, max_lease, max_bs
+
+
+@contextlib.contextmanager
+def _small_pages():
+    """Allocate arrays the kernels touch sparsely without transparent huge pages:
+    numpy asks for them on every array of 4 MiB or more, and then the first touch
+    anywhere in a 2 MiB page zeroes all of it. A run uses a part of each worker's
+    block arena and a few hundred bins of each simulation's 301 KiB sketch row;
+    with small pages only those are ever materialized."""
+    previous = _set_madvise_hugepage(False)
+    try:
+        yield
+    finally:
+        _set_madvise_hugepage(previous)
 
 
 def _reset_pools(pool: L.Pool) -> None:

@@ -55,12 +55,20 @@ def ns_to_ms(ns):
     return secs * 1000.0
 
 
+# Below this many ns a Duration survives the trip to f64 seconds and back unchanged:
+# whole seconds < 2**22 keep the fraction's error under 2**-31 s, well inside the
+# half nanosecond that rounding to the nearest ns forgives.
+EXACT_ROUND_TRIP_NS = (1 << 22) * NS_PER_S
+
+
 @njit(cache=True, _nrt=False)
 def modeled_ns(raw_ms, ratio):
     """Nanoseconds of a modeled latency ``raw_ms`` divided by ``ratio``: quantized once,
-    then (ratio > 0 and duration > 0) divided in seconds and quantized again."""
+    then (ratio > 0 and duration > 0) divided in seconds and quantized again. A ratio
+    of 1 divides exactly, and the round trip of a duration under 48 days is the
+    identity (EXACT_ROUND_TRIP_NS), so that common case skips the second step."""
     ns = secs_to_ns(raw_ms / 1000.0)
-    if ratio > 0.0 and ns > 0:
+    if ratio > 0.0 and ns > 0 and not (ratio == 1.0 and ns < EXACT_ROUND_TRIP_NS):
         secs = float(ns // NS_PER_S) + float(ns % NS_PER_S) / 1e9
         ns = secs_to_ns(secs / ratio)
     return ns
