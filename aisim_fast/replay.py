@@ -106,6 +106,107 @@ def _next_turns(wl: Workload) -> np.ndarray:
     return nxt
 
 
+@dataclass(frozen=True)
+class _PoolTemplate:
+    arena: int      # block arena slots per worker
+    run_cap: int    # running-list capacity per worker
+    wait_cap: int   # waiting-ring capacity per worker
+    cfg_i: np.ndarray
+    cfg_f: np.ndarray
+
+
+@dataclass(frozen=True)
+class _SimTemplate:
+    """What build_state writes for one simulation, relative to its offsets: a sweep
+    packs many simulations of one trace and config, which share it."""
+    rq_i: np.ndarray            # int64[n, RQ_I_FIELDS] logical rows; RQ_LEASE_OFF from 0
+    rq_f: np.ndarray            # float64[n, RQ_F_FIELDS] logical rows
+    lease_entries: int          # blocks of all logical rows' leases
+    prefill_rq_i: np.ndarray | None
+    prefill_lease_entries: int
+    max_lease_blocks: int
+    next_turn: np.ndarray       # int64[n] row of the next turn of the session, -1 none
+    firsts: np.ndarray          # rows released by the start order
+    pools: tuple                # ((first worker, workers, _PoolTemplate), ...)
+
+
+# Simulation fields besides the workload that shape its template
+_SIM_SETTINGS = tuple(f for f in dataclasses.fields(Simulation) if f.name != "workload")
+
+
+def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dict) -> _SimTemplate:
+    wl, rank = sim.workload, sim.rank
+    n = len(wl.input_len)
+    bs = rank.block_size
+    out = _effective_max_output(sim)
+    rq_i = _unplaced_rows(n)
+    rq_i[:, L.RQ_PROMPT_LEN] = wl.input_len
+    rq_i[:, L.RQ_MAX_OUTPUT] = out
+    rq_i[:, L.RQ_SRC_ROW] = table_rows[(id(wl), bs)] + np.arange(n)
+    rq_i[:, L.RQ_SESSION] = wl.session
+    rq_i[:, L.RQ_TURN] = wl.turn_index
+    blocks = -(-(wl.input_len + out) // bs)
+    rq_i[:, L.RQ_LEASE_OFF] = np.cumsum(blocks) - blocks
+    rq_f = np.full((n, L.RQ_F_FIELDS), np.nan)
+    rq_f[:, L.RQF_DELAY_MS] = wl.delay_ms
+    rq_f[:, L.RQF_START_MS] = wl.start_ms
+    pools = [(sim.prefill_workers, sim.workers, rank, blocks)]
+    prefill_rq_i = None
+    pblocks = np.zeros(0, np.int64)
+    if sim.disaggregated:
+        prank = sim.prefill_rank
+        pblocks = -(-(wl.input_len + 1) // prank.block_size)
+        prefill_rq_i = _unplaced_rows(n)
+        prefill_rq_i[:, L.RQ_PROMPT_LEN] = wl.input_len
+        prefill_rq_i[:, L.RQ_MAX_OUTPUT] = 1  # the source computes the prompt and one hidden token
+        prefill_rq_i[:, L.RQ_SRC_ROW] = table_rows[(id(wl), prank.block_size)] + np.arange(n)
+        prefill_rq_i[:, L.RQ_SESSION] = wl.session
+        prefill_rq_i[:, L.RQ_TURN] = wl.turn_index
+        prefill_rq_i[:, L.RQ_NEXT_TURN] = -1
+        prefill_rq_i[:, L.RQ_LEASE_OFF] = np.cumsum(pblocks) - pblocks
+        pools.append((0, sim.prefill_workers, prank, pblocks))
+    pool_templates = []
+    for first, n_workers, pool_rank, pool_blocks in pools:
+        per_worker = -(-n // n_workers) + 1
+        if sim.arena_blocks is not None:
+            worker_arena = sim.arena_blocks
+        else:
+            # resident copies rarely exceed the blocks of the requests a worker
+            # serves; a run that does is rerun with the full pool (SIM_ARENA_FULL)
+            largest = np.sort(pool_blocks)[::-1][:per_worker]
+            worker_arena = int(largest.sum()) + 16
+            if not sim.disaggregated:
+                # an aggregated worker's resident copies are at most one per
+                # distinct full prompt block plus every request's private blocks
+                # (partial prompt block and output), give or take duplicates of
+                # a prefix computed twice concurrently: an eighth more covers
+                # every reference run by a wide margin
+                private = int((pool_blocks - wl.input_len // bs).sum())
+                resident = distinct_prompt_blocks[(id(wl), bs)] + private
+                worker_arena = min(worker_arena, resident + resident // 8 + 64)
+        cfg_i = np.zeros((1, L.CFG_I_FIELDS), np.int64)
+        cfg_f = np.zeros((1, L.CFG_F_FIELDS), np.float64)
+        _rank_config(cfg_i, cfg_f, slice(0, 1), pool_rank, sim.handoff_latency_ms)
+        pool_templates.append((first, n_workers, _PoolTemplate(
+            arena=min(pool_rank.num_gpu_blocks, worker_arena),
+            run_cap=min(pool_rank.max_num_seqs, per_worker) + 1, wait_cap=per_worker + 1,
+            cfg_i=cfg_i[0], cfg_f=cfg_f[0])))
+    firsts = wl.order if sim.concurrency == 0 else np.flatnonzero(wl.turn_index == 0)
+    return _SimTemplate(rq_i=rq_i, rq_f=rq_f, lease_entries=int(blocks.sum()),
+                        prefill_rq_i=prefill_rq_i, prefill_lease_entries=int(pblocks.sum()),
+                        max_lease_blocks=int(max(blocks.max(initial=1), pblocks.max(initial=1))),
+                        next_turn=_next_turns(wl), firsts=firsts, pools=tuple(pool_templates))
+
+
+def _unplaced_rows(n: int) -> np.ndarray:
+    """Request rows before arrival: nothing computed, no worker, no links."""
+    rows = np.zeros((n, L.RQ_I_FIELDS), np.int64)
+    rows[:, L.RQ_STATUS] = L.RS_NOT_ARRIVED
+    for col in (L.RQ_WORKER, L.RQ_FIRST_CACHED, L.RQ_TERM_NEXT, L.RQ_LINK, L.RQ_PEER):
+        rows[:, col] = -1
+    return rows
+
+
 def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
                 record_handoffs: bool = False):
     """Allocate and initialise the kernel state of a batch."""
@@ -159,9 +260,10 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     n_w = int(w_len.sum())
 
     # per-request state, field-major (see kernels.layout)
-    rq_i = np.zeros((n_q, L.RQ_I_FIELDS), np.int64)
-    rq_f = np.full((n_q, L.RQ_F_FIELDS), np.nan)
-    rq_i[:, L.RQ_PEER] = -1
+    # every row is written from its simulation's template below
+    rq_i = np.empty((n_q, L.RQ_I_FIELDS), np.int64)
+    rq_f = np.empty((n_q, L.RQ_F_FIELDS), np.float64)
+    n_k = 0  # lease entries so far: each row's lease follows the previous one
     start_order = np.zeros(n_logical, np.int64)
     cfg_i = np.zeros((n_w, L.CFG_I_FIELDS), np.int64)
     cfg_f = np.zeros((n_w, L.CFG_F_FIELDS), np.float64)
@@ -169,76 +271,37 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     arena = np.empty(n_w, np.int64)
     run_cap = np.empty(n_w, np.int64)
     wait_cap = np.empty(n_w, np.int64)
+    templates: dict[tuple, _SimTemplate] = {}
     for s, sim in enumerate(sims):
-        wl, rank = sim.workload, sim.rank
+        key = (id(sim.workload),) + tuple(getattr(sim, f.name) for f in _SIM_SETTINGS)
+        tpl = templates.get(key)
+        if tpl is None:
+            tpl = templates[key] = _sim_template(sim, table_rows, distinct_prompt_blocks)
         a, n = int(q_off[s]), int(q_len[s])
         sl = slice(a, a + n)
-        bs = rank.block_size
-        out = _effective_max_output(sim)
-        rq_i[sl, L.RQ_PROMPT_LEN] = wl.input_len
-        rq_i[sl, L.RQ_MAX_OUTPUT] = out
-        rq_i[sl, L.RQ_SRC_ROW] = table_rows[(id(wl), bs)] + np.arange(n)
-        rq_i[sl, L.RQ_SESSION] = wl.session
-        rq_i[sl, L.RQ_TURN] = wl.turn_index
-        nxt = _next_turns(wl)
-        rq_i[sl, L.RQ_NEXT_TURN] = np.where(nxt >= 0, nxt + a, -1)
-        rq_f[sl, L.RQF_DELAY_MS] = wl.delay_ms
-        rq_f[sl, L.RQF_START_MS] = wl.start_ms
-        firsts = wl.order if sim.concurrency == 0 else np.flatnonzero(wl.turn_index == 0)
-        start_order[a:a + len(firsts)] = firsts + a
-        sm_i[s, L.SM_NUM_STARTS] = len(firsts)
+        rq_i[sl] = tpl.rq_i
+        rq_i[sl, L.RQ_LEASE_OFF] += n_k
+        n_k += tpl.lease_entries
+        rq_f[sl] = tpl.rq_f
+        rq_i[sl, L.RQ_NEXT_TURN] = np.where(tpl.next_turn >= 0, tpl.next_turn + a, -1)
+        start_order[a:a + len(tpl.firsts)] = tpl.firsts + a
+        sm_i[s, L.SM_NUM_STARTS] = len(tpl.firsts)
         sm_i[s, L.SM_CONCURRENCY] = sim.concurrency
-        blocks = -(-(wl.input_len + out) // bs)
-        rq_i[sl, L.RQ_LEASE_OFF] = blocks  # turned into offsets below
-        pools = [(rank, sim.workers, int(w_off[s]) + sim.prefill_workers, blocks)]
         if sim.disaggregated:
-            prank = sim.prefill_rank
             pa = int(p_off[s])
             psl = slice(pa, pa + n)
-            pblocks = -(-(wl.input_len + 1) // prank.block_size)
-            rq_i[psl, L.RQ_PROMPT_LEN] = wl.input_len
-            rq_i[psl, L.RQ_MAX_OUTPUT] = 1  # the source computes the prompt and one hidden token
-            rq_i[psl, L.RQ_SRC_ROW] = table_rows[(id(wl), prank.block_size)] + np.arange(n)
-            rq_i[psl, L.RQ_SESSION] = wl.session
-            rq_i[psl, L.RQ_TURN] = wl.turn_index
-            rq_i[psl, L.RQ_NEXT_TURN] = -1
-            rq_i[psl, L.RQ_LEASE_OFF] = pblocks
+            rq_i[psl] = tpl.prefill_rq_i
+            rq_i[psl, L.RQ_LEASE_OFF] += n_k
+            n_k += tpl.prefill_lease_entries
             rq_i[psl, L.RQ_PEER] = np.arange(a, a + n)
             rq_i[sl, L.RQ_PEER] = np.arange(pa, pa + n)
-            pools.append((prank, sim.prefill_workers, int(w_off[s]), pblocks))
-        for pool_rank, n_workers, first_w, pool_blocks in pools:
-            per_worker = -(-n // n_workers) + 1
-            if sim.arena_blocks is not None:
-                worker_arena = sim.arena_blocks
-            else:
-                # resident copies rarely exceed the blocks of the requests a worker
-                # serves; a run that does is rerun with the full pool (SIM_ARENA_FULL)
-                largest = np.sort(pool_blocks)[::-1][:per_worker]
-                worker_arena = int(largest.sum()) + 16
-                if not sim.disaggregated:
-                    # an aggregated worker's resident copies are at most one per
-                    # distinct full prompt block plus every request's private blocks
-                    # (partial prompt block and output), give or take duplicates of
-                    # a prefix computed twice concurrently: an eighth more covers
-                    # every reference run by a wide margin
-                    private = int((pool_blocks - wl.input_len // bs).sum())
-                    resident = distinct_prompt_blocks[(id(wl), bs)] + private
-                    worker_arena = min(worker_arena, resident + resident // 8 + 64)
-            ws = slice(first_w, first_w + n_workers)
-            arena[ws] = min(pool_rank.num_gpu_blocks, worker_arena)
-            run_cap[ws] = min(pool_rank.max_num_seqs, per_worker) + 1
-            wait_cap[ws] = per_worker + 1
-            _rank_config(cfg_i, cfg_f, ws, pool_rank, sim.handoff_latency_ms)
+        for first, n_workers, pool in tpl.pools:
+            ws = slice(int(w_off[s]) + first, int(w_off[s]) + first + n_workers)
+            arena[ws], run_cap[ws], wait_cap[ws] = pool.arena, pool.run_cap, pool.wait_cap
+            cfg_i[ws] = pool.cfg_i
+            cfg_f[ws] = pool.cfg_f
     cfg = L.RankConfig(i64=cfg_i, f64=cfg_f)
 
-    lease_blocks = rq_i[:, L.RQ_LEASE_OFF].copy()
-    rq_i[:, L.RQ_LEASE_OFF] = np.concatenate([[0], np.cumsum(lease_blocks)[:-1]])
-    rq_i[:, L.RQ_STATUS] = L.RS_NOT_ARRIVED
-    rq_i[:, L.RQ_WORKER] = -1
-    rq_i[:, L.RQ_FIRST_CACHED] = -1
-    rq_i[:, L.RQ_TERM_NEXT] = -1
-    rq_i[:, L.RQ_LINK] = -1
-    n_k = int(lease_blocks.sum())
     rq = L.Requests(i64=rq_i, f64=rq_f, lease=np.full(n_k, L.NO_BLOCK, np.int32),
                     seq_hash=np.zeros(n_k, np.uint64))
 
@@ -285,7 +348,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         pass_log=np.zeros((n_sims, pass_log_rows, L.PL_NUM_COLUMNS)),
         hlog=np.zeros((n_sims, _handoff_log_rows(sims) if record_handoffs else 0, L.HL_NUM_COLUMNS)),
     )
-    max_lease = int(lease_blocks.max()) if n_q else 1
+    max_lease = max([t.max_lease_blocks for t in templates.values()], default=1)
     max_bs = int(cfg_i[:, L.CFG_BLOCK_SIZE].max())
     return cfg, pool, rq, workload, wk, sim_state, max_lease, max_bs
 
@@ -457,14 +520,15 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     for u, (s, _, _) in enumerate(owner):
         parts[s].append(u)
     stat = np.empty((len(sims),) + res.token_stat.shape[1:])
-    hist = np.empty((len(sims),) + res.token_hist.shape[1:], res.token_hist.dtype)
     for s in range(len(sims)):
         if len(parts[s]) == 1:  # not split: keep the row bit for bit
             stat[s] = res.token_stat[parts[s][0]]
-            hist[s] = res.token_hist[parts[s][0]]
         else:
             stat[s] = sketch_merge_rows(res.token_stat[parts[s]])
-            hist[s] = res.token_hist[parts[s]].sum(axis=0)
+    with _small_pages():
+        hist = np.zeros((len(sims),) + res.token_hist.shape[1:], res.token_hist.dtype)
+    sketch.add_hist_rows(hist, np.array([s for s, _, _ in owner], np.int64), res.token_stat,
+                         res.token_hist)
 
     def requests(s):
         if len(parts[s]) == 1 and owner[parts[s][0]][1] < 0:

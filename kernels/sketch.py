@@ -121,6 +121,26 @@ def sketch_bin(x):
 
 
 @njit(cache=True)
+def add_hist_rows(dst, dst_row, stat, hist):
+    """``dst[dst_row[u]] += hist[u]`` for every row u of ``hist`` (parts of one run
+    merged into its row), reading only the bins each stream of u can have touched:
+    those between the bins of its exact min and max (the bin mapping is monotone).
+    A run's gaps span a few hundred of the 18 816 bins, so this reads a few KiB
+    per row instead of 301 KiB."""
+    for u in range(hist.shape[0]):
+        r = dst_row[u]
+        for stream in range(2):
+            stat_base = ITL_STAT_BASE if stream == 0 else RATE_STAT_BASE
+            hist_base = ITL_HIST_BASE if stream == 0 else RATE_HIST_BASE
+            if stat[u, stat_base + STAT_COUNT] - stat[u, stat_base + STAT_ZERO_COUNT] <= 0:
+                continue  # nothing in the bins
+            lo = sketch_bin(max(stat[u, stat_base + STAT_MIN], SKETCH_MIN_INDEXABLE))
+            hi = sketch_bin(stat[u, stat_base + STAT_MAX])
+            for i in range(hist_base + lo, hist_base + hi + 1):
+                dst[r, i] += hist[u, i]
+
+
+@njit(cache=True)
 def percentile_rank(n, p):
     """0-based rank of percentile ``p`` (in percent) among ``n`` sorted samples.
 

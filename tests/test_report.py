@@ -426,3 +426,20 @@ def test_percentile_rank_is_round_half_up(n, p_int):
 def test_bin_value_within_alpha(x):
     v = sk.sketch_value(sk.sketch_key(x))
     assert abs(v - x) <= sk.SKETCH_ALPHA * x * (1.0 + 1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.just(0.0), st.floats(1e-9, 1e10)), max_size=30),
+                min_size=1, max_size=6),
+       st.integers(1, 3))
+def test_hist_rows_merge_reads_only_touched_bins(parts, n_runs):
+    """add_hist_rows over the bins between each row's min and max equals the dense sum."""
+    stat, hist = sk.token_stats_new(len(parts))
+    owner = np.array([u % n_runs for u in range(len(parts))], np.int64)
+    for u, gaps in enumerate(parts):
+        for gap in gaps:
+            sk.fold_gap(stat, hist, u, gap)
+    merged = np.zeros((n_runs, hist.shape[1]), hist.dtype)
+    sk.add_hist_rows(merged, owner, stat, hist)
+    for r in range(n_runs):
+        np.testing.assert_array_equal(merged[r], hist[owner == r].sum(axis=0))
