@@ -133,14 +133,17 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
             # step, in running order. A lease that must grow takes one fresh block
             # each; if the pool cannot give them all without preempting, the pass
             # is not a decode-only pass: stop before it.
-            growing = 0
-            for j in range(n):
-                q = wk.run_q[off + j]
-                computed = rq_i[q, RQ_NUM_COMPUTED] + pass_k
-                if computed > rq_i[q, RQ_FAST_LIMIT] and computed > _ceil_div(rq_i[q, RQ_ALLOCATED], bs) * bs:
-                    growing += 1
-            if growing > 0 and growing - num_free(p, w, capacity) > p.w64[w, PW_LRU_LEN]:
-                break
+            obtainable = num_free(p, w, capacity) + p.w64[w, PW_LRU_LEN]
+            if obtainable < n:  # else every request could grow: no need to count
+                growing = 0
+                for j in range(n):
+                    q = wk.run_q[off + j]
+                    computed = rq_i[q, RQ_NUM_COMPUTED] + pass_k
+                    if computed > rq_i[q, RQ_FAST_LIMIT] \
+                            and computed > _ceil_div(rq_i[q, RQ_ALLOCATED], bs) * bs:
+                        growing += 1
+                if growing > obtainable:
+                    break
             stamp = (wk.i64[w, WK_PASS_STAMP] + pass_k) * 65536 + (w % 65536) + 1
             next_event = k_last + 1
             for j in range(n):
