@@ -24,7 +24,8 @@ from numba import njit, prange
 from .decode_run import decode_run, quiet_until_ms
 from .disagg_loop import complete_disagg_pass, drain_actions, drain_transfers, next_transfer_ms
 from .layout import (
-    SIM_ARENA_FULL, SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH, SIM_RUNNING, SM_NUM_TERMINAL,
+    SIM_ARENA_FULL, SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH, SIM_RUNNING, SM_DECODE_RUN_PASSES,
+    SM_NUM_TERMINAL,
     SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN, SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS,
     SM_W_LEN, SM_W_OFF, WK_BUSY, WK_RUN_LEN, WK_STALLED, WK_WAIT_LEN,
 )
@@ -98,6 +99,7 @@ def run_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens
                             sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                             return
                         if n_passes > 0:
+                            sims.i64[s, SM_DECODE_RUN_PASSES] += n_passes
                             wk.i64[w, WK_BUSY] = 1
                             wk.pass_end_ms[w] = end_ms
                             changed = True

@@ -199,12 +199,14 @@ WK_FIELDS = 21
  SM_START_PTR, SM_HEAP_LEN, SM_ACTIVE_SESSIONS, SM_RR_CURSOR, SM_NUM_ARRIVED,
  SM_NUM_TERMINAL, SM_UUID_NEXT, SM_PASS_LOG_LEN, SM_RESUME_WORKER, SM_PREFILL_LEN,
  SM_DECODE_CURSOR, SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_XFER_LEN, SM_OPEN_HANDOFFS, SM_XFER_SEQ,
- SM_HLOG_LEN) = range(24)
-SM_FIELDS = 24
+ SM_HLOG_LEN, SM_DECODE_RUN_PASSES) = range(25)
+SM_FIELDS = 25
 # Disaggregated simulations: workers [W_OFF, W_OFF + PREFILL_LEN) are the prefill
 # pool, the rest the decode pool (0 prefill workers = aggregated). SM_ACTQ_*: the
 # FIFO handoff action queue (a ring in ``actq`` at Q_OFF); SM_XFER_LEN: transfers in
 # flight (a heap in ``xfer_heap`` at Q_OFF); SM_OPEN_HANDOFFS: sources not released.
+# SM_DECODE_RUN_PASSES: passes run inside decode runs (kernels.decode_run), of all
+# passes (the workers' WK_PASS_STAMP).
 # SM_RESUME_WORKER: a kernel call that returned to flush the pass log in the middle
 # of an instant's drive resumes the drive at this worker (-1: start a new drain).
 

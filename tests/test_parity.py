@@ -26,7 +26,10 @@ import pytest
 
 from aisim_fast.config import load_spec
 from aisim_fast.output import requests_in_uuid_order, summarize_aggregated_run
-from aisim_fast.replay import Simulation, SimulationError, run_batch, simulation_from_setup
+from aisim_fast.kernels import layout as L
+from aisim_fast.kernels.batch import replay_batch
+from aisim_fast.replay import (Simulation, SimulationError, build_state, run_batch,
+                               simulation_from_setup)
 from aisim_fast.workload import load_mooncake
 from parity_rules import ATOL, RTOL, as_key_part, as_number, within
 
@@ -279,3 +282,16 @@ def test_aggregated_summary_matches_reference_report(case):
                                        gpus_per_worker=setup.tensor_parallel_size, sla=setup.sla)
     golden = json.loads((golden_dir(case) / (case + ".report.json")).read_text())["report"]
     assert_summary_matches(summary, golden, [k for k in golden if k not in NOT_COMPARED])
+
+
+@pytest.mark.parametrize("case,at_least", [("1k_vllm_agg2", 0.8), ("1k_vllm_agg1_conc16", 0.7),
+                                           ("sess200_vllm_agg2", 0.9)])
+def test_most_passes_run_inside_decode_runs(case, at_least):
+    """The decode-run fast path (kernels/decode_run.py) carries most passes of these
+    runs (85%, 78% and 97% today), so losing it cannot go unnoticed; the parity tests
+    above hold those same runs to the reference."""
+    cfg, pool, rq, wl, wk, sims, max_lease, max_bs = build_state([simulation(case)], 0)
+    replay_batch(cfg, pool, rq, wl, wk, sims, np.arange(1), max_lease, max_bs)
+    assert sims.i64[0, L.SM_STATUS] == L.SIM_DONE
+    all_passes = wk.i64[:, L.WK_PASS_STAMP].sum()
+    assert sims.i64[0, L.SM_DECODE_RUN_PASSES] >= at_least * all_passes
