@@ -139,14 +139,8 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
     n = len(wl.input_len)
     bs = rank.block_size
     out = _effective_max_output(sim)
-    rq_i = _unplaced_rows(n)
-    rq_i[:, L.RQ_PROMPT_LEN] = wl.input_len
-    rq_i[:, L.RQ_MAX_OUTPUT] = out
-    rq_i[:, L.RQ_SRC_ROW] = table_rows[(id(wl), bs)] + np.arange(n)
-    rq_i[:, L.RQ_SESSION] = wl.session
-    rq_i[:, L.RQ_TURN] = wl.turn_index
     blocks = -(-(wl.input_len + out) // bs)
-    rq_i[:, L.RQ_LEASE_OFF] = np.cumsum(blocks) - blocks
+    rq_i = _unplaced_rows(wl, table_rows[(id(wl), bs)], out, blocks)
     rq_f = np.full((n, L.RQ_F_FIELDS), np.nan)
     rq_f[:, L.RQF_DELAY_MS] = wl.delay_ms
     rq_f[:, L.RQF_START_MS] = wl.start_ms
@@ -156,14 +150,9 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
     if sim.disaggregated:
         prank = sim.prefill_rank
         pblocks = -(-(wl.input_len + 1) // prank.block_size)
-        prefill_rq_i = _unplaced_rows(n)
-        prefill_rq_i[:, L.RQ_PROMPT_LEN] = wl.input_len
-        prefill_rq_i[:, L.RQ_MAX_OUTPUT] = 1  # the source computes the prompt and one hidden token
-        prefill_rq_i[:, L.RQ_SRC_ROW] = table_rows[(id(wl), prank.block_size)] + np.arange(n)
-        prefill_rq_i[:, L.RQ_SESSION] = wl.session
-        prefill_rq_i[:, L.RQ_TURN] = wl.turn_index
+        # the source computes the prompt and one hidden token
+        prefill_rq_i = _unplaced_rows(wl, table_rows[(id(wl), prank.block_size)], 1, pblocks)
         prefill_rq_i[:, L.RQ_NEXT_TURN] = -1
-        prefill_rq_i[:, L.RQ_LEASE_OFF] = np.cumsum(pblocks) - pblocks
         pools.append((0, sim.prefill_workers, prank, pblocks))
     pool_templates = []
     for first, n_workers, pool_rank, pool_blocks in pools:
@@ -198,9 +187,17 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
                         next_turn=_next_turns(wl), firsts=firsts, pools=tuple(pool_templates))
 
 
-def _unplaced_rows(n: int) -> np.ndarray:
-    """Request rows before arrival: nothing computed, no worker, no links."""
+def _unplaced_rows(wl: Workload, first_src_row: int, max_output, blocks: np.ndarray) -> np.ndarray:
+    """Request rows of a trace before arrival: prompt, output budget, trace row, session,
+    lease offsets from 0 (``blocks`` per row); nothing computed, no worker, no links."""
+    n = len(wl.input_len)
     rows = np.zeros((n, L.RQ_I_FIELDS), np.int64)
+    rows[:, L.RQ_PROMPT_LEN] = wl.input_len
+    rows[:, L.RQ_MAX_OUTPUT] = max_output
+    rows[:, L.RQ_SRC_ROW] = first_src_row + np.arange(n)
+    rows[:, L.RQ_SESSION] = wl.session
+    rows[:, L.RQ_TURN] = wl.turn_index
+    rows[:, L.RQ_LEASE_OFF] = np.cumsum(blocks) - blocks
     rows[:, L.RQ_STATUS] = L.RS_NOT_ARRIVED
     for col in (L.RQ_WORKER, L.RQ_FIRST_CACHED, L.RQ_TERM_NEXT, L.RQ_LINK, L.RQ_PEER):
         rows[:, col] = -1

@@ -88,7 +88,7 @@ def run_simulation(cfg, p, rq, wl, wk, sims, s, acc, hits, fresh, scratch_tokens
                         sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
                         return
                     if not disagg:
-                        # pure decode passes up to the next event, without walking the
+                        # decode passes up to the next event, without walking the
                         # running list per pass (kernels.decode_run)
                         end_ms, n_passes, arena_full = decode_run(
                             cfg, p, rq, wl, wk, sims, s, w, now_ms,

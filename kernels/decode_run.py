@@ -23,24 +23,21 @@ ending by then.
 import numpy as np
 from numba import njit
 
-from .block_pool import num_active, num_free
+from .block_pool import num_free
 from .layout import (
     CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS, CFGF_SPEEDUP_RATIO, CFG_BLOCK_SIZE,
     CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
-    CFG_ROLE, CFG_TIMING, PL_ACTIVE_BLOCKS, PL_END_MS, PL_INACTIVE_BLOCKS, PL_NUM_ADMITTED,
-    PL_NUM_DECODE_REQUESTS, PL_NUM_OUTPUT_TOKENS, PL_NUM_PREEMPTED, PL_NUM_PREFILL_REQUESTS,
-    PL_NUM_RUNNING, PL_NUM_WAITING, PL_START_MS, PL_SUM_DECODE_KV_TOKENS,
-    PL_SUM_PREFILL_KV_TOKENS, PL_SUM_PREFILL_TOKENS, PL_WORKER, PW_LRU_LEN, RQF_LAST_TOKEN_MS,
+    CFG_ROLE, CFG_TIMING, PW_LRU_LEN, RQF_LAST_TOKEN_MS,
     RQF_SECOND_TOKEN_MS, RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT,
     RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_SCHED_CLASS, RQ_SCHED_LEN, RQ_SCHED_PREFIX,
     RQ_SCHED_PROMPT, RQ_SCHED_STAMP, RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS, ROLE_AGGREGATED,
-    SM_PASS_LOG_LEN, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF, WK_STALLED,
+    SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF, WK_STALLED,
     WK_WAIT_LEN,
 )
 from .replay_loop import arrivals_due, next_release_ms
 from .sketch import fold_gap_run
 from .timing import decode_ns, ns_to_ms
-from .vllm_pass import ALLOC_ARENA_FULL, CLASS_DECODE, _ceil_div, _schedule
+from .vllm_pass import ALLOC_ARENA_FULL, CLASS_DECODE, _ceil_div, _schedule, append_pass_row
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -165,7 +162,8 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
         end_ms = (start_ms + 0.0) + ns_to_ms(dc_ns)
         fold_gap_run(sims.token_stat, sims.token_hist, s, end_ms - start_ms, n)
         if log_on:
-            _log_decode_pass(p, wk, sims, s, w, start_ms, end_ms, n, kv_tokens)
+            # a decode pass: n decode requests, n tokens, nothing else
+            append_pass_row(p, wk, sims, s, w, start_ms, end_ms, 0, 0, 0, n, kv_tokens, 0, 0, n)
         if k == 0:
             first_end_ms = end_ms
         kv_tokens += n
@@ -197,25 +195,3 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
         rq_i[q, RQ_SCHED_CLASS] = CLASS_DECODE
     return end_ms, k, False
 
-
-@njit(cache=True, _nrt=False)
-def _log_decode_pass(p, wk, sims, s, w, start_ms, end_ms, n, kv_tokens):
-    """The ForwardPassMetrics row ``vllm_pass._log_pass`` writes for a pure decode pass."""
-    row = sims.i64[s, SM_PASS_LOG_LEN]
-    sims.i64[s, SM_PASS_LOG_LEN] = row + 1
-    log = sims.pass_log[s, row]
-    log[PL_WORKER] = w - sims.i64[s, SM_W_OFF]
-    log[PL_START_MS] = start_ms
-    log[PL_END_MS] = end_ms
-    log[PL_NUM_PREFILL_REQUESTS] = 0
-    log[PL_SUM_PREFILL_TOKENS] = 0
-    log[PL_SUM_PREFILL_KV_TOKENS] = 0
-    log[PL_NUM_DECODE_REQUESTS] = n
-    log[PL_SUM_DECODE_KV_TOKENS] = kv_tokens
-    log[PL_NUM_ADMITTED] = 0
-    log[PL_NUM_PREEMPTED] = 0
-    log[PL_NUM_OUTPUT_TOKENS] = n
-    log[PL_NUM_RUNNING] = n
-    log[PL_NUM_WAITING] = wk.i64[w, WK_WAIT_LEN]
-    log[PL_ACTIVE_BLOCKS] = num_active(p, w)
-    log[PL_INACTIVE_BLOCKS] = p.w64[w, PW_LRU_LEN]

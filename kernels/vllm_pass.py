@@ -691,11 +691,8 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
 @njit(cache=True, _nrt=False)
 def _log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens, n_preempted):
     """Append this pass's ForwardPassMetrics row to simulation s's pass log."""
-    row = sims.i64[s, SM_PASS_LOG_LEN]
-    if row >= sims.pass_log.shape[1]:
+    if sims.i64[s, SM_PASS_LOG_LEN] >= sims.pass_log.shape[1]:
         return
-    sims.i64[s, SM_PASS_LOG_LEN] = row + 1
-    log = sims.pass_log[s, row]
     n_pf = 0
     pf_tokens = 0
     pf_kv = 0
@@ -725,6 +722,18 @@ def _log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens
                 n_dc += 1
                 dc_kv += rq.i64[q, RQ_SCHED_LEN]
         q = rq.i64[q, RQ_TERM_NEXT]
+    append_pass_row(p, wk, sims, s, w, start_ms, end_ms, n_pf, pf_tokens, pf_kv, n_dc, dc_kv,
+                    acc[5], n_preempted, n_tokens)
+
+
+@njit(cache=True, _nrt=False)
+def append_pass_row(p, wk, sims, s, w, start_ms, end_ms, n_pf, pf_tokens, pf_kv, n_dc, dc_kv,
+                    n_admitted, n_preempted, n_tokens):
+    """Append one ForwardPassMetrics row (the caller checked there is room); queue
+    lengths and block counts are read as the pass leaves them."""
+    row = sims.i64[s, SM_PASS_LOG_LEN]
+    sims.i64[s, SM_PASS_LOG_LEN] = row + 1
+    log = sims.pass_log[s, row]
     log[PL_WORKER] = w - sims.i64[s, SM_W_OFF]
     log[PL_START_MS] = start_ms
     log[PL_END_MS] = end_ms
@@ -733,7 +742,7 @@ def _log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens
     log[PL_SUM_PREFILL_KV_TOKENS] = pf_kv
     log[PL_NUM_DECODE_REQUESTS] = n_dc
     log[PL_SUM_DECODE_KV_TOKENS] = dc_kv
-    log[PL_NUM_ADMITTED] = acc[5]
+    log[PL_NUM_ADMITTED] = n_admitted
     log[PL_NUM_PREEMPTED] = n_preempted
     log[PL_NUM_OUTPUT_TOKENS] = n_tokens
     log[PL_NUM_RUNNING] = wk.i64[w, WK_RUN_LEN]

@@ -1,21 +1,27 @@
 """Nanosecond quantization of the timing models (kernels/timing.py)."""
 
+import sys
+from pathlib import Path
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aisim_fast.kernels.timing import EXACT_ROUND_TRIP_NS, NS_PER_S, modeled_ns, secs_to_ns
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from oracle import ns_to_secs  # noqa: E402
+
 
 def round_trip_ns(ns: int) -> int:
     """A Duration to f64 seconds and back, as the reference's second quantization does it."""
-    return int(secs_to_ns(float(ns // NS_PER_S) + float(ns % NS_PER_S) / 1e9))
+    return int(secs_to_ns(ns_to_secs(ns)))
 
 
 def two_step_ns(raw_ms: float, ratio: float) -> int:
     """modeled_ns without its ratio-1 shortcut."""
     ns = int(secs_to_ns(raw_ms / 1000.0))
     if ratio > 0.0 and ns > 0:
-        ns = int(secs_to_ns((float(ns // NS_PER_S) + float(ns % NS_PER_S) / 1e9) / ratio))
+        ns = int(secs_to_ns(ns_to_secs(ns) / ratio))
     return ns
 
 
