@@ -31,6 +31,7 @@ from pathlib import Path
 
 from aisim_fast import __version__
 from aisim_fast.config import (
+    PLACEMENTS,
     SIMULATED_BACKENDS,
     ConfigError,
     ReplaySetup,
@@ -47,7 +48,8 @@ from aisim_fast.output import (
     write_run,
 )
 from aisim_fast.handoff_audit import audit_handoffs, audited_runs
-from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup
+from aisim_fast.kernels import compile_notice
+from aisim_fast.replay import Simulation, SimulationError, run_batch, simulation_from_setup
 from aisim_fast.workload import TraceError, default_trace_path, load_mooncake
 
 PROG = "aisim-fast"
@@ -67,7 +69,8 @@ DISAGG_FLAGS = (("prefill_workers", "--prefill-workers"), ("decode_workers", "--
 NO_SPEC_FLAGS = (("backend", "--backend"), ("workers", "--workers"),
                  ("engine_args", "--engine-args"), ("concurrency", "--concurrency"),
                  ("trace_block_size", "--trace-block-size"),
-                 ("arrival_speedup_ratio", "--arrival-speedup-ratio")) + DISAGG_FLAGS
+                 ("arrival_speedup_ratio", "--arrival-speedup-ratio"),
+                 ("placement", "--placement"), ("placement_seed", "--placement-seed")) + DISAGG_FLAGS
 DEFAULT_TRACE_BLOCK_SIZE = 512
 DEFAULT_ARRIVAL_SPEEDUP_RATIO = 1.0
 
@@ -121,12 +124,44 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"tokens per trace hash id (default {DEFAULT_TRACE_BLOCK_SIZE})")
     replay.add_argument("--arrival-speedup-ratio", type=float, metavar="RATIO",
                         help="divide trace timestamps and think times by RATIO (default 1.0)")
+    replay.add_argument("--placement", choices=PLACEMENTS,
+                        help="worker placement (default round_robin, the reference's; random: "
+                             "uniform from a seeded generator)")
+    replay.add_argument("--placement-seed", type=int, metavar="N",
+                        help="seed of --placement random (default 0)")
     replay.add_argument("--out", required=True, metavar="DIR", help="output folder")
     replay.add_argument("--overwrite", action="store_true",
                         help="replace an existing output folder of an earlier run")
     replay.add_argument("--no-passes", action="store_true",
                         help="do not record forward passes (no passes.parquet)")
+    warmup = commands.add_parser(
+        "warmup", help="compile the kernels into the on-disk cache (for images and CI)",
+        description="Compile (or load from the cache) the kernels a replay uses, by running "
+                    "a few requests of the bundled trace on every backend, so that later runs "
+                    "start at once.")
+    warmup.add_argument("--topology", choices=("aggregated", "disaggregated", "all"), default="all",
+                        help="which replay kernels (default all)")
     return parser
+
+
+def run_warmup(args) -> None:
+    """Compile the chosen topologies' kernels: a tiny batch with every simulated backend."""
+    topologies = ("aggregated", "disaggregated") if args.topology == "all" else (args.topology,)
+    compile_notice(["trace", *topologies])
+    workload = load_mooncake(default_trace_path(), max_rows=8)
+    for topology in topologies:
+        start_s = time.perf_counter()
+        sims = []
+        for backend in SIMULATED_BACKENDS:
+            if topology == "aggregated":
+                sims.append(Simulation(workload, parse_rank({"backend": backend}), workers=2))
+            else:
+                sims.append(Simulation(
+                    workload, parse_rank({"backend": backend, "worker_type": "decode"}), workers=1,
+                    prefill_rank=parse_rank({"backend": backend, "worker_type": "prefill"}),
+                    prefill_workers=1))
+        run_batch(sims, record_passes=True).check()
+        print(f"{topology:14s} ready ({time.perf_counter() - start_s:.1f} s)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -269,8 +304,14 @@ def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
     trace = args.trace if args.trace is not None else args.trace_flag
     default_trace = trace is None
     trace_path = str(default_trace_path() if default_trace else Path(trace))
+    if args.placement_seed is not None and args.placement != "random":
+        raise UsageError("--placement-seed needs --placement random")
+    if args.placement_seed is not None and not 0 <= args.placement_seed < 2 ** 63:
+        raise ConfigError(f"--placement-seed: must be an integer in [0, 2**63), got {args.placement_seed}")
     setup = ReplaySetup(trace_path=trace_path, trace_block_size=block_tokens,
-                        arrival_speedup_ratio=ratio, concurrency=concurrency, sla={}, **topology)
+                        arrival_speedup_ratio=ratio, concurrency=concurrency, sla={},
+                        placement=args.placement or "round_robin",
+                        placement_seed=args.placement_seed or 0, **topology)
     return setup, 1, {"mode": "flags", "default_trace": default_trace}
 
 
@@ -309,6 +350,7 @@ def run_replay(args) -> dict:
         setup, gpus_per_worker, source = _setup_from_flags(args)
     # refuse a bad --out before spending time on the simulation (checked again at write)
     check_out_dir(args.out, args.overwrite)
+    compile_notice(["trace", "disaggregated" if setup.disaggregated else "aggregated"])
     workload = _load_trace(setup)
 
     compile_start_s = time.perf_counter()
@@ -318,7 +360,7 @@ def run_replay(args) -> dict:
     record_passes = not args.no_passes
     run_start_s = time.perf_counter()
     simulation = simulation_from_setup(setup, workload)
-    result = run_batch([simulation], record_passes=record_passes)
+    result = run_batch([simulation], record_passes=record_passes).check()
     # floored so the per-wall-second rates stay finite on a clock with coarse ticks
     wall_time_ms = max((time.perf_counter() - run_start_s) * MS_PER_S, 1e-6)
 
@@ -418,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help / --version
         return exc.code if isinstance(exc.code, int) else EXIT_OK
     try:
+        if args.command == "warmup":
+            run_warmup(args)
+            return EXIT_OK
         outcome = run_replay(args)
     except (UsageError, ConfigError, TraceError, SimulationError, OutputError) as exc:
         return _fail(str(exc))

@@ -22,6 +22,8 @@ TIMING_TYPES = ("polynomial", "fixed")
 PREEMPTION_MODES = ("lifo", "fifo")
 TRANSFER_MODES = ("full_prompt", "destination_missing")
 WORKER_TYPES = ("aggregated", "prefill", "decode")
+# placement providers (kernels.placement); the reference has round_robin only
+PLACEMENTS = ("round_robin", "random")
 
 
 class ConfigError(ValueError):
@@ -207,6 +209,8 @@ class ReplaySetup:
     prefill_workers: int = 0
     prefill_tensor_parallel_size: int = 1
     handoff_latency_ms: float = 0.0      # transfer delay when the timing model is incomplete
+    placement: str = "round_robin"       # one of PLACEMENTS
+    placement_seed: int = 0              # generator seed of the random placement
 
     @property
     def disaggregated(self) -> bool:
@@ -273,8 +277,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
                                       topo.get("handoff_latency_ms", 0.0)),
         )
     adapters = _obj("spec.adapters", spec.get("adapters"))
-    placement = _obj("spec.adapters.placement", adapters.get("placement")).get("provider", "round_robin")
-    _choice("spec.adapters.placement.provider", placement, ("round_robin",))
+    placement, placement_seed = parse_placement(adapters.get("placement"), "spec.adapters.placement")
     if spec.get("max_sim_time_ms") is not None:
         _fail("spec.max_sim_time_ms", "a simulated-time cap is not supported yet; use null")
     if spec.get("requests"):
@@ -317,8 +320,57 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         concurrency=concurrency,
         sla={k: float(v) for k, v in sla.items() if v is not None},
         tensor_parallel_size=tp,
+        placement=placement,
+        placement_seed=placement_seed,
         **disagg,
     )
+
+
+def parse_placement(raw: Any, path: str) -> tuple[str, int]:
+    """``{"provider": "round_robin" | "random", "config": {"seed": N}}`` (absent =
+    round robin) -> (provider, seed)."""
+    placement = _obj(path, raw)
+    for key in placement:
+        if key not in ("provider", "config"):
+            _fail(f"{path}.{key}", "unknown field; allowed: config, provider")
+    provider = _choice(f"{path}.provider", placement.get("provider", "round_robin"), PLACEMENTS)
+    config = _obj(f"{path}.config", placement.get("config"))
+    allowed = ("seed",) if provider == "random" else ()
+    for key in config:
+        if key not in allowed:
+            _fail(f"{path}.config.{key}", f"unknown field for placement {provider!r}; allowed: "
+                                          + (", ".join(allowed) or "none"))
+    return provider, _int(f"{path}.config.seed", config.get("seed", 0), 0)
+
+
+def check_rank(rank: RankConfig, path: str = "rank") -> None:
+    """Validate a RankConfig built in code (``parse_rank`` validates what it parses):
+    the same field rules, raised as ConfigError naming the field."""
+    if not isinstance(rank, RankConfig):
+        _fail(path, f"must be a RankConfig, got {type(rank).__name__}")
+    backend = _choice(f"{path}.backend", rank.backend, BACKENDS)
+    if backend not in SIMULATED_BACKENDS:
+        _fail(f"{path}.backend", f"{backend!r} is not simulated yet; use one of {', '.join(SIMULATED_BACKENDS)}")
+    _int(f"{path}.num_gpu_blocks", rank.num_gpu_blocks, 1)
+    _int(f"{path}.block_size", rank.block_size, 2)
+    _int(f"{path}.max_num_seqs", rank.max_num_seqs, 1)
+    _int(f"{path}.max_num_batched_tokens", rank.max_num_batched_tokens, 1)
+    if rank.max_model_len is not None:
+        _int(f"{path}.max_model_len", rank.max_model_len, 1)
+    _bool(f"{path}.enable_prefix_caching", rank.enable_prefix_caching)
+    _bool(f"{path}.enable_chunked_prefill", rank.enable_chunked_prefill)
+    _choice(f"{path}.preemption_mode", rank.preemption_mode, PREEMPTION_MODES)
+    _float(f"{path}.speedup_ratio", rank.speedup_ratio)
+    _float(f"{path}.decode_speedup_ratio", rank.decode_speedup_ratio)
+    _choice(f"{path}.worker_type", rank.worker_type, WORKER_TYPES)
+    _choice(f"{path}.timing_model", rank.timing_model, TIMING_TYPES)
+    _float(f"{path}.fixed_prefill_ms", rank.fixed_prefill_ms)
+    _float(f"{path}.fixed_decode_ms", rank.fixed_decode_ms)
+    if rank.kv_transfer_bandwidth is not None:
+        _float(f"{path}.kv_transfer_bandwidth", rank.kv_transfer_bandwidth)
+    if rank.kv_transfer_bytes_per_token is not None:
+        _int(f"{path}.kv_transfer_bytes_per_token", rank.kv_transfer_bytes_per_token, 1)
+    _choice(f"{path}.kv_transfer_timing_mode", rank.kv_transfer_timing_mode, TRANSFER_MODES)
 
 
 def _pool_workers(path: str, raw: Any) -> int:

@@ -233,7 +233,7 @@ def conformance_record(backend: str = "vllm") -> NormalizedHandoffConformance:
                                      "hash_ids": [1, 2]}) + "\n")
         workload = load_mooncake(trace, trace_block_size=FIXTURE_BLOCK_SIZE)
     sim = Simulation(workload, ranks["decode"], 1, prefill_rank=ranks["prefill"], prefill_workers=1)
-    result = run_batch([sim], record_handoffs=True)
+    result = run_batch([sim], record_handoffs=True).check()
     audit_handoffs(audited_runs([sim], result))
     request = result.requests[0].iloc[0]
     journal = result.handoffs[0]

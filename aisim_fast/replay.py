@@ -3,7 +3,7 @@ kernels' structure-of-arrays state, advances the whole batch in compiled code, a
 turns the state back into per-request and per-pass tables.
 
 One ``run_batch`` call = one kernel call per flush of the pass log (usually one):
-every simulation runs its complete event loop inside ``kernels.replay_loop``.
+every simulation runs its complete event loop inside ``kernels.event_loop``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from aisim_fast.config import RankConfig, ReplaySetup
+from aisim_fast.config import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, check_disaggregated_pair,
+                               check_rank)
+from aisim_fast.kernels import compile_notice
 from aisim_fast.kernels import layout as L
 from aisim_fast.kernels import sketch
 from aisim_fast.report import sketch_merge_rows
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
-from aisim_fast.kernels.batch import replay_batch
+from aisim_fast.kernels.event_loop import replay_batch
 from aisim_fast.workload import Workload, load_mooncake
 
 try:
@@ -33,7 +35,17 @@ DEFAULT_PASS_LOG_ROWS = 65536
 
 
 class SimulationError(RuntimeError):
-    """A simulation that cannot finish (the reference aborts on the same condition)."""
+    """A simulation that could not finish (dead end: the reference aborts on the same
+    condition; an invalid config; a capacity limit). ``run_batch`` does not raise it:
+    it reports a status per simulation, and reading a failed simulation's results
+    (or ``BatchResult.check()``) raises it with the simulation's message."""
+
+
+# Per-simulation outcome of run_batch (``BatchResult.status[s]``)
+STATUS_OK = "ok"
+STATUS_DEAD_END = "dead_end"              # requests in flight that can never be scheduled
+STATUS_REJECTED_CONFIG = "rejected_config"  # the simulation's config is invalid; not run
+STATUS_CAPACITY = "capacity"              # a fixed-size queue (queue_slots) overflowed
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,11 @@ class Simulation:
     prefill_rank: RankConfig | None = None
     prefill_workers: int = 0
     handoff_latency_ms: float = 0.0
+    placement: str = "round_robin"   # config.PLACEMENTS (kernels.placement)
+    placement_seed: int = 0
+    # per-worker running/waiting queue slots; None = sized for the placement (a run
+    # that overflows them is rerun with room for every request)
+    queue_slots: int | None = None
 
     @property
     def disaggregated(self) -> bool:
@@ -56,6 +73,9 @@ class Simulation:
 
 @dataclass
 class BatchResult:
+    """Results of a batch, indexed by simulation. ``status[s]`` is ``ok`` or a failure
+    (STATUS_*) with ``error[s]`` saying why; the frames of a failed simulation raise
+    SimulationError when read, the other simulations' results are intact."""
     requests: Sequence[pd.DataFrame]   # one frame per simulation, one row per request (built on access)
     passes: Sequence[pd.DataFrame]     # one frame per simulation, one row per forward pass
     token_stat: np.ndarray             # float64[s, TOKEN_STAT_WIDTH]
@@ -67,6 +87,15 @@ class BatchResult:
     handoffs: Sequence[pd.DataFrame] = ()
     # per simulation: what is still held when it finished (see ``_leftovers``)
     leftovers: Sequence[dict] = ()
+    status: Sequence[str] = ()         # STATUS_* per simulation
+    error: Sequence[str] = ()          # "" when ok, else what went wrong
+
+    def check(self) -> "BatchResult":
+        """Raise SimulationError for the first simulation that did not finish."""
+        for message in self.error:
+            if message:
+                raise SimulationError(message)
+        return self
 
 
 def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) -> Simulation:
@@ -75,7 +104,34 @@ def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) 
                                  arrival_speedup_ratio=setup.arrival_speedup_ratio)
     return Simulation(workload, setup.rank, setup.workers, setup.concurrency,
                       prefill_rank=setup.prefill_rank, prefill_workers=setup.prefill_workers,
-                      handoff_latency_ms=setup.handoff_latency_ms)
+                      handoff_latency_ms=setup.handoff_latency_ms, placement=setup.placement,
+                      placement_seed=setup.placement_seed)
+
+
+def check_simulation(sim: Simulation) -> None:
+    """Validate a simulation built in code; raises ConfigError naming the field."""
+    if not isinstance(sim.workers, (int, np.integer)) or sim.workers < 1:
+        raise ConfigError(f"workers: must be an integer >= 1, got {sim.workers!r}")
+    if sim.concurrency < 0:
+        raise ConfigError(f"concurrency: must be >= 0 (0 = open loop), got {sim.concurrency!r}")
+    check_rank(sim.rank, "rank")
+    if sim.disaggregated:
+        if sim.prefill_rank is None:
+            raise ConfigError("prefill_rank: required with prefill_workers > 0")
+        check_rank(sim.prefill_rank, "prefill_rank")
+        check_disaggregated_pair(sim.prefill_rank, sim.rank, "rank")
+    elif sim.prefill_workers < 0:
+        raise ConfigError(f"prefill_workers: must be >= 0, got {sim.prefill_workers!r}")
+    if sim.placement not in PLACEMENTS:
+        raise ConfigError(f"placement: must be one of {', '.join(PLACEMENTS)}; got {sim.placement!r}")
+    if not 0 <= sim.placement_seed < 2 ** 63:
+        raise ConfigError(f"placement_seed: must be in [0, 2**63), got {sim.placement_seed!r}")
+    if sim.queue_slots is not None and sim.queue_slots < 1:
+        raise ConfigError(f"queue_slots: must be >= 1 or None, got {sim.queue_slots!r}")
+    if sim.arena_blocks is not None and sim.arena_blocks < 1:
+        raise ConfigError(f"arena_blocks: must be >= 1 or None, got {sim.arena_blocks!r}")
+    if len(sim.workload.input_len) == 0:
+        raise ConfigError("workload: the trace has no requests")
 
 
 def _pow2_at_least(n: int) -> int:
@@ -157,6 +213,8 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
     pool_templates = []
     for first, n_workers, pool_rank, pool_blocks in pools:
         per_worker = -(-n // n_workers) + 1
+        queued = (_default_queue_slots(n, n_workers, sim.placement) if sim.queue_slots is None
+                  else sim.queue_slots) - 1
         if sim.arena_blocks is not None:
             worker_arena = sim.arena_blocks
         else:
@@ -178,13 +236,24 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
         _rank_config(cfg_i, cfg_f, slice(0, 1), pool_rank, sim.handoff_latency_ms)
         pool_templates.append((first, n_workers, _PoolTemplate(
             arena=min(pool_rank.num_gpu_blocks, worker_arena),
-            run_cap=min(pool_rank.max_num_seqs, per_worker) + 1, wait_cap=per_worker + 1,
+            run_cap=min(pool_rank.max_num_seqs, queued) + 1, wait_cap=queued + 1,
             cfg_i=cfg_i[0], cfg_f=cfg_f[0])))
     firsts = wl.order if sim.concurrency == 0 else np.flatnonzero(wl.turn_index == 0)
     return _SimTemplate(rq_i=rq_i, rq_f=rq_f, lease_entries=int(blocks.sum()),
                         prefill_rq_i=prefill_rq_i, prefill_lease_entries=int(pblocks.sum()),
                         max_lease_blocks=int(max(blocks.max(initial=1), pblocks.max(initial=1))),
                         next_turn=_next_turns(wl), firsts=firsts, pools=tuple(pool_templates))
+
+
+def _default_queue_slots(n: int, n_workers: int, placement: str) -> int:
+    """Running/waiting slots per worker for n requests: round robin gives a worker at
+    most ceil(n / N) of them; another placement may give it more, and half as much
+    again covers a random one nearly always (a run that overflows is rerun with room
+    for all n, SIM_CAPACITY)."""
+    per_worker = -(-n // n_workers) + 1
+    if placement == "round_robin":
+        return per_worker + 1
+    return min(n, per_worker + per_worker // 2 + 8) + 1
 
 
 def _unplaced_rows(wl: Workload, first_src_row: int, max_output, blocks: np.ndarray) -> np.ndarray:
@@ -321,6 +390,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     wk_i[:, L.WK_RUN_OFF] = np.concatenate([[0], np.cumsum(run_cap)[:-1]])
     wk_i[:, L.WK_WAIT_OFF] = np.concatenate([[0], np.cumsum(wait_cap)[:-1]])
     wk_i[:, L.WK_WAIT_CAP] = wait_cap
+    wk_i[:, L.WK_RUN_CAP] = run_cap
     for col in (L.WK_TERM_HEAD, L.WK_TERM_TAIL, L.WK_PEND_HEAD, L.WK_PEND_TAIL, L.WK_DEFER_HEAD,
                 L.WK_DEFER_TAIL):
         wk_i[:, col] = -1
@@ -335,6 +405,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     sm_i[:, L.SM_UUID_NEXT] = 1
     sm_i[:, L.SM_RESUME_WORKER] = -1
     sm_i[:, L.SM_PREFILL_LEN] = [sim.prefill_workers for sim in sims]
+    sm_i[:, L.SM_PLACEMENT] = [L.PLACEMENT_NAMES.index(sim.placement) for sim in sims]
+    sm_i[:, L.SM_RNG_STATE] = [sim.placement_seed for sim in sims]
     with _small_pages():
         token_stat, token_hist = sketch.token_stats_new(n_sims)
     sim_state = L.Sims(
@@ -492,16 +564,30 @@ def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.
 
 def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
               record_passes: bool = True, record_handoffs: bool = False) -> BatchResult:
-    """Run every simulation to completion. Raises SimulationError for a dead end.
+    """Run every simulation to completion; ``status[s]`` / ``error[s]`` of the result say
+    how each ended (a failed one does not affect the others). Raises only for
+    programming errors.
 
-    An open-loop, single-turn aggregated simulation is split into one unit per
-    worker: round-robin placement sends arrival i to worker i mod N whatever the
-    state, and aggregated workers share nothing else, so the workers are
-    independent simulations and run on separate threads. Results are merged back
-    per simulation (token-gap statistics with Chan's merge)."""
+    A simulation whose config is invalid is not run (``rejected_config``). One that
+    outgrows its block arena estimate or its placement's queue sizing is rerun alone
+    with room for everything, transparently. An open-loop, single-turn, round-robin
+    aggregated simulation is split into one unit per worker: round-robin placement
+    sends arrival i to worker i mod N whatever the state, and aggregated workers share
+    nothing else, so the workers are independent simulations and run on separate
+    threads. Results are merged back per simulation (token-gap statistics with Chan's
+    merge)."""
+    n_sims = len(sims)
+    status = [STATUS_OK] * n_sims
+    error = [""] * n_sims
     units: list[Simulation] = []
     owner: list[tuple[int, int, np.ndarray | None]] = []  # (simulation, worker, rows)
     for s, sim in enumerate(sims):
+        try:
+            check_simulation(sim)
+        except ConfigError as exc:
+            status[s] = STATUS_REJECTED_CONFIG
+            error[s] = f"simulation {s}: invalid config: {exc}"
+            continue
         shards = _worker_shards(sim)
         if shards is None:
             units.append(sim)
@@ -510,24 +596,31 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
             for w, (rows, unit) in enumerate(shards):
                 units.append(unit)
                 owner.append((s, w, rows))
-    if all(w < 0 for _, w, _ in owner):
-        return _run_units(sims, pass_log_rows, record_passes, list(range(len(sims))), record_handoffs)
-    res = _run_units(units, pass_log_rows, record_passes, [s for s, _, _ in owner], record_handoffs)
+    res = _run_units_resized(units, pass_log_rows, record_passes, [s for s, _, _ in owner],
+                             record_handoffs)
     parts: list[list[int]] = [[] for _ in sims]
     for u, (s, _, _) in enumerate(owner):
         parts[s].append(u)
-    stat = np.empty((len(sims),) + res.token_stat.shape[1:])
-    for s in range(len(sims)):
+        if res.status[u] != STATUS_OK and status[s] == STATUS_OK:
+            status[s], error[s] = res.status[u], res.error[u]
+
+    with _small_pages():
+        stat, hist = sketch.token_stats_new(n_sims)
+    for s in range(n_sims):
         if len(parts[s]) == 1:  # not split: keep the row bit for bit
             stat[s] = res.token_stat[parts[s][0]]
-        else:
+        elif parts[s]:
             stat[s] = sketch_merge_rows(res.token_stat[parts[s]])
-    with _small_pages():
-        hist = np.zeros((len(sims),) + res.token_hist.shape[1:], res.token_hist.dtype)
-    sketch.add_hist_rows(hist, np.array([s for s, _, _ in owner], np.int64), res.token_stat,
-                         res.token_hist)
+    if units:
+        sketch.add_hist_rows(hist, np.array([s for s, _, _ in owner], np.int64), res.token_stat,
+                             res.token_hist)
+
+    def failed(s):
+        if status[s] != STATUS_OK:
+            raise SimulationError(error[s])
 
     def requests(s):
+        failed(s)
         if len(parts[s]) == 1 and owner[parts[s][0]][1] < 0:
             return res.requests[parts[s][0]]
         frames = []
@@ -541,28 +634,38 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         return pd.concat(frames).sort_index().reset_index(drop=True)
 
     def passes(s):
+        failed(s)
+        if len(parts[s]) == 1 and owner[parts[s][0]][1] < 0:
+            return res.passes[parts[s][0]]
         frames = []
         for u in parts[s]:
             frame = res.passes[u].copy()
-            if owner[u][1] >= 0:
-                frame["worker"] = owner[u][1]
+            frame["worker"] = owner[u][1]
             frames.append(frame)
         merged = pd.concat(frames, ignore_index=True)
         return merged.sort_values(["start_ms", "worker"], kind="stable", ignore_index=True)
 
-    end_ms = np.array([res.end_ms[parts[s]].max() for s in range(len(sims))])
-    # only aggregated simulations are split: they have no handoffs
-    no_handoffs = _LazyFrames(len(sims), lambda s: _handoff_frame(sims[s], np.zeros((0, L.HL_NUM_COLUMNS))))
-    leftovers = [_merge_leftovers([res.leftovers[u] for u in parts[s]]) for s in range(len(sims))]
-    return BatchResult(_LazyFrames(len(sims), requests), _LazyFrames(len(sims), passes),
-                       stat, hist, res.kernel_calls, end_ms, no_handoffs, leftovers)
+    def handoffs(s):
+        failed(s)
+        if len(parts[s]) == 1 and owner[parts[s][0]][1] < 0:
+            return res.handoffs[parts[s][0]]
+        # only aggregated simulations are split: they have no handoffs
+        return _handoff_frame(sims[s], np.zeros((0, L.HL_NUM_COLUMNS)))
+
+    end_ms = np.array([res.end_ms[parts[s]].max() if parts[s] else np.nan for s in range(n_sims)])
+    leftovers = [_merge_leftovers([res.leftovers[u] for u in parts[s]]) if parts[s] else {}
+                 for s in range(n_sims)]
+    return BatchResult(_LazyFrames(n_sims, requests), _LazyFrames(n_sims, passes),
+                       stat, hist, res.kernel_calls, end_ms, _LazyFrames(n_sims, handoffs),
+                       leftovers, status, error)
 
 
 def _worker_shards(sim: Simulation):
     """Per-worker sub-simulations of an open-loop single-turn aggregated run, or
     None when its workers interact (closed loop, sessions) or there is one."""
     wl = sim.workload
-    if sim.disaggregated or sim.workers == 1 or sim.concurrency or np.any(wl.turn_index != 0):
+    if sim.disaggregated or sim.workers == 1 or sim.concurrency or sim.placement != "round_robin" \
+            or np.any(wl.turn_index != 0):
         return None
     key = (id(wl), sim.workers)
     cached = _SHARD_CACHE.get(key)
@@ -570,7 +673,8 @@ def _worker_shards(sim: Simulation):
         cached = (wl, [_sub_workload(wl, wl.order[w::sim.workers]) for w in range(sim.workers)])
         _SHARD_CACHE.clear()  # one trace at a time is the common case; keep memory flat
         _SHARD_CACHE[key] = cached
-    return [(sub.line_no_rows, Simulation(sub.workload, sim.rank, 1, 0, sim.arena_blocks))
+    return [(sub.line_no_rows, Simulation(sub.workload, sim.rank, 1, 0, sim.arena_blocks,
+                                          queue_slots=sim.queue_slots))
             for sub in cached[1]]
 
 
@@ -599,50 +703,118 @@ def _sub_workload(wl: Workload, rows: np.ndarray) -> _Shard:
     return _Shard(sub, rows)
 
 
+@dataclass
+class _UnitResults:
+    """Results of independent units (whole simulations or worker shards), by unit."""
+    status: list          # STATUS_* per unit, or the kernel's "arena_full" / "capacity"
+    error: list
+    requests: Sequence
+    passes: Sequence
+    handoffs: Sequence
+    leftovers: list
+    token_stat: np.ndarray
+    token_hist: np.ndarray
+    end_ms: np.ndarray
+    kernel_calls: int
+
+
+def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
+                       sim_names: list[int], record_handoffs: bool) -> _UnitResults:
+    """``_run_units``, then the units that outgrew their block arena estimate or their
+    queue sizing rerun alone with room for everything; their results replace the
+    failed ones. A unit with a fixed ``queue_slots`` that overflowed keeps the
+    ``capacity`` status."""
+    res = _run_units(units, pass_log_rows, record_passes, sim_names, record_handoffs)
+    redo: list[int] = []
+    fixed: list[Simulation] = []
+    for u, (unit, status) in enumerate(zip(units, res.status)):
+        if status == "arena_full":
+            fixed.append(dataclasses.replace(unit, arena_blocks=max(
+                unit.rank.num_gpu_blocks, unit.prefill_rank.num_gpu_blocks if unit.disaggregated else 0)))
+        elif status == STATUS_CAPACITY and unit.queue_slots is None:
+            fixed.append(dataclasses.replace(unit, queue_slots=len(unit.workload.input_len) + 1))
+        else:
+            continue
+        redo.append(u)
+    if not redo:
+        return res
+    again = _run_units(fixed, pass_log_rows, record_passes, [sim_names[u] for u in redo],
+                       record_handoffs)
+    where = {u: i for i, u in enumerate(redo)}
+    for u, i in where.items():
+        res.status[u] = again.status[i] if again.status[i] != "arena_full" else STATUS_CAPACITY
+        res.error[u] = again.error[i]
+        res.token_stat[u] = again.token_stat[i]
+        res.token_hist[u] = again.token_hist[i]
+        res.end_ms[u] = again.end_ms[i]
+        res.leftovers[u] = again.leftovers[i]
+
+    def pick(first, second):
+        return _LazyFrames(len(units), lambda u: second[where[u]] if u in where else first[u])
+
+    return dataclasses.replace(
+        res, requests=pick(res.requests, again.requests), passes=pick(res.passes, again.passes),
+        handoffs=pick(res.handoffs, again.handoffs),
+        kernel_calls=res.kernel_calls + again.kernel_calls)
+
+
 def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
-               sim_names: list[int], record_handoffs: bool = False) -> BatchResult:
-    """Run independent units (whole simulations or worker shards) in one batch."""
+               sim_names: list[int], record_handoffs: bool = False) -> _UnitResults:
+    """Run independent units in one batch, each until it ends (done or failed)."""
+    if not sims:
+        with _small_pages():
+            stat, hist = sketch.token_stats_new(0)
+        return _UnitResults([], [], [], [], [], [], stat, hist, np.zeros(0), 0)
     rows = pass_log_rows if record_passes else 0
+    # before build_state, whose prompt hashing compiles too
+    compile_notice(sorted({"disaggregated" if sim.disaggregated else "aggregated" for sim in sims}))
     cfg, pool, rq, wl, wk, st, max_lease, max_bs = build_state(sims, rows, record_handoffs)
-    sim_ids = np.arange(len(sims), dtype=np.int64)
     pass_chunks: list[list[np.ndarray]] = [[] for _ in sims]
     calls = 0
-    while True:
-        replay_batch(cfg, pool, rq, wl, wk, st, sim_ids, max_lease, max_bs)
+    live = np.arange(len(sims), dtype=np.int64)
+    while len(live):
+        replay_batch(cfg, pool, rq, wl, wk, st, live, max_lease, max_bs)
         calls += 1
         log_len = st.i64[:, L.SM_PASS_LOG_LEN]
         for s in np.flatnonzero(log_len):
             pass_chunks[s].append(st.pass_log[s, :log_len[s]].copy())
             log_len[s] = 0
-        status = st.i64[:, L.SM_STATUS]
-        if np.any(status == L.SIM_ARENA_FULL):
-            # a duplicate-heavy run outgrew the arena estimate: rerun those with the full pool
-            redo = np.flatnonzero(status == L.SIM_ARENA_FULL)
-            fixed = list(sims)
-            for s in redo:
-                sim = sims[s]
-                fixed[s] = dataclasses.replace(sim, arena_blocks=max(
-                    sim.rank.num_gpu_blocks, sim.prefill_rank.num_gpu_blocks if sim.disaggregated else 0))
-            return _run_units(fixed, pass_log_rows, record_passes, sim_names, record_handoffs)
-        dead = np.flatnonzero(status == L.SIM_DEAD_END)
-        if len(dead):
-            s = int(dead[0])
+        live = live[st.i64[live, L.SM_STATUS] == L.SIM_NEED_FLUSH]
+    status, error = [], []
+    for s in range(len(sims)):
+        code = int(st.i64[s, L.SM_STATUS])
+        if code == L.SIM_DONE:
+            status.append(STATUS_OK)
+            error.append("")
+        elif code == L.SIM_DEAD_END:
             in_flight = int(st.i64[s, L.SM_NUM_ARRIVED] - st.i64[s, L.SM_NUM_TERMINAL])
-            raise SimulationError(
+            status.append(STATUS_DEAD_END)
+            error.append(
                 f"simulation {sim_names[s]}: dead end at t={st.now_ms[s]:.6f} ms with {in_flight} in-flight "
                 "requests that can never be scheduled (a request outgrows its KV pool, or a "
                 "preempted decode request blocks activated ones; the reference aborts on the "
                 "same condition)")
-        if np.all(status == L.SIM_DONE):
-            break
+        elif code == L.SIM_ARENA_FULL:
+            status.append("arena_full")
+            error.append(f"simulation {sim_names[s]}: the block arena of a worker is full")
+        elif code == L.SIM_CAPACITY:
+            status.append(STATUS_CAPACITY)
+            slots = sims[s].queue_slots
+            error.append(
+                f"simulation {sim_names[s]}: a worker's queue overflowed its {slots} slots at "
+                f"t={st.now_ms[s]:.6f} ms (placement {sims[s].placement}); raise queue_slots "
+                "or leave it unset to size the queues from the trace")
+        else:  # the loop above runs every unit until it ends
+            raise AssertionError(f"unit {s} stopped with status {L.SIM_STATUS_NAMES[code]}")
+
     frames = _LazyFrames(len(sims), lambda s: _request_frame(
         sims[s], rq, int(st.i64[s, L.SM_Q_OFF]), int(st.i64[s, L.SM_W_OFF])))
     passes = _LazyFrames(len(sims), lambda s: _pass_frame(pass_chunks[s]))
     handoffs = _LazyFrames(len(sims), lambda s: _handoff_frame(
         sims[s], st.hlog[s, :st.i64[s, L.SM_HLOG_LEN]]))
     leftovers = [_leftovers(pool, wk, st, s) for s in range(len(sims))]
-    return BatchResult(frames, passes, st.token_stat, st.token_hist, calls, st.now_ms.copy(),
-                       handoffs, leftovers)
+    return _UnitResults(status, error, frames, passes, handoffs, leftovers, st.token_stat,
+                        st.token_hist, st.now_ms.copy(), calls)
 
 
 class _LazyFrames(Sequence):

@@ -429,14 +429,17 @@ def _load_simple(path_str: str, block: int, ratio: float, max_rows: int | None) 
     hash ids: every row its own single-turn session), read by the compiled scanner;
     None when any row is not that simple or breaks a rule, so that the general
     loader below handles it (and names the file and line of an error)."""
+    from aisim_fast.kernels import compile_notice, mark_compiled
     from aisim_fast.kernels.trace_scan import SCAN_OK, scan_simple_trace
 
     try:
         data = np.fromfile(path_str, dtype=np.uint8)
     except OSError:
         return None  # the general path reports it
+    compile_notice(["trace"])
     status, line_no, ts, input_len, output_len, indptr, raw_hashes = scan_simple_trace(
         data, -1 if max_rows is None else max_rows)
+    mark_compiled("trace")
     n = line_no.shape[0]
     if status != SCAN_OK or n == 0 or np.any(output_len < 0):
         return None

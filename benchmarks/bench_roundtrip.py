@@ -54,7 +54,7 @@ def main(argv=None) -> int:
                                     TransferTimingArrays, add_handoffs, apply_facts, apply_outcomes,
                                     apply_start)
     from aisim_fast.handoff_audit import audit_handoffs, audited_runs
-    from aisim_fast.kernels.batch import replay_batch
+    from aisim_fast.kernels.event_loop import replay_batch
     from aisim_fast.replay import build_state, run_batch, simulation_from_setup
 
     spec = Path(args.spec)

@@ -5,10 +5,16 @@ when the file that defines it changes, not when a function it inlines from
 another file does, so a stale cache could silently run old code after an edit.
 The cache therefore lives in a folder named after a digest of every kernel
 source: any edit selects a fresh folder. ``NUMBA_CACHE_DIR``, when set, wins.
+
+The first run compiles for a while, so it says so first: ``compile_notice(parts)``
+prints one line on stderr naming the kernel sets that are not in the cache yet
+(``COMPILE_PARTS``), and ``mark_compiled(part)`` records a set once it has run, as
+a marker file in the cache folder.
 """
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 import numba
@@ -35,3 +41,39 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
         _dir = os.path.join(tempfile.gettempdir(), f"aisim_fast-{os.getuid()}", Path(_dir).name)
         os.makedirs(_dir, exist_ok=True)
     numba.config.CACHE_DIR = _dir
+
+
+# Kernel sets compiled on first use: name -> (what it is, cold CPU-seconds measured
+# on the development machine, see benchmarks/bench_compile.py)
+COMPILE_PARTS = {
+    "trace": ("the trace loader", 6),
+    "aggregated": ("aggregated replay", 31),
+    "disaggregated": ("disaggregated replay", 35),
+}
+_ANNOUNCED: set[str] = set()
+
+
+def _marker(part: str) -> Path:
+    return Path(numba.config.CACHE_DIR or _cache_dir()) / f"compiled-{part}"
+
+
+def compile_notice(parts) -> None:
+    """One line on stderr before compiling the kernel sets ``parts`` that this cache
+    does not hold yet (each set is announced at most once per process)."""
+    missing = [p for p in parts if p not in _ANNOUNCED and not _marker(p).exists()]
+    _ANNOUNCED.update(parts)
+    if missing:
+        what = ", ".join(COMPILE_PARTS[p][0] for p in missing)
+        seconds = sum(COMPILE_PARTS[p][1] for p in missing)
+        print(f"aisim-fast: compiling kernels for {what} (first run only, about {seconds} s)",
+              file=sys.stderr, flush=True)
+
+
+def mark_compiled(part: str) -> None:
+    """Record that the kernel set ``part`` is compiled and cached."""
+    marker = _marker(part)
+    if not marker.exists():
+        try:
+            marker.touch()
+        except OSError:
+            pass  # an unwritable cache: the notice shows again next time, nothing worse

@@ -34,7 +34,7 @@ from .layout import (
     SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF, WK_STALLED,
     WK_WAIT_LEN,
 )
-from .replay_loop import arrivals_due, next_release_ms
+from .arrivals import arrivals_due, next_release_ms
 from .sketch import fold_gap_run
 from .timing import decode_ns, ns_to_ms
 from .vllm_pass import ALLOC_ARENA_FULL, CLASS_DECODE, _ceil_div, _schedule, append_pass_row
@@ -89,7 +89,7 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
     # grows its lease), i.e. computes past its RQ_FAST_LIMIT.
     k_last = max_passes
     next_event = max_passes + 1
-    kv_tokens = 0
+    kv_tokens = np.int64(0)
     for j in range(n):
         q = wk.run_q[off + j]
         prompt = rq_i[q, RQ_PROMPT_LEN]
@@ -114,7 +114,7 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
     decode_speedup = cfg.f64[w, CFGF_DECODE_SPEEDUP_RATIO]
     total_kv_tokens = capacity * bs
     log_on = sims.pass_log.shape[1] > 0
-    not_decode = True  # an aggregated worker
+    not_decode = np.bool_(True)  # an aggregated worker (typed: see vllm_pass._schedule)
     start_ms = now_ms
     end_ms = now_ms
     first_end_ms = now_ms
@@ -151,8 +151,8 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
                     rq_i[q, RQ_NUM_COMPUTED] = base_computed + k
                     rq_i[q, RQ_GENERATED] = base_generated + k
                     acc[0] = n  # _schedule's pass counters (scratch here: this loop keeps its own)
-                    out = _schedule(cfg, p, rq, wl, wk, w, q, False, 0, start_ms, stamp, acc, hits,
-                                    fresh, scratch_tokens, not_decode, 0)
+                    out = _schedule(cfg, p, rq, wl, wk, w, q, np.bool_(False), np.int64(0), start_ms,
+                                    stamp, acc, hits, fresh, scratch_tokens, not_decode, np.int64(0))
                     rq_i[q, RQ_NUM_COMPUTED] = base_computed
                     rq_i[q, RQ_GENERATED] = base_generated
                     if out == ALLOC_ARENA_FULL:
@@ -163,7 +163,9 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
         fold_gap_run(sims.token_stat, sims.token_hist, s, end_ms - start_ms, n)
         if log_on:
             # a decode pass: n decode requests, n tokens, nothing else
-            append_pass_row(p, wk, sims, s, w, start_ms, end_ms, 0, 0, 0, n, kv_tokens, 0, 0, n)
+            zero = np.int64(0)  # typed, not a literal: one compiled copy of the row writer
+            append_pass_row(p, wk, sims, s, w, start_ms, end_ms, zero, zero, zero, n, kv_tokens, zero,
+                            zero, n)
         if k == 0:
             first_end_ms = end_ms
         kv_tokens += n

@@ -60,6 +60,11 @@ ROLE_AGGREGATED = 0
 ROLE_PREFILL = 1
 ROLE_DECODE = 2
 
+# Placement policy of a simulation (``sims.i64[s, SM_PLACEMENT]``, kernels.placement).
+PLACE_ROUND_ROBIN = 0  # the reference's: arrival i goes to worker i mod N
+PLACE_RANDOM = 1       # uniform over the pool, from a seeded generator
+PLACEMENT_NAMES = ("round_robin", "random")
+
 # Timing model (``cfg.i64[w, CFG_TIMING]``).
 TIMING_POLYNOMIAL = 0
 TIMING_FIXED = 1
@@ -70,7 +75,10 @@ SIM_DONE = 1
 SIM_NEED_FLUSH = 2     # pass log full: the driver drains it and calls again
 SIM_DEAD_END = 3       # requests in flight but nothing can ever happen again
 SIM_ARENA_FULL = 4     # block arena smaller than the resident set: rerun with a larger arena
-SIM_STATUS_NAMES = ("running", "done", "need_flush", "dead_end", "arena_full")
+SIM_PAUSED = 5         # every instant up to the call's horizon drained: call again to go on
+SIM_CAPACITY = 6       # a worker's running list or waiting ring had no room: rerun larger
+SIM_STATUS_NAMES = ("running", "done", "need_flush", "dead_end", "arena_full", "paused",
+                    "capacity")
 
 # Handoff actions queued by the disaggregated replay (``rq.i64[q, RQ_ACTION]`` of the
 # logical request; SourceFirst order: one action in flight per handoff).
@@ -185,28 +193,33 @@ RQ_F_FIELDS = 14
 (WK_SIM, WK_RUN_OFF, WK_RUN_LEN, WK_WAIT_OFF, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_BUSY,
  WK_TERM_HEAD, WK_STALLED, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_TERM_TAIL, WK_PEND_HEAD,
  WK_PEND_TAIL, WK_PEND_LEN, WK_CAP_GEN, WK_DEFER_HEAD, WK_DEFER_TAIL, WK_ORDINAL_NEXT,
- WK_TRT_TAIL) = range(21)
-WK_FIELDS = 21
+ WK_TRT_TAIL, WK_OVERFLOW, WK_RUN_CAP) = range(23)
+WK_FIELDS = 23
 # WK_TERM_HEAD/TAIL: terminals (and held sources) of the pass in flight, in output
 # order. WK_PEND_*: pending-destination FIFO (linked by RQ_LINK). WK_CAP_GEN: the
 # capacity generation (bumped whenever capacity or slots may have been freed).
 # WK_DEFER_*: handoff actions deferred until this worker's pass in flight ends.
 # WK_TRT_TAIL (TRT-LLM decode rank): blocks that reserved-not-activated and
 # activated-waiting destinations still need to finish, held back from admissions.
+# WK_OVERFLOW: 1 once a push found the running list or waiting ring full (nothing
+# was written; the event loop ends the simulation with SIM_CAPACITY).
 
 # Simulations: sims.i64[s, SM_*].
 (SM_Q_OFF, SM_Q_LEN, SM_W_OFF, SM_W_LEN, SM_CONCURRENCY, SM_STATUS, SM_NUM_STARTS,
  SM_START_PTR, SM_HEAP_LEN, SM_ACTIVE_SESSIONS, SM_RR_CURSOR, SM_NUM_ARRIVED,
  SM_NUM_TERMINAL, SM_UUID_NEXT, SM_PASS_LOG_LEN, SM_RESUME_WORKER, SM_PREFILL_LEN,
  SM_DECODE_CURSOR, SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_XFER_LEN, SM_OPEN_HANDOFFS, SM_XFER_SEQ,
- SM_HLOG_LEN, SM_DECODE_RUN_PASSES) = range(25)
-SM_FIELDS = 25
+ SM_HLOG_LEN, SM_DECODE_RUN_PASSES, SM_PLACEMENT, SM_RNG_STATE) = range(27)
+SM_FIELDS = 27
 # Disaggregated simulations: workers [W_OFF, W_OFF + PREFILL_LEN) are the prefill
 # pool, the rest the decode pool (0 prefill workers = aggregated). SM_ACTQ_*: the
 # FIFO handoff action queue (a ring in ``actq`` at Q_OFF); SM_XFER_LEN: transfers in
 # flight (a heap in ``xfer_heap`` at Q_OFF); SM_OPEN_HANDOFFS: sources not released.
 # SM_DECODE_RUN_PASSES: passes run inside decode runs (kernels.decode_run), of all
 # passes (the workers' WK_PASS_STAMP).
+# SM_PLACEMENT: placement policy (PLACE_*); SM_RR_CURSOR / SM_DECODE_CURSOR are the
+# round-robin cursors of the (prefill) pool and the decode pool; SM_RNG_STATE: the
+# splitmix64 state of seeded random placement (kernels.placement).
 # SM_RESUME_WORKER: a kernel call that returned to flush the pass log in the middle
 # of an instant's drive resumes the drive at this worker (-1: start a new drain).
 

@@ -33,7 +33,7 @@ from .layout import (
     WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP,
     WK_PEND_LEN, WK_TRT_TAIL, WK_CAP_GEN, RS_ACTIVATED, RS_HELD, RQ_REPUBLISHED, RQ_FAST_LIMIT,
     RQ_SCHED_CLASS,
-    WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
+    WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF, WK_OVERFLOW, WK_RUN_CAP,
 )
 from .sketch import fold_gap_run
 from .timing import decode_ns, ns_to_ms, prefill_ns
@@ -87,14 +87,23 @@ def wait_at(wk, w, i):
 
 @njit(cache=True, _nrt=False, inline="always")
 def wait_push_back(wk, w, q):
+    """Append q to the waiting ring; a full ring writes nothing and flags the
+    worker (the event loop then ends the simulation with SIM_CAPACITY)."""
     cap = wk.i64[w, WK_WAIT_CAP]
+    if wk.i64[w, WK_WAIT_LEN] >= cap:
+        wk.i64[w, WK_OVERFLOW] = 1
+        return False
     wk.wait_q[wk.i64[w, WK_WAIT_OFF] + (wk.i64[w, WK_WAIT_HEAD] + wk.i64[w, WK_WAIT_LEN]) % cap] = q
     wk.i64[w, WK_WAIT_LEN] += 1
+    return True
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def wait_push_front(wk, w, q):
     cap = wk.i64[w, WK_WAIT_CAP]
+    if wk.i64[w, WK_WAIT_LEN] >= cap:
+        wk.i64[w, WK_OVERFLOW] = 1
+        return
     h = (wk.i64[w, WK_WAIT_HEAD] - 1 + cap) % cap
     wk.i64[w, WK_WAIT_HEAD] = h
     wk.wait_q[wk.i64[w, WK_WAIT_OFF] + h] = q
@@ -113,6 +122,17 @@ def wait_remove_at(wk, w, i):
         for j in range(i, wk.i64[w, WK_WAIT_LEN] - 1):
             wk.wait_q[off + (head + j) % cap] = wk.wait_q[off + (head + j + 1) % cap]
     wk.i64[w, WK_WAIT_LEN] -= 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def run_push_back(wk, w, q):
+    """Append q to the running list (full: nothing written, the worker flagged)."""
+    n = wk.i64[w, WK_RUN_LEN]
+    if n >= wk.i64[w, WK_RUN_CAP]:
+        wk.i64[w, WK_OVERFLOW] = 1
+        return
+    wk.run_q[wk.i64[w, WK_RUN_OFF] + n] = q
+    wk.i64[w, WK_RUN_LEN] = n + 1
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -415,8 +435,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 acc[6] += used
                 i += 1
                 continue
-        out = _schedule(cfg, p, rq, wl, wk, w, q, False, 0, now_ms, stamp, acc, hits, fresh,
-                        scratch_tokens, not_decode, 0)
+        out = _schedule(cfg, p, rq, wl, wk, w, q, np.bool_(False), np.int64(0), now_ms, stamp, acc, hits,
+                        fresh, scratch_tokens, not_decode, np.int64(0))
         if out == SCHEDULED:
             i += 1
         elif out == CURRENT_PREEMPTED:
@@ -431,7 +451,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     # destination is still pending only activated requests are admitted, in queue
     # order, skipping the others.
     dest_pending = wk.i64[w, WK_PEND_LEN] > 0
-    i_wait = 0
+    i_wait = np.int64(0)  # typed: a literal start would compile _schedule twice
     while acc[4] == 0 and wk.i64[w, WK_RUN_LEN] < cfg.i64[w, CFG_MAX_NUM_SEQS] \
             and i_wait < wk.i64[w, WK_WAIT_LEN]:
         q = wait_at(wk, w, i_wait)
@@ -443,8 +463,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             # prompt KV resident: no capacity check, nothing to allocate or compute
             if is_trt:
                 wk.i64[w, WK_TRT_TAIL] -= trt_blocks_to_finish(cfg, p, rq, w, q, 0)
-            out = _schedule(cfg, p, rq, wl, wk, w, q, True, 0, now_ms, stamp, acc, hits, fresh,
-                            scratch_tokens, not_decode, i_wait)
+            out = _schedule(cfg, p, rq, wl, wk, w, q, np.bool_(True), np.int64(0), now_ms, stamp, acc, hits,
+                            fresh, scratch_tokens, not_decode, i_wait)
             if out == ALLOC_ARENA_FULL:
                 return now_ms, True, True
             if acc[0] == 0:
@@ -475,8 +495,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         if needed > available:
             break
         budget_before = acc[0]
-        out = _schedule(cfg, p, rq, wl, wk, w, q, True, cached, now_ms, stamp, acc, hits, fresh,
-                        scratch_tokens, not_decode, 0)
+        out = _schedule(cfg, p, rq, wl, wk, w, q, np.bool_(True), cached, now_ms, stamp, acc, hits, fresh,
+                        scratch_tokens, not_decode, np.int64(0))
         if out == ALLOC_ARENA_FULL:
             return now_ms, True, True
         if out != SCHEDULED:
@@ -510,7 +530,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     # emit, in the reference's output order: first the requests whose generation was
     # already complete (terminal without a token; their leases go back to the LRU
     # first), then one token per ready request in running order
-    n_tokens = 0
+    n_tokens = np.int64(0)
     token_stat = sims.token_stat
     token_hist = sims.token_hist
     run_gap_ms = 0.0  # current run of equal token gaps, folded when it ends
@@ -576,7 +596,11 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
               fresh, scratch_tokens, not_decode, wait_index):
     """The reference's ``schedule_request``: allocate (preempting on exhaustion),
     finalize computed blocks, record the work and admit a waiting request (found
-    at ``wait_index`` of the waiting queue)."""
+    at ``wait_index`` of the waiting queue).
+
+    Callers pass typed values (``np.bool_(..)``, ``np.int64(..)``), never bare
+    constants: Numba compiles a separate copy of a function for every literal
+    argument it sees, and this one is the largest of the pass."""
     bs = cfg.i64[w, CFG_BLOCK_SIZE]
     rq.i64[q, RQ_FAST_LIMIT] = 0  # set again below once scheduled
     if rq.i64[q, RQ_NUM_COMPUTED] == 0:
@@ -676,8 +700,7 @@ def _schedule(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp
     if from_waiting:
         # victims preempted by this call were queued ahead of q
         wait_remove_at(wk, w, wait_index + victims_queued)
-        wk.run_q[wk.i64[w, WK_RUN_OFF] + wk.i64[w, WK_RUN_LEN]] = q
-        wk.i64[w, WK_RUN_LEN] += 1
+        run_push_back(wk, w, q)
         rq.i64[q, RQ_STATUS] = RS_RUNNING
         if rq.i64[q, RQ_FIRST_CACHED] < 0:
             rq.i64[q, RQ_FIRST_CACHED] = cached
@@ -693,11 +716,12 @@ def _log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens
     """Append this pass's ForwardPassMetrics row to simulation s's pass log."""
     if sims.i64[s, SM_PASS_LOG_LEN] >= sims.pass_log.shape[1]:
         return
-    n_pf = 0
-    pf_tokens = 0
-    pf_kv = 0
-    n_dc = 0
-    dc_kv = 0
+    # typed counters: a literal 0 start makes Numba compile the callee for it too
+    n_pf = np.int64(0)
+    pf_tokens = np.int64(0)
+    pf_kv = np.int64(0)
+    n_dc = np.int64(0)
+    dc_kv = np.int64(0)
     # scheduled requests of this pass: the running list plus those that ended in it
     off = wk.i64[w, WK_RUN_OFF]
     for j in range(wk.i64[w, WK_RUN_LEN]):

@@ -1291,8 +1291,22 @@ class Worker:
         self.pass_count = 0
 
 
+_U64 = (1 << 64) - 1
+
+
+def splitmix64(state):
+    """(next state, output) of the splitmix64 generator (random placement)."""
+    state = (state + 0x9E3779B97F4A7C15) & _U64
+    z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+    return state, z ^ (z >> 31)
+
+
 class Replay:
-    def __init__(self, rank_config, num_workers, sessions, trace_block_size, concurrency=None):
+    def __init__(self, rank_config, num_workers, sessions, trace_block_size, concurrency=None,
+                 placement="round_robin", placement_seed=0):
+        self.placement = placement
+        self.rng_state = placement_seed
         self.config = rank_config
         self.workers = [Worker(i, rank_config) for i in range(num_workers)]
         self.sessions = sessions
@@ -1331,9 +1345,14 @@ class Replay:
         for s_index, t_index, uuid_int, arrival in released:
             session = self.sessions[s_index]
             turn = session.turns[t_index]
-            # Round robin over workers in arrival order, regardless of load.
-            worker = self.workers[self.rr_cursor % len(self.workers)]
-            self.rr_cursor += 1
+            if self.placement == "random":
+                # uniform over the workers from the seeded generator
+                self.rng_state, draw = splitmix64(self.rng_state)
+                worker = self.workers[draw % len(self.workers)]
+            else:
+                # Round robin over workers in arrival order, regardless of load.
+                worker = self.workers[self.rr_cursor % len(self.workers)]
+                self.rr_cursor += 1
             self.records[uuid_int] = RequestRecord(session.session_id, t_index, arrival,
                                                    turn.input_length, turn.output_length,
                                                    worker.worker_id)
@@ -1460,8 +1479,10 @@ def run(spec, trace_path):
     if inner.get("max_sim_time_ms") is not None:
         raise ValueError("max_sim_time_ms is not modeled")
     placement = (inner.get("adapters") or {}).get("placement") or {}
-    if placement.get("provider", "round_robin") != "round_robin":
-        raise ValueError("only round_robin placement exists in the reference")
+    provider = placement.get("provider", "round_robin")
+    if provider not in ("round_robin", "random"):
+        raise ValueError("placement: round_robin (the reference's) or random only")
+    seed = int((placement.get("config") or {}).get("seed", 0))
     rank_config = RankConfig.from_rank_json(engine.get("rank", {}))
     if traffic.get("trace_format", "mooncake") != "mooncake":
         raise ValueError("oracle loads Mooncake traces only")
@@ -1474,5 +1495,5 @@ def run(spec, trace_path):
             raise ValueError("concurrency load needs replay_concurrency")
         concurrency = int(concurrency)
     sessions = load_mooncake(trace_path, trace_block_size, speedup)
-    replay = Replay(rank_config, num_workers, sessions, trace_block_size, concurrency)
+    replay = Replay(rank_config, num_workers, sessions, trace_block_size, concurrency, provider, seed)
     return replay.run()

@@ -27,7 +27,7 @@ from aisim_fast.handoff_audit import (
     audited_runs,
     conformance_record,
 )
-from aisim_fast.kernels.disagg_loop import transfer_delay_ms as kernel_delay_ms
+from aisim_fast.kernels.disagg_handoff import transfer_delay_ms as kernel_delay_ms
 from aisim_fast.output import requests_in_uuid_order, summarize_disaggregated_run
 from aisim_fast.replay import Simulation, SimulationError, run_batch, simulation_from_setup
 from aisim_fast.workload import load_mooncake
@@ -389,7 +389,7 @@ def check_disaggregated_invariants(case):
         setup = parse_payload(case.spec, trace_override=write_trace(case.rows, tmp))
         sim = simulation_from_setup(setup)
         try:
-            res = run_batch([sim], record_handoffs=True)
+            res = run_batch([sim], record_handoffs=True).check()
         except SimulationError as exc:
             # a decode pool that a preempted head outgrows, or a request no pool holds
             assert "dead end" in str(exc)
@@ -425,7 +425,7 @@ def _stepped_state(case, wanted):
     """Run ``case`` one forward pass per kernel call (a one-row pass log) until some
     logical request of it satisfies ``wanted(rq, wk, q)``; returns (state, q)."""
     from aisim_fast.kernels import layout as L
-    from aisim_fast.kernels.batch import replay_batch
+    from aisim_fast.kernels.event_loop import replay_batch
     from aisim_fast.replay import build_state
 
     state = build_state([simulation(case)], pass_log_rows=1)
@@ -461,7 +461,7 @@ def _pending(rq, wk, w):
 
 def test_cancel_pending_destination_leaves_the_fifo():
     from aisim_fast.kernels import layout as L
-    from aisim_fast.kernels.disagg_loop import cancel_destination
+    from aisim_fast.kernels.disagg_handoff import cancel_destination
 
     def wanted(rq, wk, q):  # not the head: unlinking from the middle
         w = rq.i64[q, L.RQ_WORKER]
@@ -483,7 +483,7 @@ def test_cancel_pending_destination_leaves_the_fifo():
 def test_cancel_reserved_destination_gives_the_reservation_back(case):
     from aisim_fast.kernels import layout as L
     from aisim_fast.kernels.block_pool import num_free
-    from aisim_fast.kernels.disagg_loop import cancel_destination
+    from aisim_fast.kernels.disagg_handoff import cancel_destination
     from aisim_fast.kernels.vllm_pass import trt_blocks_to_finish
 
     state, q = _stepped_state(case, lambda rq, wk, q: rq.i64[q, L.RQ_STATUS] == L.RS_RESERVED)
@@ -506,7 +506,7 @@ def test_cancel_reserved_destination_gives_the_reservation_back(case):
 
 def test_cancel_activated_destination_drops_the_request():
     from aisim_fast.kernels import layout as L
-    from aisim_fast.kernels.disagg_loop import cancel_destination
+    from aisim_fast.kernels.disagg_handoff import cancel_destination
     from aisim_fast.kernels.vllm_pass import wait_at
 
     def wanted(rq, wk, q):  # activated and waiting on an idle decode worker
@@ -526,7 +526,7 @@ def test_cancel_activated_destination_drops_the_request():
 @pytest.mark.parametrize("source_status", ["held", "waiting"])
 def test_cancel_source_releases_or_drops_it(source_status):
     from aisim_fast.kernels import layout as L
-    from aisim_fast.kernels.disagg_loop import cancel_source
+    from aisim_fast.kernels.disagg_handoff import cancel_source
 
     code = L.RS_HELD if source_status == "held" else L.RS_WAITING
 

@@ -27,7 +27,7 @@ import pytest
 from aisim_fast.config import load_spec
 from aisim_fast.output import requests_in_uuid_order, summarize_aggregated_run
 from aisim_fast.kernels import layout as L
-from aisim_fast.kernels.batch import replay_batch
+from aisim_fast.kernels.event_loop import replay_batch
 from aisim_fast.replay import (Simulation, SimulationError, build_state, run_batch,
                                simulation_from_setup)
 from aisim_fast.workload import load_mooncake
@@ -262,7 +262,7 @@ def test_disaggregated_dead_end_matches_reference():
     in_flight = int(re.search(r"with (\d+) in-flight", expected).group(1))
     setup = load_spec(MINI_GOLDEN / "dead24.spec.json")
     with pytest.raises(SimulationError, match=rf"with {in_flight} in-flight requests"):
-        run_batch([simulation_from_setup(setup)])
+        run_batch([simulation_from_setup(setup)]).check()
 
 
 AGGREGATED_CASES = [c for c in FAST_CASES if "disagg" not in c and c not in MINI_CASES]

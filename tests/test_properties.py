@@ -37,7 +37,7 @@ from aisim_fast.kernels import debug as D
 from aisim_fast.kernels.block_pool import (
     _evict_head, cache_copy, num_active, num_free, pool_reset, release_ref, reserve, table_find,
 )
-from aisim_fast.kernels.batch import replay_batch
+from aisim_fast.kernels.event_loop import replay_batch
 from aisim_fast.kernels.vllm_pass import release_lease
 from aisim_fast.replay import (
     DEFAULT_PASS_LOG_ROWS, Simulation, SimulationError, _request_frame, build_state, run_batch,
@@ -237,7 +237,7 @@ def kernel_simulation(case, path) -> Simulation:
 def run_kernel(case, path):
     """("ok", requests frame, passes frame) or ("dead_end", message, None)."""
     try:
-        res = run_batch([kernel_simulation(case, path)])
+        res = run_batch([kernel_simulation(case, path)]).check()
     except SimulationError as exc:
         return "dead_end", str(exc), None
     return "ok", res.requests[0], res.passes[0]
@@ -396,7 +396,7 @@ def test_pool_invariants_between_passes(case):
         out = run_state([sim], per_pass_check=check)
         assert not failures, "invariant violations: %s" % failures[:3]
         try:
-            ref = run_batch([sim])
+            ref = run_batch([sim]).check()
         except SimulationError:
             assert out == "dead_end"
             return
@@ -516,10 +516,10 @@ def test_arena_overflow_rerun_is_transparent(case):
         sim = kernel_simulation(case, write_trace(case.rows, tmp))
         tiny = Simulation(sim.workload, sim.rank, sim.workers, sim.concurrency, arena_blocks=1)
         try:
-            want = run_batch([sim])
+            want = run_batch([sim]).check()
         except SimulationError:
             with pytest.raises(SimulationError):
-                run_batch([tiny])
+                run_batch([tiny]).check()
             return
         got = run_batch([tiny])
     pd.testing.assert_frame_equal(got.requests[0], want.requests[0], check_exact=True)

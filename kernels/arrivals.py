@@ -1,10 +1,11 @@
 """The admission side of the replay and the aggregated pass completion, shared by
-both topologies' event loop (``kernels.batch.run_simulation``).
+both topologies' event loop (``kernels.event_loop``).
 
 Arrivals follow the reference's ``replay/agg.rs`` drain, verified in
 spec/replay.md §1.4 and engine.md §14.3: open loop, release time <= now; closed
-loop, while fewer than ``concurrency`` sessions are active. Placement is round
-robin over arrivals (aggregated) or a queued SubmitPrefill (disaggregated). A later
+loop, while fewer than ``concurrency`` sessions are active. Placement
+(``kernels.placement``) decides at arrival (aggregated) or when the queued
+SubmitPrefill runs (disaggregated). A later
 turn of a session is released ``delay_ms`` after the previous turn's terminal.
 """
 
@@ -20,6 +21,7 @@ from .layout import (
     SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL,
     ACT_SUBMIT_PREFILL, RQ_ACTION, SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_PREFILL_LEN,
 )
+from .placement import place
 from .vllm_pass import wait_push_back
 
 
@@ -94,8 +96,8 @@ def queue_action(rq, sims, s, q, kind):
 
 @njit(cache=True, _nrt=False)
 def _arrive(cfg, rq, wl, wk, sims, s, q, arrival_ms):
-    """A request enters the system. Aggregated: round-robin placement, prompt block
-    hashes, waiting queue. Disaggregated: the handoff starts (SubmitPrefill queued)."""
+    """A request enters the system. Aggregated: placement (kernels.placement), prompt
+    block hashes, waiting queue. Disaggregated: the handoff starts (SubmitPrefill queued)."""
     rq.f64[q, RQF_ARRIVAL_MS] = arrival_ms
     rq.i64[q, RQ_STATUS] = RS_WAITING
     rq.i64[q, RQ_UUID] = sims.i64[s, SM_UUID_NEXT]
@@ -104,8 +106,7 @@ def _arrive(cfg, rq, wl, wk, sims, s, q, arrival_ms):
     if sims.i64[s, SM_PREFILL_LEN] > 0:
         queue_action(rq, sims, s, q, ACT_SUBMIT_PREFILL)
         return
-    w = sims.i64[s, SM_W_OFF] + sims.i64[s, SM_RR_CURSOR] % sims.i64[s, SM_W_LEN]
-    sims.i64[s, SM_RR_CURSOR] += 1
+    w = place(sims, s, sims.i64[s, SM_W_OFF], sims.i64[s, SM_W_LEN], SM_RR_CURSOR)
     rq.i64[q, RQ_WORKER] = w
     row = rq.i64[q, RQ_SRC_ROW]
     p0 = wl.phash_indptr[row]

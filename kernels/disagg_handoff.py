@@ -1,5 +1,5 @@
 """The disaggregated (prefill -> decode) handoff inside the replay's event loop
-(``kernels.batch.run_simulation``), SourceFirst order (vLLM and TRT-LLM).
+(``kernels.event_loop``), SourceFirst order (vLLM and TRT-LLM).
 
 A logical request is served by two request rows (see ``layout``): its prefill row
 runs on a prefill worker with one output token; when that pass ends the source KV
@@ -49,7 +49,8 @@ from .layout import (
     WK_STALLED, WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_TRT_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD,
     WK_WAIT_LEN, WK_WAIT_OFF,
 )
-from .replay_loop import logical_terminal, queue_action
+from .placement import place
+from .arrivals import logical_terminal, queue_action
 from .vllm_pass import release_lease, run_remove_at, trt_blocks_to_finish, \
     trt_running_tail, wait_at, wait_push_back, wait_remove_at
 
@@ -242,7 +243,8 @@ def _insert_by_ordinal(rq, wk, w, q):
     i = n
     while i > 0 and rq.i64[wait_at(wk, w, i - 1), RQ_ORDINAL] > rq.i64[q, RQ_ORDINAL]:
         i -= 1
-    wait_push_back(wk, w, q)
+    if not wait_push_back(wk, w, q):
+        return
     cap = wk.i64[w, WK_WAIT_CAP]
     off = wk.i64[w, WK_WAIT_OFF]
     head = wk.i64[w, WK_WAIT_HEAD]
@@ -402,8 +404,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
     n_prefill = sims.i64[s, SM_PREFILL_LEN]
     qp = rq.i64[q, RQ_PEER]
     if kind == ACT_SUBMIT_PREFILL:
-        wp = w0 + sims.i64[s, SM_RR_CURSOR] % n_prefill
-        sims.i64[s, SM_RR_CURSOR] += 1
+        wp = place(sims, s, w0, n_prefill, SM_RR_CURSOR)
         rq.i64[qp, RQ_WORKER] = wp
         rq.i64[qp, RQ_STATUS] = RS_WAITING
         rq.i64[qp, RQ_UUID] = rq.i64[q, RQ_UUID]
@@ -414,8 +415,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
         sims.i64[s, SM_OPEN_HANDOFFS] += 1
     elif kind == ACT_RESERVE:
         n_decode = sims.i64[s, SM_W_LEN] - n_prefill
-        wd = w0 + n_prefill + sims.i64[s, SM_DECODE_CURSOR] % n_decode
-        sims.i64[s, SM_DECODE_CURSOR] += 1
+        wd = place(sims, s, w0 + n_prefill, n_decode, SM_DECODE_CURSOR)
         rq.i64[q, RQ_WORKER] = wd
         bs = cfg.i64[wd, CFG_BLOCK_SIZE]
         if cfg.i64[wd, CFG_POLICY] == POLICY_TRTLLM:

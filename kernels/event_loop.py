@@ -1,0 +1,257 @@
+"""The event loop of one simulation and the batch entry kernels, one compiled pair
+per topology: an aggregated run compiles no handoff code, a disaggregated one no
+decode runs.
+
+The loop follows the reference's per-instant drain (spec/replay.md §1.4, verified
+against the goldens): pass completions in worker order (prefill workers come first),
+then transfers completing now (disaggregated), then arrivals, then the FIFO handoff
+action queue (disaggregated), then idle workers with work start passes in worker
+order; a pass that ends at ``now`` completes inside the drive and its worker goes
+again. Repeat until nothing changes, then jump to the next pass end, release time or
+transfer completion.
+
+A call advances each simulation through every instant up to ``horizon_ms`` (inf =
+to completion) and returns; the next call continues from there with exactly the
+state a single call would have had (an instant is always drained whole, and a
+drained instant drained again changes nothing). A call also returns early when the
+pass log is full (``SIM_NEED_FLUSH``, resumed mid-drive) or the simulation ends
+(done, dead end, arena or queue capacity exceeded).
+
+The topology is a compile-time constant of each compiled loop (a closure
+variable, so Numba prunes the other topology's branches before typing them): one
+source, two specializations, and a run compiles only the one it uses.
+
+Only the batch entries use Numba's runtime (NRT): they allocate the scratch
+arrays. Everything they call is compiled with ``_nrt=False``. A Numba call
+that receives an array otherwise reference-counts it on entry and exit (a call
+into the runtime and an atomic operation per array), and the loops pass the whole
+state bundle (~25 arrays) to a few functions per forward pass: without the runtime
+those calls cost nothing extra, which halved the kernel time of a 10k-request
+replay. The arrays all belong to the driver and outlive the call."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+from numba import njit
+
+from . import compile_notice, mark_compiled
+from .arrivals import admit_arrivals, arrivals_due, complete_pass, next_release_ms
+from .decode_run import decode_run, quiet_until_ms
+from .disagg_handoff import complete_disagg_pass, drain_actions, drain_transfers, next_transfer_ms
+from .layout import (
+    SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH, SIM_PAUSED, SIM_RUNNING,
+    SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
+    SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_OVERFLOW, WK_RUN_LEN,
+    WK_STALLED, WK_WAIT_LEN,
+)
+from .vllm_pass import ACC_SIZE, run_pass
+
+
+def _event_loop(disaggregated):
+    """The event loop compiled for one topology (``disaggregated`` is a constant)."""
+
+    @njit(cache=True, _nrt=False)
+    def run_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh, scratch_tokens):
+        """Advance simulation s through every instant up to ``horizon_ms``, until it is
+        done or needs the driver."""
+        w0 = sims.i64[s, SM_W_OFF]
+        w1 = w0 + sims.i64[s, SM_W_LEN]
+        log_rows = sims.pass_log.shape[1]
+        sims.i64[s, SM_STATUS] = SIM_RUNNING
+        now_ms = sims.now_ms[s]
+        resume_w = sims.i64[s, SM_RESUME_WORKER]
+        sims.i64[s, SM_RESUME_WORKER] = -1
+        while True:
+            changed = True
+            while changed:
+                changed = False
+                first_w = w0
+                if resume_w >= 0:
+                    # continue the drive that a pass-log flush interrupted, as if no
+                    # call boundary had been there
+                    first_w = resume_w
+                    resume_w = -1
+                    changed = True
+                else:
+                    for w in range(w0, w1):
+                        if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] == now_ms:
+                            changed = True
+                            if disaggregated:
+                                _, full = complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh)
+                                if full:
+                                    sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                                    return
+                            else:
+                                complete_pass(rq, wk, sims, s, w)
+                    if disaggregated and drain_transfers(rq, sims, s, now_ms):
+                        changed = True
+                    if arrivals_due(rq, sims, s, now_ms) and admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms) > 0:
+                        changed = True
+                    if disaggregated:
+                        ran, full = drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh)
+                        if full:
+                            sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                            return
+                        changed = changed or ran
+                # drive: a pass that ends at this instant completes inside the drive and
+                # its worker goes again before higher ids; what its completion releases
+                # (arrivals, handoff actions) waits for the next iteration of the drain
+                for w in range(first_w, w1):
+                    while wk.i64[w, WK_BUSY] == 0 and wk.i64[w, WK_STALLED] == 0 \
+                            and (wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0):
+                        if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] >= log_rows:
+                            sims.now_ms[s] = now_ms
+                            sims.i64[s, SM_RESUME_WORKER] = w
+                            sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
+                            return
+                        if not disaggregated:
+                            # decode passes up to the next event, without walking the
+                            # running list per pass (kernels.decode_run)
+                            end_ms, n_passes, arena_full = decode_run(
+                                cfg, p, rq, wl, wk, sims, s, w, now_ms,
+                                min(quiet_until_ms(rq, wk, sims, s, w, now_ms), horizon_ms),
+                                log_rows - sims.i64[s, SM_PASS_LOG_LEN] if log_rows > 0 else 1 << 62,
+                                acc, hits, fresh, scratch_tokens)
+                            if arena_full:
+                                sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                                return
+                            if n_passes > 0:
+                                sims.i64[s, SM_DECODE_RUN_PASSES] += n_passes
+                                wk.i64[w, WK_BUSY] = 1
+                                wk.pass_end_ms[w] = end_ms
+                                changed = True
+                                break
+                        end_ms, had_effect, arena_full = run_pass(
+                            cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
+                        if arena_full:
+                            sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                            return
+                        wk.i64[w, WK_BUSY] = 1
+                        wk.pass_end_ms[w] = end_ms
+                        if end_ms == now_ms:
+                            if disaggregated:
+                                # a decode worker's reservation retry at completion is an effect
+                                reserved, full = complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms,
+                                                                      hits, fresh)
+                                if full:
+                                    sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                                    return
+                                had_effect = had_effect or reserved
+                            else:
+                                complete_pass(rq, wk, sims, s, w)
+                        if not had_effect:
+                            # nothing can change for this worker until new work reaches it
+                            wk.i64[w, WK_STALLED] = 1
+                            break
+                        changed = True
+            for w in range(w0, w1):
+                if wk.i64[w, WK_OVERFLOW]:
+                    # a queue push found no room (and wrote nothing): the results
+                    # would be wrong, the driver reruns with larger queues
+                    sims.now_ms[s] = now_ms
+                    sims.i64[s, SM_STATUS] = SIM_CAPACITY
+                    return
+            if sims.i64[s, SM_NUM_TERMINAL] == sims.i64[s, SM_Q_LEN] and sims.i64[s, SM_OPEN_HANDOFFS] == 0:
+                sims.now_ms[s] = now_ms
+                sims.i64[s, SM_STATUS] = SIM_DONE
+                return
+            t_next = min(next_release_ms(rq, sims, s), next_transfer_ms(rq, sims, s))
+            for w in range(w0, w1):
+                if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] < t_next:
+                    t_next = wk.pass_end_ms[w]
+            if t_next == np.inf:
+                sims.now_ms[s] = now_ms
+                sims.i64[s, SM_STATUS] = SIM_DEAD_END
+                return
+            if t_next > horizon_ms:
+                # every instant up to the horizon is drained: the next call goes on from here
+                sims.now_ms[s] = now_ms
+                sims.i64[s, SM_STATUS] = SIM_PAUSED
+                return
+            now_ms = t_next
+
+    return run_simulation
+
+
+run_aggregated_simulation = _event_loop(False)
+run_disaggregated_simulation = _event_loop(True)
+
+
+def _batch_entry(disaggregated):
+    """The batch entry kernel of one topology: a serial loop over simulations that
+    releases the GIL, so the driver runs chunks of a batch on parallel threads
+    (``replay_batch``). A ``parallel=True`` loop would cost ~8 CPU-seconds more to
+    compile, on every first run, for the same threads."""
+
+    @njit(cache=True, nogil=True)
+    def replay(cfg, p, rq, wl, wk, sims, sim_ids, horizon_ms, max_lease_blocks, max_block_size):
+        """Advance every simulation in ``sim_ids`` that is still running (or paused at
+        a horizon or for a flush) through every instant up to ``horizon_ms``, until
+        done, dead end, capacity exceeded, or its pass log is full. Simulations share
+        no state, so calls on disjoint ``sim_ids`` may run concurrently."""
+        acc = np.zeros(ACC_SIZE, np.int64)
+        hits = np.empty(max_lease_blocks, np.int32)
+        fresh = np.empty(max_lease_blocks, np.int32)
+        scratch_tokens = np.empty(max_block_size, np.uint32)
+        for i in range(sim_ids.shape[0]):
+            s = sim_ids[i]
+            status = sims.i64[s, SM_STATUS]
+            if status != SIM_RUNNING and status != SIM_NEED_FLUSH and status != SIM_PAUSED:
+                continue
+            if disaggregated:
+                run_disaggregated_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits,
+                                             fresh, scratch_tokens)
+            else:
+                run_aggregated_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits,
+                                          fresh, scratch_tokens)
+
+    return replay
+
+
+replay_aggregated_batch = _batch_entry(False)
+replay_disaggregated_batch = _batch_entry(True)
+
+
+def kernel_threads() -> int:
+    """Threads a batch runs on: ``NUMBA_NUM_THREADS`` (Numba's own setting, which a
+    sweep worker process sets to 1), else every core."""
+    return max(1, int(numba.config.NUMBA_NUM_THREADS))
+
+
+def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_size,
+                 horizon_ms=np.inf):
+    """Advance the simulations ``sim_ids`` (see the entries above), each with the entry
+    of its topology: a batch may mix them, and only the entries it uses compile.
+    Chunks of the batch run on ``kernel_threads()`` threads, longest first."""
+    sim_ids = np.asarray(sim_ids, np.int64)
+    disagg = sims.i64[sim_ids, SM_PREFILL_LEN] > 0
+    jobs = []
+    n_threads = kernel_threads()
+    parts = []
+    for part, entry, ids in (("aggregated", replay_aggregated_batch, sim_ids[~disagg]),
+                             ("disaggregated", replay_disaggregated_batch, sim_ids[disagg])):
+        if len(ids) == 0:
+            continue
+        parts.append(part)
+        if n_threads == 1 or len(ids) == 1:
+            jobs.append((entry, ids))
+            continue
+        # simulations in order of their size (requests) so the largest start first;
+        # small chunks keep the threads busy until the end
+        order = ids[np.argsort(-sims.i64[ids, SM_Q_LEN], kind="stable")]
+        n_chunks = min(len(order), 4 * n_threads)
+        jobs.extend((entry, order[c::n_chunks]) for c in range(n_chunks))
+    horizon_ms = float(horizon_ms)
+    compile_notice(parts)
+    if n_threads == 1 or len(jobs) == 1:
+        for entry, ids in jobs:
+            entry(cfg, p, rq, wl, wk, sims, ids, horizon_ms, max_lease_blocks, max_block_size)
+    else:
+        with ThreadPoolExecutor(min(n_threads, len(jobs))) as pool:
+            futures = [pool.submit(entry, cfg, p, rq, wl, wk, sims, ids, horizon_ms,
+                                   max_lease_blocks, max_block_size) for entry, ids in jobs]
+            for f in futures:
+                f.result()
+    for part in parts:
+        mark_compiled(part)

@@ -1,0 +1,207 @@
+"""The batch engine's outer contract: a status per simulation, reruns of only what
+outgrew its sizing, placement policies, and stepping to a horizon.
+
+* A batch reports ``ok`` / ``dead_end`` / ``rejected_config`` / ``capacity`` per
+  simulation; the good simulations' results are those of their solo runs.
+* Random placement (seeded) matches the plain-Python oracle request by request and
+  pass by pass, and a queue it overflows is either rerun transparently or reported
+  as ``capacity`` - never silently corrupted.
+* Advancing a batch to random horizons, one call after another, ends in exactly the
+  state of one call to completion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import oracle
+from aisim_fast import replay as replay_module
+from aisim_fast.config import RankConfig, parse_payload
+from aisim_fast.kernels import layout as L
+from aisim_fast.kernels.event_loop import replay_batch
+from aisim_fast.replay import (
+    STATUS_CAPACITY, STATUS_DEAD_END, STATUS_OK, STATUS_REJECTED_CONFIG, Simulation,
+    SimulationError, build_state, run_batch, simulation_from_setup,
+)
+from test_properties import (
+    SETTINGS, Case, _examples, cases, check_case_against_oracle, frames_of, make_spec,
+    record_differences, write_trace,
+)
+
+
+def _simulation(rows, rank, tmp, name="t", **spec_kw):
+    """A Simulation of ``rows`` with the rank dict ``rank`` (trace written under tmp)."""
+    folder = os.path.join(tmp, name)
+    os.makedirs(folder, exist_ok=True)
+    case = Case(rows, make_spec(rank, **spec_kw))
+    return simulation_from_setup(parse_payload(case.spec, trace_override=write_trace(rows, folder)))
+
+
+ROWS = [{"timestamp": 10 * i, "input_length": 100 + 37 * i, "output_length": 5 + i,
+         "hash_ids": [i % 3, 100 + i]} for i in range(24)]
+DEAD_END_ROWS = [{"timestamp": 0, "input_length": 300, "output_length": 200, "hash_ids": [1]}]
+
+
+def test_each_status_in_one_batch():
+    """ok, dead_end, rejected_config and capacity side by side: each failure is
+    reported with its reason, and the good simulation's results are its solo run's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        good = _simulation(ROWS, {"backend": "vllm", "num_gpu_blocks": 64, "block_size": 16}, tmp,
+                           "good", workers=2)
+        # the prompt fits, the output outgrows the pool: admitted, preempted, never again
+        dead = _simulation(DEAD_END_ROWS, {"backend": "vllm", "num_gpu_blocks": 6}, tmp, "dead")
+        bad = dataclasses.replace(good, rank=dataclasses.replace(good.rank, max_num_seqs=0))
+        tight = dataclasses.replace(good, placement="random", placement_seed=3, queue_slots=2)
+        res = run_batch([dead, good, bad, tight])
+        solo = run_batch([good])
+    assert list(res.status) == [STATUS_DEAD_END, STATUS_OK, STATUS_REJECTED_CONFIG, STATUS_CAPACITY]
+    assert "dead end at t=" in res.error[0] and "1 in-flight" in res.error[0]
+    assert res.error[1] == ""
+    assert "rank.max_num_seqs" in res.error[2]
+    assert "overflowed its 2 slots" in res.error[3]
+    pd.testing.assert_frame_equal(res.requests[1], solo.requests[0], check_exact=True)
+    pd.testing.assert_frame_equal(res.passes[1], solo.passes[0], check_exact=True)
+    np.testing.assert_array_equal(res.token_stat[1], solo.token_stat[0])
+    np.testing.assert_array_equal(res.token_hist[1], solo.token_hist[0])
+    for s in (0, 2, 3):
+        with pytest.raises(SimulationError, match=f"simulation {s}: "):
+            res.requests[s]
+    with pytest.raises(SimulationError, match="simulation 0: dead end"):
+        res.check()
+    assert solo.check() is solo
+
+
+def test_rejected_config_names_the_field():
+    with tempfile.TemporaryDirectory() as tmp:
+        good = _simulation(ROWS[:3], {"backend": "vllm"}, tmp)
+    bad = [
+        (dataclasses.replace(good, workers=0), "workers"),
+        (dataclasses.replace(good, rank=RankConfig(backend="sglang")), "rank.backend"),
+        (dataclasses.replace(good, rank=dataclasses.replace(good.rank, preemption_mode="x")),
+         "rank.preemption_mode"),
+        (dataclasses.replace(good, placement="least_loaded"), "placement"),
+        (dataclasses.replace(good, queue_slots=0), "queue_slots"),
+    ]
+    res = run_batch([sim for sim, _ in bad] + [good])
+    assert list(res.status) == [STATUS_REJECTED_CONFIG] * len(bad) + [STATUS_OK]
+    for s, (_, field) in enumerate(bad):
+        assert f"invalid config: {field}:" in res.error[s], res.error[s]
+
+
+def test_only_the_simulation_that_outgrew_its_arena_reruns(monkeypatch):
+    """An arena too small for one simulation reruns that one alone with the full pool;
+    the others keep their first run (and every result is the normal one)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        a = _simulation(ROWS, {"backend": "vllm", "num_gpu_blocks": 64, "block_size": 16}, tmp, "a")
+        b = _simulation(ROWS[::-1], {"backend": "trtllm", "num_gpu_blocks": 80, "block_size": 16},
+                        tmp, "b", workers=2, concurrency=3)
+        want = [run_batch([a]), run_batch([b])]
+        reruns = []
+        real = replay_module._run_units
+
+        def counting(units, *args, **kwargs):
+            reruns.append(len(units))
+            return real(units, *args, **kwargs)
+
+        monkeypatch.setattr(replay_module, "_run_units", counting)
+        got = run_batch([a, dataclasses.replace(b, arena_blocks=1)])
+    assert reruns == [2, 1]
+    assert list(got.status) == [STATUS_OK, STATUS_OK]
+    for s in range(2):
+        pd.testing.assert_frame_equal(got.requests[s], want[s].requests[0], check_exact=True)
+        pd.testing.assert_frame_equal(got.passes[s], want[s].passes[0], check_exact=True)
+
+
+def test_random_placement_past_the_round_robin_queue_size(monkeypatch):
+    """Random placement on queues sized as round robin's ceil(n / N) + 1 overflows: with
+    the default sizing the driver reruns with room for every request and the result
+    equals the roomy run and the oracle's; with fixed queue_slots it is ``capacity``."""
+    rows = [{"timestamp": 0, "input_length": 64, "output_length": 40, "hash_ids": [i]}
+            for i in range(30)]
+    rank = {"backend": "vllm", "num_gpu_blocks": 400, "block_size": 16, "max_num_seqs": 64}
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = dataclasses.replace(_simulation(rows, rank, tmp, workers=3), placement="random",
+                                  placement_seed=11)
+        roomy = run_batch([dataclasses.replace(sim, queue_slots=len(rows) + 1)])
+        records, _ = oracle.run(_with_placement(make_spec(rank, workers=3), 11),
+                                write_trace(rows, tmp))
+        monkeypatch.setattr(replay_module, "_default_queue_slots", lambda n, w, placement: -(-n // w) + 1)
+        rerun = run_batch([sim])
+        fixed = run_batch([dataclasses.replace(sim, queue_slots=-(-len(rows) // 3) + 1)])
+    workers = roomy.requests[0]["worker"].to_numpy()
+    assert np.bincount(workers).max() > -(-len(rows) // 3)  # past round robin's share
+    pd.testing.assert_frame_equal(rerun.requests[0], roomy.requests[0], check_exact=True)
+    pd.testing.assert_frame_equal(rerun.passes[0], roomy.passes[0], check_exact=True)
+    assert rerun.kernel_calls == 2
+    assert not record_differences(records, roomy.requests[0])
+    assert fixed.status[0] == STATUS_CAPACITY
+
+
+def _with_placement(spec, seed):
+    spec = dict(spec)
+    spec["spec"] = dict(spec["spec"], adapters={"placement": {"provider": "random",
+                                                               "config": {"seed": seed}}})
+    return spec
+
+
+@settings(max_examples=_examples(150), **SETTINGS)
+@given(cases(), st.integers(0, 2 ** 63 - 1))
+def test_random_placement_matches_oracle(case, seed):
+    """Seeded random placement: the kernels and the oracle draw the same workers and
+    produce the same records and passes."""
+    check_case_against_oracle(Case(case.rows, _with_placement(case.spec, seed)))
+
+
+def _advance_in_steps(sims, horizons_ms):
+    """Run ``sims`` to completion through one call per horizon (then to the end)."""
+    cfg, pool, rq, wl, wk, st_, max_lease, max_bs = state = build_state(sims, 0)
+    ids = np.arange(len(sims), dtype=np.int64)
+    reached_ms = 0.0
+    for horizon_ms in horizons_ms:
+        replay_batch(cfg, pool, rq, wl, wk, st_, ids, max_lease, max_bs, horizon_ms=horizon_ms)
+        status = st_.i64[:, L.SM_STATUS]
+        assert np.all(np.isin(status, (L.SIM_PAUSED, L.SIM_DONE, L.SIM_DEAD_END, L.SIM_ARENA_FULL)))
+        # a paused simulation stopped at its last instant before the horizon (a past
+        # horizon leaves it where it was)
+        reached_ms = max(reached_ms, horizon_ms)
+        assert np.all(st_.now_ms[status == L.SIM_PAUSED] <= reached_ms)
+    replay_batch(cfg, pool, rq, wl, wk, st_, ids, max_lease, max_bs)
+    return state
+
+
+@settings(max_examples=_examples(60), **SETTINGS)
+@given(st.lists(cases(max_rows=20), min_size=1, max_size=3),
+       st.lists(st.floats(0.0, 4000.0), min_size=1, max_size=6))
+def test_stepping_to_horizons_equals_one_run(batch, horizons):
+    """Advancing a random batch to random horizons (sorted; repeats and past ones
+    included) gives exactly the requests, token statistics and clocks of one call
+    to completion."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sims = [simulation_from_setup(parse_payload(
+            case.spec, trace_override=write_trace(case.rows, _mkdir(tmp, i))))
+            for i, case in enumerate(batch)]
+        # a generous arena: an arena-full stop is not a horizon stop
+        sims = [dataclasses.replace(sim, arena_blocks=sim.rank.num_gpu_blocks) for sim in sims]
+        whole = _advance_in_steps(sims, [])
+        stepped = _advance_in_steps(sims, sorted(horizons) + [horizons[0]])
+    st_whole, st_stepped = whole[5], stepped[5]
+    np.testing.assert_array_equal(st_stepped.i64[:, L.SM_STATUS], st_whole.i64[:, L.SM_STATUS])
+    np.testing.assert_array_equal(st_stepped.now_ms, st_whole.now_ms)
+    np.testing.assert_array_equal(st_stepped.token_stat, st_whole.token_stat)
+    np.testing.assert_array_equal(st_stepped.token_hist, st_whole.token_hist)
+    for a, b in zip(frames_of(sims, stepped), frames_of(sims, whole)):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+def _mkdir(tmp, i):
+    path = os.path.join(tmp, str(i))
+    os.makedirs(path, exist_ok=True)
+    return path
