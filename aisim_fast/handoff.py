@@ -14,9 +14,10 @@ Three parts live here.
    The delay is undefined (None / NaN) when the per-token bytes or the
    bandwidth are absent, or the bandwidth is exactly 0; the caller then uses
    its configured fallback (``handoff_latency_ms``).  Negative or non-finite
-   inputs are rejected.  ``transfer_delay_ms`` (numpy, any number of
-   handoffs) is the only place the formula is written; the scalar
-   ``HandoffTransferTiming`` calls it with one-element arrays.
+   inputs are rejected.  The formula itself is written once, in
+   ``aisim_fast.kernels.transfer_timing``, for the kernels and for
+   ``transfer_delay_ms`` here (numpy, any number of handoffs); the scalar
+   ``HandoffTransferTiming`` calls that with one-element arrays.
 
 2. The coordinator.  One row of a ``HandoffState`` table per handoff, for every
    in-flight handoff of every simulation in a batch.  ``apply_start``,
@@ -43,6 +44,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+from aisim_fast.kernels import layout as L
+from aisim_fast.kernels.transfer_timing import kv_transfer_ms
 
 __all__ = [
     "ActionKind",
@@ -142,14 +146,16 @@ class FactKind(enum.IntEnum):
 
 
 class ActionKind(enum.IntEnum):
-    SUBMIT_PREFILL = 0
-    RESERVE_DESTINATION = 1
-    START_TRANSFER = 2
-    ACTIVATE_DESTINATION = 3
-    RELEASE_SOURCE = 4
-    CANCEL_SOURCE = 5
-    CANCEL_DESTINATION = 6
-    COMPLETE = 7
+    """The handoff actions, numbered as the kernels number them (``ACT_*`` of
+    ``kernels.layout``): one vocabulary for the coordinator and the kernels."""
+    SUBMIT_PREFILL = L.ACT_SUBMIT_PREFILL
+    RESERVE_DESTINATION = L.ACT_RESERVE
+    START_TRANSFER = L.ACT_START_TRANSFER
+    ACTIVATE_DESTINATION = L.ACT_ACTIVATE
+    RELEASE_SOURCE = L.ACT_RELEASE
+    CANCEL_SOURCE = L.ACT_CANCEL_SOURCE
+    CANCEL_DESTINATION = L.ACT_CANCEL_DESTINATION
+    COMPLETE = L.ACT_COMPLETE
 
 
 N_ACTION_KINDS = len(ActionKind)
@@ -284,16 +290,14 @@ def _delay_ms_unchecked(
     has_bandwidth_gb_s: np.ndarray,
     state_bytes: np.ndarray,
 ) -> np.ndarray:
-    """The delay formula, NaN where the model is incomplete.
-
-    Evaluated in float64 in the reference's operation order (bytes, then
-    divide by bytes per second, then scale to ms) so results are bit-equal.
-    Adding ``state_bytes`` = 0 does not change the product.
+    """The delay formula (``kernels.transfer_timing``, the one the kernels use), NaN
+    where the model is incomplete. Adding ``state_bytes`` = 0 does not change the
+    product.
     """
     defined = has_kv_bytes_per_token & has_bandwidth_gb_s & (bandwidth_gb_s != 0.0)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        transfer_bytes = tokens.astype(np.float64) * kv_bytes_per_token + state_bytes
-        delay_ms = transfer_bytes / (bandwidth_gb_s * 1e9) * 1000.0
+        delay_ms = kv_transfer_ms(tokens.astype(np.float64), kv_bytes_per_token, state_bytes,
+                                  bandwidth_gb_s)
     return np.where(defined, delay_ms, np.nan)
 
 

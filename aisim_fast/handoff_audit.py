@@ -8,7 +8,8 @@ step per lifecycle fact or outcome, and checks that
 
 * at every step the coordinator issues exactly the action the kernel executed next
   (SubmitPrefill, ReserveDestination, StartTransfer, ActivateDestination,
-  ReleaseSource, then Complete with Success);
+  ReleaseSource, then Complete with Success): the ``NEXT_ON_*`` table of
+  ``kernels.layout``, which the kernels' handoff queues from;
 * the transfer delay the coordinator derives from the timing frozen at SourceHeld
   and the reported ``transferable_prompt_tokens`` is the delay the kernel used
   (``transfer_done_ms == destination_reserved_ms + delay_ms``, bit for bit);
@@ -36,6 +37,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from aisim_fast.kernels import layout as L
 from aisim_fast.handoff import (
     ActionKind,
     Backend,
@@ -173,7 +175,7 @@ def audit_handoffs(runs: Sequence[AuditedRun]) -> AuditSummary:
         return apply_facts(state, rows, kind, **kw)
 
     steps += 1
-    ids = _expect(apply_start(state, rows), rows, ActionKind.SUBMIT_PREFILL, "start", names)
+    ids = _expect(apply_start(state, rows), rows, ActionKind(L.NEXT_ON_ARRIVAL), "start", names)
     _expect_none(outcome(ids, OutcomeKind.SUBMITTED), "Submitted", names)
     timing = TransferTimingArrays(
         mode=req["_mode"].to_numpy(np.int64),
@@ -181,11 +183,11 @@ def audit_handoffs(runs: Sequence[AuditedRun]) -> AuditSummary:
         kv_bytes_per_token=req["_bytes"].to_numpy(np.float64),
         bandwidth_gb_s=req["_bw"].to_numpy(np.float64))
     ids = _expect(fact(FactKind.SOURCE_HELD, timing=timing), rows,
-                  ActionKind.RESERVE_DESTINATION, "SourceHeld", names)
+                  ActionKind(L.NEXT_ON_SOURCE_HELD), "SourceHeld", names)
     _expect_none(outcome(ids, OutcomeKind.ACCEPTED), "Accepted", names)
     issued = fact(FactKind.DESTINATION_RESERVED,
                   transferable_prompt_tokens=req["transferable_prompt_tokens"].to_numpy(np.int64))
-    ids = _expect(issued, rows, ActionKind.START_TRANSFER, "DestinationReserved", names)
+    ids = _expect(issued, rows, ActionKind(L.NEXT_ON_DESTINATION_RESERVED), "DestinationReserved", names)
     delay_ms = issued.delay_ms
     same = done_ms == reserved + delay_ms
     if not same.all():
@@ -195,11 +197,11 @@ def audit_handoffs(runs: Sequence[AuditedRun]) -> AuditSummary:
             f"{delay_ms[i]!r} ms after the reservation at {reserved[i]!r} ms gives "
             f"{reserved[i] + delay_ms[i]!r}")
     _expect_none(outcome(ids, OutcomeKind.SCHEDULED), "Scheduled", names)
-    ids = _expect(fact(FactKind.TRANSFER_COMPLETED), rows, ActionKind.ACTIVATE_DESTINATION,
+    ids = _expect(fact(FactKind.TRANSFER_COMPLETED), rows, ActionKind(L.NEXT_ON_TRANSFER_COMPLETED),
                   "TransferCompleted", names)
-    ids = _expect(outcome(ids, OutcomeKind.APPLIED), rows, ActionKind.RELEASE_SOURCE,
+    ids = _expect(outcome(ids, OutcomeKind.APPLIED), rows, ActionKind(L.NEXT_ON_DESTINATION_ACTIVATED),
                   "ActivateDestination Applied", names)
-    _expect(outcome(ids, OutcomeKind.APPLIED), rows, ActionKind.COMPLETE,
+    _expect(outcome(ids, OutcomeKind.APPLIED), rows, ActionKind(L.NEXT_ON_SOURCE_RELEASED),
             "ReleaseSource Applied", names)
     finished = state.completion == Completion.SUCCESS
     if not finished.all():

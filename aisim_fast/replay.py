@@ -197,7 +197,7 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
     out = _effective_max_output(sim)
     blocks = -(-(wl.input_len + out) // bs)
     rq_i = _unplaced_rows(wl, table_rows[(id(wl), bs)], out, blocks)
-    rq_f = np.full((n, L.RQ_F_FIELDS), np.nan)
+    rq_f = L.REQUEST_F.new(n)
     rq_f[:, L.RQF_DELAY_MS] = wl.delay_ms
     rq_f[:, L.RQF_START_MS] = wl.start_ms
     pools = [(sim.prefill_workers, sim.workers, rank, blocks)]
@@ -260,16 +260,13 @@ def _unplaced_rows(wl: Workload, first_src_row: int, max_output, blocks: np.ndar
     """Request rows of a trace before arrival: prompt, output budget, trace row, session,
     lease offsets from 0 (``blocks`` per row); nothing computed, no worker, no links."""
     n = len(wl.input_len)
-    rows = np.zeros((n, L.RQ_I_FIELDS), np.int64)
+    rows = L.REQUEST_I.new(n)  # links -1, status not arrived, counters 0
     rows[:, L.RQ_PROMPT_LEN] = wl.input_len
     rows[:, L.RQ_MAX_OUTPUT] = max_output
     rows[:, L.RQ_SRC_ROW] = first_src_row + np.arange(n)
     rows[:, L.RQ_SESSION] = wl.session
     rows[:, L.RQ_TURN] = wl.turn_index
     rows[:, L.RQ_LEASE_OFF] = np.cumsum(blocks) - blocks
-    rows[:, L.RQ_STATUS] = L.RS_NOT_ARRIVED
-    for col in (L.RQ_WORKER, L.RQ_FIRST_CACHED, L.RQ_TERM_NEXT, L.RQ_LINK, L.RQ_PEER):
-        rows[:, col] = -1
     return rows
 
 
@@ -333,7 +330,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     start_order = np.zeros(n_logical, np.int64)
     cfg_i = np.zeros((n_w, L.CFG_I_FIELDS), np.int64)
     cfg_f = np.zeros((n_w, L.CFG_F_FIELDS), np.float64)
-    sm_i = np.zeros((n_sims, L.SM_FIELDS), np.int64)
+    sm_i = L.SIMULATION.new(n_sims)
     arena = np.empty(n_w, np.int64)
     run_cap = np.empty(n_w, np.int64)
     wait_cap = np.empty(n_w, np.int64)
@@ -372,7 +369,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
                     seq_hash=np.zeros(n_k, np.uint64))
 
     tab_size = np.array([_pow2_at_least(2 * a) for a in arena], np.int64)
-    pool_w = np.zeros((n_w, L.PW_FIELDS), np.int64)
+    pool_w = L.POOL_W.new(n_w)
     pool_w[:, L.PW_BLK_OFF] = np.concatenate([[0], np.cumsum(arena)[:-1]])
     pool_w[:, L.PW_BLK_LEN] = arena
     pool_w[:, L.PW_TAB_OFF] = np.concatenate([[0], np.cumsum(tab_size)[:-1]])
@@ -385,15 +382,12 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=np.empty(int(tab_size.sum()), np.int32))
     _reset_pools(pool)
 
-    wk_i = np.zeros((n_w, L.WK_FIELDS), np.int64)
+    wk_i = L.WORKER.new(n_w)
     wk_i[:, L.WK_SIM] = np.repeat(np.arange(n_sims), w_len)
     wk_i[:, L.WK_RUN_OFF] = np.concatenate([[0], np.cumsum(run_cap)[:-1]])
     wk_i[:, L.WK_WAIT_OFF] = np.concatenate([[0], np.cumsum(wait_cap)[:-1]])
     wk_i[:, L.WK_WAIT_CAP] = wait_cap
     wk_i[:, L.WK_RUN_CAP] = run_cap
-    for col in (L.WK_TERM_HEAD, L.WK_TERM_TAIL, L.WK_PEND_HEAD, L.WK_PEND_TAIL, L.WK_DEFER_HEAD,
-                L.WK_DEFER_TAIL):
-        wk_i[:, col] = -1
     wk = L.Workers(i64=wk_i, pass_end_ms=np.zeros(n_w),
                    run_q=np.zeros(int(run_cap.sum()), np.int64),
                    wait_q=np.zeros(int(wait_cap.sum()), np.int64))
@@ -401,9 +395,6 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     sm_i[:, L.SM_Q_LEN] = q_len
     sm_i[:, L.SM_W_OFF] = w_off
     sm_i[:, L.SM_W_LEN] = w_len
-    sm_i[:, L.SM_STATUS] = L.SIM_RUNNING
-    sm_i[:, L.SM_UUID_NEXT] = 1
-    sm_i[:, L.SM_RESUME_WORKER] = -1
     sm_i[:, L.SM_PREFILL_LEN] = [sim.prefill_workers for sim in sims]
     sm_i[:, L.SM_PLACEMENT] = [L.PLACEMENT_NAMES.index(sim.placement) for sim in sims]
     sm_i[:, L.SM_RNG_STATE] = [sim.placement_seed for sim in sims]

@@ -13,16 +13,15 @@ import numpy as np
 from numba import njit
 
 from .layout import (
-    RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS, RQ_LEASE_OFF,
-    RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS, RQ_TERM_NEXT, RQ_TURN,
-    RQ_UUID, RQ_WORKER, RS_WAITING,
-    SM_ACTIVE_SESSIONS, SM_CONCURRENCY, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_STARTS,
-    SM_NUM_TERMINAL, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_START_PTR,
-    SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL,
-    ACT_SUBMIT_PREFILL, RQ_ACTION, SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_PREFILL_LEN,
+    NEXT_ON_ARRIVAL, RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS,
+    RQ_ACTION, RQ_LEASE_OFF, RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS,
+    RQ_TERM_NEXT, RQ_TURN, RQ_UUID, RQ_WORKER, RS_WAITING, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD,
+    SM_ACTQ_LEN, SM_CONCURRENCY, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_STARTS, SM_NUM_TERMINAL,
+    SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_START_PTR, SM_UUID_NEXT, SM_W_LEN,
+    SM_W_OFF, WK_BUSY, WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL,
 )
 from .placement import place
-from .vllm_pass import wait_push_back
+from .rank_queues import wait_push_back
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -104,7 +103,7 @@ def _arrive(cfg, rq, wl, wk, sims, s, q, arrival_ms):
     sims.i64[s, SM_UUID_NEXT] += 1
     sims.i64[s, SM_NUM_ARRIVED] += 1
     if sims.i64[s, SM_PREFILL_LEN] > 0:
-        queue_action(rq, sims, s, q, ACT_SUBMIT_PREFILL)
+        queue_action(rq, sims, s, q, NEXT_ON_ARRIVAL)
         return
     w = place(sims, s, sims.i64[s, SM_W_OFF], sims.i64[s, SM_W_LEN], SM_RR_CURSOR)
     rq.i64[q, RQ_WORKER] = w

@@ -10,7 +10,7 @@ date once at the end of the run, and only the requests that leave the schedule
 fast path in a pass (completing a block, which is hashed and published, or
 growing the lease by a fresh block) go through the full schedule step, in running
 order, in that pass. The result is exactly the float operations, pass log rows,
-token-gap folds, pool operations and request fields that ``vllm_pass.run_pass``
+token-gap folds, pool operations and request fields that ``vllm_core.run_pass``
 produces one pass at a time (the property tests hold it to that pass by pass).
 
 A run ends before the first pass that finishes a request or whose fresh blocks
@@ -27,17 +27,18 @@ from .block_pool import num_free
 from .layout import (
     CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS, CFGF_SPEEDUP_RATIO, CFG_BLOCK_SIZE,
     CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
-    CFG_ROLE, CFG_TIMING, PW_LRU_LEN, RQF_LAST_TOKEN_MS,
-    RQF_SECOND_TOKEN_MS, RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT,
-    RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_SCHED_CLASS, RQ_SCHED_LEN, RQ_SCHED_PREFIX,
-    RQ_SCHED_PROMPT, RQ_SCHED_STAMP, RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS, ROLE_AGGREGATED,
+    CFG_ROLE, CFG_TIMING, PW_LRU_LEN, ROLE_AGGREGATED, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS,
+    RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PROMPT_LEN,
     SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF, WK_STALLED,
     WK_WAIT_LEN,
 )
 from .arrivals import arrivals_due, next_release_ms
+from .decode_step import CLASS_DECODE, stamp_scheduled
+from .pass_log import append_pass_row
+from .request_state import ceil_div
 from .sketch import fold_gap_run
 from .timing import decode_ns, ns_to_ms
-from .vllm_pass import ALLOC_ARENA_FULL, CLASS_DECODE, _ceil_div, _schedule, append_pass_row
+from .vllm_core import ALLOC_ARENA_FULL, schedule_request_ahead
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -114,11 +115,10 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
     decode_speedup = cfg.f64[w, CFGF_DECODE_SPEEDUP_RATIO]
     total_kv_tokens = capacity * bs
     log_on = sims.pass_log.shape[1] > 0
-    not_decode = np.bool_(True)  # an aggregated worker (typed: see vllm_pass._schedule)
     start_ms = now_ms
     end_ms = now_ms
     first_end_ms = now_ms
-    k = 0
+    k = np.int64(0)  # typed: a literal start compiles its callees twice
     while k < k_last and (k == 0 or end_ms < quiet_until):
         pass_k = k + 1
         start_ms = end_ms
@@ -137,7 +137,7 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
                     q = wk.run_q[off + j]
                     computed = rq_i[q, RQ_NUM_COMPUTED] + pass_k
                     if computed > rq_i[q, RQ_FAST_LIMIT] \
-                            and computed > _ceil_div(rq_i[q, RQ_ALLOCATED], bs) * bs:
+                            and computed > ceil_div(rq_i[q, RQ_ALLOCATED], bs) * bs:
                         growing += 1
                 if growing > obtainable:
                     break
@@ -147,15 +147,9 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
                 q = wk.run_q[off + j]
                 base_computed = rq_i[q, RQ_NUM_COMPUTED]
                 if base_computed + pass_k > rq_i[q, RQ_FAST_LIMIT]:
-                    base_generated = rq_i[q, RQ_GENERATED]
-                    rq_i[q, RQ_NUM_COMPUTED] = base_computed + k
-                    rq_i[q, RQ_GENERATED] = base_generated + k
-                    acc[0] = n  # _schedule's pass counters (scratch here: this loop keeps its own)
-                    out = _schedule(cfg, p, rq, wl, wk, w, q, np.bool_(False), np.int64(0), start_ms,
-                                    stamp, acc, hits, fresh, scratch_tokens, not_decode, np.int64(0))
-                    rq_i[q, RQ_NUM_COMPUTED] = base_computed
-                    rq_i[q, RQ_GENERATED] = base_generated
-                    if out == ALLOC_ARENA_FULL:
+                    acc[0] = n  # the step's pass counters (scratch here: this loop keeps its own)
+                    if schedule_request_ahead(cfg, p, rq, wl, wk, w, q, k, start_ms, stamp, acc, hits,
+                                              fresh, scratch_tokens) == ALLOC_ARENA_FULL:
                         return now_ms, 0, True
                 next_event = min(next_event, rq_i[q, RQ_FAST_LIMIT] - base_computed + 1)
         # the pass's prefill part is empty: start + 0 ms, then the decode batch
@@ -187,13 +181,7 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
             rq_i[q, RQ_ALLOCATED] = computed
         rq_i[q, RQ_GENERATED] = generated + k
         rq_f[q, RQF_LAST_TOKEN_MS] = end_ms
-        # what the last pass's schedule step recorded
-        rq_i[q, RQ_SCHED_STAMP] = stamp
-        rq_i[q, RQ_SCHED_TOKENS] = 1
-        rq_i[q, RQ_SCHED_PROMPT] = 0
-        rq_i[q, RQ_SCHED_PREFIX] = prompt
-        rq_i[q, RQ_SCHED_LEN] = prompt + generated + k - 1
-        rq_i[q, RQ_SCHED_TERMINAL] = 0
-        rq_i[q, RQ_SCHED_CLASS] = CLASS_DECODE
+        # what the last pass's schedule step recorded: one decode token
+        stamp_scheduled(rq_i, q, stamp, 1, 0, prompt, prompt + generated + k - 1, False, CLASS_DECODE)
     return end_ms, k, False
 

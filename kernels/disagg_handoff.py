@@ -27,42 +27,44 @@ accepted at once and reserved at once only when the decode worker is idle.
 import numpy as np
 from numba import njit
 
-from .block_pool import cache_copy, num_active, release_ref, reserve, table_find
+from .block_pool import cache_copy, release_ref, table_find
 from .layout import (
     ACT_ACTIVATE, ACT_NONE, ACT_RELEASE, ACT_RESERVE, ACT_START_TRANSFER, ACT_SUBMIT_PREFILL,
-    CFGF_HANDOFF_LATENCY_MS, HE_COMPLETED, HE_DESTINATION_ACCEPTED, HE_DESTINATION_ACTIVATED,
-    HE_DESTINATION_RESERVED, HE_SOURCE_HELD, HE_SOURCE_RELEASED, HL_EVENT, HL_REQUEST,
-    HL_TIME_MS, HL_VALUE_A, HL_VALUE_B, SM_HLOG_LEN, CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN, CFG_BLOCK_SIZE,
-    CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_POLICY, CFG_PREFIX_CACHING, CFG_TRANSFER_MODE,
-    CMD_APPLIED, CMD_NOOP, NO_BLOCK, POLICY_TRTLLM, RQF_ARRIVAL_MS, RQF_DEST_ACTIVATED_MS, RQF_DEST_RESERVED_MS,
-    RQF_SOURCE_HELD_MS, RQF_SOURCE_RELEASED_MS, RQF_TERMINAL_MS,
-    RQF_TRANSFER_DONE_MS, RQ_ACTION, RQ_ALLOCATED, RQ_ATTEMPT_GEN, RQ_LEASE_OFF, RQ_LINK,
-    RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_ORDINAL, RQ_PEER, RQ_PROMPT_LEN, RQ_RESERVED_FRESH,
-    RQ_RESERVED_HITS, RQ_XFER_SEQ, RQ_FAST_LIMIT, RQ_REPORTED, RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_UUID, RQ_WORKER,
-    RS_ACTIVATED, RS_DONE, RS_HELD, RS_PENDING_DEST, RS_PREEMPTED, RS_RESERVED, RS_RUNNING, RS_WAITING,
-    SM_ACTQ_HEAD,
-    SM_ACTQ_LEN, SM_DECODE_CURSOR,
-    SM_OPEN_HANDOFFS, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF,
-    SM_RR_CURSOR, SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_CANCELED, TERM_COMPLETED, TERM_FAILED,
-    TERM_REJECTED, TRANSFER_DESTINATION_MISSING, WK_BUSY, WK_CAP_GEN, WK_DEFER_HEAD,
-    WK_DEFER_TAIL, WK_ORDINAL_NEXT, WK_PEND_HEAD, WK_PEND_LEN, WK_PEND_TAIL, WK_RUN_LEN,
-    WK_STALLED, WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_TRT_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD,
+    CFGF_HANDOFF_LATENCY_MS, CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN, CFG_BLOCK_SIZE,
+    CFG_PREFIX_CACHING, CFG_TRANSFER_MODE, CMD_APPLIED, CMD_NOOP, HE_COMPLETED,
+    HE_DESTINATION_ACCEPTED, HE_DESTINATION_ACTIVATED, HE_DESTINATION_RESERVED, HE_SOURCE_HELD,
+    HE_SOURCE_RELEASED, HL_EVENT, HL_REQUEST, HL_TIME_MS, HL_VALUE_A, HL_VALUE_B,
+    NEXT_ON_DESTINATION_ACTIVATED, NEXT_ON_DESTINATION_RESERVED, NEXT_ON_SOURCE_HELD,
+    NEXT_ON_TRANSFER_COMPLETED, NO_BLOCK, RQF_ARRIVAL_MS, RQF_DEST_ACTIVATED_MS,
+    RQF_DEST_RESERVED_MS, RQF_SOURCE_HELD_MS, RQF_SOURCE_RELEASED_MS, RQF_TERMINAL_MS,
+    RQF_TRANSFER_DONE_MS, RQ_ACTION, RQ_ALLOCATED, RQ_ATTEMPT_GEN, RQ_FAST_LIMIT, RQ_LEASE_OFF,
+    RQ_LINK, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_ORDINAL, RQ_PEER, RQ_PROMPT_LEN, RQ_REPORTED,
+    RQ_RESERVED_FRESH, RQ_RESERVED_HITS, RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
+    RQ_UUID, RQ_WORKER, RQ_XFER_SEQ, RS_ACTIVATED, RS_DONE, RS_HELD, RS_PENDING_DEST,
+    RS_PREEMPTED, RS_RESERVED, RS_RUNNING, RS_WAITING, SM_ACTQ_HEAD, SM_ACTQ_LEN,
+    SM_DECODE_CURSOR, SM_HLOG_LEN, SM_OPEN_HANDOFFS, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF,
+    SM_RR_CURSOR, SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_CANCELED, TERM_COMPLETED,
+    TERM_FAILED, TERM_REJECTED, TRANSFER_DESTINATION_MISSING, WK_BUSY, WK_CAP_GEN,
+    WK_DEFER_HEAD, WK_DEFER_TAIL, WK_ORDINAL_NEXT, WK_PEND_HEAD, WK_PEND_LEN, WK_PEND_TAIL,
+    WK_RUN_LEN, WK_RUN_OFF, WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD,
     WK_WAIT_LEN, WK_WAIT_OFF,
 )
-from .placement import place
+from . import capacity_policy
 from .arrivals import logical_terminal, queue_action
-from .vllm_pass import release_lease, run_remove_at, trt_blocks_to_finish, \
-    trt_running_tail, wait_at, wait_push_back, wait_remove_at
+from .kv_lease import release_lease
+from .placement import place
+from .rank_queues import run_remove_at, wait_at, wait_push_back, wait_remove_at
+from .request_state import ceil_div
+from .transfer_timing import kv_transfer_ms_kernel
 
 
 @njit(cache=True, _nrt=False)
 def transfer_delay_ms(tokens, kv_bytes_per_token, bandwidth_gb_s, fallback_ms):
-    """KV transfer delay: ``(tokens * bytes/token) / (GB/s * 1e9) * 1000`` in float64,
-    in the reference's operation order (not quantized); the topology's fallback when
-    the model is incomplete (bytes or bandwidth unset, bandwidth 0 or not finite)."""
+    """KV transfer delay (``transfer_timing``, no state bytes); the topology's fallback
+    when the model is incomplete (bytes or bandwidth unset, bandwidth 0 or not finite)."""
     if np.isnan(kv_bytes_per_token) or not np.isfinite(bandwidth_gb_s) or bandwidth_gb_s <= 0.0:
         return fallback_ms
-    return (np.float64(tokens) * kv_bytes_per_token + 0.0) / (bandwidth_gb_s * 1e9) * 1000.0
+    return kv_transfer_ms_kernel(np.float64(tokens), kv_bytes_per_token, 0.0, bandwidth_gb_s)
 
 
 # ---------------------------------------------------------------------------------
@@ -190,31 +192,9 @@ def _retry_destination(cfg, p, rq, wk, w, hits, fresh):
     q = wk.i64[w, WK_PEND_HEAD]
     if q < 0 or rq.i64[q, RQ_ATTEMPT_GEN] == wk.i64[w, WK_CAP_GEN]:
         return -1
-    bs = cfg.i64[w, CFG_BLOCK_SIZE]
-    capacity = cfg.i64[w, CFG_NUM_GPU_BLOCKS]
-    prompt = rq.i64[q, RQ_PROMPT_LEN]
-    n_blocks = (prompt + bs - 1) // bs
+    n_blocks = ceil_div(rq.i64[q, RQ_PROMPT_LEN], cfg.i64[w, CFG_BLOCK_SIZE])
     k0 = rq.i64[q, RQ_LEASE_OFF]
-    n_hit = 0
-    res = 0
-    if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
-        # guaranteed-no-evict: the whole completion must fit; fresh blocks only
-        available = capacity - num_active(p, w) - trt_running_tail(cfg, p, rq, wk, w)
-        to_finish = trt_blocks_to_finish(cfg, p, rq, w, q, 0)
-        if to_finish <= available:
-            res = reserve(p, w, capacity, hits, 0, n_blocks, fresh)
-            if res == 1:
-                wk.i64[w, WK_TRT_TAIL] += to_finish - n_blocks
-    elif wk.i64[w, WK_RUN_LEN] < cfg.i64[w, CFG_MAX_NUM_SEQS]:
-        if cfg.i64[w, CFG_PREFIX_CACHING] != 0:
-            # the longest resident prefix of complete prompt blocks is reused
-            while n_hit < rq.i64[q, RQ_NUM_HASHED]:
-                b = table_find(p, w, rq.seq_hash[k0 + n_hit])
-                if b == NO_BLOCK:
-                    break
-                hits[n_hit] = b
-                n_hit += 1
-        res = reserve(p, w, capacity, hits, n_hit, n_blocks - n_hit, fresh)
+    res, n_hit = capacity_policy.reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh)
     if res < 0:
         return -2
     if res == 0:
@@ -351,11 +331,10 @@ def cancel_destination(cfg, p, rq, wk, q):
         for i in range(n_blocks - 1, -1, -1):
             release_ref(p, wd, rq.lease[k0 + i])
             rq.lease[k0 + i] = NO_BLOCK
-        if cfg.i64[wd, CFG_POLICY] == POLICY_TRTLLM:
-            wk.i64[wd, WK_TRT_TAIL] -= trt_blocks_to_finish(cfg, p, rq, wd, q, 0) - n_blocks
+        capacity_policy.on_destination_dropped(cfg, p, rq, wk, wd, q, n_blocks)
     elif status == RS_ACTIVATED or status == RS_RUNNING or status == RS_PREEMPTED:
-        if status == RS_ACTIVATED and cfg.i64[wd, CFG_POLICY] == POLICY_TRTLLM:
-            wk.i64[wd, WK_TRT_TAIL] -= trt_blocks_to_finish(cfg, p, rq, wd, q, 0)
+        if status == RS_ACTIVATED:  # before its lease goes: the tail counts from it
+            capacity_policy.on_destination_dropped(cfg, p, rq, wk, wd, q, np.int64(0))
         if not _drop_queued(cfg, p, rq, wk, wd, q):
             return CMD_NOOP
     else:
@@ -381,7 +360,7 @@ def _retry_and_report(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
         return False, False
     rq.f64[r, RQF_DEST_RESERVED_MS] = now_ms
     _journal(sims, s, HE_DESTINATION_RESERVED, r, now_ms, rq.i64[r, RQ_RESERVED_FRESH], 0)
-    queue_action(rq, sims, s, r, ACT_START_TRANSFER)
+    queue_action(rq, sims, s, r, NEXT_ON_DESTINATION_RESERVED)
     return True, False
 
 
@@ -417,12 +396,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
         n_decode = sims.i64[s, SM_W_LEN] - n_prefill
         wd = place(sims, s, w0 + n_prefill, n_decode, SM_DECODE_CURSOR)
         rq.i64[q, RQ_WORKER] = wd
-        bs = cfg.i64[wd, CFG_BLOCK_SIZE]
-        if cfg.i64[wd, CFG_POLICY] == POLICY_TRTLLM:
-            impossible = trt_blocks_to_finish(cfg, p, rq, wd, q, 0) > cfg.i64[wd, CFG_NUM_GPU_BLOCKS]
-        else:
-            impossible = (rq.i64[q, RQ_PROMPT_LEN] + bs - 1) // bs > cfg.i64[wd, CFG_NUM_GPU_BLOCKS]
-        if impossible:
+        if capacity_policy.destination_impossible(cfg, p, rq, wd, q):
             # the destination can never hold the prompt: the handoff unwinds
             _fail_request(rq, sims, s, q, TERM_FAILED, now_ms)
             queue_action(rq, sims, s, q, ACT_RELEASE)
@@ -460,7 +434,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
             _xfer_push(rq, sims, s, q)
         else:
             rq.f64[q, RQF_TRANSFER_DONE_MS] = now_ms
-            queue_action(rq, sims, s, q, ACT_ACTIVATE)
+            queue_action(rq, sims, s, q, NEXT_ON_TRANSFER_COMPLETED)
     elif kind == ACT_ACTIVATE:
         wd = rq.i64[q, RQ_WORKER]
         if wk.i64[wd, WK_BUSY] != 0:
@@ -470,7 +444,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
         published, visible_before = _activate(cfg, p, rq, wk, wd, q)
         rq.f64[q, RQF_DEST_ACTIVATED_MS] = now_ms
         _journal(sims, s, HE_DESTINATION_ACTIVATED, q, now_ms, published, visible_before)
-        queue_action(rq, sims, s, q, ACT_RELEASE)
+        queue_action(rq, sims, s, q, NEXT_ON_DESTINATION_ACTIVATED)
         _, full = _retry_and_report(cfg, p, rq, wk, sims, s, wd, now_ms, hits, fresh)
         return not full
     elif kind == ACT_RELEASE:
@@ -505,7 +479,7 @@ def complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
             if rq.i64[q, RQ_STATUS] == RS_HELD:
                 rq.f64[ql, RQF_SOURCE_HELD_MS] = now_ms
                 _journal(sims, s, HE_SOURCE_HELD, ql, now_ms, 0, 0)
-                queue_action(rq, sims, s, ql, ACT_RESERVE)
+                queue_action(rq, sims, s, ql, NEXT_ON_SOURCE_HELD)
             else:  # rejected by the prefill rank: the handoff fails with it
                 sims.i64[s, SM_OPEN_HANDOFFS] -= 1
                 _fail_request(rq, sims, s, ql, TERM_REJECTED, now_ms)
@@ -529,7 +503,7 @@ def drain_transfers(rq, sims, s, now_ms):
     any_done = False
     while sims.i64[s, SM_XFER_LEN] > 0 and \
             rq.f64[sims.xfer_heap[sims.i64[s, SM_Q_OFF]], RQF_TRANSFER_DONE_MS] <= now_ms:
-        queue_action(rq, sims, s, _xfer_pop(rq, sims, s), ACT_ACTIVATE)
+        queue_action(rq, sims, s, _xfer_pop(rq, sims, s), NEXT_ON_TRANSFER_COMPLETED)
         any_done = True
     return any_done
 

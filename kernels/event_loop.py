@@ -37,7 +37,8 @@ from numba import njit
 
 from . import compile_notice, mark_compiled
 from .arrivals import admit_arrivals, arrivals_due, complete_pass, next_release_ms
-from .decode_run import decode_run, quiet_until_ms
+from .backends import decode_run, run_pass
+from .decode_run import quiet_until_ms
 from .disagg_handoff import complete_disagg_pass, drain_actions, drain_transfers, next_transfer_ms
 from .layout import (
     SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH, SIM_PAUSED, SIM_RUNNING,
@@ -45,7 +46,7 @@ from .layout import (
     SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_OVERFLOW, WK_RUN_LEN,
     WK_STALLED, WK_WAIT_LEN,
 )
-from .vllm_pass import ACC_SIZE, run_pass
+from .vllm_core import ACC_SIZE
 
 
 def _event_loop(disaggregated):

@@ -2,7 +2,9 @@
 NamedTuple bundles that carry the batch state into ``@njit`` code.
 
 Scalar state is owner-major: one int64 (or float64) matrix per owner kind, one
-row per owner, one column per field (``rq.i64[q, RQ_GENERATED]``). A pass touches
+row per owner, one column per field (``rq.i64[q, RQ_GENERATED]``). Every column is
+declared once, in a ``FieldTable`` below (name, initial value, the index space it
+points into, doc); the ``RQ_*``-style constants, widths and fresh rows come from it. A pass touches
 a dozen fields of each running request, which then share one or two cache lines;
 and a kernel receives ~25 arrays instead of ~100, so Numba compiles the call graph
 several times faster and each call reference-counts far fewer array handles.
@@ -80,14 +82,27 @@ SIM_CAPACITY = 6       # a worker's running list or waiting ring had no room: re
 SIM_STATUS_NAMES = ("running", "done", "need_flush", "dead_end", "arena_full", "paused",
                     "capacity")
 
-# Handoff actions queued by the disaggregated replay (``rq.i64[q, RQ_ACTION]`` of the
-# logical request; SourceFirst order: one action in flight per handoff).
-ACT_NONE = 0
-ACT_SUBMIT_PREFILL = 1
-ACT_RESERVE = 2
-ACT_START_TRANSFER = 3
-ACT_ACTIVATE = 4
-ACT_RELEASE = 5
+# Handoff actions (``rq.i64[q, RQ_ACTION]`` of the logical request; SourceFirst
+# order: one action in flight per handoff). The driver's coordinator
+# (``aisim_fast.handoff.ActionKind``) uses these same numbers.
+ACT_NONE = -1
+ACT_SUBMIT_PREFILL = 0
+ACT_RESERVE = 1
+ACT_START_TRANSFER = 2
+ACT_ACTIVATE = 3
+ACT_RELEASE = 4
+ACT_CANCEL_SOURCE = 5
+ACT_CANCEL_DESTINATION = 6
+ACT_COMPLETE = 7       # the handoff is done (the coordinator's terminal action)
+# SourceFirst: the action that follows each lifecycle fact. The kernels' handoff
+# queues exactly these, and the driver's audit (aisim_fast.handoff_audit) holds the
+# coordinator to them on every disaggregated run: one transition sequence.
+NEXT_ON_ARRIVAL = ACT_SUBMIT_PREFILL
+NEXT_ON_SOURCE_HELD = ACT_RESERVE
+NEXT_ON_DESTINATION_RESERVED = ACT_START_TRANSFER
+NEXT_ON_TRANSFER_COMPLETED = ACT_ACTIVATE
+NEXT_ON_DESTINATION_ACTIVATED = ACT_RELEASE
+NEXT_ON_SOURCE_RELEASED = ACT_COMPLETE
 
 # Handoff lifecycle journal (``hlog[s, row, HL_*]``, opt-in): one row per event of
 # the normalized lifecycle, in the order the simulation produced them.
@@ -135,93 +150,247 @@ PASS_LOG_COLUMNS = (
 PL_NUM_COLUMNS = len(PASS_LOG_COLUMNS)
 
 
+# ---------------------------------------------------------------------------------
+# Field tables: every column of every state matrix, declared once
+# ---------------------------------------------------------------------------------
+class Field(NamedTuple):
+    """One column of a state matrix."""
+    name: str      # full constant name, e.g. "RQ_PROMPT_LEN"
+    index: int     # column
+    init: float    # value of a fresh row (before the driver writes it)
+    ref: str       # the index space the value points into ("q" request, "w" worker,
+                   # "k" lease entry, "" a plain value); -1 = none
+    doc: str
+
+
+class FieldTable:
+    """The columns of one state matrix (``matrix`` ``owner`` x field): the module
+    constants ``<prefix><NAME>`` (their column numbers), the width, fresh rows
+    (``new``) and a named view for export and debugging (``frame``)."""
+
+    def __init__(self, prefix: str, matrix: str, dtype, rows):
+        self.prefix, self.matrix, self.dtype = prefix, matrix, np.dtype(dtype)
+        self.fields = tuple(Field(prefix + name, i, init, ref, doc)
+                            for i, (name, init, ref, doc) in enumerate(rows))
+        self.width = len(self.fields)
+
+    def new(self, n: int) -> np.ndarray:
+        """``n`` fresh rows: every column at its declared initial value."""
+        out = np.empty((n, self.width), self.dtype)
+        out[:] = np.array([f.init for f in self.fields], self.dtype)
+        return out
+
+    def frame(self, matrix: np.ndarray):
+        """The matrix as a pandas DataFrame with one named column per field."""
+        import pandas as pd
+        return pd.DataFrame({f.name[len(self.prefix):].lower(): matrix[:, f.index]
+                             for f in self.fields})
+
+    def columns_pointing_to(self, ref: str) -> tuple[int, ...]:
+        return tuple(f.index for f in self.fields if f.ref == ref)
+
+
+def _declare(table: FieldTable) -> FieldTable:
+    globals().update({f.name: f.index for f in table.fields})
+    return table
+
+
 # Rank configuration, per worker: cfg.i64[w, CFG_*] and cfg.f64[w, CFGF_*].
-(CFG_NUM_GPU_BLOCKS, CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, CFG_MAX_NUM_BATCHED_TOKENS,
- CFG_MAX_MODEL_LEN, CFG_PREFIX_CACHING, CFG_CHUNKED_PREFILL, CFG_PREEMPTION_FIFO, CFG_POLICY,
- CFG_ROLE, CFG_TIMING, CFG_TRANSFER_MODE) = range(12)
-CFG_I_FIELDS = 12
+RANK_CONFIG_I = _declare(FieldTable("CFG_", "cfg.i64", np.int64, [
+    ("NUM_GPU_BLOCKS", 0, "", "KV capacity in blocks"),
+    ("BLOCK_SIZE", 0, "", "tokens per block"),
+    ("MAX_NUM_SEQS", 0, "", "running requests at most"),
+    ("MAX_NUM_BATCHED_TOKENS", 0, "", "token budget of a pass"),
+    ("MAX_MODEL_LEN", -1, "", "prompt + output limit; -1 = none"),
+    ("PREFIX_CACHING", 0, "", "1 = prefix caching on"),
+    ("CHUNKED_PREFILL", 0, "", "1 = chunked prefill on"),
+    ("PREEMPTION_FIFO", 0, "", "1 = preempt the oldest running request (else the newest)"),
+    ("POLICY", 0, "", "scheduling policy, POLICY_*"),
+    ("ROLE", 0, "", "worker role, ROLE_*"),
+    ("TIMING", 0, "", "timing model, TIMING_*"),
+    ("TRANSFER_MODE", 0, "", "KV transfer timing mode of a prefill worker, TRANSFER_*"),
+]))
 # CFGF_KV_BANDWIDTH_GBS / CFGF_KV_BYTES_PER_TOKEN are NaN when not configured (the
 # transfer then takes CFGF_HANDOFF_LATENCY_MS, the topology's fallback).
-(CFGF_FIXED_PREFILL_MS, CFGF_FIXED_DECODE_MS, CFGF_SPEEDUP_RATIO,
- CFGF_DECODE_SPEEDUP_RATIO, CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN,
- CFGF_HANDOFF_LATENCY_MS) = range(7)
-CFG_F_FIELDS = 7
+RANK_CONFIG_F = _declare(FieldTable("CFGF_", "cfg.f64", np.float64, [
+    ("FIXED_PREFILL_MS", 0.0, "", "fixed timing: prefill part of a pass"),
+    ("FIXED_DECODE_MS", 0.0, "", "fixed timing: decode part of a pass"),
+    ("SPEEDUP_RATIO", 1.0, "", "modeled durations divided by this"),
+    ("DECODE_SPEEDUP_RATIO", 1.0, "", "decode durations divided by this too"),
+    ("KV_BANDWIDTH_GBS", np.nan, "", "KV transfer bandwidth, decimal GB/s"),
+    ("KV_BYTES_PER_TOKEN", np.nan, "", "KV bytes per prompt token transferred"),
+    ("HANDOFF_LATENCY_MS", 0.0, "", "transfer delay when the transfer model is incomplete"),
+]))
+CFG_I_FIELDS = RANK_CONFIG_I.width
+CFG_F_FIELDS = RANK_CONFIG_F.width
 
 # Block pool, per worker: pool.w64[w, PW_*]; per arena slot: pool.b32[b, PB_*].
-(PW_BLK_OFF, PW_BLK_LEN, PW_TAB_OFF, PW_TAB_MASK, PW_FREE_TOP, PW_NUM_COPIES, PW_NUM_RESERVED,
- PW_LRU_HEAD, PW_LRU_TAIL, PW_LRU_LEN, PW_BUMP) = range(11)
-PW_FIELDS = 11
-# PW_BUMP: arena slots handed out so far; slots past it were never used and hold
-# garbage until block_pool._take_slot initializes them. PW_FREE_TOP: slots given
-# back, a stack in the PB_FREE_STACK column of the arena's first rows.
+POOL_W = _declare(FieldTable("PW_", "pool.w64", np.int64, [
+    ("BLK_OFF", 0, "b", "first arena slot of the worker"),
+    ("BLK_LEN", 0, "", "arena slots of the worker"),
+    ("TAB_OFF", 0, "", "first prefix-table slot"),
+    ("TAB_MASK", 0, "", "prefix-table size - 1 (a power of two)"),
+    ("FREE_TOP", 0, "", "slots given back, a stack in the PB_FREE_STACK column of the arena's first rows"),
+    ("NUM_COPIES", 0, "", "resident copies (private and cached)"),
+    ("NUM_RESERVED", 0, "", "blocks reserved and not yet copies"),
+    ("LRU_HEAD", -1, "b", "oldest inactive cached copy (evicted first)"),
+    ("LRU_TAIL", -1, "b", "newest inactive cached copy"),
+    ("LRU_LEN", 0, "", "inactive cached copies"),
+    ("BUMP", 0, "", "arena slots handed out so far; slots past it were never used and hold "
+                    "garbage until block_pool._take_slot initializes them"),
+]))
+PW_FIELDS = POOL_W.width
 # PB_DUP / PB_DUP_PREV link the copies of one hash oldest first; PB_DUP_TAIL is
 # the newest copy, kept on the primary so appending a duplicate is O(1).
-(PB_FREE_STACK, PB_REF, PB_PIN, PB_CACHED, PB_PREV, PB_NEXT, PB_DUP, PB_DUP_PREV,
- PB_DUP_TAIL) = range(9)
-PB_FIELDS = 9
+POOL_B = _declare(FieldTable("PB_", "pool.b32", np.int32, [
+    ("FREE_STACK", -1, "b", "free-slot stack entry (rows [0, PW_FREE_TOP) of the arena)"),
+    ("REF", 0, "", "lease references"),
+    ("PIN", 0, "", "pins"),
+    ("CACHED", 0, "", "1 = visible under its hash, else private"),
+    ("PREV", -1, "b", "LRU: newer neighbour"),
+    ("NEXT", -1, "b", "LRU: older neighbour"),
+    ("DUP", -1, "b", "next (newer) copy of the same hash"),
+    ("DUP_PREV", -1, "b", "previous (older) copy of the same hash"),
+    ("DUP_TAIL", -1, "b", "on a primary: the newest copy of its hash"),
+]))
+PB_FIELDS = POOL_B.width
 
 # Requests: rq.i64[q, RQ_*] and rq.f64[q, RQF_*].
-(RQ_PROMPT_LEN, RQ_MAX_OUTPUT, RQ_SRC_ROW, RQ_SESSION, RQ_TURN, RQ_NEXT_TURN, RQ_LEASE_OFF,
- RQ_UUID, RQ_STATUS, RQ_WORKER, RQ_GENERATED, RQ_NUM_COMPUTED, RQ_ALLOCATED, RQ_NUM_HASHED,
- RQ_PREEMPTIONS, RQ_ADMISSIONS, RQ_FIRST_CACHED, RQ_MAX_CACHED, RQ_SCHED_STAMP, RQ_SCHED_TOKENS,
- RQ_SCHED_PROMPT, RQ_SCHED_PREFIX, RQ_SCHED_TERMINAL, RQ_TERM_NEXT, RQ_TERMINAL,
- RQ_COMMITTED_PREFILL, RQ_SCHED_LEN, RQ_PEER, RQ_ACTION, RQ_LINK, RQ_ORDINAL, RQ_ATTEMPT_GEN,
- RQ_RESERVED_HITS, RQ_RESERVED_FRESH, RQ_XFER_SEQ, RQ_REPUBLISHED, RQ_FAST_LIMIT,
- RQ_REPORTED, RQ_SCHED_CLASS) = range(39)
-RQ_I_FIELDS = 39
-# RQ_FAST_LIMIT: the largest computed-token count the pass's fast path may reach
-# without completing a block or growing the lease (0 = unknown: take the full
-# schedule_request path, which sets it again).
 # Disaggregated replay: a logical request (trace row) is served by two rows, the
 # logical row itself on the decode side and a prefill row (``max_output`` 1) on the
 # prefill side, linked both ways by RQ_PEER (-1 when aggregated). The logical row
-# carries the handoff state: RQ_ACTION (queued/deferred action, ACT_*), RQ_LINK (next
-# entry of a deferred-action or pending-destination list), RQ_ORDINAL (decode-rank
-# arrival ordinal), RQ_ATTEMPT_GEN (capacity generation of its last failed
-# reservation attempt), RQ_RESERVED_HITS / RQ_RESERVED_FRESH (reserved blocks),
-# RQ_XFER_SEQ (start order of its transfer: equal completion times pop in it),
-# RQ_REPUBLISHED (prompt blocks the decode rank published again after activation,
-# i.e. recomputed after a decode-side preemption had let them be evicted),
-# RQ_REPORTED (1 once its terminal was seen at its pass end: the state changes
-# at pass start, the outside world learns of it at the end).
-(RQF_DELAY_MS, RQF_START_MS, RQF_READY_MS, RQF_ARRIVAL_MS, RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS,
- RQF_SECOND_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_TERMINAL_MS, RQF_SOURCE_HELD_MS,
- RQF_DEST_RESERVED_MS, RQF_DEST_ACTIVATED_MS, RQF_SOURCE_RELEASED_MS, RQF_TRANSFER_DONE_MS) = range(14)
-RQ_F_FIELDS = 14
+# carries the handoff state.
+REQUEST_I = _declare(FieldTable("RQ_", "rq.i64", np.int64, [
+    ("PROMPT_LEN", 0, "", "prompt tokens"),
+    ("MAX_OUTPUT", 0, "", "output budget (TRT-LLM: clamped to the pool)"),
+    ("SRC_ROW", 0, "", "workload row (trace row at this block size)"),
+    ("SESSION", 0, "", "session index"),
+    ("TURN", 0, "", "turn index in its session"),
+    ("NEXT_TURN", -1, "q", "next turn of the session"),
+    ("LEASE_OFF", 0, "k", "first entry of its block lease / hash row"),
+    ("UUID", 0, "", "arrival ordinal of the simulation, from 1 (synthetic output tokens)"),
+    ("STATUS", RS_NOT_ARRIVED, "", "where it is in its life, RS_*"),
+    ("WORKER", -1, "w", "worker serving it"),
+    ("GENERATED", 0, "", "output tokens emitted"),
+    ("NUM_COMPUTED", 0, "", "tokens computed (prompt and output)"),
+    ("ALLOCATED", 0, "", "tokens its lease covers"),
+    ("NUM_HASHED", 0, "", "lease entries whose sequence hash is known"),
+    ("PREEMPTIONS", 0, "", "times preempted"),
+    ("ADMISSIONS", 0, "", "times admitted"),
+    ("FIRST_CACHED", -1, "", "cached tokens at its first admission; -1 = not admitted yet"),
+    ("MAX_CACHED", 0, "", "largest cached tokens over its admissions"),
+    ("SCHED_STAMP", 0, "", "stamp of the pass that last scheduled it"),
+    ("SCHED_TOKENS", 0, "", "tokens it was scheduled in that pass"),
+    ("SCHED_PROMPT", 0, "", "prompt tokens among them"),
+    ("SCHED_PREFIX", 0, "", "prompt tokens computed before that pass"),
+    ("SCHED_TERMINAL", 0, "", "1 = nothing left to generate after that pass"),
+    ("TERM_NEXT", -1, "q", "next entry of its worker's terminal list"),
+    ("TERMINAL", TERM_NONE, "", "how it ended, TERM_*"),
+    ("COMMITTED_PREFILL", 0, "", "tokens of pass chunks that computed prompt tokens"),
+    ("SCHED_LEN", 0, "", "sequence length when last scheduled"),
+    ("PEER", -1, "q", "disaggregated: the other row of the same logical request"),
+    ("ACTION", ACT_NONE, "", "queued or deferred handoff action, ACT_*"),
+    ("LINK", -1, "q", "next entry of a deferred-action or pending-destination list"),
+    ("ORDINAL", 0, "", "decode-rank arrival ordinal"),
+    ("ATTEMPT_GEN", 0, "", "capacity generation of its last failed reservation attempt"),
+    ("RESERVED_HITS", 0, "", "reserved blocks reused from the decode rank's prefix cache"),
+    ("RESERVED_FRESH", 0, "", "reserved fresh blocks"),
+    ("XFER_SEQ", 0, "", "start order of its transfer: equal completion times pop in it"),
+    ("REPUBLISHED", 0, "", "prompt blocks the decode rank published again after activation "
+                           "(recomputed after a decode-side preemption let them be evicted)"),
+    ("FAST_LIMIT", 0, "", "largest computed-token count the pass's fast path may reach without "
+                          "completing a block or growing the lease (0 = unknown: take the full "
+                          "schedule step, which sets it again)"),
+    ("REPORTED", 0, "", "1 once its terminal was seen at its pass end (the state changes at pass "
+                        "start, the outside world learns of it at the end)"),
+    ("SCHED_CLASS", 0, "", "what it contributes to its pass's timing, CLASS_* of decode_step"),
+]))
+REQUEST_F = _declare(FieldTable("RQF_", "rq.f64", np.float64, [
+    ("DELAY_MS", np.nan, "", "think time after the previous turn's terminal"),
+    ("START_MS", np.nan, "", "trace timestamp of a first turn (scaled)"),
+    ("READY_MS", np.nan, "", "release time of a later turn"),
+    ("ARRIVAL_MS", np.nan, "", "arrival"),
+    ("FIRST_ADMIT_MS", np.nan, "", "first admission"),
+    ("FIRST_TOKEN_MS", np.nan, "", "first output token"),
+    ("SECOND_TOKEN_MS", np.nan, "", "second output token"),
+    ("LAST_TOKEN_MS", np.nan, "", "latest output token"),
+    ("TERMINAL_MS", np.nan, "", "terminal (visible at its pass end)"),
+    ("SOURCE_HELD_MS", np.nan, "", "disaggregated: prefill KV held"),
+    ("DEST_RESERVED_MS", np.nan, "", "destination reserved"),
+    ("DEST_ACTIVATED_MS", np.nan, "", "destination activated"),
+    ("SOURCE_RELEASED_MS", np.nan, "", "source released"),
+    ("TRANSFER_DONE_MS", np.nan, "", "KV transfer completed"),
+]))
+RQ_I_FIELDS = REQUEST_I.width
+RQ_F_FIELDS = REQUEST_F.width
 
 # Workers (event loop side): wk.i64[w, WK_*].
-(WK_SIM, WK_RUN_OFF, WK_RUN_LEN, WK_WAIT_OFF, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_BUSY,
- WK_TERM_HEAD, WK_STALLED, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_TERM_TAIL, WK_PEND_HEAD,
- WK_PEND_TAIL, WK_PEND_LEN, WK_CAP_GEN, WK_DEFER_HEAD, WK_DEFER_TAIL, WK_ORDINAL_NEXT,
- WK_TRT_TAIL, WK_OVERFLOW, WK_RUN_CAP) = range(23)
-WK_FIELDS = 23
-# WK_TERM_HEAD/TAIL: terminals (and held sources) of the pass in flight, in output
-# order. WK_PEND_*: pending-destination FIFO (linked by RQ_LINK). WK_CAP_GEN: the
-# capacity generation (bumped whenever capacity or slots may have been freed).
-# WK_DEFER_*: handoff actions deferred until this worker's pass in flight ends.
-# WK_TRT_TAIL (TRT-LLM decode rank): blocks that reserved-not-activated and
-# activated-waiting destinations still need to finish, held back from admissions.
-# WK_OVERFLOW: 1 once a push found the running list or waiting ring full (nothing
-# was written; the event loop ends the simulation with SIM_CAPACITY).
+WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
+    ("SIM", 0, "", "simulation of the worker"),
+    ("RUN_OFF", 0, "", "first slot of its running list in wk.run_q"),
+    ("RUN_LEN", 0, "", "running requests"),
+    ("WAIT_OFF", 0, "", "first slot of its waiting ring in wk.wait_q"),
+    ("WAIT_CAP", 0, "", "waiting ring slots"),
+    ("WAIT_HEAD", 0, "", "ring position of the waiting head"),
+    ("WAIT_LEN", 0, "", "waiting requests"),
+    ("BUSY", 0, "", "1 = a pass in flight (ends at wk.pass_end_ms)"),
+    ("TERM_HEAD", -1, "q", "terminals (and held sources) of the pass in flight, output order"),
+    ("STALLED", 0, "", "1 = nothing can change for it until new work reaches it"),
+    ("PASS_STAMP", 0, "", "passes run"),
+    ("PREEMPTIONS_TOTAL", 0, "", "preemptions so far"),
+    ("TERM_TAIL", -1, "q", "last entry of the terminal list"),
+    ("PEND_HEAD", -1, "q", "pending-destination FIFO head (linked by RQ_LINK)"),
+    ("PEND_TAIL", -1, "q", "pending-destination FIFO tail"),
+    ("PEND_LEN", 0, "", "pending destinations"),
+    ("CAP_GEN", 0, "", "capacity generation, bumped whenever capacity or slots may have been freed"),
+    ("DEFER_HEAD", -1, "q", "handoff actions deferred until its pass in flight ends"),
+    ("DEFER_TAIL", -1, "q", "last deferred action"),
+    ("ORDINAL_NEXT", 0, "", "next decode-rank arrival ordinal"),
+    ("TRT_TAIL", 0, "", "TRT-LLM decode rank: blocks that reserved and activated-waiting "
+                        "destinations still need to finish, held back from admissions"),
+    ("OVERFLOW", 0, "", "1 once a push found the running list or waiting ring full (nothing was "
+                        "written; the event loop ends the simulation with SIM_CAPACITY)"),
+    ("RUN_CAP", 0, "", "running list slots"),
+]))
+WK_FIELDS = WORKER.width
 
-# Simulations: sims.i64[s, SM_*].
-(SM_Q_OFF, SM_Q_LEN, SM_W_OFF, SM_W_LEN, SM_CONCURRENCY, SM_STATUS, SM_NUM_STARTS,
- SM_START_PTR, SM_HEAP_LEN, SM_ACTIVE_SESSIONS, SM_RR_CURSOR, SM_NUM_ARRIVED,
- SM_NUM_TERMINAL, SM_UUID_NEXT, SM_PASS_LOG_LEN, SM_RESUME_WORKER, SM_PREFILL_LEN,
- SM_DECODE_CURSOR, SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_XFER_LEN, SM_OPEN_HANDOFFS, SM_XFER_SEQ,
- SM_HLOG_LEN, SM_DECODE_RUN_PASSES, SM_PLACEMENT, SM_RNG_STATE) = range(27)
-SM_FIELDS = 27
-# Disaggregated simulations: workers [W_OFF, W_OFF + PREFILL_LEN) are the prefill
-# pool, the rest the decode pool (0 prefill workers = aggregated). SM_ACTQ_*: the
-# FIFO handoff action queue (a ring in ``actq`` at Q_OFF); SM_XFER_LEN: transfers in
-# flight (a heap in ``xfer_heap`` at Q_OFF); SM_OPEN_HANDOFFS: sources not released.
-# SM_DECODE_RUN_PASSES: passes run inside decode runs (kernels.decode_run), of all
-# passes (the workers' WK_PASS_STAMP).
-# SM_PLACEMENT: placement policy (PLACE_*); SM_RR_CURSOR / SM_DECODE_CURSOR are the
-# round-robin cursors of the (prefill) pool and the decode pool; SM_RNG_STATE: the
-# splitmix64 state of seeded random placement (kernels.placement).
-# SM_RESUME_WORKER: a kernel call that returned to flush the pass log in the middle
-# of an instant's drive resumes the drive at this worker (-1: start a new drain).
+# Simulations: sims.i64[s, SM_*]. Disaggregated simulations: workers [W_OFF, W_OFF +
+# PREFILL_LEN) are the prefill pool, the rest the decode pool (0 prefill workers =
+# aggregated).
+SIMULATION = _declare(FieldTable("SM_", "sims.i64", np.int64, [
+    ("Q_OFF", 0, "q", "first request row"),
+    ("Q_LEN", 0, "", "logical requests (trace rows)"),
+    ("W_OFF", 0, "w", "first worker"),
+    ("W_LEN", 0, "", "workers (both pools)"),
+    ("CONCURRENCY", 0, "", "closed-loop session cap; 0 = open loop"),
+    ("STATUS", SIM_RUNNING, "", "SIM_*"),
+    ("NUM_STARTS", 0, "", "first turns in the start order"),
+    ("START_PTR", 0, "", "next entry of the start order"),
+    ("HEAP_LEN", 0, "", "follow-up turns waiting for their release time"),
+    ("ACTIVE_SESSIONS", 0, "", "sessions in flight"),
+    ("RR_CURSOR", 0, "", "round-robin cursor of the aggregated or prefill pool"),
+    ("NUM_ARRIVED", 0, "", "requests arrived"),
+    ("NUM_TERMINAL", 0, "", "requests terminal"),
+    ("UUID_NEXT", 1, "", "next request uuid"),
+    ("PASS_LOG_LEN", 0, "", "rows of the pass log in use"),
+    ("RESUME_WORKER", -1, "w", "a call that returned to flush the pass log in the middle of an "
+                               "instant's drive resumes the drive at this worker (-1: a new drain)"),
+    ("PREFILL_LEN", 0, "", "prefill workers (0 = aggregated)"),
+    ("DECODE_CURSOR", 0, "", "round-robin cursor of the decode pool"),
+    ("ACTQ_HEAD", 0, "", "FIFO handoff action queue: head (a ring in sims.actq at Q_OFF)"),
+    ("ACTQ_LEN", 0, "", "queued handoff actions"),
+    ("XFER_LEN", 0, "", "transfers in flight (a heap in sims.xfer_heap at Q_OFF)"),
+    ("OPEN_HANDOFFS", 0, "", "sources not released"),
+    ("XFER_SEQ", 0, "", "transfers started"),
+    ("HLOG_LEN", 0, "", "rows of the handoff journal in use"),
+    ("DECODE_RUN_PASSES", 0, "", "passes run inside decode runs (kernels.decode_run)"),
+    ("PLACEMENT", PLACE_ROUND_ROBIN, "", "placement policy, PLACE_* (kernels.placement)"),
+    ("RNG_STATE", 0, "", "splitmix64 state of seeded random placement"),
+]))
+SM_FIELDS = SIMULATION.width
+
+STATE_TABLES = (RANK_CONFIG_I, RANK_CONFIG_F, POOL_W, POOL_B, REQUEST_I, REQUEST_F, WORKER,
+                SIMULATION)
 
 
 class RankConfig(NamedTuple):

@@ -484,7 +484,7 @@ def test_cancel_reserved_destination_gives_the_reservation_back(case):
     from aisim_fast.kernels import layout as L
     from aisim_fast.kernels.block_pool import num_free
     from aisim_fast.kernels.disagg_handoff import cancel_destination
-    from aisim_fast.kernels.vllm_pass import trt_blocks_to_finish
+    from aisim_fast.kernels.trtllm_policy import blocks_to_finish as trt_blocks_to_finish
 
     state, q = _stepped_state(case, lambda rq, wk, q: rq.i64[q, L.RQ_STATUS] == L.RS_RESERVED)
     cfg, pool, rq, wl, wk = state[:5]
@@ -507,7 +507,7 @@ def test_cancel_reserved_destination_gives_the_reservation_back(case):
 def test_cancel_activated_destination_drops_the_request():
     from aisim_fast.kernels import layout as L
     from aisim_fast.kernels.disagg_handoff import cancel_destination
-    from aisim_fast.kernels.vllm_pass import wait_at
+    from aisim_fast.kernels.rank_queues import wait_at
 
     def wanted(rq, wk, q):  # activated and waiting on an idle decode worker
         return rq.i64[q, L.RQ_STATUS] == L.RS_ACTIVATED and wk.i64[rq.i64[q, L.RQ_WORKER], L.WK_BUSY] == 0

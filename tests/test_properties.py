@@ -38,7 +38,7 @@ from aisim_fast.kernels.block_pool import (
     _evict_head, cache_copy, num_active, num_free, pool_reset, release_ref, reserve, table_find,
 )
 from aisim_fast.kernels.event_loop import replay_batch
-from aisim_fast.kernels.vllm_pass import release_lease
+from aisim_fast.kernels.kv_lease import release_lease
 from aisim_fast.replay import (
     DEFAULT_PASS_LOG_ROWS, Simulation, SimulationError, _request_frame, build_state, run_batch,
     simulation_from_setup,

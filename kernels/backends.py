@@ -1,0 +1,40 @@
+"""The backend dispatcher: which scheduler runs a worker's forward pass, by the
+worker's policy code (``cfg.i64[w, CFG_POLICY]``, ``POLICY_*`` in layout), so a
+batch may mix backends.
+
+* ``POLICY_VLLM`` and ``POLICY_TRTLLM`` run the vLLM scheduler core
+  (``vllm_core``), each with its own capacity policy over the shared block pool
+  (``vllm_policy``, ``trtllm_policy``);
+* a new backend is a module with a ``run_pass`` of the same signature, a policy
+  code, and one line here (SGLang's radix cache comes next).
+
+Runs of decode passes (``decode_run``) are an optimization of the vLLM core: for
+any other backend ``decode_run`` runs nothing and the loop takes ``run_pass``.
+"""
+
+from numba import njit
+
+from . import decode_run as vllm_decode_run
+from . import vllm_core
+from .layout import CFG_POLICY, POLICY_TRTLLM, POLICY_VLLM
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
+    """One forward pass of worker w from ``now_ms``: ``(end_ms, had_effect, arena_full)``."""
+    # vLLM and TRT-LLM, the policy codes so far, run the vLLM core; another backend
+    # goes here as ``if cfg.i64[w, CFG_POLICY] == POLICY_X: return x.run_pass(...)``
+    return vllm_core.run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh,
+                              scratch_tokens)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, acc, hits, fresh,
+               scratch_tokens):
+    """Worker w's decode passes up to ``quiet_until`` in one call where its backend
+    has them: ``(end_ms, passes run, arena_full)``, 0 passes = take ``run_pass``."""
+    policy = cfg.i64[w, CFG_POLICY]
+    if policy == POLICY_VLLM or policy == POLICY_TRTLLM:
+        return vllm_decode_run.decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until,
+                                          max_passes, acc, hits, fresh, scratch_tokens)
+    return now_ms, 0, False
