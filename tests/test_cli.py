@@ -467,6 +467,14 @@ def _spec_copy(tmp_path, edit):
     (lambda p: p["spec"].update(engine=[1]), ["spec.engine: must be an object"]),
     (lambda p: p.update(spec=7), ["spec: must be an object"]),
     (lambda p: p.pop("spec"), ["must be an object with 'spec'"]),
+    (lambda p: p["spec"].update(adapters={"placement": {"provider": "least_loaded"}}),
+     ["spec.adapters.placement.provider", "round_robin, random"]),
+    (lambda p: p["spec"].update(adapters={"placement": {"provider": "round_robin",
+                                                        "config": {"seed": 1}}}),
+     ["spec.adapters.placement.config.seed", "unknown field for placement 'round_robin'"]),
+    (lambda p: p["spec"].update(adapters={"placement": {"provider": "random",
+                                                        "config": {"seed": -1}}}),
+     ["spec.adapters.placement.config.seed", ">= 0"]),
 ])
 def test_bad_spec(tmp_path, capsys, edit, fragments):
     spec = _spec_copy(tmp_path, edit)
@@ -516,3 +524,43 @@ def test_gpu_hours_follow_tensor_parallel_size(tmp_path, capsys):
     golden = golden_report(TINY_REPORT)
     assert summary["decode_gpus_per_worker"] == 2 and summary["prefill_gpus_per_worker"] == 0
     assert summary["gpu_hours"] == pytest.approx(2 * golden["gpu_hours"], rel=SUMMARY_REL_TOL)
+
+
+def test_random_placement_flags(tmp_path, capsys):
+    """--placement random with a seed runs and records the policy; the seed alone is a
+    usage error; the same seed gives the same run."""
+    out = []
+    for name in ("a", "b"):
+        code, _, err = run_cli(_flags(tmp_path / name, "--workers", "3", "--placement", "random",
+                                      "--placement-seed", "9"), capsys)
+        assert code == 0, err
+        out.append(pd.read_parquet(tmp_path / name / "run" / "requests.parquet"))
+    pd.testing.assert_frame_equal(out[0], out[1])
+    assert out[0]["worker"].nunique() > 1
+    code, _, err = run_cli(_flags(tmp_path / "c", "--workers", "3", "--placement-seed", "9"), capsys)
+    assert_user_error(code, err, "--placement-seed needs --placement random")
+
+
+def test_warmup_compiles_and_reports(capsys):
+    code, out, err = run_cli(["warmup", "--topology", "aggregated"], capsys)
+    assert code == 0, err
+    assert out.startswith("aggregated") and "ready" in out
+
+
+def test_compile_notice_once_per_missing_kernel_set(tmp_path, capsys, monkeypatch):
+    """One stderr line naming the kernel sets a cache does not hold, before compiling;
+    nothing once they are marked compiled (or already announced)."""
+    import numba
+    from aisim_fast import kernels
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_ANNOUNCED", set())
+    kernels.compile_notice(["trace", "aggregated"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "compiling kernels for the trace loader, aggregated replay (first run only" in err
+    kernels.compile_notice(["aggregated"])
+    assert capsys.readouterr().err == ""
+    kernels.mark_compiled("disaggregated")
+    monkeypatch.setattr(kernels, "_ANNOUNCED", set())
+    kernels.compile_notice(["disaggregated"])
+    assert capsys.readouterr().err == ""
