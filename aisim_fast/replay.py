@@ -32,6 +32,7 @@ except ImportError:  # numpy < 2
     from numpy.core.multiarray import _set_madvise_hugepage
 
 DEFAULT_PASS_LOG_ROWS = 65536
+DEFAULT_KV_EVENT_ROWS = 65536  # per simulation; drained whenever half full, doubled on overflow
 
 
 class SimulationError(RuntimeError):
@@ -89,6 +90,8 @@ class BatchResult:
     leftovers: Sequence[dict] = ()
     status: Sequence[str] = ()         # STATUS_* per simulation
     error: Sequence[str] = ()          # "" when ok, else what went wrong
+    # one frame per simulation, one row per KV event (record_kv_events=True)
+    kv_events: Sequence[pd.DataFrame] = ()
 
     def check(self) -> "BatchResult":
         """Raise SimulationError for the first simulation that did not finish."""
@@ -271,8 +274,9 @@ def _unplaced_rows(wl: Workload, first_src_row: int, max_output, blocks: np.ndar
 
 
 def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
-                record_handoffs: bool = False):
-    """Allocate and initialise the kernel state of a batch."""
+                record_handoffs: bool = False, kv_event_rows: int = 0):
+    """Allocate and initialise the kernel state of a batch (``kv_event_rows`` > 0: a KV
+    event log of that many rows per simulation)."""
     n_sims = len(sims)
     # workload tables: one block of rows per distinct (trace, engine block size)
     table_rows: dict[tuple[int, int], int] = {}
@@ -379,7 +383,14 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     with _small_pages():
         b32 = np.empty((n_b, L.PB_FIELDS), np.int32)
         blk_hash = np.empty(n_b, np.uint64)
-    pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=np.empty(int(tab_size.sum()), np.int32))
+    pool_w[:, L.PW_SIM] = np.repeat(np.arange(n_sims), w_len)
+    kv_log = {}
+    if kv_event_rows > 0:
+        kv_log = dict(kv_log=np.zeros((n_sims, kv_event_rows, L.KV_NUM_COLUMNS), np.int64),
+                      kv_log_ms=np.zeros((n_sims, kv_event_rows)),
+                      kv_log_len=np.zeros(n_sims, np.int64), clock_ms=np.zeros(n_sims))
+    pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=np.empty(int(tab_size.sum()), np.int32),
+                  **kv_log)
     _reset_pools(pool)
 
     wk_i = L.WORKER.new(n_w)
@@ -554,7 +565,8 @@ def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.
 
 
 def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
-              record_passes: bool = True, record_handoffs: bool = False) -> BatchResult:
+              record_passes: bool = True, record_handoffs: bool = False,
+              record_kv_events: bool = False) -> BatchResult:
     """Run every simulation to completion; ``status[s]`` / ``error[s]`` of the result say
     how each ended (a failed one does not affect the others). Raises only for
     programming errors.
@@ -566,7 +578,8 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     sends arrival i to worker i mod N whatever the state, and aggregated workers share
     nothing else, so the workers are independent simulations and run on separate
     threads. Results are merged back per simulation (token-gap statistics with Chan's
-    merge)."""
+    merge). ``record_kv_events``: every KV Stored / Removed fact of every worker, in
+    ``result.kv_events[s]``."""
     n_sims = len(sims)
     status = [STATUS_OK] * n_sims
     error = [""] * n_sims
@@ -579,7 +592,10 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
             status[s] = STATUS_REJECTED_CONFIG
             error[s] = f"simulation {s}: invalid config: {exc}"
             continue
-        shards = _worker_shards(sim)
+        # a worker unit numbers its requests from 1, so the hashes of generated blocks
+        # (the reference's synthetic tokens use the request's number) would differ
+        # from the whole run's: KV events are recorded on whole runs only
+        shards = None if record_kv_events else _worker_shards(sim)
         if shards is None:
             units.append(sim)
             owner.append((s, -1, None))
@@ -588,7 +604,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
                 units.append(unit)
                 owner.append((s, w, rows))
     res = _run_units_resized(units, pass_log_rows, record_passes, [s for s, _, _ in owner],
-                             record_handoffs)
+                             record_handoffs, DEFAULT_KV_EVENT_ROWS if record_kv_events else 0)
     parts: list[list[int]] = [[] for _ in sims]
     for u, (s, _, _) in enumerate(owner):
         parts[s].append(u)
@@ -643,12 +659,16 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         # only aggregated simulations are split: they have no handoffs
         return _handoff_frame(sims[s], np.zeros((0, L.HL_NUM_COLUMNS)))
 
+    def kv_events(s):
+        failed(s)
+        return res.kv_events[parts[s][0]]  # recorded runs are never split
+
     end_ms = np.array([res.end_ms[parts[s]].max() if parts[s] else np.nan for s in range(n_sims)])
     leftovers = [_merge_leftovers([res.leftovers[u] for u in parts[s]]) if parts[s] else {}
                  for s in range(n_sims)]
     return BatchResult(_LazyFrames(n_sims, requests), _LazyFrames(n_sims, passes),
                        stat, hist, res.kernel_calls, end_ms, _LazyFrames(n_sims, handoffs),
-                       leftovers, status, error)
+                       leftovers, status, error, _LazyFrames(n_sims, kv_events))
 
 
 def _worker_shards(sim: Simulation):
@@ -702,6 +722,7 @@ class _UnitResults:
     requests: Sequence
     passes: Sequence
     handoffs: Sequence
+    kv_events: Sequence
     leftovers: list
     token_stat: np.ndarray
     token_hist: np.ndarray
@@ -710,13 +731,15 @@ class _UnitResults:
 
 
 def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
-                       sim_names: list[int], record_handoffs: bool) -> _UnitResults:
+                       sim_names: list[int], record_handoffs: bool,
+                       kv_event_rows: int = 0) -> _UnitResults:
     """``_run_units``, then the units that outgrew their block arena estimate or their
     queue sizing rerun alone with room for everything; their results replace the
     failed ones. A unit with a fixed ``queue_slots`` that overflowed keeps the
     ``capacity`` status."""
-    res = _run_units(units, pass_log_rows, record_passes, sim_names, record_handoffs)
+    res = _run_units(units, pass_log_rows, record_passes, sim_names, record_handoffs, kv_event_rows)
     redo: list[int] = []
+    more_kv_rows = False
     fixed: list[Simulation] = []
     for u, (unit, status) in enumerate(zip(units, res.status)):
         if status == "arena_full":
@@ -724,13 +747,17 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
                 unit.rank.num_gpu_blocks, unit.prefill_rank.num_gpu_blocks if unit.disaggregated else 0)))
         elif status == STATUS_CAPACITY and unit.queue_slots is None:
             fixed.append(dataclasses.replace(unit, queue_slots=len(unit.workload.input_len) + 1))
+        elif status == "events_full":
+            fixed.append(unit)
+            more_kv_rows = True
         else:
             continue
         redo.append(u)
     if not redo:
         return res
-    again = _run_units(fixed, pass_log_rows, record_passes, [sim_names[u] for u in redo],
-                       record_handoffs)
+    # a rerun can need more room still (an arena, then more events): resize again
+    again = _run_units_resized(fixed, pass_log_rows, record_passes, [sim_names[u] for u in redo],
+                               record_handoffs, 4 * kv_event_rows if more_kv_rows else kv_event_rows)
     where = {u: i for i, u in enumerate(redo)}
     for u, i in where.items():
         res.status[u] = again.status[i] if again.status[i] != "arena_full" else STATUS_CAPACITY
@@ -745,22 +772,25 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
 
     return dataclasses.replace(
         res, requests=pick(res.requests, again.requests), passes=pick(res.passes, again.passes),
-        handoffs=pick(res.handoffs, again.handoffs),
+        handoffs=pick(res.handoffs, again.handoffs), kv_events=pick(res.kv_events, again.kv_events),
         kernel_calls=res.kernel_calls + again.kernel_calls)
 
 
 def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
-               sim_names: list[int], record_handoffs: bool = False) -> _UnitResults:
+               sim_names: list[int], record_handoffs: bool = False,
+               kv_event_rows: int = 0) -> _UnitResults:
     """Run independent units in one batch, each until it ends (done or failed)."""
     if not sims:
         with _small_pages():
             stat, hist = sketch.token_stats_new(0)
-        return _UnitResults([], [], [], [], [], [], stat, hist, np.zeros(0), 0)
+        return _UnitResults([], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
     rows = pass_log_rows if record_passes else 0
     # before build_state, whose prompt hashing compiles too
     compile_notice(sorted({"disaggregated" if sim.disaggregated else "aggregated" for sim in sims}))
-    cfg, pool, rq, wl, wk, st, max_lease, max_bs = build_state(sims, rows, record_handoffs)
+    cfg, pool, rq, wl, wk, st, max_lease, max_bs = build_state(sims, rows, record_handoffs,
+                                                               kv_event_rows)
     pass_chunks: list[list[np.ndarray]] = [[] for _ in sims]
+    kv_chunks: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in sims]
     calls = 0
     live = np.arange(len(sims), dtype=np.int64)
     while len(live):
@@ -770,6 +800,11 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
         for s in np.flatnonzero(log_len):
             pass_chunks[s].append(st.pass_log[s, :log_len[s]].copy())
             log_len[s] = 0
+        if kv_event_rows:
+            kv_len = pool.kv_log_len
+            for s in np.flatnonzero((kv_len > 0) & (kv_len <= kv_event_rows)):
+                kv_chunks[s].append((pool.kv_log[s, :kv_len[s]].copy(), pool.kv_log_ms[s, :kv_len[s]].copy()))
+                kv_len[s] = 0
         live = live[st.i64[live, L.SM_STATUS] == L.SIM_NEED_FLUSH]
     status, error = [], []
     for s in range(len(sims)):
@@ -788,6 +823,10 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
         elif code == L.SIM_ARENA_FULL:
             status.append("arena_full")
             error.append(f"simulation {sim_names[s]}: the block arena of a worker is full")
+        elif code == L.SIM_EVENTS_FULL:
+            status.append("events_full")
+            error.append(f"simulation {sim_names[s]}: more KV events in one instant than "
+                         f"{kv_event_rows} log rows")
         elif code == L.SIM_CAPACITY:
             status.append(STATUS_CAPACITY)
             slots = sims[s].queue_slots
@@ -803,9 +842,31 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
     passes = _LazyFrames(len(sims), lambda s: _pass_frame(pass_chunks[s]))
     handoffs = _LazyFrames(len(sims), lambda s: _handoff_frame(
         sims[s], st.hlog[s, :st.i64[s, L.SM_HLOG_LEN]]))
+    kv_events = _LazyFrames(len(sims), lambda s: _kv_event_frame(
+        kv_chunks[s], int(st.i64[s, L.SM_W_OFF])))
     leftovers = [_leftovers(pool, wk, st, s) for s in range(len(sims))]
-    return _UnitResults(status, error, frames, passes, handoffs, leftovers, st.token_stat,
+    return _UnitResults(status, error, frames, passes, handoffs, kv_events, leftovers, st.token_stat,
                         st.token_hist, st.now_ms.copy(), calls)
+
+
+def _kv_event_frame(chunks: list, w_first: int) -> pd.DataFrame:
+    """One simulation's KV events in the order they happened: ``event_id`` counts per
+    worker (rank-local, from 0), ``worker`` as in the pass log (prefill pool first),
+    ``block_hash`` / ``parent_hash`` the uint64 sequence hashes (no parent: <NA>)."""
+    rows = np.concatenate([c[0] for c in chunks]) if chunks else np.zeros((0, L.KV_NUM_COLUMNS), np.int64)
+    times = np.concatenate([c[1] for c in chunks]) if chunks else np.zeros(0)
+    worker = rows[:, L.KV_WORKER] - w_first
+    parent = pd.array(rows[:, L.KV_PARENT_HASH].view(np.uint64), dtype="UInt64")
+    parent[rows[:, L.KV_HAS_PARENT] == 0] = pd.NA
+    frame = pd.DataFrame({
+        "worker": worker,
+        "time_ms": times,
+        "kind": np.array(L.KV_EVENT_NAMES, dtype=object)[rows[:, L.KV_KIND]],
+        "block_hash": rows[:, L.KV_HASH].view(np.uint64),
+        "parent_hash": parent,
+    })
+    frame.insert(0, "event_id", frame.groupby("worker").cumcount().astype(np.int64))
+    return frame
 
 
 class _LazyFrames(Sequence):

@@ -24,7 +24,8 @@ from numba import njit
 from .layout import (
     NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN, PB_PREV, PB_REF, PW_BLK_LEN,
     PW_BLK_OFF, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN, PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED,
-    PW_TAB_MASK, PW_TAB_OFF, PW_BUMP,
+    PW_TAB_MASK, PW_TAB_OFF, PW_BUMP, PW_SIM, KV_KIND, KV_WORKER, KV_HASH, KV_PARENT_HASH,
+    KV_HAS_PARENT, KV_REMOVED,
 )
 
 
@@ -174,6 +175,25 @@ def _give_slot(p, w, b):
 
 
 @njit(cache=True, _nrt=False)
+def note_kv_event(p, w, kind, h, parent, has_parent):
+    """Append a KV event of worker w to its simulation's log (when logging is on).
+    A full log counts the event without writing it: the event loop then has the
+    simulation rerun with a larger log (SIM_EVENTS_FULL)."""
+    if p.kv_log.shape[1] == 0:
+        return
+    s = p.w64[w, PW_SIM]
+    row = p.kv_log_len[s]
+    p.kv_log_len[s] = row + 1
+    if row < p.kv_log.shape[1]:
+        p.kv_log[s, row, KV_KIND] = kind
+        p.kv_log[s, row, KV_WORKER] = w
+        p.kv_log[s, row, KV_HASH] = np.int64(h)
+        p.kv_log[s, row, KV_PARENT_HASH] = np.int64(parent)
+        p.kv_log[s, row, KV_HAS_PARENT] = 1 if has_parent else 0
+        p.kv_log_ms[s, row] = p.clock_ms[s]
+
+
+@njit(cache=True, _nrt=False)
 def _evict_head(p, w):
     """Evict the LRU head. Returns True if it was the last copy of its hash
     (the reference reports a ``Removed`` event only then)."""
@@ -201,6 +221,8 @@ def _evict_head(p, w):
             p.b32[nxt, PB_DUP_PREV] = prv
     p.w64[w, PW_NUM_COPIES] -= 1
     _give_slot(p, w, b)
+    if last_copy:
+        note_kv_event(p, w, KV_REMOVED, h, np.uint64(0), np.bool_(False))
     return last_copy
 
 

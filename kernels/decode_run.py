@@ -147,6 +147,8 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
                 q = wk.run_q[off + j]
                 base_computed = rq_i[q, RQ_NUM_COMPUTED]
                 if base_computed + pass_k > rq_i[q, RQ_FAST_LIMIT]:
+                    if p.kv_log.shape[1] > 0:
+                        p.clock_ms[s] = start_ms  # KV events of this step happen at its pass start
                     acc[0] = n  # the step's pass counters (scratch here: this loop keeps its own)
                     if schedule_request_ahead(cfg, p, rq, wl, wk, w, q, k, start_ms, stamp, acc, hits,
                                               fresh, scratch_tokens) == ALLOC_ARENA_FULL:

@@ -27,7 +27,7 @@ accepted at once and reserved at once only when the decode worker is idle.
 import numpy as np
 from numba import njit
 
-from .block_pool import cache_copy, release_ref, table_find
+from .block_pool import release_ref, table_find
 from .layout import (
     ACT_ACTIVATE, ACT_NONE, ACT_RELEASE, ACT_RESERVE, ACT_START_TRANSFER, ACT_SUBMIT_PREFILL,
     CFGF_HANDOFF_LATENCY_MS, CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN, CFG_BLOCK_SIZE,
@@ -51,7 +51,7 @@ from .layout import (
 )
 from . import capacity_policy
 from .arrivals import logical_terminal, queue_action
-from .kv_lease import release_lease
+from .kv_lease import publish_block, release_lease
 from .placement import place
 from .rank_queues import run_remove_at, wait_at, wait_push_back, wait_remove_at
 from .request_state import ceil_div
@@ -247,7 +247,7 @@ def _activate(cfg, p, rq, wk, w, q):
         for i in range(rq.i64[q, RQ_RESERVED_HITS], rq.i64[q, RQ_NUM_HASHED]):
             if table_find(p, w, rq.seq_hash[k0 + i]) != NO_BLOCK:
                 visible_before += 1
-            if cache_copy(p, w, rq.lease[k0 + i], rq.seq_hash[k0 + i]):
+            if publish_block(p, rq, w, q, i, rq.lease[k0 + i]):
                 published += 1
     rq.i64[q, RQ_ALLOCATED] = prompt
     rq.i64[q, RQ_NUM_COMPUTED] = prompt

@@ -41,7 +41,8 @@ from .backends import decode_run, run_pass
 from .decode_run import quiet_until_ms
 from .disagg_handoff import complete_disagg_pass, drain_actions, drain_transfers, next_transfer_ms
 from .layout import (
-    SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END, SIM_DONE, SIM_NEED_FLUSH, SIM_PAUSED, SIM_RUNNING,
+    SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END, SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH,
+    SIM_PAUSED, SIM_RUNNING,
     SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
     SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_OVERFLOW, WK_RUN_LEN,
     WK_STALLED, WK_WAIT_LEN,
@@ -63,10 +64,13 @@ def _event_loop(disaggregated):
         now_ms = sims.now_ms[s]
         resume_w = sims.i64[s, SM_RESUME_WORKER]
         sims.i64[s, SM_RESUME_WORKER] = -1
+        kv_rows = p.kv_log.shape[1]
         while True:
             changed = True
             while changed:
                 changed = False
+                if kv_rows > 0:
+                    p.clock_ms[s] = now_ms  # KV events of this instant (a decode run moves it)
                 first_w = w0
                 if resume_w >= 0:
                     # continue the drive that a pass-log flush interrupted, as if no
@@ -123,6 +127,8 @@ def _event_loop(disaggregated):
                                 wk.pass_end_ms[w] = end_ms
                                 changed = True
                                 break
+                        if kv_rows > 0:
+                            p.clock_ms[s] = now_ms
                         end_ms, had_effect, arena_full = run_pass(
                             cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
                         if arena_full:
@@ -153,9 +159,20 @@ def _event_loop(disaggregated):
                     sims.now_ms[s] = now_ms
                     sims.i64[s, SM_STATUS] = SIM_CAPACITY
                     return
+            if kv_rows > 0 and p.kv_log_len[s] > kv_rows:
+                # more events than the log holds: the driver reruns with a larger log
+                sims.now_ms[s] = now_ms
+                sims.i64[s, SM_STATUS] = SIM_EVENTS_FULL
+                return
             if sims.i64[s, SM_NUM_TERMINAL] == sims.i64[s, SM_Q_LEN] and sims.i64[s, SM_OPEN_HANDOFFS] == 0:
                 sims.now_ms[s] = now_ms
                 sims.i64[s, SM_STATUS] = SIM_DONE
+                return
+            if kv_rows > 0 and 2 * p.kv_log_len[s] > kv_rows:
+                # half full at the end of an instant: the driver drains the log and
+                # the next call goes on from this (drained) instant
+                sims.now_ms[s] = now_ms
+                sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
                 return
             t_next = min(next_release_ms(rq, sims, s), next_transfer_ms(rq, sims, s))
             for w in range(w0, w1):

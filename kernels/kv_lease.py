@@ -10,13 +10,13 @@ reference's XXH3 sequence hashes.
 import numpy as np
 from numba import njit
 
-from .block_pool import cache_copy, release_ref, reserve, table_find
+from .block_pool import cache_copy, note_kv_event, release_ref, reserve, table_find
 from .request_state import ceil_div, seq_len
 from .xxh3 import XXH3_SEED, hash_chain, synthetic_output_token, xxh3_64_u32
 from .layout import (
-    CFG_BLOCK_SIZE, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_ROLE, NO_BLOCK, PB_CACHED,
-    PB_PIN, PB_REF, ROLE_DECODE, RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_LEASE_OFF, RQ_NUM_HASHED,
-    RQ_PROMPT_LEN, RQ_REPUBLISHED, RQ_SRC_ROW, RQ_UUID,
+    CFG_BLOCK_SIZE, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_ROLE, KV_STORED, NO_BLOCK,
+    PB_CACHED, PB_PIN, PB_REF, ROLE_DECODE, RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_LEASE_OFF,
+    RQ_NUM_HASHED, RQ_PROMPT_LEN, RQ_REPUBLISHED, RQ_SRC_ROW, RQ_UUID,
 )
 
 
@@ -129,6 +129,21 @@ def finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens):
             rq.i64[q, RQ_NUM_HASHED] = i + 1
         b = rq.lease[k0 + i]
         if p.b32[b, PB_CACHED] == 0:
-            if cache_copy(p, w, b, rq.seq_hash[k0 + i]) and cfg.i64[w, CFG_ROLE] == ROLE_DECODE \
+            if publish_block(p, rq, w, q, i, b) and cfg.i64[w, CFG_ROLE] == ROLE_DECODE \
                     and i < rq.i64[q, RQ_PROMPT_LEN] // bs:
                 rq.i64[q, RQ_REPUBLISHED] += 1
+
+
+@njit(cache=True, _nrt=False)
+def publish_block(p, rq, w, q, i, b):
+    """Make q's private copy ``b`` of its block i visible under the block's hash;
+    True (and a KV Stored event, with the parent block's hash) when the hash was not
+    visible on the worker before."""
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    if not cache_copy(p, w, b, rq.seq_hash[k0 + i]):
+        return False
+    if i > 0:
+        note_kv_event(p, w, KV_STORED, rq.seq_hash[k0 + i], rq.seq_hash[k0 + i - 1], np.bool_(True))
+    else:
+        note_kv_event(p, w, KV_STORED, rq.seq_hash[k0 + i], np.uint64(0), np.bool_(False))
+    return True

@@ -74,13 +74,14 @@ TIMING_FIXED = 1
 # Simulation status (``sims.i64[s, SM_STATUS]``) returned by the replay kernel.
 SIM_RUNNING = 0
 SIM_DONE = 1
-SIM_NEED_FLUSH = 2     # pass log full: the driver drains it and calls again
+SIM_NEED_FLUSH = 2     # pass log (or KV event log) full: the driver drains it and calls again
 SIM_DEAD_END = 3       # requests in flight but nothing can ever happen again
 SIM_ARENA_FULL = 4     # block arena smaller than the resident set: rerun with a larger arena
 SIM_PAUSED = 5         # every instant up to the call's horizon drained: call again to go on
 SIM_CAPACITY = 6       # a worker's running list or waiting ring had no room: rerun larger
+SIM_EVENTS_FULL = 7     # the KV event log overflowed within one instant: rerun with a larger one
 SIM_STATUS_NAMES = ("running", "done", "need_flush", "dead_end", "arena_full", "paused",
-                    "capacity")
+                    "capacity", "events_full")
 
 # Handoff actions (``rq.i64[q, RQ_ACTION]`` of the logical request; SourceFirst
 # order: one action in flight per handoff). The driver's coordinator
@@ -238,6 +239,7 @@ POOL_W = _declare(FieldTable("PW_", "pool.w64", np.int64, [
     ("LRU_LEN", 0, "", "inactive cached copies"),
     ("BUMP", 0, "", "arena slots handed out so far; slots past it were never used and hold "
                     "garbage until block_pool._take_slot initializes them"),
+    ("SIM", 0, "", "simulation of the worker (its KV event log row)"),
 ]))
 PW_FIELDS = POOL_W.width
 # PB_DUP / PB_DUP_PREV link the copies of one hash oldest first; PB_DUP_TAIL is
@@ -399,13 +401,33 @@ class RankConfig(NamedTuple):
     f64: np.ndarray   # float64[w, CFG_F_FIELDS]
 
 
+# The KV event log (opt-in, ``Pool.kv_log[s, row, KV_*]``): one row per fact the
+# reference reports as a KV event, in the order they happen. Stored: a block hash
+# became visible on a worker (its first resident copy was published); Removed: the
+# last resident copy of a hash was evicted. Hashes are the uint64 bit patterns.
+KV_STORED = 0
+KV_REMOVED = 1
+KV_EVENT_NAMES = ("stored", "removed")
+# KV_HAS_PARENT: 0 for the first block of a sequence (no parent hash)
+(KV_KIND, KV_WORKER, KV_HASH, KV_PARENT_HASH, KV_HAS_PARENT) = range(5)
+KV_NUM_COLUMNS = 5
+_NO_KV_LOG = np.zeros((0, 0, KV_NUM_COLUMNS), np.int64)
+_NO_KV_LEN = np.zeros(0, np.int64)
+_NO_KV_MS = np.zeros((0, 0), np.float64)
+
+
 class Pool(NamedTuple):
     """Paged G1 block pools of every worker (global arrays sliced by PW_BLK_OFF /
-    PW_TAB_OFF): counters per worker, links and counts per arena slot."""
+    PW_TAB_OFF): counters per worker, links and counts per arena slot, and the
+    opt-in KV event log per simulation (0 rows = off; the defaults are empty)."""
     w64: np.ndarray       # int64[w, PW_FIELDS]
     b32: np.ndarray       # int32[b, PB_FIELDS] (free stack, refs, pins, cached flag, LRU, duplicates)
     blk_hash: np.ndarray  # uint64[b] sequence hash of a cached copy
     tab: np.ndarray       # int32[t] primary copy of a hash, NO_BLOCK = empty slot
+    kv_log: np.ndarray = _NO_KV_LOG     # int64[s, rows, KV_NUM_COLUMNS]
+    kv_log_ms: np.ndarray = _NO_KV_MS   # float64[s, rows] virtual time of each event
+    kv_log_len: np.ndarray = _NO_KV_LEN  # int64[s] events so far (past rows: dropped, counted)
+    clock_ms: np.ndarray = _NO_KV_LEN.astype(np.float64)  # float64[s] time of the events now
 
 
 class Requests(NamedTuple):

@@ -13,8 +13,10 @@ outgrew its sizing, placement policies, and stepping to a horizon.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -205,3 +207,106 @@ def _mkdir(tmp, i):
     path = os.path.join(tmp, str(i))
     os.makedirs(path, exist_ok=True)
     return path
+
+
+# ------------------------------------------------------------------------------------------------
+# KV events
+# ------------------------------------------------------------------------------------------------
+def _visible_after(events):
+    """Per worker, the hashes the events leave visible; asserts every Stored hash was
+    not visible before and every Removed one was."""
+    visible = {}
+    for worker, kind, h in zip(events["worker"], events["kind"], events["block_hash"]):
+        seen = visible.setdefault(int(worker), set())
+        if kind == "stored":
+            assert h not in seen, f"worker {worker}: Stored {h:#x} while visible"
+            seen.add(h)
+        else:
+            assert kind == "removed"
+            assert h in seen, f"worker {worker}: Removed {h:#x} while not visible"
+            seen.remove(h)
+    return visible
+
+
+def _table_hashes(state, s):
+    """Per worker of simulation s, the hashes its prefix table holds."""
+    pool, sims = state[1], state[5]
+    out = {}
+    w0 = int(sims.i64[s, L.SM_W_OFF])
+    for w in range(w0, w0 + int(sims.i64[s, L.SM_W_LEN])):
+        off, mask = pool.w64[w, L.PW_TAB_OFF], pool.w64[w, L.PW_TAB_MASK]
+        slots = pool.tab[off:off + mask + 1]
+        out[w - w0] = {int(pool.blk_hash[b]) for b in slots[slots != L.NO_BLOCK]}
+    return out
+
+
+def _kv_run(sims, kv_rows):
+    """Run to completion with a KV event log; (state, per-simulation event frames)."""
+    state = build_state(sims, 0, kv_event_rows=kv_rows)
+    cfg, pool, rq, wl, wk, st_, max_lease, max_bs = state
+    ids = np.arange(len(sims), dtype=np.int64)
+    chunks = [[] for _ in sims]
+    while True:
+        replay_batch(cfg, pool, rq, wl, wk, st_, ids, max_lease, max_bs)
+        for s in range(len(sims)):
+            n = pool.kv_log_len[s]
+            if 0 < n <= kv_rows:
+                chunks[s].append((pool.kv_log[s, :n].copy(), pool.kv_log_ms[s, :n].copy()))
+                pool.kv_log_len[s] = 0
+        if not np.any(st_.i64[:, L.SM_STATUS] == L.SIM_NEED_FLUSH):
+            break
+    frames = [replay_module._kv_event_frame(chunks[s], int(st_.i64[s, L.SM_W_OFF]))
+              for s in range(len(sims))]
+    return state, frames
+
+
+@settings(max_examples=_examples(60), **SETTINGS)
+@given(cases(max_rows=25))
+def test_kv_events_account_for_every_visible_hash(case):
+    """Replaying a run's KV events (Stored only for a hash not visible, Removed only
+    for a visible one) leaves exactly the hashes each worker's prefix table holds at
+    the end; recording them changes no result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = simulation_from_setup(parse_payload(case.spec, trace_override=write_trace(case.rows, tmp)))
+        sim = dataclasses.replace(sim, arena_blocks=sim.rank.num_gpu_blocks)
+        plain = run_batch([sim])
+        state, frames = _kv_run([sim], 4096)
+    status = state[5].i64[0, L.SM_STATUS]
+    assert status in (L.SIM_DONE, L.SIM_DEAD_END)
+    if status == L.SIM_DONE:
+        pd.testing.assert_frame_equal(frames_of([sim], state)[0], plain.requests[0], check_exact=True)
+    visible = _visible_after(frames[0])
+    table = _table_hashes(state, 0)
+    for w, hashes in table.items():
+        assert visible.get(w, set()) == hashes, f"worker {w}"
+    events = frames[0]
+    assert np.all(np.diff(events["time_ms"].to_numpy()) >= 0) or len(events) < 2
+    stored = events[events["kind"] == "stored"]
+    assert stored["parent_hash"].isna().sum() <= len(stored)
+
+
+def test_kv_events_through_run_batch(monkeypatch):
+    """run_batch's KV events: never split into worker units (generated-block hashes
+    depend on the request numbering of the whole run), the same whether the log is
+    drained often or rarely and after an overflow rerun (a 4-row log overflows within
+    one instant); disaggregated runs log both pools."""
+    rows = [{"timestamp": 5 * i, "input_length": 300 + 40 * (i % 4), "output_length": 20 + i,
+             "hash_ids": [i % 3, 10 + i % 2, 100 + i]} for i in range(16)]
+    rank = {"backend": "vllm", "num_gpu_blocks": 60, "block_size": 16}
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = _simulation(rows, rank, tmp, workers=2)
+        want = run_batch([sim], record_kv_events=True).kv_events[0]
+        state, frames = _kv_run([sim], 1 << 14)
+        whole = frames[0]
+        monkeypatch.setattr(replay_module, "DEFAULT_KV_EVENT_ROWS", 4)
+        small = run_batch([sim], record_kv_events=True)
+        disagg = simulation_from_setup(parse_payload(json.loads(
+            (Path(__file__).parent / "data" / "golden_disagg" / "dm1.spec.json").read_text()),
+            base_dir=Path(__file__).parent / "data" / "golden_disagg"))
+        pd_events = run_batch([disagg], record_kv_events=True).check().kv_events[0]
+    assert len(want) > 20 and set(want["kind"]) == {"stored", "removed"}
+    pd.testing.assert_frame_equal(whole, want)
+    pd.testing.assert_frame_equal(small.kv_events[0], want)
+    assert small.kernel_calls > 3
+    assert set(pd_events["worker"]) == set(range(disagg.prefill_workers + disagg.workers))
+    _visible_after(pd_events)
