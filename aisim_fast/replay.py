@@ -385,10 +385,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         blk_hash = np.empty(n_b, np.uint64)
     pool_w[:, L.PW_SIM] = np.repeat(np.arange(n_sims), w_len)
     kv_log = {}
-    if kv_event_rows > 0:
-        kv_log = dict(kv_log=np.zeros((n_sims, kv_event_rows, L.KV_NUM_COLUMNS), np.int64),
-                      kv_log_ms=np.zeros((n_sims, kv_event_rows)),
-                      kv_log_len=np.zeros(n_sims, np.int64), clock_ms=np.zeros(n_sims))
+    if kv_event_rows > 0:  # row 0 of each simulation is its header (len, clock)
+        kv_log = dict(kv_log=np.zeros((n_sims, 1 + kv_event_rows, L.KV_NUM_COLUMNS), np.int64))
     pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=np.empty(int(tab_size.sum()), np.int32),
                   **kv_log)
     _reset_pools(pool)
@@ -801,9 +799,9 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
             pass_chunks[s].append(st.pass_log[s, :log_len[s]].copy())
             log_len[s] = 0
         if kv_event_rows:
-            kv_len = pool.kv_log_len
+            kv_len = pool.kv_log[:, 0, L.KVH_LEN]
             for s in np.flatnonzero((kv_len > 0) & (kv_len <= kv_event_rows)):
-                kv_chunks[s].append((pool.kv_log[s, :kv_len[s]].copy(), pool.kv_log_ms[s, :kv_len[s]].copy()))
+                kv_chunks[s].append(pool.kv_log[s, 1:1 + kv_len[s]].copy())
                 kv_len[s] = 0
         live = live[st.i64[live, L.SM_STATUS] == L.SIM_NEED_FLUSH]
     status, error = [], []
@@ -853,8 +851,8 @@ def _kv_event_frame(chunks: list, w_first: int) -> pd.DataFrame:
     """One simulation's KV events in the order they happened: ``event_id`` counts per
     worker (rank-local, from 0), ``worker`` as in the pass log (prefill pool first),
     ``block_hash`` / ``parent_hash`` the uint64 sequence hashes (no parent: <NA>)."""
-    rows = np.concatenate([c[0] for c in chunks]) if chunks else np.zeros((0, L.KV_NUM_COLUMNS), np.int64)
-    times = np.concatenate([c[1] for c in chunks]) if chunks else np.zeros(0)
+    rows = np.concatenate(chunks) if chunks else np.zeros((0, L.KV_NUM_COLUMNS), np.int64)
+    times = np.ascontiguousarray(rows[:, L.KV_TIME_BITS]).view(np.float64)
     worker = rows[:, L.KV_WORKER] - w_first
     parent = pd.array(rows[:, L.KV_PARENT_HASH].view(np.uint64), dtype="UInt64")
     parent[rows[:, L.KV_HAS_PARENT] == 0] = pd.NA

@@ -25,7 +25,7 @@ from .layout import (
     NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN, PB_PREV, PB_REF, PW_BLK_LEN,
     PW_BLK_OFF, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN, PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED,
     PW_TAB_MASK, PW_TAB_OFF, PW_BUMP, PW_SIM, KV_KIND, KV_WORKER, KV_HASH, KV_PARENT_HASH,
-    KV_HAS_PARENT, KV_REMOVED,
+    KV_HAS_PARENT, KV_REMOVED, KV_TIME_BITS, KVH_CLOCK_BITS, KVH_LEN,
 )
 
 
@@ -174,23 +174,35 @@ def _give_slot(p, w, b):
     p.w64[w, PW_FREE_TOP] += 1
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def kv_log_on(p):
+    return p.kv_log.shape[1] > 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def kv_set_clock(p, s, t_ms):
+    """The time of simulation s's KV events from now on (logging on)."""
+    p.kv_log[s, 0, KVH_CLOCK_BITS] = np.float64(t_ms).view(np.int64)
+
+
 @njit(cache=True, _nrt=False)
 def note_kv_event(p, w, kind, h, parent, has_parent):
     """Append a KV event of worker w to its simulation's log (when logging is on).
     A full log counts the event without writing it: the event loop then has the
     simulation rerun with a larger log (SIM_EVENTS_FULL)."""
-    if p.kv_log.shape[1] == 0:
+    if p.kv_log.shape[1] <= 1:
         return
     s = p.w64[w, PW_SIM]
-    row = p.kv_log_len[s]
-    p.kv_log_len[s] = row + 1
-    if row < p.kv_log.shape[1]:
-        p.kv_log[s, row, KV_KIND] = kind
-        p.kv_log[s, row, KV_WORKER] = w
-        p.kv_log[s, row, KV_HASH] = np.int64(h)
-        p.kv_log[s, row, KV_PARENT_HASH] = np.int64(parent)
-        p.kv_log[s, row, KV_HAS_PARENT] = 1 if has_parent else 0
-        p.kv_log_ms[s, row] = p.clock_ms[s]
+    n = p.kv_log[s, 0, KVH_LEN]
+    p.kv_log[s, 0, KVH_LEN] = n + 1
+    if n + 1 < p.kv_log.shape[1]:
+        row = p.kv_log[s, n + 1]
+        row[KV_KIND] = kind
+        row[KV_WORKER] = w
+        row[KV_HASH] = np.int64(h)
+        row[KV_PARENT_HASH] = np.int64(parent)
+        row[KV_HAS_PARENT] = 1 if has_parent else 0
+        row[KV_TIME_BITS] = p.kv_log[s, 0, KVH_CLOCK_BITS]
 
 
 @njit(cache=True, _nrt=False)
@@ -221,7 +233,7 @@ def _evict_head(p, w):
             p.b32[nxt, PB_DUP_PREV] = prv
     p.w64[w, PW_NUM_COPIES] -= 1
     _give_slot(p, w, b)
-    if last_copy:
+    if last_copy and kv_log_on(p):
         note_kv_event(p, w, KV_REMOVED, h, np.uint64(0), np.bool_(False))
     return last_copy
 

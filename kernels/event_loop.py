@@ -36,6 +36,7 @@ import numpy as np
 from numba import njit
 
 from . import compile_notice, mark_compiled
+from .block_pool import kv_log_on, kv_set_clock
 from .arrivals import admit_arrivals, arrivals_due, complete_pass, next_release_ms
 from .backends import decode_run, run_pass
 from .decode_run import quiet_until_ms
@@ -43,7 +44,7 @@ from .disagg_handoff import complete_disagg_pass, drain_actions, drain_transfers
 from .layout import (
     SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END, SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH,
     SIM_PAUSED, SIM_RUNNING,
-    SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
+    KVH_LEN, SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
     SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_OVERFLOW, WK_RUN_LEN,
     WK_STALLED, WK_WAIT_LEN,
 )
@@ -64,13 +65,14 @@ def _event_loop(disaggregated):
         now_ms = sims.now_ms[s]
         resume_w = sims.i64[s, SM_RESUME_WORKER]
         sims.i64[s, SM_RESUME_WORKER] = -1
-        kv_rows = p.kv_log.shape[1]
+        kv_on = kv_log_on(p)
+        kv_rows = p.kv_log.shape[1] - 1  # event rows
         while True:
+            if kv_on:
+                kv_set_clock(p, s, now_ms)  # the time of this instant's KV events
             changed = True
             while changed:
                 changed = False
-                if kv_rows > 0:
-                    p.clock_ms[s] = now_ms  # KV events of this instant (a decode run moves it)
                 first_w = w0
                 if resume_w >= 0:
                     # continue the drive that a pass-log flush interrupted, as if no
@@ -127,8 +129,6 @@ def _event_loop(disaggregated):
                                 wk.pass_end_ms[w] = end_ms
                                 changed = True
                                 break
-                        if kv_rows > 0:
-                            p.clock_ms[s] = now_ms
                         end_ms, had_effect, arena_full = run_pass(
                             cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
                         if arena_full:
@@ -152,32 +152,34 @@ def _event_loop(disaggregated):
                             wk.i64[w, WK_STALLED] = 1
                             break
                         changed = True
-            for w in range(w0, w1):
-                if wk.i64[w, WK_OVERFLOW]:
-                    # a queue push found no room (and wrote nothing): the results
-                    # would be wrong, the driver reruns with larger queues
-                    sims.now_ms[s] = now_ms
-                    sims.i64[s, SM_STATUS] = SIM_CAPACITY
-                    return
-            if kv_rows > 0 and p.kv_log_len[s] > kv_rows:
+            if kv_on and p.kv_log[s, 0, KVH_LEN] > kv_rows:
                 # more events than the log holds: the driver reruns with a larger log
                 sims.now_ms[s] = now_ms
                 sims.i64[s, SM_STATUS] = SIM_EVENTS_FULL
+                return
+            t_next = min(next_release_ms(rq, sims, s), next_transfer_ms(rq, sims, s))
+            overflow = False
+            for w in range(w0, w1):
+                if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] < t_next:
+                    t_next = wk.pass_end_ms[w]
+                if wk.i64[w, WK_OVERFLOW]:
+                    overflow = True
+            if overflow:
+                # a queue push found no room (and wrote nothing): the results would be
+                # wrong, the driver reruns with larger queues
+                sims.now_ms[s] = now_ms
+                sims.i64[s, SM_STATUS] = SIM_CAPACITY
                 return
             if sims.i64[s, SM_NUM_TERMINAL] == sims.i64[s, SM_Q_LEN] and sims.i64[s, SM_OPEN_HANDOFFS] == 0:
                 sims.now_ms[s] = now_ms
                 sims.i64[s, SM_STATUS] = SIM_DONE
                 return
-            if kv_rows > 0 and 2 * p.kv_log_len[s] > kv_rows:
+            if kv_on and 2 * p.kv_log[s, 0, KVH_LEN] > kv_rows:
                 # half full at the end of an instant: the driver drains the log and
                 # the next call goes on from this (drained) instant
                 sims.now_ms[s] = now_ms
                 sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
                 return
-            t_next = min(next_release_ms(rq, sims, s), next_transfer_ms(rq, sims, s))
-            for w in range(w0, w1):
-                if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] < t_next:
-                    t_next = wk.pass_end_ms[w]
             if t_next == np.inf:
                 sims.now_ms[s] = now_ms
                 sims.i64[s, SM_STATUS] = SIM_DEAD_END

@@ -10,7 +10,7 @@ reference's XXH3 sequence hashes.
 import numpy as np
 from numba import njit
 
-from .block_pool import cache_copy, note_kv_event, release_ref, reserve, table_find
+from .block_pool import cache_copy, kv_log_on, note_kv_event, release_ref, reserve, table_find
 from .request_state import ceil_div, seq_len
 from .xxh3 import XXH3_SEED, hash_chain, synthetic_output_token, xxh3_64_u32
 from .layout import (
@@ -134,7 +134,7 @@ def finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens):
                 rq.i64[q, RQ_REPUBLISHED] += 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def publish_block(p, rq, w, q, i, b):
     """Make q's private copy ``b`` of its block i visible under the block's hash;
     True (and a KV Stored event, with the parent block's hash) when the hash was not
@@ -142,6 +142,8 @@ def publish_block(p, rq, w, q, i, b):
     k0 = rq.i64[q, RQ_LEASE_OFF]
     if not cache_copy(p, w, b, rq.seq_hash[k0 + i]):
         return False
+    if not kv_log_on(p):
+        return True
     if i > 0:
         note_kv_event(p, w, KV_STORED, rq.seq_hash[k0 + i], rq.seq_hash[k0 + i - 1], np.bool_(True))
     else:

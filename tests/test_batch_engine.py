@@ -249,10 +249,10 @@ def _kv_run(sims, kv_rows):
     while True:
         replay_batch(cfg, pool, rq, wl, wk, st_, ids, max_lease, max_bs)
         for s in range(len(sims)):
-            n = pool.kv_log_len[s]
+            n = pool.kv_log[s, 0, L.KVH_LEN]
             if 0 < n <= kv_rows:
-                chunks[s].append((pool.kv_log[s, :n].copy(), pool.kv_log_ms[s, :n].copy()))
-                pool.kv_log_len[s] = 0
+                chunks[s].append(pool.kv_log[s, 1:1 + n].copy())
+                pool.kv_log[s, 0, L.KVH_LEN] = 0
         if not np.any(st_.i64[:, L.SM_STATUS] == L.SIM_NEED_FLUSH):
             break
     frames = [replay_module._kv_event_frame(chunks[s], int(st_.i64[s, L.SM_W_OFF]))
