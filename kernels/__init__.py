@@ -46,9 +46,9 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
 # Kernel sets compiled on first use: name -> (what it is, cold CPU-seconds measured
 # on the development machine, see benchmarks/bench_compile.py)
 COMPILE_PARTS = {
-    "trace": ("the trace loader", 6),
-    "aggregated": ("aggregated replay", 31),
-    "disaggregated": ("disaggregated replay", 35),
+    "trace": ("the trace loader", 4),
+    "aggregated": ("aggregated replay", 40),
+    "disaggregated": ("disaggregated replay", 45),
 }
 _ANNOUNCED: set[str] = set()
 

@@ -2,7 +2,9 @@
 policy code (``cfg.i64[w, CFG_POLICY]``): vLLM's (``vllm_policy``) or TRT-LLM's
 guaranteed-no-evict (``trtllm_policy``). Each hook is one branch per policy with
 the same signature on both sides; a new capacity policy for the vLLM core is a
-module with these functions and one line in each hook."""
+module with these functions and one line in each hook. The hooks are plain calls,
+not inlined: they run a few times per admission, not per token, and inlining both
+policies' code into every caller cost compile time for nothing."""
 
 from numba import njit
 
@@ -10,56 +12,56 @@ from . import trtllm_policy, vllm_policy
 from .layout import CFG_POLICY, POLICY_TRTLLM
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def prefix_cap(cfg, rq, w, q, cached, active):
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         return trtllm_policy.prefix_cap(cfg, rq, w, q, cached, active)
     return vllm_policy.prefix_cap(cfg, rq, w, q, cached, active)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def rejects(cfg, rq, w, q, capacity):
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         return trtllm_policy.rejects(cfg, rq, w, q, capacity)
     return vllm_policy.rejects(cfg, rq, w, q, capacity)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def admission_shortfall(cfg, p, rq, wk, w, q, active_cached, capacity):
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         return trtllm_policy.admission_shortfall(cfg, p, rq, wk, w, q, active_cached, capacity)
     return vllm_policy.admission_shortfall(cfg, p, rq, wk, w, q, active_cached, capacity)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def preempts(cfg, w):
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         return trtllm_policy.preempts(cfg, w)
     return vllm_policy.preempts(cfg, w)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh):
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         return trtllm_policy.reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh)
     return vllm_policy.reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def destination_impossible(cfg, p, rq, w, q):
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         return trtllm_policy.destination_impossible(cfg, p, rq, w, q)
     return vllm_policy.destination_impossible(cfg, p, rq, w, q)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def on_activated_admitted(cfg, p, rq, wk, w, q):
     """TRT-LLM's accounting of held-back tails (vLLM holds none back)."""
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         trtllm_policy.on_activated_admitted(cfg, p, rq, wk, w, q)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def on_destination_dropped(cfg, p, rq, wk, w, q, reserved_blocks):
     """TRT-LLM's accounting of held-back tails (vLLM holds none back)."""
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:

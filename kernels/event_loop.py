@@ -239,6 +239,18 @@ def kernel_threads() -> int:
     return max(1, int(numba.config.NUMBA_NUM_THREADS))
 
 
+_EXECUTORS: dict = {}
+
+
+def _executor(n_threads: int) -> ThreadPoolExecutor:
+    """One thread pool per thread count, kept for the process: a sweep runs many
+    batches, and starting threads for each would cost more than a small batch."""
+    pool = _EXECUTORS.get(n_threads)
+    if pool is None:
+        pool = _EXECUTORS[n_threads] = ThreadPoolExecutor(n_threads, thread_name_prefix="aisim-kernel")
+    return pool
+
+
 def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_size,
                  horizon_ms=np.inf):
     """Advance the simulations ``sim_ids`` (see the entries above), each with the entry
@@ -268,10 +280,10 @@ def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_
         for entry, ids in jobs:
             entry(cfg, p, rq, wl, wk, sims, ids, horizon_ms, max_lease_blocks, max_block_size)
     else:
-        with ThreadPoolExecutor(min(n_threads, len(jobs))) as pool:
-            futures = [pool.submit(entry, cfg, p, rq, wl, wk, sims, ids, horizon_ms,
-                                   max_lease_blocks, max_block_size) for entry, ids in jobs]
-            for f in futures:
-                f.result()
+        pool = _executor(n_threads)
+        futures = [pool.submit(entry, cfg, p, rq, wl, wk, sims, ids, horizon_ms, max_lease_blocks,
+                               max_block_size) for entry, ids in jobs]
+        for f in futures:
+            f.result()
     for part in parts:
         mark_compiled(part)

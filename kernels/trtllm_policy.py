@@ -46,26 +46,26 @@ def running_tail(cfg, p, rq, wk, w):
     return tail
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def prefix_cap(cfg, rq, w, q, cached, active):
     """No recompute cap."""
     return cached, active
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def rejects(cfg, rq, w, q, capacity):
     """A fresh waiting request whose whole completion can never fit the pool."""
     return ceil_div(rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_MAX_OUTPUT], cfg.i64[w, CFG_BLOCK_SIZE]) > capacity
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def admission_shortfall(cfg, p, rq, wk, w, q, active_cached, capacity):
     """Blocks missing to admit q with every running request still able to finish."""
     available = capacity - num_active(p, w) - running_tail(cfg, p, rq, wk, w)
     return blocks_to_finish(cfg, p, rq, w, q, active_cached) - available
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def preempts(cfg, w):
     """Guaranteed-no-evict never preempts."""
     return False
@@ -86,19 +86,19 @@ def reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh):
     return res, 0
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def destination_impossible(cfg, p, rq, w, q):
     """The decode rank can never hold q's whole completion."""
     return blocks_to_finish(cfg, p, rq, w, q, 0) > cfg.i64[w, CFG_NUM_GPU_BLOCKS]
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def on_activated_admitted(cfg, p, rq, wk, w, q):
     """An admitted destination's tail now counts through the running list."""
     wk.i64[w, WK_TRT_TAIL] -= blocks_to_finish(cfg, p, rq, w, q, 0)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def on_destination_dropped(cfg, p, rq, wk, w, q, reserved_blocks):
     """A canceled reserved destination (``reserved_blocks`` > 0, before its blocks
     are released) or activated one gives its held-back tail back."""
