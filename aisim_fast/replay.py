@@ -32,7 +32,7 @@ except ImportError:  # numpy < 2
     from numpy.core.multiarray import _set_madvise_hugepage
 
 DEFAULT_PASS_LOG_ROWS = 65536
-DEFAULT_KV_EVENT_ROWS = 65536  # per simulation; drained whenever half full, doubled on overflow
+DEFAULT_EVENT_ROWS = 65536  # per simulation; drained whenever half full, doubled on overflow
 
 
 class SimulationError(RuntimeError):
@@ -90,8 +90,10 @@ class BatchResult:
     leftovers: Sequence[dict] = ()
     status: Sequence[str] = ()         # STATUS_* per simulation
     error: Sequence[str] = ()          # "" when ok, else what went wrong
-    # one frame per simulation, one row per KV event (record_kv_events=True)
+    # one frame per simulation, one row per KV event (record_events=True)
     kv_events: Sequence[pd.DataFrame] = ()
+    # one frame per simulation, one row per admission, preemption or finish (record_events=True)
+    engine_events: Sequence[pd.DataFrame] = ()
 
     def check(self) -> "BatchResult":
         """Raise SimulationError for the first simulation that did not finish."""
@@ -274,8 +276,8 @@ def _unplaced_rows(wl: Workload, first_src_row: int, max_output, blocks: np.ndar
 
 
 def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
-                record_handoffs: bool = False, kv_event_rows: int = 0):
-    """Allocate and initialise the kernel state of a batch (``kv_event_rows`` > 0: a KV
+                record_handoffs: bool = False, event_rows: int = 0):
+    """Allocate and initialise the kernel state of a batch (``event_rows`` > 0: a KV
     event log of that many rows per simulation)."""
     n_sims = len(sims)
     # workload tables: one block of rows per distinct (trace, engine block size)
@@ -384,11 +386,11 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         b32 = np.empty((n_b, L.PB_FIELDS), np.int32)
         blk_hash = np.empty(n_b, np.uint64)
     pool_w[:, L.PW_SIM] = np.repeat(np.arange(n_sims), w_len)
-    kv_log = {}
-    if kv_event_rows > 0:  # row 0 of each simulation is its header (len, clock)
-        kv_log = dict(kv_log=np.zeros((n_sims, 1 + kv_event_rows, L.KV_NUM_COLUMNS), np.int64))
+    event_log = {}
+    if event_rows > 0:  # row 0 of each simulation is its header (len, clock)
+        event_log = dict(event_log=np.zeros((n_sims, 1 + event_rows, L.EV_NUM_COLUMNS), np.int64))
     pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=np.empty(int(tab_size.sum()), np.int32),
-                  **kv_log)
+                  **event_log)
     _reset_pools(pool)
 
     wk_i = L.WORKER.new(n_w)
@@ -564,7 +566,7 @@ def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.
 
 def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
               record_passes: bool = True, record_handoffs: bool = False,
-              record_kv_events: bool = False) -> BatchResult:
+              record_events: bool = False) -> BatchResult:
     """Run every simulation to completion; ``status[s]`` / ``error[s]`` of the result say
     how each ended (a failed one does not affect the others). Raises only for
     programming errors.
@@ -576,8 +578,9 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     sends arrival i to worker i mod N whatever the state, and aggregated workers share
     nothing else, so the workers are independent simulations and run on separate
     threads. Results are merged back per simulation (token-gap statistics with Chan's
-    merge). ``record_kv_events``: every KV Stored / Removed fact of every worker, in
-    ``result.kv_events[s]``."""
+    merge). ``record_events``: every KV Stored / Removed fact of every worker in
+    ``result.kv_events[s]``, every admission, preemption and finish in
+    ``result.engine_events[s]``."""
     n_sims = len(sims)
     status = [STATUS_OK] * n_sims
     error = [""] * n_sims
@@ -593,7 +596,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         # a worker unit numbers its requests from 1, so the hashes of generated blocks
         # (the reference's synthetic tokens use the request's number) would differ
         # from the whole run's: KV events are recorded on whole runs only
-        shards = None if record_kv_events else _worker_shards(sim)
+        shards = None if record_events else _worker_shards(sim)
         if shards is None:
             units.append(sim)
             owner.append((s, -1, None))
@@ -602,7 +605,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
                 units.append(unit)
                 owner.append((s, w, rows))
     res = _run_units_resized(units, pass_log_rows, record_passes, [s for s, _, _ in owner],
-                             record_handoffs, DEFAULT_KV_EVENT_ROWS if record_kv_events else 0)
+                             record_handoffs, DEFAULT_EVENT_ROWS if record_events else 0)
     parts: list[list[int]] = [[] for _ in sims]
     for u, (s, _, _) in enumerate(owner):
         parts[s].append(u)
@@ -661,12 +664,17 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         failed(s)
         return res.kv_events[parts[s][0]]  # recorded runs are never split
 
+    def engine_events(s):
+        failed(s)
+        return res.engine_events[parts[s][0]]
+
     end_ms = np.array([res.end_ms[parts[s]].max() if parts[s] else np.nan for s in range(n_sims)])
     leftovers = [_merge_leftovers([res.leftovers[u] for u in parts[s]]) if parts[s] else {}
                  for s in range(n_sims)]
     return BatchResult(_LazyFrames(n_sims, requests), _LazyFrames(n_sims, passes),
                        stat, hist, res.kernel_calls, end_ms, _LazyFrames(n_sims, handoffs),
-                       leftovers, status, error, _LazyFrames(n_sims, kv_events))
+                       leftovers, status, error, _LazyFrames(n_sims, kv_events),
+                       _LazyFrames(n_sims, engine_events))
 
 
 def _worker_shards(sim: Simulation):
@@ -721,6 +729,7 @@ class _UnitResults:
     passes: Sequence
     handoffs: Sequence
     kv_events: Sequence
+    engine_events: Sequence
     leftovers: list
     token_stat: np.ndarray
     token_hist: np.ndarray
@@ -730,14 +739,14 @@ class _UnitResults:
 
 def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
                        sim_names: list[int], record_handoffs: bool,
-                       kv_event_rows: int = 0) -> _UnitResults:
+                       event_rows: int = 0) -> _UnitResults:
     """``_run_units``, then the units that outgrew their block arena estimate or their
     queue sizing rerun alone with room for everything; their results replace the
     failed ones. A unit with a fixed ``queue_slots`` that overflowed keeps the
     ``capacity`` status."""
-    res = _run_units(units, pass_log_rows, record_passes, sim_names, record_handoffs, kv_event_rows)
+    res = _run_units(units, pass_log_rows, record_passes, sim_names, record_handoffs, event_rows)
     redo: list[int] = []
-    more_kv_rows = False
+    more_event_rows = False
     fixed: list[Simulation] = []
     for u, (unit, status) in enumerate(zip(units, res.status)):
         if status == "arena_full":
@@ -747,7 +756,7 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
             fixed.append(dataclasses.replace(unit, queue_slots=len(unit.workload.input_len) + 1))
         elif status == "events_full":
             fixed.append(unit)
-            more_kv_rows = True
+            more_event_rows = True
         else:
             continue
         redo.append(u)
@@ -755,7 +764,7 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
         return res
     # a rerun can need more room still (an arena, then more events): resize again
     again = _run_units_resized(fixed, pass_log_rows, record_passes, [sim_names[u] for u in redo],
-                               record_handoffs, 4 * kv_event_rows if more_kv_rows else kv_event_rows)
+                               record_handoffs, 4 * event_rows if more_event_rows else event_rows)
     where = {u: i for i, u in enumerate(redo)}
     for u, i in where.items():
         res.status[u] = again.status[i] if again.status[i] != "arena_full" else STATUS_CAPACITY
@@ -771,24 +780,25 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
     return dataclasses.replace(
         res, requests=pick(res.requests, again.requests), passes=pick(res.passes, again.passes),
         handoffs=pick(res.handoffs, again.handoffs), kv_events=pick(res.kv_events, again.kv_events),
+        engine_events=pick(res.engine_events, again.engine_events),
         kernel_calls=res.kernel_calls + again.kernel_calls)
 
 
 def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
                sim_names: list[int], record_handoffs: bool = False,
-               kv_event_rows: int = 0) -> _UnitResults:
+               event_rows: int = 0) -> _UnitResults:
     """Run independent units in one batch, each until it ends (done or failed)."""
     if not sims:
         with _small_pages():
             stat, hist = sketch.token_stats_new(0)
-        return _UnitResults([], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
+        return _UnitResults([], [], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
     rows = pass_log_rows if record_passes else 0
     # before build_state, whose prompt hashing compiles too
     compile_notice(sorted({"disaggregated" if sim.disaggregated else "aggregated" for sim in sims}))
     cfg, pool, rq, wl, wk, st, max_lease, max_bs = build_state(sims, rows, record_handoffs,
-                                                               kv_event_rows)
+                                                               event_rows)
     pass_chunks: list[list[np.ndarray]] = [[] for _ in sims]
-    kv_chunks: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in sims]
+    event_chunks: list[list[np.ndarray]] = [[] for _ in sims]
     calls = 0
     live = np.arange(len(sims), dtype=np.int64)
     while len(live):
@@ -798,11 +808,11 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
         for s in np.flatnonzero(log_len):
             pass_chunks[s].append(st.pass_log[s, :log_len[s]].copy())
             log_len[s] = 0
-        if kv_event_rows:
-            kv_len = pool.kv_log[:, 0, L.KVH_LEN]
-            for s in np.flatnonzero((kv_len > 0) & (kv_len <= kv_event_rows)):
-                kv_chunks[s].append(pool.kv_log[s, 1:1 + kv_len[s]].copy())
-                kv_len[s] = 0
+        if event_rows:
+            event_len = pool.event_log[:, 0, L.EVH_LEN]
+            for s in np.flatnonzero((event_len > 0) & (event_len <= event_rows)):
+                event_chunks[s].append(pool.event_log[s, 1:1 + event_len[s]].copy())
+                event_len[s] = 0
         live = live[st.i64[live, L.SM_STATUS] == L.SIM_NEED_FLUSH]
     status, error = [], []
     for s in range(len(sims)):
@@ -824,7 +834,7 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
         elif code == L.SIM_EVENTS_FULL:
             status.append("events_full")
             error.append(f"simulation {sim_names[s]}: more KV events in one instant than "
-                         f"{kv_event_rows} log rows")
+                         f"{event_rows} log rows")
         elif code == L.SIM_CAPACITY:
             status.append(STATUS_CAPACITY)
             slots = sims[s].queue_slots
@@ -841,26 +851,71 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
     handoffs = _LazyFrames(len(sims), lambda s: _handoff_frame(
         sims[s], st.hlog[s, :st.i64[s, L.SM_HLOG_LEN]]))
     kv_events = _LazyFrames(len(sims), lambda s: _kv_event_frame(
-        kv_chunks[s], int(st.i64[s, L.SM_W_OFF])))
+        _event_rows(event_chunks[s]), int(st.i64[s, L.SM_W_OFF])))
+    engine_events = _LazyFrames(len(sims), lambda s: _engine_event_frame(
+        sims[s], rq, _event_rows(event_chunks[s]), int(st.i64[s, L.SM_Q_OFF]),
+        int(st.i64[s, L.SM_W_OFF])))
     leftovers = [_leftovers(pool, wk, st, s) for s in range(len(sims))]
-    return _UnitResults(status, error, frames, passes, handoffs, kv_events, leftovers, st.token_stat,
+    return _UnitResults(status, error, frames, passes, handoffs, kv_events, engine_events, leftovers,
+                        st.token_stat,
                         st.token_hist, st.now_ms.copy(), calls)
 
 
-def _kv_event_frame(chunks: list, w_first: int) -> pd.DataFrame:
+def _event_rows(chunks: list) -> np.ndarray:
+    return np.concatenate(chunks) if chunks else np.zeros((0, L.EV_NUM_COLUMNS), np.int64)
+
+
+def _engine_event_frame(sim: Simulation, rq: L.Requests, rows: np.ndarray, q_off: int,
+                        w_first: int) -> pd.DataFrame:
+    """One simulation's admissions, preemptions and finishes in the order the engines
+    decided them (at pass start): ``request_id`` / ``turn_index`` of the logical
+    request (a disaggregated prefill row names its request), ``worker`` as in the pass
+    log; ``cached_tokens`` (admitted), ``running_before`` / ``active_blocks_before``
+    (preempted), ``terminal_status`` (finished: completed, rejected, or held for a
+    prefill source) and ``output_tokens``."""
+    rows = rows[rows[:, L.EV_KIND] >= L.EV_ADMITTED]
+    kind = rows[:, L.EV_KIND]
+    q = rows[:, L.EV_A]
+    n = len(sim.workload.input_len)
+    logical = np.where((q >= q_off) & (q < q_off + n), q, rq.i64[q, L.RQ_PEER]) - q_off
+    admitted, preempted, finished = (kind == L.EV_ADMITTED), (kind == L.EV_PREEMPTED), (kind == L.EV_FINISHED)
+    status = np.array(("held",) + L.TERMINAL_STATUS_NAMES[1:], dtype=object)[
+        np.where(finished, rows[:, L.EV_B], 0)]
+    def only(values, mask):  # the value where the kind has it, else <NA>
+        out = pd.array(values, dtype="Int64")
+        out[~mask] = pd.NA
+        return out
+
+    status = status.copy()
+    status[~finished] = None
+    return pd.DataFrame({
+        "worker": rows[:, L.EV_WORKER] - w_first,
+        "time_ms": np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64),
+        "kind": np.array(L.EV_KIND_NAMES, dtype=object)[kind],
+        "request_id": sim.workload.request_name[logical],
+        "turn_index": sim.workload.turn_index[logical].astype(np.int64),
+        "cached_tokens": only(rows[:, L.EV_B], admitted),
+        "running_before": only(rows[:, L.EV_B], preempted),
+        "active_blocks_before": only(rows[:, L.EV_C], preempted),
+        "terminal_status": status,
+        "output_tokens": only(rows[:, L.EV_C], finished),
+    })
+
+
+def _kv_event_frame(rows: np.ndarray, w_first: int) -> pd.DataFrame:
     """One simulation's KV events in the order they happened: ``event_id`` counts per
     worker (rank-local, from 0), ``worker`` as in the pass log (prefill pool first),
     ``block_hash`` / ``parent_hash`` the uint64 sequence hashes (no parent: <NA>)."""
-    rows = np.concatenate(chunks) if chunks else np.zeros((0, L.KV_NUM_COLUMNS), np.int64)
-    times = np.ascontiguousarray(rows[:, L.KV_TIME_BITS]).view(np.float64)
-    worker = rows[:, L.KV_WORKER] - w_first
-    parent = pd.array(rows[:, L.KV_PARENT_HASH].view(np.uint64), dtype="UInt64")
-    parent[rows[:, L.KV_HAS_PARENT] == 0] = pd.NA
+    rows = rows[rows[:, L.EV_KIND] <= L.EV_KV_REMOVED]
+    times = np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64)
+    worker = rows[:, L.EV_WORKER] - w_first
+    parent = pd.array(rows[:, L.EV_B].view(np.uint64), dtype="UInt64")
+    parent[rows[:, L.EV_C] == 0] = pd.NA
     frame = pd.DataFrame({
         "worker": worker,
         "time_ms": times,
-        "kind": np.array(L.KV_EVENT_NAMES, dtype=object)[rows[:, L.KV_KIND]],
-        "block_hash": rows[:, L.KV_HASH].view(np.uint64),
+        "kind": np.array(L.EV_KIND_NAMES, dtype=object)[rows[:, L.EV_KIND]],
+        "block_hash": rows[:, L.EV_A].view(np.uint64),
         "parent_hash": parent,
     })
     frame.insert(0, "event_id", frame.groupby("worker").cumcount().astype(np.int64))

@@ -22,10 +22,11 @@ import numpy as np
 from numba import njit
 
 from .layout import (
-    NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN, PB_PREV, PB_REF, PW_BLK_LEN,
-    PW_BLK_OFF, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN, PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED,
-    PW_TAB_MASK, PW_TAB_OFF, PW_BUMP, PW_SIM, KV_KIND, KV_WORKER, KV_HASH, KV_PARENT_HASH,
-    KV_HAS_PARENT, KV_REMOVED, KV_TIME_BITS, KVH_CLOCK_BITS, KVH_LEN,
+    EVH_CLOCK_BITS, EVH_LEN, EV_A, EV_B, EV_C, EV_KIND, EV_KV_REMOVED, EV_TIME_BITS, EV_WORKER,
+    NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN,
+    PB_PREV, PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN,
+    PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED, PW_SIM, PW_TAB_MASK, PW_TAB_OFF,
+    SIM_EVENTS_FULL,
 )
 
 
@@ -175,34 +176,35 @@ def _give_slot(p, w, b):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def kv_log_on(p):
-    return p.kv_log.shape[1] > 1
+def event_log_on(p):
+    return p.event_log.shape[1] > 1
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def kv_set_clock(p, s, t_ms):
+def event_set_clock(p, s, t_ms):
     """The time of simulation s's KV events from now on (logging on)."""
-    p.kv_log[s, 0, KVH_CLOCK_BITS] = np.float64(t_ms).view(np.int64)
+    p.event_log[s, 0, EVH_CLOCK_BITS] = np.float64(t_ms).view(np.int64)
 
 
 @njit(cache=True, _nrt=False)
-def note_kv_event(p, w, kind, h, parent, has_parent):
-    """Append a KV event of worker w to its simulation's log (when logging is on).
-    A full log counts the event without writing it: the event loop then has the
-    simulation rerun with a larger log (SIM_EVENTS_FULL)."""
-    if p.kv_log.shape[1] <= 1:
+def note_event(p, w, kind, a, b, c):
+    """Append an engine event of worker w (``EV_*`` of layout, int64 values) to its
+    simulation's log, when logging is on. A full log counts the event without writing
+    it: the event loop then has the simulation rerun with a larger log
+    (SIM_EVENTS_FULL)."""
+    if p.event_log.shape[1] <= 1:
         return
     s = p.w64[w, PW_SIM]
-    n = p.kv_log[s, 0, KVH_LEN]
-    p.kv_log[s, 0, KVH_LEN] = n + 1
-    if n + 1 < p.kv_log.shape[1]:
-        row = p.kv_log[s, n + 1]
-        row[KV_KIND] = kind
-        row[KV_WORKER] = w
-        row[KV_HASH] = np.int64(h)
-        row[KV_PARENT_HASH] = np.int64(parent)
-        row[KV_HAS_PARENT] = 1 if has_parent else 0
-        row[KV_TIME_BITS] = p.kv_log[s, 0, KVH_CLOCK_BITS]
+    n = p.event_log[s, 0, EVH_LEN]
+    p.event_log[s, 0, EVH_LEN] = n + 1
+    if n + 1 < p.event_log.shape[1]:
+        row = p.event_log[s, n + 1]
+        row[EV_KIND] = kind
+        row[EV_WORKER] = w
+        row[EV_A] = a
+        row[EV_B] = b
+        row[EV_C] = c
+        row[EV_TIME_BITS] = p.event_log[s, 0, EVH_CLOCK_BITS]
 
 
 @njit(cache=True, _nrt=False)
@@ -233,8 +235,8 @@ def _evict_head(p, w):
             p.b32[nxt, PB_DUP_PREV] = prv
     p.w64[w, PW_NUM_COPIES] -= 1
     _give_slot(p, w, b)
-    if last_copy and kv_log_on(p):
-        note_kv_event(p, w, KV_REMOVED, h, np.uint64(0), np.bool_(False))
+    if last_copy and event_log_on(p):
+        note_event(p, w, EV_KV_REMOVED, np.int64(h), np.int64(0), np.int64(0))
     return last_copy
 
 

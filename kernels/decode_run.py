@@ -23,7 +23,7 @@ ending by then.
 import numpy as np
 from numba import njit
 
-from .block_pool import kv_log_on, kv_set_clock, num_free
+from .block_pool import event_log_on, event_set_clock, num_free
 from .layout import (
     CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS, CFGF_SPEEDUP_RATIO, CFG_BLOCK_SIZE,
     CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
@@ -147,8 +147,8 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
                 q = wk.run_q[off + j]
                 base_computed = rq_i[q, RQ_NUM_COMPUTED]
                 if base_computed + pass_k > rq_i[q, RQ_FAST_LIMIT]:
-                    if kv_log_on(p):
-                        kv_set_clock(p, s, start_ms)  # KV events of this step: at its pass start
+                    if event_log_on(p):
+                        event_set_clock(p, s, start_ms)  # KV events of this step: at its pass start
                     acc[0] = n  # the step's pass counters (scratch here: this loop keeps its own)
                     if schedule_request_ahead(cfg, p, rq, wl, wk, w, q, k, start_ms, stamp, acc, hits,
                                               fresh, scratch_tokens) == ALLOC_ARENA_FULL:
@@ -166,8 +166,8 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
             first_end_ms = end_ms
         kv_tokens += n
         k += 1
-    if kv_log_on(p):
-        kv_set_clock(p, s, now_ms)  # the loop's instant again (the steps above moved it)
+    if event_log_on(p):
+        event_set_clock(p, s, now_ms)  # the loop's instant again (the steps above moved it)
     if k == 0:
         return now_ms, 0, False
 

@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from . import compile_notice, mark_compiled
-from .block_pool import kv_log_on, kv_set_clock
+from .block_pool import event_log_on, event_set_clock
 from .arrivals import admit_arrivals, arrivals_due, complete_pass, next_release_ms
 from .backends import decode_run, run_pass
 from .decode_run import quiet_until_ms
@@ -44,7 +44,7 @@ from .disagg_handoff import complete_disagg_pass, drain_actions, drain_transfers
 from .layout import (
     SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END, SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH,
     SIM_PAUSED, SIM_RUNNING,
-    KVH_LEN, SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
+    EVH_LEN, SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
     SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_OVERFLOW, WK_RUN_LEN,
     WK_STALLED, WK_WAIT_LEN,
 )
@@ -65,11 +65,11 @@ def _event_loop(disaggregated):
         now_ms = sims.now_ms[s]
         resume_w = sims.i64[s, SM_RESUME_WORKER]
         sims.i64[s, SM_RESUME_WORKER] = -1
-        kv_on = kv_log_on(p)
-        kv_rows = p.kv_log.shape[1] - 1  # event rows
+        events_on = event_log_on(p)
+        n_event_rows = p.event_log.shape[1] - 1  # event rows
         while True:
-            if kv_on:
-                kv_set_clock(p, s, now_ms)  # the time of this instant's KV events
+            if events_on:
+                event_set_clock(p, s, now_ms)  # the time of this instant's KV events
             changed = True
             while changed:
                 changed = False
@@ -152,7 +152,7 @@ def _event_loop(disaggregated):
                             wk.i64[w, WK_STALLED] = 1
                             break
                         changed = True
-            if kv_on and p.kv_log[s, 0, KVH_LEN] > kv_rows:
+            if events_on and p.event_log[s, 0, EVH_LEN] > n_event_rows:
                 # more events than the log holds: the driver reruns with a larger log
                 sims.now_ms[s] = now_ms
                 sims.i64[s, SM_STATUS] = SIM_EVENTS_FULL
@@ -174,7 +174,7 @@ def _event_loop(disaggregated):
                 sims.now_ms[s] = now_ms
                 sims.i64[s, SM_STATUS] = SIM_DONE
                 return
-            if kv_on and 2 * p.kv_log[s, 0, KVH_LEN] > kv_rows:
+            if events_on and 2 * p.event_log[s, 0, EVH_LEN] > n_event_rows:
                 # half full at the end of an instant: the driver drains the log and
                 # the next call goes on from this (drained) instant
                 sims.now_ms[s] = now_ms

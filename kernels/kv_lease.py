@@ -10,11 +10,11 @@ reference's XXH3 sequence hashes.
 import numpy as np
 from numba import njit
 
-from .block_pool import cache_copy, kv_log_on, note_kv_event, release_ref, reserve, table_find
+from .block_pool import cache_copy, event_log_on, note_event, release_ref, reserve, table_find
 from .request_state import ceil_div, seq_len
 from .xxh3 import XXH3_SEED, hash_chain, synthetic_output_token, xxh3_64_u32
 from .layout import (
-    CFG_BLOCK_SIZE, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_ROLE, KV_STORED, NO_BLOCK,
+    CFG_BLOCK_SIZE, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_ROLE, EV_KV_STORED, NO_BLOCK,
     PB_CACHED, PB_PIN, PB_REF, ROLE_DECODE, RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_LEASE_OFF,
     RQ_NUM_HASHED, RQ_PROMPT_LEN, RQ_REPUBLISHED, RQ_SRC_ROW, RQ_UUID,
 )
@@ -142,10 +142,11 @@ def publish_block(p, rq, w, q, i, b):
     k0 = rq.i64[q, RQ_LEASE_OFF]
     if not cache_copy(p, w, b, rq.seq_hash[k0 + i]):
         return False
-    if not kv_log_on(p):
+    if not event_log_on(p):
         return True
     if i > 0:
-        note_kv_event(p, w, KV_STORED, rq.seq_hash[k0 + i], rq.seq_hash[k0 + i - 1], np.bool_(True))
+        note_event(p, w, EV_KV_STORED, np.int64(rq.seq_hash[k0 + i]), np.int64(rq.seq_hash[k0 + i - 1]),
+                   np.int64(1))
     else:
-        note_kv_event(p, w, KV_STORED, rq.seq_hash[k0 + i], np.uint64(0), np.bool_(False))
+        note_event(p, w, EV_KV_STORED, np.int64(rq.seq_hash[k0 + i]), np.int64(0), np.int64(0))
     return True

@@ -401,33 +401,46 @@ class RankConfig(NamedTuple):
     f64: np.ndarray   # float64[w, CFG_F_FIELDS]
 
 
-# The KV event log (opt-in, ``Pool.kv_log[s, 1 + row, KV_*]``): one row per fact the
-# reference reports as a KV event, in the order they happen. Stored: a block hash
-# became visible on a worker (its first resident copy was published); Removed: the
-# last resident copy of a hash was evicted. Hashes and times are stored as the bit
-# patterns of their uint64 / float64 values. Row 0 of a simulation is its header:
-# events so far (past the rows: dropped, counted) and the time of the events now.
-# One array, not four: every kernel call passes the pool bundle, and its size shows.
-KV_STORED = 0
-KV_REMOVED = 1
-KV_EVENT_NAMES = ("stored", "removed")
-# KV_HAS_PARENT: 0 for the first block of a sequence (no parent hash)
-(KV_KIND, KV_WORKER, KV_HASH, KV_PARENT_HASH, KV_HAS_PARENT, KV_TIME_BITS) = range(6)
-KV_NUM_COLUMNS = 6
-KVH_LEN = 0            # header row: events so far
-KVH_CLOCK_BITS = 1     # header row: time of the events now (float64 bits)
-_NO_KV_LOG = np.zeros((0, 0, KV_NUM_COLUMNS), np.int64)
+# The engine event log (opt-in, ``Pool.event_log[s, 1 + row, EV_*]``): one row per
+# fact of a simulation's engines, in the order they happen, at the virtual time the
+# engine decides it (a pass start, a handoff action). Row 0 of a simulation is its
+# header: events so far (past the rows: dropped, counted) and the time of the events
+# now. Values are int64; hashes and times are stored as the bit patterns of their
+# uint64 / float64 values. One array, not several: every kernel call passes the pool
+# bundle, and its size shows.
+#
+#   kind            EV_A                EV_B                    EV_C
+#   KV_STORED       block hash          parent block hash       1 = has a parent
+#   KV_REMOVED      block hash          -                       -
+#   ADMITTED        request row         cached prompt tokens    admissions so far
+#   PREEMPTED       request row         running before          active blocks before
+#   FINISHED        request row         TERM_* (0 = source held) tokens generated
+#
+# KV_STORED: a block hash became visible on a worker (its first resident copy was
+# published); KV_REMOVED: the last resident copy of a hash was evicted - the facts the
+# reference reports as KV events.
+EV_KV_STORED = 0
+EV_KV_REMOVED = 1
+EV_ADMITTED = 2
+EV_PREEMPTED = 3
+EV_FINISHED = 4
+EV_KIND_NAMES = ("stored", "removed", "admitted", "preempted", "finished")
+(EV_KIND, EV_WORKER, EV_A, EV_B, EV_C, EV_TIME_BITS) = range(6)
+EV_NUM_COLUMNS = 6
+EVH_LEN = 0            # header row: events so far
+EVH_CLOCK_BITS = 1     # header row: time of the events now (float64 bits)
+_NO_EVENT_LOG = np.zeros((0, 0, EV_NUM_COLUMNS), np.int64)
 
 
 class Pool(NamedTuple):
     """Paged G1 block pools of every worker (global arrays sliced by PW_BLK_OFF /
     PW_TAB_OFF): counters per worker, links and counts per arena slot, and the
-    opt-in KV event log per simulation (no event rows = off; the default is empty)."""
+    opt-in engine event log per simulation (no event rows = off; the default is empty)."""
     w64: np.ndarray       # int64[w, PW_FIELDS]
     b32: np.ndarray       # int32[b, PB_FIELDS] (free stack, refs, pins, cached flag, LRU, duplicates)
     blk_hash: np.ndarray  # uint64[b] sequence hash of a cached copy
     tab: np.ndarray       # int32[t] primary copy of a hash, NO_BLOCK = empty slot
-    kv_log: np.ndarray = _NO_KV_LOG     # int64[s, 1 + rows, KV_NUM_COLUMNS]; 1 row = off
+    event_log: np.ndarray = _NO_EVENT_LOG     # int64[s, 1 + rows, EV_NUM_COLUMNS]; 1 row = off
 
 
 class Requests(NamedTuple):

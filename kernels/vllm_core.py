@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from . import capacity_policy
-from .block_pool import num_active
+from .block_pool import event_log_on, note_event, num_active
 from .decode_step import CLASS_COMPLETE, CLASS_DECODE, classify, fast_decode_step, stamp_scheduled
 from .kv_lease import allocate, finalize, prefix_cost, release_lease
 from .pass_log import append_pass_row
@@ -31,15 +31,15 @@ from .layout import (
     CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS, CFGF_FIXED_PREFILL_MS, CFGF_SPEEDUP_RATIO,
     CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS,
     CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_ROLE, CFG_TIMING,
-    ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS,
-    RQF_SECOND_TOKEN_MS, RQF_TERMINAL_MS, RQ_ADMISSIONS, RQ_ALLOCATED, RQ_COMMITTED_PREFILL,
-    RQ_FAST_LIMIT, RQ_FIRST_CACHED, RQ_GENERATED, RQ_MAX_CACHED, RQ_MAX_OUTPUT,
-    RQ_NUM_COMPUTED, RQ_PREEMPTIONS, RQ_PROMPT_LEN, RQ_SCHED_CLASS, RQ_SCHED_LEN,
-    RQ_SCHED_PREFIX, RQ_SCHED_PROMPT, RQ_SCHED_STAMP, RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS,
-    RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RS_ACTIVATED, RS_DONE, RS_HELD, RS_PREEMPTED,
-    RS_RUNNING, RS_WAITING, SM_PASS_LOG_LEN, TERM_COMPLETED, TERM_REJECTED, WK_CAP_GEN,
-    WK_PASS_STAMP, WK_PEND_LEN, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD,
-    WK_WAIT_LEN,
+    EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS,
+    RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS, RQF_TERMINAL_MS, RQ_ADMISSIONS,
+    RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FAST_LIMIT, RQ_FIRST_CACHED, RQ_GENERATED,
+    RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PREEMPTIONS, RQ_PROMPT_LEN,
+    RQ_SCHED_CLASS, RQ_SCHED_LEN, RQ_SCHED_PREFIX, RQ_SCHED_PROMPT, RQ_SCHED_STAMP,
+    RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RS_ACTIVATED,
+    RS_DONE, RS_HELD, RS_PREEMPTED, RS_RUNNING, RS_WAITING, SM_PASS_LOG_LEN, TERM_COMPLETED,
+    TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP, WK_PEND_LEN, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
+    WK_RUN_OFF, WK_TERM_HEAD, WK_WAIT_LEN,
 )
 
 # schedule_request outcomes
@@ -73,6 +73,8 @@ def preempt(cfg, p, rq, wk, w):
         return -1
     idx = 0 if cfg.i64[w, CFG_PREEMPTION_FIFO] != 0 else n - 1
     v = wk.run_q[wk.i64[w, WK_RUN_OFF] + idx]
+    if event_log_on(p):
+        note_event(p, w, EV_PREEMPTED, v, n, num_active(p, w))
     run_remove_at(wk, w, idx)
     rq.i64[v, RQ_STATUS] = RS_PREEMPTED
     rq.i64[v, RQ_NUM_COMPUTED] = 0
@@ -97,6 +99,8 @@ def finish_request(cfg, p, rq, wk, w, q):
         release_lease(cfg, p, rq, w, q)
         rq.i64[q, RQ_STATUS] = RS_DONE
         rq.i64[q, RQ_TERMINAL] = TERM_COMPLETED
+    if event_log_on(p):
+        note_event(p, w, EV_FINISHED, q, rq.i64[q, RQ_TERMINAL], rq.i64[q, RQ_GENERATED])
     push_terminal(rq, wk, w, q)
 
 
@@ -174,6 +178,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             wk.i64[w, WK_CAP_GEN] += 1
             rq.i64[q, RQ_STATUS] = RS_DONE
             rq.i64[q, RQ_TERMINAL] = TERM_REJECTED
+            if event_log_on(p):
+                note_event(p, w, EV_FINISHED, q, np.int64(TERM_REJECTED), rq.i64[q, RQ_GENERATED])
             push_terminal(rq, wk, w, q)
             acc[7] += 1
             continue
@@ -388,6 +394,8 @@ def schedule_request(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms
             rq.f64[q, RQF_FIRST_ADMIT_MS] = now_ms
         rq.i64[q, RQ_MAX_CACHED] = max(rq.i64[q, RQ_MAX_CACHED], cached)
         rq.i64[q, RQ_ADMISSIONS] += 1
+        if event_log_on(p):
+            note_event(p, w, EV_ADMITTED, q, cached, rq.i64[q, RQ_ADMISSIONS])
         acc[5] += 1
     return SCHEDULED
 

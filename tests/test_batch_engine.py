@@ -240,22 +240,23 @@ def _table_hashes(state, s):
     return out
 
 
-def _kv_run(sims, kv_rows):
+def _kv_run(sims, n_event_rows):
     """Run to completion with a KV event log; (state, per-simulation event frames)."""
-    state = build_state(sims, 0, kv_event_rows=kv_rows)
+    state = build_state(sims, 0, event_rows=n_event_rows)
     cfg, pool, rq, wl, wk, st_, max_lease, max_bs = state
     ids = np.arange(len(sims), dtype=np.int64)
     chunks = [[] for _ in sims]
     while True:
         replay_batch(cfg, pool, rq, wl, wk, st_, ids, max_lease, max_bs)
         for s in range(len(sims)):
-            n = pool.kv_log[s, 0, L.KVH_LEN]
-            if 0 < n <= kv_rows:
-                chunks[s].append(pool.kv_log[s, 1:1 + n].copy())
-                pool.kv_log[s, 0, L.KVH_LEN] = 0
+            n = pool.event_log[s, 0, L.EVH_LEN]
+            if 0 < n <= n_event_rows:
+                chunks[s].append(pool.event_log[s, 1:1 + n].copy())
+                pool.event_log[s, 0, L.EVH_LEN] = 0
         if not np.any(st_.i64[:, L.SM_STATUS] == L.SIM_NEED_FLUSH):
             break
-    frames = [replay_module._kv_event_frame(chunks[s], int(st_.i64[s, L.SM_W_OFF]))
+    frames = [replay_module._kv_event_frame(replay_module._event_rows(chunks[s]),
+                                            int(st_.i64[s, L.SM_W_OFF]))
               for s in range(len(sims))]
     return state, frames
 
@@ -295,18 +296,47 @@ def test_kv_events_through_run_batch(monkeypatch):
     rank = {"backend": "vllm", "num_gpu_blocks": 60, "block_size": 16}
     with tempfile.TemporaryDirectory() as tmp:
         sim = _simulation(rows, rank, tmp, workers=2)
-        want = run_batch([sim], record_kv_events=True).kv_events[0]
+        want = run_batch([sim], record_events=True).kv_events[0]
         state, frames = _kv_run([sim], 1 << 14)
         whole = frames[0]
-        monkeypatch.setattr(replay_module, "DEFAULT_KV_EVENT_ROWS", 4)
-        small = run_batch([sim], record_kv_events=True)
+        monkeypatch.setattr(replay_module, "DEFAULT_EVENT_ROWS", 4)
+        small = run_batch([sim], record_events=True)
         disagg = simulation_from_setup(parse_payload(json.loads(
             (Path(__file__).parent / "data" / "golden_disagg" / "dm1.spec.json").read_text()),
             base_dir=Path(__file__).parent / "data" / "golden_disagg"))
-        pd_events = run_batch([disagg], record_kv_events=True).check().kv_events[0]
+        pd_events = run_batch([disagg], record_events=True).check().kv_events[0]
     assert len(want) > 20 and set(want["kind"]) == {"stored", "removed"}
     pd.testing.assert_frame_equal(whole, want)
     pd.testing.assert_frame_equal(small.kv_events[0], want)
     assert small.kernel_calls > 3
     assert set(pd_events["worker"]) == set(range(disagg.prefill_workers + disagg.workers))
     _visible_after(pd_events)
+
+
+@settings(max_examples=_examples(60), **SETTINGS)
+@given(cases(max_rows=25))
+def test_engine_events_match_the_request_records(case):
+    """Every admission, preemption and finish is one engine event: per request the
+    counts equal its record's admissions and preemptions, its one finish carries its
+    terminal status and output tokens, and the first admission its cached tokens."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = simulation_from_setup(parse_payload(case.spec, trace_override=write_trace(case.rows, tmp)))
+        res = run_batch([sim], record_events=True)
+    if res.status[0] != STATUS_OK:
+        return
+    req = res.requests[0].set_index(["request_id", "turn_index"])
+    ev = res.engine_events[0]
+    for kind, column in (("admitted", "admission_count"), ("preempted", "preemptions")):
+        counts = ev[ev["kind"] == kind].groupby(["request_id", "turn_index"]).size()
+        np.testing.assert_array_equal(counts.reindex(req.index, fill_value=0).to_numpy(),
+                                      req[column].to_numpy())
+    fin = ev[ev["kind"] == "finished"].set_index(["request_id", "turn_index"])
+    assert fin.index.is_unique and len(fin) == len(req)
+    fin = fin.reindex(req.index)
+    assert list(fin["terminal_status"]) == list(req["terminal_status"])
+    np.testing.assert_array_equal(fin["output_tokens"].to_numpy(np.int64), req["output_tokens"].to_numpy())
+    first = ev[ev["kind"] == "admitted"].groupby(["request_id", "turn_index"])["cached_tokens"].first()
+    admitted = req["admission_count"] > 0
+    np.testing.assert_array_equal(first.reindex(req.index[admitted]).to_numpy(np.int64),
+                                  req.loc[admitted, "first_admission_cached_tokens"].to_numpy())
+    assert np.all(np.diff(ev["time_ms"].to_numpy()) >= 0) or len(ev) < 2
