@@ -564,3 +564,22 @@ def test_compile_notice_once_per_missing_kernel_set(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(kernels, "_ANNOUNCED", set())
     kernels.compile_notice(["disaggregated"])
     assert capsys.readouterr().err == ""
+
+
+def test_events_flag_writes_both_event_tables(tmp_path, capsys):
+    """--events: kv_events.parquet and engine_events.parquet beside the run files, one
+    finish per request and one admission per admission of the request records; a later
+    --overwrite run without --events may replace the folder."""
+    code, out, err = run_cli(_flags(tmp_path, "--workers", "2", "--events"), capsys)
+    assert code == 0, err
+    run = tmp_path / "run"
+    kv = pd.read_parquet(run / "kv_events.parquet")
+    engine = pd.read_parquet(run / "engine_events.parquet")
+    requests = pd.read_parquet(run / "requests.parquet")
+    assert "kv_events.parquet" in out and "engine_events.parquet" in out
+    assert set(kv["kind"]) <= {"stored", "removed"} and (kv["kind"] == "stored").any()
+    assert (engine["kind"] == "finished").sum() == len(requests)
+    assert (engine["kind"] == "admitted").sum() == requests["admission_count"].sum()
+    assert json.loads((run / "summary.json").read_text())["aisim_fast.config"]["record_events"] is True
+    code, _, err = run_cli(_flags(tmp_path, "--overwrite"), capsys)
+    assert code == 0, err
