@@ -344,33 +344,17 @@ def parse_placement(raw: Any, path: str) -> tuple[str, int]:
 
 
 def check_rank(rank: RankConfig, path: str = "rank") -> None:
-    """Validate a RankConfig built in code (``parse_rank`` validates what it parses):
-    the same field rules, raised as ConfigError naming the field."""
+    """Validate a RankConfig built in code by the rules ``parse_rank`` applies (the
+    one place they are written): raises ConfigError naming the field."""
     if not isinstance(rank, RankConfig):
         _fail(path, f"must be a RankConfig, got {type(rank).__name__}")
-    backend = _choice(f"{path}.backend", rank.backend, BACKENDS)
-    if backend not in SIMULATED_BACKENDS:
-        _fail(f"{path}.backend", f"{backend!r} is not simulated yet; use one of {', '.join(SIMULATED_BACKENDS)}")
-    _int(f"{path}.num_gpu_blocks", rank.num_gpu_blocks, 1)
-    _int(f"{path}.block_size", rank.block_size, 2)
-    _int(f"{path}.max_num_seqs", rank.max_num_seqs, 1)
-    _int(f"{path}.max_num_batched_tokens", rank.max_num_batched_tokens, 1)
-    if rank.max_model_len is not None:
-        _int(f"{path}.max_model_len", rank.max_model_len, 1)
-    _bool(f"{path}.enable_prefix_caching", rank.enable_prefix_caching)
-    _bool(f"{path}.enable_chunked_prefill", rank.enable_chunked_prefill)
-    _choice(f"{path}.preemption_mode", rank.preemption_mode, PREEMPTION_MODES)
-    _float(f"{path}.speedup_ratio", rank.speedup_ratio)
-    _float(f"{path}.decode_speedup_ratio", rank.decode_speedup_ratio)
-    _choice(f"{path}.worker_type", rank.worker_type, WORKER_TYPES)
-    _choice(f"{path}.timing_model", rank.timing_model, TIMING_TYPES)
-    _float(f"{path}.fixed_prefill_ms", rank.fixed_prefill_ms)
-    _float(f"{path}.fixed_decode_ms", rank.fixed_decode_ms)
-    if rank.kv_transfer_bandwidth is not None:
-        _float(f"{path}.kv_transfer_bandwidth", rank.kv_transfer_bandwidth)
-    if rank.kv_transfer_bytes_per_token is not None:
-        _int(f"{path}.kv_transfer_bytes_per_token", rank.kv_transfer_bytes_per_token, 1)
-    _choice(f"{path}.kv_transfer_timing_mode", rank.kv_transfer_timing_mode, TRANSFER_MODES)
+    raw = asdict(rank)
+    timing = {"type": raw.pop("timing_model")}
+    fixed = {"prefill_ms": raw.pop("fixed_prefill_ms"), "decode_ms": raw.pop("fixed_decode_ms")}
+    if timing["type"] == "fixed":
+        timing.update(fixed)
+    raw["timing_model"] = timing
+    parse_rank({k: v for k, v in raw.items() if v is not None}, path)
 
 
 def _pool_workers(path: str, raw: Any) -> int:
