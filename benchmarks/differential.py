@@ -1,0 +1,166 @@
+"""Differential comparison with the reference on random configurations (outside CI).
+
+For each case: a random slice of a bundled Mooncake trace (optionally made
+multi-turn), a random vLLM / TRT-LLM configuration (tight pools, small
+``max_num_seqs``, no chunked prefill, closed loop, disaggregated P/D), run by the
+reference (``../shared/reference/ref_replay.py`` in its own virtualenv, which also
+dumps the exact payload it ran) and by aisim_fast on that same payload. Per-request
+rows are compared with the parity tool's rules on ``ttft_ms``, ``tpot_ms``,
+``e2e_ms``, ``cached_tokens``, ``output_tokens`` (1e-6). Every divergent case is
+kept as a golden (payload, trace, reference CSV, both outcomes) under ``--keep``.
+
+    python benchmarks/differential.py --ref-python /tmp/refvenv/bin/python --cases 300 \\
+        --keep tests/data/differential
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from parity_rules import as_key_part, as_number, within  # noqa: E402
+
+from aisim_fast.config import parse_payload  # noqa: E402
+from aisim_fast.replay import run_batch, simulation_from_setup  # noqa: E402
+
+REF_DIR = ROOT.parent / "shared" / "reference"
+TRACE = REF_DIR / "traces" / "mooncake_1k.jsonl"
+METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "cached_tokens", "output_tokens")
+
+
+def random_trace(rng: random.Random, path: Path) -> None:
+    rows = [json.loads(line) for line in TRACE.read_text().splitlines() if line.strip()]
+    start = rng.randrange(0, len(rows) - 60)
+    n = rng.randint(8, 60)
+    picked = rows[start:start + n]
+    t0 = picked[0]["timestamp"]
+    scale = rng.choice([1.0, 1.0, 0.2, 0.05])
+    sessions = rng.random() < 0.25
+    with path.open("w") as fh:
+        for i, row in enumerate(picked):
+            row = dict(row, timestamp=int((row["timestamp"] - t0) * scale))
+            row["output_length"] = max(1, min(row["output_length"], rng.choice([8, 32, 128, 400])))
+            if sessions:
+                row["session_id"] = f"s{i % 6}"
+                if i >= 6:
+                    row.pop("timestamp")
+                    row["delay"] = rng.choice([0, 50, 500])
+            fh.write(json.dumps(row) + "\n")
+
+
+def random_config(rng: random.Random) -> list[str]:
+    backend = rng.choice(["vllm", "vllm", "trtllm"])
+    bs = rng.choice([16, 32, 64])
+    args = ["--backend", backend, "--block-size", str(bs),
+            "--max-num-seqs", str(rng.choice([1, 2, 4, 16, 256])),
+            "--max-num-batched-tokens", str(rng.choice([256, 2048, 8192])),
+            "--preemption-mode", rng.choice(["lifo", "fifo"])]
+    tight = rng.choice([64, 200, 600, 4096, 16384])
+    if rng.random() < 0.3:
+        args.append("--no-chunked-prefill")
+        args[args.index("--max-num-batched-tokens") + 1] = "16384"
+    if rng.random() < 0.2:
+        args.append("--no-prefix-caching")
+    if rng.random() < 0.25:
+        args += ["--concurrency", str(rng.choice([1, 3, 8]))]
+    if rng.random() < 0.3:
+        args += ["--prefill-workers", str(rng.randint(1, 2)), "--decode-workers", str(rng.randint(1, 3)),
+                 "--prefill-num-gpu-blocks", str(max(tight, 2048)), "--decode-num-gpu-blocks", str(tight)]
+        if rng.random() < 0.5:
+            args += ["--kv-transfer-bandwidth", "25", "--kv-transfer-bytes-per-token", "163840"]
+    else:
+        args += ["--workers", str(rng.randint(1, 3)), "--num-gpu-blocks", str(tight)]
+    if rng.random() < 0.3:
+        args += ["--timing", "fixed", "--fixed-prefill-ms", "5", "--fixed-decode-ms", "2"]
+    return args
+
+
+def read_csv(path: Path) -> dict:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return {(r["request_id"].strip(), as_key_part(r.get("turn_index"))): r for r in csv.DictReader(fh)}
+
+
+def compare(gold: dict, frame) -> list:
+    cand = {(str(r["request_id"]).strip(), as_key_part(r["turn_index"])): r for r in frame.to_dict("records")}
+    bad = [("missing", k) for k in gold if k not in cand]
+    for key, row in gold.items():
+        if key in cand:
+            for m in METRICS:
+                ok, _, _ = within(as_number(row.get(m)), as_number(cand[key].get(m)))
+                if not ok:
+                    bad.append((m, key, row.get(m), cand[key].get(m)))
+    return bad
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ref-python", required=True)
+    p.add_argument("--cases", type=int, default=300)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--keep", type=Path, default=None, help="folder for divergent cases")
+    args = p.parse_args()
+    tally = Counter()
+    kinds = Counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.cases):
+            rng = random.Random(args.seed * 100003 + i)
+            case = Path(tmp) / f"case{i:04d}"
+            case.mkdir()
+            trace = case / "trace.jsonl"
+            random_trace(rng, trace)
+            cfg = random_config(rng)
+            kind = ("disagg" if "--prefill-workers" in cfg else "agg") + "/" + cfg[1]
+            kinds[kind] += 1
+            ref = subprocess.run([args.ref_python, str(REF_DIR / "ref_replay.py"), "--trace", str(trace),
+                                  *cfg, "--csv", str(case / "ref.csv"), "--report", str(case / "ref.report.json"),
+                                  "--dump-spec", str(case / "spec.json")],
+                                 capture_output=True, text=True)
+            ref_failed = ref.returncode != 0 or not (case / "ref.csv").exists()
+            if not (case / "spec.json").exists():
+                tally["reference refused the config"] += 1
+                continue
+            payload = json.loads((case / "spec.json").read_text())
+            try:
+                setup = parse_payload(payload, case, trace_override=str(trace))
+            except Exception as exc:  # a field aisim_fast refuses (named in the message)
+                tally["aisim_fast refused the payload"] += 1
+                outcome = f"refused: {exc}"
+                ok = False
+            else:
+                res = run_batch([simulation_from_setup(setup)])
+                if res.status[0] != "ok" or ref_failed:
+                    ok = (res.status[0] != "ok") == ref_failed
+                    outcome = f"aisim_fast {res.status[0]} ({res.error[0]}); reference " \
+                              f"{'failed: ' + ref.stderr.strip()[-300:] if ref_failed else 'ok'}"
+                    tally["both stopped" if ok else "stop disagreement"] += 1
+                else:
+                    gold = read_csv(case / "ref.csv")
+                    if len(gold) != len(res.requests[0]):
+                        raise RuntimeError(f"case {i}: reference wrote {len(gold)} rows, "
+                                           f"aisim_fast {len(res.requests[0])}")
+                    bad = compare(gold, res.requests[0])
+                    ok = not bad
+                    outcome = "match" if ok else f"{len(bad)} differences, first {bad[:3]}"
+                    tally["match" if ok else "divergent"] += 1
+            if not ok and args.keep is not None:
+                dest = args.keep / f"seed{args.seed}_case{i:04d}"
+                shutil.copytree(case, dest, dirs_exist_ok=True)
+                (dest / "outcome.txt").write_text(f"{kind} {' '.join(cfg)}\n{outcome}\n")
+            print(f"{i:4d} {kind:12s} {'ok ' if ok else 'DIFF'} {outcome[:150]}", flush=True)
+    print("tally:", dict(tally), "by kind:", dict(kinds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
