@@ -15,7 +15,8 @@ Two ways to describe a replay:
   prefill/decode pools with the KV handoff between them.
 
 Outputs: DIR/requests.parquet, DIR/passes.parquet, DIR/summary.json, and with --events
-DIR/kv_events.parquet and DIR/engine_events.parquet (see output.py).
+DIR/kv_events.parquet and DIR/engine_events.parquet, with --output-events
+DIR/output_events.parquet (see output.py).
 Every user error (bad config, bad trace, refused output folder, a simulation that cannot
 finish) ends with one line ``aisim-fast: error: ...`` on stderr and exit code 2, and
 nothing is written.
@@ -138,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--events", action="store_true",
                         help="also write kv_events.parquet (KV Stored / Removed facts) and "
                              "engine_events.parquet (admissions, preemptions, finishes)")
+    replay.add_argument("--output-events", action="store_true",
+                        help="also write output_events.parquet: one row per output token "
+                             "(request, worker, pass end time, token index)")
     warmup = commands.add_parser(
         "warmup", help="compile the kernels into the on-disk cache (for images and CI)",
         description="Compile (or load from the cache) the kernels a replay uses, by running "
@@ -364,7 +368,8 @@ def run_replay(args) -> dict:
     record_passes = not args.no_passes
     run_start_s = time.perf_counter()
     simulation = simulation_from_setup(setup, workload)
-    result = run_batch([simulation], record_passes=record_passes, record_events=args.events).check()
+    result = run_batch([simulation], record_passes=record_passes, record_events=args.events,
+                       record_outputs=args.output_events).check()
     # floored so the per-wall-second rates stay finite on a clock with coarse ticks
     wall_time_ms = max((time.perf_counter() - run_start_s) * MS_PER_S, 1e-6)
 
@@ -390,6 +395,7 @@ def run_replay(args) -> dict:
         "gpus_per_worker": gpus_per_worker,
         "record_passes": record_passes,
         "record_events": args.events,
+        "record_outputs": args.output_events,
         **setup.to_json(),
         "trace_path": str(Path(setup.trace_path).resolve()),
     }
@@ -399,7 +405,11 @@ def run_replay(args) -> dict:
         if "rank" not in passes.columns:
             # ForwardPassMetrics name the attention-DP rank; only dp_size 1 is simulated
             passes.insert(passes.columns.get_loc("worker") + 1, "rank", 0)
-    events = (result.kv_events[0], result.engine_events[0]) if args.events else None
+    events = {}
+    if args.events:
+        events.update(kv_events=result.kv_events[0], engine_events=result.engine_events[0])
+    if args.output_events:
+        events["output_events"] = result.output_events[0]
     written = write_run(args.out, requests, passes, summary, resolved, overwrite=args.overwrite,
                         events=events)
     return {"setup": setup, "summary": summary, "requests": requests, "written": written,

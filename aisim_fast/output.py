@@ -38,7 +38,11 @@ PASSES_FILE = "passes.parquet"
 SUMMARY_FILE = "summary.json"
 KV_EVENTS_FILE = "kv_events.parquet"
 ENGINE_EVENTS_FILE = "engine_events.parquet"
-RUN_FILES = (REQUESTS_FILE, PASSES_FILE, SUMMARY_FILE, KV_EVENTS_FILE, ENGINE_EVENTS_FILE)
+OUTPUT_EVENTS_FILE = "output_events.parquet"
+# the optional event tables of a run: result key -> file
+EVENT_FILES = {"kv_events": KV_EVENTS_FILE, "engine_events": ENGINE_EVENTS_FILE,
+               "output_events": OUTPUT_EVENTS_FILE}
+RUN_FILES = (REQUESTS_FILE, PASSES_FILE, SUMMARY_FILE, *EVENT_FILES.values())
 
 META_VERSION_KEY = "aisim_fast.version"
 META_CONFIG_KEY = "aisim_fast.config"
@@ -234,12 +238,12 @@ def _fresh_sibling(out: Path, role: str) -> Path:
 
 def write_run(out_dir, requests_df: pd.DataFrame, passes_df: pd.DataFrame | None,
               summary: dict, resolved_config: dict, overwrite: bool = False,
-              events: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> dict[str, Path]:
+              events: dict[str, pd.DataFrame] | None = None) -> dict[str, Path]:
     """Write a run folder atomically; return {"requests": path, ...} of the files written.
 
     ``passes_df`` None leaves out ``passes.parquet`` (passes were not recorded);
-    ``events`` (KV events, engine events) adds ``kv_events.parquet`` and
-    ``engine_events.parquet``.
+    ``events`` ({"kv_events": frame, ...}, keys of ``EVENT_FILES``) adds those tables
+    (``kv_events.parquet``, ``engine_events.parquet``, ``output_events.parquet``).
     Raises ``OutputError`` for a refused folder; any error leaves the file system as it
     was (no new folder, no temporary folder, an overwritten folder untouched).
     """
@@ -262,11 +266,10 @@ def write_run(out_dir, requests_df: pd.DataFrame, passes_df: pd.DataFrame | None
         if passes_df is not None:
             _write_parquet(passes_df, staging / PASSES_FILE, config_json)
             written["passes"] = out / PASSES_FILE
-        if events is not None:
-            for name, key, frame in ((KV_EVENTS_FILE, "kv_events", events[0]),
-                                     (ENGINE_EVENTS_FILE, "engine_events", events[1])):
-                _write_parquet(frame, staging / name, config_json)
-                written[key] = out / name
+        for key, frame in (events or {}).items():
+            name = EVENT_FILES[key]
+            _write_parquet(frame, staging / name, config_json)
+            written[key] = out / name
         (staging / SUMMARY_FILE).write_text(summary_text, encoding="ascii")
         written["summary"] = out / SUMMARY_FILE
         _move_into_place(staging, out, overwrite)

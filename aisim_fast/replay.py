@@ -24,7 +24,8 @@ from aisim_fast.kernels import sketch
 from aisim_fast.report import sketch_merge_rows
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
 from aisim_fast.kernels.event_loop import replay_batch
-from aisim_fast.workload import Workload, load_mooncake
+from aisim_fast.state_growth import KernelState, add_rows, append_workload_rows
+from aisim_fast.workload import Workload, concat_workloads, load_mooncake, select_rows
 
 try:
     from numpy._core.multiarray import _set_madvise_hugepage
@@ -94,6 +95,8 @@ class BatchResult:
     kv_events: Sequence[pd.DataFrame] = ()
     # one frame per simulation, one row per admission, preemption or finish (record_events=True)
     engine_events: Sequence[pd.DataFrame] = ()
+    # one frame per simulation, one row per output token (record_outputs=True)
+    output_events: Sequence[pd.DataFrame] = ()
 
     def check(self) -> "BatchResult":
         """Raise SimulationError for the first simulation that did not finish."""
@@ -113,8 +116,9 @@ def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) 
                       placement_seed=setup.placement_seed)
 
 
-def check_simulation(sim: Simulation) -> None:
-    """Validate a simulation built in code; raises ConfigError naming the field."""
+def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
+    """Validate a simulation built in code; raises ConfigError naming the field
+    (``allow_empty``: a trace without requests is valid, e.g. one to be added to)."""
     if not isinstance(sim.workers, (int, np.integer)) or sim.workers < 1:
         raise ConfigError(f"workers: must be an integer >= 1, got {sim.workers!r}")
     if sim.concurrency < 0:
@@ -135,7 +139,7 @@ def check_simulation(sim: Simulation) -> None:
         raise ConfigError(f"queue_slots: must be >= 1 or None, got {sim.queue_slots!r}")
     if sim.arena_blocks is not None and sim.arena_blocks < 1:
         raise ConfigError(f"arena_blocks: must be >= 1 or None, got {sim.arena_blocks!r}")
-    if len(sim.workload.input_len) == 0:
+    if len(sim.workload.input_len) == 0 and not allow_empty:
         raise ConfigError("workload: the trace has no requests")
 
 
@@ -276,9 +280,10 @@ def _unplaced_rows(wl: Workload, first_src_row: int, max_output, blocks: np.ndar
 
 
 def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
-                record_handoffs: bool = False, event_rows: int = 0):
-    """Allocate and initialise the kernel state of a batch (``event_rows`` > 0: a KV
-    event log of that many rows per simulation)."""
+                record_handoffs: bool = False, event_rows: int = 0, log_outputs: bool = False):
+    """Allocate and initialise the kernel state of a batch (``event_rows`` > 0: an engine
+    event log of that many rows per simulation; ``log_outputs``: every output token in
+    it too)."""
     n_sims = len(sims)
     # workload tables: one block of rows per distinct (trace, engine block size)
     table_rows: dict[tuple[int, int], int] = {}
@@ -360,6 +365,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
             pa = int(p_off[s])
             psl = slice(pa, pa + n)
             rq_i[psl] = tpl.prefill_rq_i
+            rq_f[psl] = L.REQUEST_F.new(n)
             rq_i[psl, L.RQ_LEASE_OFF] += n_k
             n_k += tpl.prefill_lease_entries
             rq_i[psl, L.RQ_PEER] = np.arange(a, a + n)
@@ -389,6 +395,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     event_log = {}
     if event_rows > 0:  # row 0 of each simulation is its header (len, clock)
         event_log = dict(event_log=np.zeros((n_sims, 1 + event_rows, L.EV_NUM_COLUMNS), np.int64))
+        event_log["event_log"][:, 0, L.EVH_OUTPUTS] = 1 if log_outputs else 0
     pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=np.empty(int(tab_size.sum()), np.int32),
                   **event_log)
     _reset_pools(pool)
@@ -409,6 +416,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     sm_i[:, L.SM_PREFILL_LEN] = [sim.prefill_workers for sim in sims]
     sm_i[:, L.SM_PLACEMENT] = [L.PLACEMENT_NAMES.index(sim.placement) for sim in sims]
     sm_i[:, L.SM_RNG_STATE] = [sim.placement_seed for sim in sims]
+    sm_i[:, L.SM_PREFILL_Q_OFF] = np.where([s.disaggregated for s in sims], p_off, -1)
     with _small_pages():
         token_stat, token_hist = sketch.token_stats_new(n_sims)
     sim_state = L.Sims(
@@ -566,7 +574,7 @@ def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.
 
 def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
               record_passes: bool = True, record_handoffs: bool = False,
-              record_events: bool = False) -> BatchResult:
+              record_events: bool = False, record_outputs: bool = False) -> BatchResult:
     """Run every simulation to completion; ``status[s]`` / ``error[s]`` of the result say
     how each ended (a failed one does not affect the others). Raises only for
     programming errors.
@@ -580,7 +588,8 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     threads. Results are merged back per simulation (token-gap statistics with Chan's
     merge). ``record_events``: every KV Stored / Removed fact of every worker in
     ``result.kv_events[s]``, every admission, preemption and finish in
-    ``result.engine_events[s]``."""
+    ``result.engine_events[s]``; ``record_outputs`` (with or without them): every output
+    token in ``result.output_events[s]``."""
     n_sims = len(sims)
     status = [STATUS_OK] * n_sims
     error = [""] * n_sims
@@ -596,7 +605,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         # a worker unit numbers its requests from 1, so the hashes of generated blocks
         # (the reference's synthetic tokens use the request's number) would differ
         # from the whole run's: KV events are recorded on whole runs only
-        shards = None if record_events else _worker_shards(sim)
+        shards = None if record_events or record_outputs else _worker_shards(sim)
         if shards is None:
             units.append(sim)
             owner.append((s, -1, None))
@@ -605,7 +614,8 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
                 units.append(unit)
                 owner.append((s, w, rows))
     res = _run_units_resized(units, pass_log_rows, record_passes, [s for s, _, _ in owner],
-                             record_handoffs, DEFAULT_EVENT_ROWS if record_events else 0)
+                             record_handoffs, DEFAULT_EVENT_ROWS if record_events or record_outputs else 0,
+                             record_outputs)
     parts: list[list[int]] = [[] for _ in sims]
     for u, (s, _, _) in enumerate(owner):
         parts[s].append(u)
@@ -668,13 +678,17 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         failed(s)
         return res.engine_events[parts[s][0]]
 
+    def output_events(s):
+        failed(s)
+        return res.output_events[parts[s][0]]
+
     end_ms = np.array([res.end_ms[parts[s]].max() if parts[s] else np.nan for s in range(n_sims)])
     leftovers = [_merge_leftovers([res.leftovers[u] for u in parts[s]]) if parts[s] else {}
                  for s in range(n_sims)]
     return BatchResult(_LazyFrames(n_sims, requests), _LazyFrames(n_sims, passes),
                        stat, hist, res.kernel_calls, end_ms, _LazyFrames(n_sims, handoffs),
                        leftovers, status, error, _LazyFrames(n_sims, kv_events),
-                       _LazyFrames(n_sims, engine_events))
+                       _LazyFrames(n_sims, engine_events), _LazyFrames(n_sims, output_events))
 
 
 def _worker_shards(sim: Simulation):
@@ -706,18 +720,7 @@ class _Shard:
 
 def _sub_workload(wl: Workload, rows: np.ndarray) -> _Shard:
     """The trace restricted to ``rows`` (already in arrival order)."""
-    counts = wl.hash_indptr[rows + 1] - wl.hash_indptr[rows]
-    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    take = np.concatenate([np.arange(wl.hash_indptr[r], wl.hash_indptr[r + 1]) for r in rows]) \
-        if len(rows) else np.zeros(0, np.int64)
-    n = len(rows)
-    sub = wl._replace(
-        line_no=wl.line_no[rows], request_name=wl.request_name[rows],
-        session=np.arange(n, dtype=wl.session.dtype), turn_index=wl.turn_index[rows],
-        start_ms=wl.start_ms[rows], delay_ms=wl.delay_ms[rows], input_len=wl.input_len[rows],
-        output_len=wl.output_len[rows], hash_indptr=indptr, hash_ids=wl.hash_ids[take],
-        order=np.arange(n, dtype=wl.order.dtype))
-    return _Shard(sub, rows)
+    return _Shard(select_rows(wl, rows), rows)
 
 
 @dataclass
@@ -730,6 +733,7 @@ class _UnitResults:
     handoffs: Sequence
     kv_events: Sequence
     engine_events: Sequence
+    output_events: Sequence
     leftovers: list
     token_stat: np.ndarray
     token_hist: np.ndarray
@@ -739,12 +743,13 @@ class _UnitResults:
 
 def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
                        sim_names: list[int], record_handoffs: bool,
-                       event_rows: int = 0) -> _UnitResults:
+                       event_rows: int = 0, log_outputs: bool = False) -> _UnitResults:
     """``_run_units``, then the units that outgrew their block arena estimate or their
     queue sizing rerun alone with room for everything; their results replace the
     failed ones. A unit with a fixed ``queue_slots`` that overflowed keeps the
     ``capacity`` status."""
-    res = _run_units(units, pass_log_rows, record_passes, sim_names, record_handoffs, event_rows)
+    res = _run_units(units, pass_log_rows, record_passes, sim_names, record_handoffs, event_rows,
+                     log_outputs)
     redo: list[int] = []
     more_event_rows = False
     fixed: list[Simulation] = []
@@ -764,7 +769,8 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
         return res
     # a rerun can need more room still (an arena, then more events): resize again
     again = _run_units_resized(fixed, pass_log_rows, record_passes, [sim_names[u] for u in redo],
-                               record_handoffs, 4 * event_rows if more_event_rows else event_rows)
+                               record_handoffs, 4 * event_rows if more_event_rows else event_rows,
+                               log_outputs)
     where = {u: i for i, u in enumerate(redo)}
     for u, i in where.items():
         res.status[u] = again.status[i] if again.status[i] != "arena_full" else STATUS_CAPACITY
@@ -781,106 +787,240 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
         res, requests=pick(res.requests, again.requests), passes=pick(res.passes, again.passes),
         handoffs=pick(res.handoffs, again.handoffs), kv_events=pick(res.kv_events, again.kv_events),
         engine_events=pick(res.engine_events, again.engine_events),
+        output_events=pick(res.output_events, again.output_events),
         kernel_calls=res.kernel_calls + again.kernel_calls)
 
 
 def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
                sim_names: list[int], record_handoffs: bool = False,
-               event_rows: int = 0) -> _UnitResults:
+               event_rows: int = 0, log_outputs: bool = False) -> _UnitResults:
     """Run independent units in one batch, each until it ends (done or failed)."""
     if not sims:
         with _small_pages():
             stat, hist = sketch.token_stats_new(0)
-        return _UnitResults([], [], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
-    rows = pass_log_rows if record_passes else 0
-    # before build_state, whose prompt hashing compiles too
-    compile_notice(sorted({"disaggregated" if sim.disaggregated else "aggregated" for sim in sims}))
-    cfg, pool, rq, wl, wk, st, max_lease, max_bs = build_state(sims, rows, record_handoffs,
-                                                               event_rows)
-    pass_chunks: list[list[np.ndarray]] = [[] for _ in sims]
-    event_chunks: list[list[np.ndarray]] = [[] for _ in sims]
-    calls = 0
-    live = np.arange(len(sims), dtype=np.int64)
-    while len(live):
-        replay_batch(cfg, pool, rq, wl, wk, st, live, max_lease, max_bs)
-        calls += 1
+        return _UnitResults([], [], [], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
+    run = BatchRun(sims, pass_log_rows, record_passes, record_handoffs, event_rows, log_outputs,
+                   sim_names=sim_names)
+    run.advance()
+    n = len(sims)
+    status = [STATUS_OK if x == "done" else x for x in run.status]
+    st = run.state.st
+    return _UnitResults(status, list(run.error), _LazyFrames(n, run.requests),
+                        _LazyFrames(n, run.passes), _LazyFrames(n, run.handoffs),
+                        _LazyFrames(n, run.kv_events), _LazyFrames(n, run.engine_events),
+                        _LazyFrames(n, run.output_events),
+                        [run.leftovers(s) for s in range(n)], st.token_stat, st.token_hist,
+                        st.now_ms.copy(), run.kernel_calls)
+
+
+_RUNNABLE = (L.SIM_RUNNING, L.SIM_PAUSED, L.SIM_NEED_FLUSH)
+
+
+class BatchRun:
+    """A batch held in kernel state between calls.
+
+    ``advance(horizon_ms)`` takes every live simulation through every instant up to
+    the horizon (inf: until it ends) and returns the statuses; ``add_requests(s,
+    workload)`` gives a simulation more requests between steps (the state grows by
+    reallocation, ``aisim_fast.state_growth``); ``requests(s)``, ``passes(s)``,
+    ``kv_events(s)``, ... read the tables so far. ``run_batch`` is one of these
+    advanced to infinity, for every unit of its batch.
+
+    ``status[s]`` is the kernel's word for where simulation s stands: ``running``
+    (not advanced yet), ``paused`` (at a horizon), ``done``, or a failure (``dead_end``,
+    ``capacity``, ``arena_full``, ``events_full``) with ``error[s]`` saying why.
+
+    ``growable=True`` sizes every simulation for requests not known yet: its block
+    arenas are its whole KV pools (an estimate from the known requests could be
+    outgrown) and its queues hold every request it has, growing with it (unless
+    ``queue_slots`` fixes them). ``add_requests`` needs it.
+    """
+
+    def __init__(self, sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
+                 record_passes: bool = True, record_handoffs: bool = False, event_rows: int = 0,
+                 log_outputs: bool = False, growable: bool = False, sim_names=None):
+        self.growable = growable
+        self._fixed_queues = [sim.queue_slots is not None for sim in sims]
+        if growable:
+            sims = [dataclasses.replace(
+                sim, arena_blocks=sim.arena_blocks if sim.arena_blocks is not None else max(
+                    sim.rank.num_gpu_blocks, sim.prefill_rank.num_gpu_blocks if sim.disaggregated else 0),
+                queue_slots=sim.queue_slots if sim.queue_slots is not None else sim.workload.num_requests + 1)
+                for sim in sims]
+        for sim in sims:
+            check_simulation(sim, allow_empty=True)
+        self.sims = list(sims)
+        self.sim_names = list(range(len(sims))) if sim_names is None else list(sim_names)
+        self.event_rows = event_rows
+        # before build_state, whose prompt hashing compiles too
+        compile_notice(sorted({"disaggregated" if sim.disaggregated else "aggregated" for sim in sims}))
+        self.state = KernelState(*build_state(self.sims, pass_log_rows if record_passes else 0,
+                                              record_handoffs, event_rows, log_outputs))
+        self._pass_chunks: list[list[np.ndarray]] = [[] for _ in sims]
+        self._event_chunks: list[list[np.ndarray]] = [[] for _ in sims]
+        self._advanced = np.zeros(len(sims), bool)
+        self.kernel_calls = 0
+
+    # -- stepping ------------------------------------------------------------------
+    def advance(self, horizon_ms: float = np.inf) -> list[str]:
+        """Advance every live simulation through every instant up to ``horizon_ms``."""
+        st = self.state.st
+        live = np.flatnonzero(np.isin(st.i64[:, L.SM_STATUS], _RUNNABLE))
+        self._advanced[live] = True
+        while len(live):
+            s_ = self.state
+            replay_batch(s_.cfg, s_.pool, s_.rq, s_.wl, s_.wk, s_.st, live, s_.max_lease, s_.max_bs,
+                         horizon_ms)
+            self.kernel_calls += 1
+            self._drain()
+            live = live[st.i64[live, L.SM_STATUS] == L.SIM_NEED_FLUSH]
+        return self.status
+
+    def _drain(self) -> None:
+        """Move the pass logs and engine event logs out of the kernel state. A request
+        in an event is kept as its simulation's logical row (the one ``requests(s)``
+        numbers): kernel rows move when the batch grows."""
+        st, pool, rq = self.state.st, self.state.pool, self.state.rq
         log_len = st.i64[:, L.SM_PASS_LOG_LEN]
         for s in np.flatnonzero(log_len):
-            pass_chunks[s].append(st.pass_log[s, :log_len[s]].copy())
+            self._pass_chunks[s].append(st.pass_log[s, :log_len[s]].copy())
             log_len[s] = 0
-        if event_rows:
-            event_len = pool.event_log[:, 0, L.EVH_LEN]
-            for s in np.flatnonzero((event_len > 0) & (event_len <= event_rows)):
-                event_chunks[s].append(pool.event_log[s, 1:1 + event_len[s]].copy())
-                event_len[s] = 0
-        live = live[st.i64[live, L.SM_STATUS] == L.SIM_NEED_FLUSH]
-    status, error = [], []
-    for s in range(len(sims)):
-        code = int(st.i64[s, L.SM_STATUS])
-        if code == L.SIM_DONE:
-            status.append(STATUS_OK)
-            error.append("")
-        elif code == L.SIM_DEAD_END:
-            in_flight = int(st.i64[s, L.SM_NUM_ARRIVED] - st.i64[s, L.SM_NUM_TERMINAL])
-            status.append(STATUS_DEAD_END)
-            error.append(
-                f"simulation {sim_names[s]}: dead end at t={st.now_ms[s]:.6f} ms with {in_flight} in-flight "
-                "requests that can never be scheduled (a request outgrows its KV pool, or a "
-                "preempted decode request blocks activated ones; the reference aborts on the "
-                "same condition)")
-        elif code == L.SIM_ARENA_FULL:
-            status.append("arena_full")
-            error.append(f"simulation {sim_names[s]}: the block arena of a worker is full")
-        elif code == L.SIM_EVENTS_FULL:
-            status.append("events_full")
-            error.append(f"simulation {sim_names[s]}: more KV events in one instant than "
-                         f"{event_rows} log rows")
-        elif code == L.SIM_CAPACITY:
-            status.append(STATUS_CAPACITY)
-            slots = sims[s].queue_slots
-            error.append(
-                f"simulation {sim_names[s]}: a worker's queue overflowed its {slots} slots at "
-                f"t={st.now_ms[s]:.6f} ms (placement {sims[s].placement}); raise queue_slots "
-                "or leave it unset to size the queues from the trace")
-        else:  # the loop above runs every unit until it ends
-            raise AssertionError(f"unit {s} stopped with status {L.SIM_STATUS_NAMES[code]}")
+        if not self.event_rows:
+            return
+        event_len = pool.event_log[:, 0, L.EVH_LEN]
+        for s in np.flatnonzero((event_len > 0) & (event_len <= self.event_rows)):
+            rows = pool.event_log[s, 1:1 + event_len[s]].copy()
+            about_request = rows[:, L.EV_KIND] >= L.EV_ADMITTED
+            q = rows[about_request, L.EV_A]
+            q_off, n = st.i64[s, L.SM_Q_OFF], st.i64[s, L.SM_Q_LEN]
+            logical = np.where((q >= q_off) & (q < q_off + n), q, rq.i64[q, L.RQ_PEER])
+            rows[about_request, L.EV_A] = logical - q_off
+            self._event_chunks[s].append(rows)
+            event_len[s] = 0
 
-    frames = _LazyFrames(len(sims), lambda s: _request_frame(
-        sims[s], rq, int(st.i64[s, L.SM_Q_OFF]), int(st.i64[s, L.SM_W_OFF])))
-    passes = _LazyFrames(len(sims), lambda s: _pass_frame(pass_chunks[s]))
-    handoffs = _LazyFrames(len(sims), lambda s: _handoff_frame(
-        sims[s], st.hlog[s, :st.i64[s, L.SM_HLOG_LEN]]))
-    kv_events = _LazyFrames(len(sims), lambda s: _kv_event_frame(
-        _event_rows(event_chunks[s]), int(st.i64[s, L.SM_W_OFF])))
-    engine_events = _LazyFrames(len(sims), lambda s: _engine_event_frame(
-        sims[s], rq, _event_rows(event_chunks[s]), int(st.i64[s, L.SM_Q_OFF]),
-        int(st.i64[s, L.SM_W_OFF])))
-    leftovers = [_leftovers(pool, wk, st, s) for s in range(len(sims))]
-    return _UnitResults(status, error, frames, passes, handoffs, kv_events, engine_events, leftovers,
-                        st.token_stat,
-                        st.token_hist, st.now_ms.copy(), calls)
+    def add_requests(self, s: int, workload: Workload) -> None:
+        """Give simulation ``s`` the requests of ``workload`` (whole sessions; hash ids
+        in the id space of its trace, e.g. ``workload.select_rows`` of the same file).
+        Open loop: each session starts at its ``start_ms``, which must lie after the
+        simulation's clock once it has been advanced. Closed loop: the new sessions
+        queue behind the old ones for a concurrency slot. A finished simulation
+        becomes live again."""
+        if not self.growable:
+            raise ValueError("add_requests needs a BatchRun made with growable=True")
+        sim = self.sims[s]
+        code = int(self.state.st.i64[s, L.SM_STATUS])
+        if code not in (L.SIM_RUNNING, L.SIM_PAUSED, L.SIM_DONE):
+            raise SimulationError(f"simulation {self.sim_names[s]} is {L.SIM_STATUS_NAMES[code]}: "
+                                  "it takes no more requests")
+        if workload.num_requests == 0:
+            return
+        merged = concat_workloads(sim.workload, workload)  # checks the trace block size
+        now_ms = float(self.state.st.now_ms[s])
+        if sim.concurrency == 0 and self._advanced[s]:
+            starts = workload.start_ms[workload.order]
+            if starts[0] <= now_ms:
+                raise ValueError(
+                    f"simulation {self.sim_names[s]}: an added request starts at t={starts[0]:.6f} ms, "
+                    f"not after the simulation's clock t={now_ms:.6f} ms")
+        state = self.state
+        sizes = [sim.rank.block_size] + ([sim.prefill_rank.block_size] if sim.disaggregated else [])
+        table_rows = append_workload_rows(state, workload, sizes)
+        added = dataclasses.replace(sim, workload=workload)
+        tpl = _sim_template(added, table_rows, {})
+        # the new sessions follow the old ones (release ties go by session)
+        n_sessions = int(sim.workload.session.max(initial=-1)) + 1
+        tpl.rq_i[:, L.RQ_SESSION] += n_sessions
+        if tpl.prefill_rq_i is not None:
+            tpl.prefill_rq_i[:, L.RQ_SESSION] += n_sessions
+        n_total = merged.num_requests
+        grow = not self._fixed_queues[s]
+        add_rows(state, s, tpl, n_total + 1 if grow else None, n_total + 1 if grow else None)
+        self.sims[s] = dataclasses.replace(sim, workload=merged,
+                                           queue_slots=n_total + 1 if grow else sim.queue_slots)
+        if code == L.SIM_DONE:
+            state.st.i64[s, L.SM_STATUS] = L.SIM_PAUSED
+
+    # -- where each simulation stands ------------------------------------------------
+    @property
+    def status(self) -> list[str]:
+        return [L.SIM_STATUS_NAMES[c] for c in self.state.st.i64[:, L.SM_STATUS]]
+
+    @property
+    def error(self) -> list[str]:
+        return [self._error(s) for s in range(len(self.sims))]
+
+    def _error(self, s: int) -> str:
+        st = self.state.st
+        code = int(st.i64[s, L.SM_STATUS])
+        name = self.sim_names[s]
+        if code == L.SIM_DEAD_END:
+            in_flight = int(st.i64[s, L.SM_NUM_ARRIVED] - st.i64[s, L.SM_NUM_TERMINAL])
+            return (f"simulation {name}: dead end at t={st.now_ms[s]:.6f} ms with {in_flight} in-flight "
+                    "requests that can never be scheduled (a request outgrows its KV pool, or a "
+                    "preempted decode request blocks activated ones; the reference aborts on the "
+                    "same condition)")
+        if code == L.SIM_ARENA_FULL:
+            return f"simulation {name}: the block arena of a worker is full"
+        if code == L.SIM_EVENTS_FULL:
+            return f"simulation {name}: more engine events in one instant than {self.event_rows} log rows"
+        if code == L.SIM_CAPACITY:
+            sim = self.sims[s]
+            return (f"simulation {name}: a worker's queue overflowed its {sim.queue_slots} slots at "
+                    f"t={st.now_ms[s]:.6f} ms (placement {sim.placement}); raise queue_slots "
+                    "or leave it unset to size the queues from the trace")
+        return ""
+
+    def now_ms(self, s: int) -> float:
+        """The simulation's clock: the last instant it drained."""
+        return float(self.state.st.now_ms[s])
+
+    # -- tables so far ---------------------------------------------------------------
+    def requests(self, s: int) -> pd.DataFrame:
+        st = self.state.st
+        return _request_frame(self.sims[s], self.state.rq, int(st.i64[s, L.SM_Q_OFF]),
+                              int(st.i64[s, L.SM_W_OFF]))
+
+    def passes(self, s: int) -> pd.DataFrame:
+        return _pass_frame(self._pass_chunks[s])
+
+    def handoffs(self, s: int) -> pd.DataFrame:
+        st = self.state.st
+        return _handoff_frame(self.sims[s], st.hlog[s, :st.i64[s, L.SM_HLOG_LEN]])
+
+    def kv_events(self, s: int) -> pd.DataFrame:
+        return _kv_event_frame(_event_rows(self._event_chunks[s]), int(self.state.st.i64[s, L.SM_W_OFF]))
+
+    def engine_events(self, s: int) -> pd.DataFrame:
+        return _engine_event_frame(self.sims[s], _event_rows(self._event_chunks[s]),
+                                   int(self.state.st.i64[s, L.SM_W_OFF]))
+
+    def output_events(self, s: int) -> pd.DataFrame:
+        return _output_event_frame(self.sims[s], _event_rows(self._event_chunks[s]),
+                                   int(self.state.st.i64[s, L.SM_W_OFF]))
+
+    def leftovers(self, s: int) -> dict:
+        return _leftovers(self.state.pool, self.state.wk, self.state.st, s)
 
 
 def _event_rows(chunks: list) -> np.ndarray:
     return np.concatenate(chunks) if chunks else np.zeros((0, L.EV_NUM_COLUMNS), np.int64)
 
 
-def _engine_event_frame(sim: Simulation, rq: L.Requests, rows: np.ndarray, q_off: int,
-                        w_first: int) -> pd.DataFrame:
+def _engine_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataFrame:
     """One simulation's admissions, preemptions and finishes in the order the engines
     decided them (at pass start): ``request_id`` / ``turn_index`` of the logical
     request (a disaggregated prefill row names its request), ``worker`` as in the pass
     log; ``cached_tokens`` (admitted), ``running_before`` / ``active_blocks_before``
     (preempted), ``terminal_status`` (finished: completed, rejected, or held for a
     prefill source) and ``output_tokens``."""
-    rows = rows[rows[:, L.EV_KIND] >= L.EV_ADMITTED]
     kind = rows[:, L.EV_KIND]
-    q = rows[:, L.EV_A]
-    n = len(sim.workload.input_len)
-    logical = np.where((q >= q_off) & (q < q_off + n), q, rq.i64[q, L.RQ_PEER]) - q_off
+    rows = rows[(kind >= L.EV_ADMITTED) & (kind <= L.EV_FINISHED)]
+    kind = rows[:, L.EV_KIND]
+    logical = rows[:, L.EV_A]  # logical rows of the simulation (BatchRun._drain)
     admitted, preempted, finished = (kind == L.EV_ADMITTED), (kind == L.EV_PREEMPTED), (kind == L.EV_FINISHED)
     status = np.array(("held",) + L.TERMINAL_STATUS_NAMES[1:], dtype=object)[
         np.where(finished, rows[:, L.EV_B], 0)]
+
     def only(values, mask):  # the value where the kind has it, else <NA>
         out = pd.array(values, dtype="Int64")
         out[~mask] = pd.NA
@@ -899,6 +1039,23 @@ def _engine_event_frame(sim: Simulation, rq: L.Requests, rows: np.ndarray, q_off
         "active_blocks_before": only(rows[:, L.EV_C], preempted),
         "terminal_status": status,
         "output_tokens": only(rows[:, L.EV_C], finished),
+    })
+
+
+def _output_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataFrame:
+    """One simulation's output tokens (``record_outputs``), one row per token, in the
+    order each worker emitted them: ``time_ms`` the pass end that emitted it,
+    ``token_index`` from 1, ``last`` its request's final token. A disaggregated
+    request's hidden prefill token is a row of its prefill worker."""
+    rows = rows[rows[:, L.EV_KIND] == L.EV_OUTPUT]
+    logical = rows[:, L.EV_A]
+    return pd.DataFrame({
+        "worker": rows[:, L.EV_WORKER] - w_first,
+        "time_ms": np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64),
+        "request_id": sim.workload.request_name[logical],
+        "turn_index": sim.workload.turn_index[logical].astype(np.int64),
+        "token_index": rows[:, L.EV_B],
+        "last": rows[:, L.EV_C] != 0,
     })
 
 

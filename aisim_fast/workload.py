@@ -35,10 +35,12 @@ __all__ = [
     "DEFAULT_TRACE_NAME",
     "TraceError",
     "Workload",
+    "concat_workloads",
     "default_trace_path",
     "load_default_trace",
     "load_mooncake",
     "prompt_tokens",
+    "select_rows",
 ]
 
 # Bundled default trace: the first 3000 rows of the public Mooncake conversation trace
@@ -400,9 +402,7 @@ def load_mooncake(
     hash_indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.array(hash_counts, dtype=np.int64), out=hash_indptr[1:])
 
-    first_rows = np.flatnonzero(first).astype(np.int64)
-    # Equal starts keep file order: the reference routes and queues ties in line order.
-    order = first_rows[np.argsort(start_ms[first_rows], kind="stable")]
+    order = _start_order(first, start_ms)
 
     request_name = np.empty(n, dtype=object)
     request_name[:] = names
@@ -468,6 +468,68 @@ def _load_simple(path_str: str, block: int, ratio: float, max_rows: int | None) 
         # equal starts keep file order: the reference routes and queues ties in line order
         order=np.argsort(start_ms, kind="stable").astype(np.int64),
     )
+
+
+def _start_order(session_first: np.ndarray, start_ms: np.ndarray) -> np.ndarray:
+    first_rows = np.flatnonzero(session_first).astype(np.int64)
+    # equal starts keep row order: the reference routes and queues ties in line order
+    return first_rows[np.argsort(start_ms[first_rows], kind="stable")]
+
+
+def select_rows(w: Workload, rows) -> Workload:
+    """The trace restricted to ``rows``, in that order, in the same hash-id space (equal
+    prompts still share blocks with the original's): sessions are renumbered densely by
+    first appearance. Every session must come whole, its turns in order."""
+    rows = np.asarray(rows, np.int64)
+    if len(rows) and (rows.min() < 0 or rows.max() >= w.num_requests):
+        raise ValueError(f"rows must lie in [0, {w.num_requests})")
+    sessions, first_pos, session = np.unique(w.session[rows], return_index=True, return_inverse=True)
+    dense = np.empty(len(sessions), np.int64)
+    dense[np.argsort(first_pos, kind="stable")] = np.arange(len(sessions))
+    session = dense[session.reshape(-1)]
+    turn = w.turn_index[rows]
+    turns_in = np.bincount(session, minlength=len(sessions))
+    turns_all = np.bincount(w.session, minlength=int(w.session.max(initial=-1)) + 1)[sessions]
+    # turn k of a session must be its k-th row here
+    by_session = np.argsort(session, kind="stable")
+    group_start = np.cumsum(turns_in) - turns_in
+    expected = np.empty(len(rows), np.int64)
+    expected[by_session] = np.arange(len(rows)) - group_start[session[by_session]]
+    if np.any(turns_in != turns_all) or np.any(turn != expected):
+        raise ValueError("select_rows needs whole sessions with their turns in order")
+    counts = w.hash_indptr[rows + 1] - w.hash_indptr[rows]
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    take = np.concatenate([np.arange(w.hash_indptr[r], w.hash_indptr[r + 1]) for r in rows]) \
+        if len(rows) else np.zeros(0, np.int64)
+    start_ms = w.start_ms[rows]
+    return w._replace(
+        line_no=w.line_no[rows], request_name=w.request_name[rows],
+        session=session.astype(w.session.dtype), turn_index=turn, start_ms=start_ms,
+        delay_ms=w.delay_ms[rows], input_len=w.input_len[rows], output_len=w.output_len[rows],
+        hash_indptr=indptr, hash_ids=w.hash_ids[take],
+        order=_start_order(turn == 0, start_ms).astype(w.order.dtype))
+
+
+def concat_workloads(a: Workload, b: Workload) -> Workload:
+    """The rows of ``a`` then those of ``b`` (whose sessions follow a's), hash ids taken
+    as they are: both must be in one id space (``select_rows`` of one trace, or ids
+    the caller interned together)."""
+    if a.trace_block_size != b.trace_block_size:
+        raise ValueError(f"trace block sizes differ: {a.trace_block_size} and {b.trace_block_size}")
+    n_sessions = int(a.session.max(initial=-1)) + 1
+    turn = np.concatenate([a.turn_index, b.turn_index])
+    start_ms = np.concatenate([a.start_ms, b.start_ms])
+    return a._replace(
+        line_no=np.concatenate([a.line_no, b.line_no]),
+        request_name=np.concatenate([a.request_name, b.request_name]),
+        session=np.concatenate([a.session, b.session + n_sessions]).astype(a.session.dtype),
+        turn_index=turn, start_ms=start_ms,
+        delay_ms=np.concatenate([a.delay_ms, b.delay_ms]),
+        input_len=np.concatenate([a.input_len, b.input_len]),
+        output_len=np.concatenate([a.output_len, b.output_len]),
+        hash_indptr=np.concatenate([a.hash_indptr, b.hash_indptr[1:] + a.hash_indptr[-1]]),
+        hash_ids=np.concatenate([a.hash_ids, b.hash_ids]),
+        order=_start_order(turn == 0, start_ms).astype(a.order.dtype))
 
 
 def prompt_tokens(w: Workload, q: int) -> np.ndarray:

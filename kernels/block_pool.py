@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from .layout import (
-    EVH_CLOCK_BITS, EVH_LEN, EV_A, EV_B, EV_C, EV_KIND, EV_KV_REMOVED, EV_TIME_BITS, EV_WORKER,
+    EVH_CLOCK_BITS, EVH_LEN, EVH_OUTPUTS, EV_A, EV_B, EV_C, EV_KIND, EV_KV_REMOVED, EV_TIME_BITS, EV_WORKER,
     NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN,
     PB_PREV, PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN,
     PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED, PW_SIM, PW_TAB_MASK, PW_TAB_OFF,
@@ -186,12 +186,18 @@ def event_set_clock(p, s, t_ms):
     p.event_log[s, 0, EVH_CLOCK_BITS] = np.float64(t_ms).view(np.int64)
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def outputs_logged(p, s):
+    """Whether simulation s logs every output token (EV_OUTPUT)."""
+    return p.event_log.shape[1] > 1 and p.event_log[s, 0, EVH_OUTPUTS] != 0
+
+
 @njit(cache=True, _nrt=False)
-def note_event(p, w, kind, a, b, c):
-    """Append an engine event of worker w (``EV_*`` of layout, int64 values) to its
-    simulation's log, when logging is on. A full log counts the event without writing
-    it: the event loop then has the simulation rerun with a larger log
-    (SIM_EVENTS_FULL)."""
+def note_event_at(p, w, kind, a, b, c, time_bits):
+    """Append an engine event of worker w (``EV_*`` of layout, int64 values, the time as
+    float64 bits) to its simulation's log, when logging is on. A full log counts the
+    event without writing it: the event loop then has the simulation rerun with a
+    larger log (SIM_EVENTS_FULL)."""
     if p.event_log.shape[1] <= 1:
         return
     s = p.w64[w, PW_SIM]
@@ -204,7 +210,14 @@ def note_event(p, w, kind, a, b, c):
         row[EV_A] = a
         row[EV_B] = b
         row[EV_C] = c
-        row[EV_TIME_BITS] = p.event_log[s, 0, EVH_CLOCK_BITS]
+        row[EV_TIME_BITS] = time_bits
+
+
+@njit(cache=True, _nrt=False)
+def note_event(p, w, kind, a, b, c):
+    """``note_event_at`` at the simulation's event clock (the instant being drained)."""
+    if p.event_log.shape[1] > 1:
+        note_event_at(p, w, kind, a, b, c, p.event_log[p.w64[w, PW_SIM], 0, EVH_CLOCK_BITS])
 
 
 @njit(cache=True, _nrt=False)

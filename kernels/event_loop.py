@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from . import compile_notice, mark_compiled
-from .block_pool import event_log_on, event_set_clock
+from .block_pool import event_log_on, event_set_clock, outputs_logged
 from .arrivals import admit_arrivals, arrivals_due, complete_pass, next_release_ms
 from .backends import decode_run, run_pass
 from .decode_run import quiet_until_ms
@@ -66,6 +66,8 @@ def _event_loop(disaggregated):
         resume_w = sims.i64[s, SM_RESUME_WORKER]
         sims.i64[s, SM_RESUME_WORKER] = -1
         events_on = event_log_on(p)
+        # a decode run emits without visiting each request: not while every token is logged
+        decode_runs = not outputs_logged(p, s)
         n_event_rows = p.event_log.shape[1] - 1  # event rows
         while True:
             if events_on:
@@ -112,7 +114,7 @@ def _event_loop(disaggregated):
                             sims.i64[s, SM_RESUME_WORKER] = w
                             sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
                             return
-                        if not disaggregated:
+                        if not disaggregated and decode_runs:
                             # decode passes up to the next event, without walking the
                             # running list per pass (kernels.decode_run)
                             end_ms, n_passes, arena_full = decode_run(

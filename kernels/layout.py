@@ -388,6 +388,8 @@ SIMULATION = _declare(FieldTable("SM_", "sims.i64", np.int64, [
     ("DECODE_RUN_PASSES", 0, "", "passes run inside decode runs (kernels.decode_run)"),
     ("PLACEMENT", PLACE_ROUND_ROBIN, "", "placement policy, PLACE_* (kernels.placement)"),
     ("RNG_STATE", 0, "", "splitmix64 state of seeded random placement"),
+    ("PREFILL_Q_OFF", -1, "q", "disaggregated: first prefill row (its rows are contiguous, in "
+                               "the order of their logical rows); -1 = aggregated"),
 ]))
 SM_FIELDS = SIMULATION.width
 
@@ -415,20 +417,25 @@ class RankConfig(NamedTuple):
 #   ADMITTED        request row         cached prompt tokens    admissions so far
 #   PREEMPTED       request row         running before          active blocks before
 #   FINISHED        request row         TERM_* (0 = source held) tokens generated
+#   OUTPUT          request row         token ordinal (from 1)  1 = its last token
 #
 # KV_STORED: a block hash became visible on a worker (its first resident copy was
 # published); KV_REMOVED: the last resident copy of a hash was evicted - the facts the
-# reference reports as KV events.
+# reference reports as KV events. OUTPUT (opt-in on top, header EVH_OUTPUTS): one
+# row per emitted token at its pass end (the time the outside world sees it; the
+# other kinds carry the pass start), so the log is time-ordered per worker only.
 EV_KV_STORED = 0
 EV_KV_REMOVED = 1
 EV_ADMITTED = 2
 EV_PREEMPTED = 3
 EV_FINISHED = 4
-EV_KIND_NAMES = ("stored", "removed", "admitted", "preempted", "finished")
+EV_OUTPUT = 5
+EV_KIND_NAMES = ("stored", "removed", "admitted", "preempted", "finished", "output")
 (EV_KIND, EV_WORKER, EV_A, EV_B, EV_C, EV_TIME_BITS) = range(6)
 EV_NUM_COLUMNS = 6
 EVH_LEN = 0            # header row: events so far
 EVH_CLOCK_BITS = 1     # header row: time of the events now (float64 bits)
+EVH_OUTPUTS = 2        # header row: 1 = log every output token too (EV_OUTPUT)
 _NO_EVENT_LOG = np.zeros((0, 0, EV_NUM_COLUMNS), np.int64)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from . import capacity_policy
-from .block_pool import event_log_on, note_event, num_active
+from .block_pool import event_log_on, note_event, note_event_at, num_active, outputs_logged
 from .decode_step import CLASS_COMPLETE, CLASS_DECODE, classify, fast_decode_step, stamp_scheduled
 from .kv_lease import allocate, finalize, prefix_cost, release_lease
 from .pass_log import append_pass_row
@@ -31,7 +31,7 @@ from .layout import (
     CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS, CFGF_FIXED_PREFILL_MS, CFGF_SPEEDUP_RATIO,
     CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS,
     CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_ROLE, CFG_TIMING,
-    EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS,
+    EV_ADMITTED, EV_FINISHED, EV_OUTPUT, EV_PREEMPTED, ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS,
     RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS, RQF_TERMINAL_MS, RQ_ADMISSIONS,
     RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FAST_LIMIT, RQ_FIRST_CACHED, RQ_GENERATED,
     RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PREEMPTIONS, RQ_PROMPT_LEN,
@@ -228,6 +228,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     run_gap_ms = 0.0  # current run of equal token gaps, folded when it ends
     run_count = 0
     n_no_token = 0
+    log_outputs = outputs_logged(p, s)
+    end_bits = np.float64(end_ms).view(np.int64)
     for j in range(n_run if n_complete > 0 else 0):
         q = run_q[off + j]
         prompt = rq_i[q, RQ_PROMPT_LEN]
@@ -261,6 +263,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 run_count += 1
             rq_f[q, RQF_LAST_TOKEN_MS] = end_ms
             done = remaining_tokens(rq_i[q, RQ_MAX_OUTPUT], g, prompt, limit) <= 0
+            if log_outputs:
+                note_event_at(p, w, EV_OUTPUT, q, g, np.int64(1 if done else 0), end_bits)
         if done:
             finish_request(cfg, p, rq, wk, w, q)
         else:

@@ -31,8 +31,9 @@ from aisim_fast.kernels import layout as L
 from aisim_fast.kernels.event_loop import replay_batch
 from aisim_fast.replay import (
     STATUS_CAPACITY, STATUS_DEAD_END, STATUS_OK, STATUS_REJECTED_CONFIG, Simulation,
-    SimulationError, build_state, run_batch, simulation_from_setup,
+    BatchRun, SimulationError, build_state, run_batch, simulation_from_setup,
 )
+from aisim_fast.workload import select_rows
 from test_properties import (
     SETTINGS, Case, _examples, cases, check_case_against_oracle, frames_of, make_spec,
     record_differences, write_trace,
@@ -201,6 +202,137 @@ def test_stepping_to_horizons_equals_one_run(batch, horizons):
     np.testing.assert_array_equal(st_stepped.token_hist, st_whole.token_hist)
     for a, b in zip(frames_of(sims, stepped), frames_of(sims, whole)):
         pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+def _sessions_starting_in(wl, lo_ms, hi_ms):
+    """Rows of the sessions whose first turn starts in (lo_ms, hi_ms], in trace order."""
+    first_start = np.full(int(wl.session.max()) + 1, np.nan)
+    first_start[wl.session[wl.order]] = wl.start_ms[wl.order]
+    start = first_start[wl.session]
+    return np.flatnonzero((start > lo_ms) & (start <= hi_ms))
+
+
+@settings(max_examples=_examples(60), **SETTINGS)
+@given(st.lists(cases(max_rows=24), min_size=1, max_size=3), st.data())
+def test_requests_added_between_steps_equal_one_run(batch, data):
+    """One simulation of a random batch starts with the sessions that begin before a
+    first horizon and is given the next ones at each later horizon (the batch grows
+    around the others): its requests, passes, KV, engine and output events, and every
+    other simulation's records, equal one run of the whole traces."""
+    grown = data.draw(st.integers(0, len(batch) - 1))
+    topology = data.draw(st.sampled_from(["aggregated", "disaggregated", "random placement"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        sims = [simulation_from_setup(parse_payload(
+            case.spec, trace_override=write_trace(case.rows, _mkdir(tmp, i))))
+            for i, case in enumerate(batch)]
+    sim = dataclasses.replace(sims[grown], concurrency=0)  # open loop: starts are times
+    if topology == "disaggregated":
+        sim = dataclasses.replace(sim, prefill_workers=1, prefill_rank=sim.rank)
+    elif topology == "random placement":
+        sim = dataclasses.replace(sim, placement="random", placement_seed=data.draw(st.integers(0, 99)))
+    sims[grown] = sim
+    wl = sim.workload
+    starts = wl.start_ms[wl.order]
+    cuts = sorted(data.draw(st.lists(st.sampled_from(list(starts) + [starts[-1] + 1.5]), min_size=1,
+                                     max_size=4)))
+    cuts = [c for i, c in enumerate(cuts) if i == 0 or c > cuts[i - 1]]
+    whole = BatchRun(sims, event_rows=4096, log_outputs=True, growable=True)
+    whole.advance()
+    first = [dataclasses.replace(x, workload=select_rows(x.workload, _sessions_starting_in(
+        x.workload, -1.0, cuts[0]))) if s == grown else x for s, x in enumerate(sims)]
+    stepped = BatchRun(first, event_rows=4096, log_outputs=True, growable=True)
+    for lo, hi in zip(cuts, cuts[1:] + [np.inf]):
+        stepped.advance(lo)
+        if stepped.status[grown] == "dead_end":
+            # stuck with what it has: new arrivals would only queue behind
+            assert whole.status[grown] == "dead_end"
+            return
+        assert stepped.now_ms(grown) <= lo
+        stepped.add_requests(grown, select_rows(wl, _sessions_starting_in(wl, lo, hi)))
+    stepped.advance()
+    assert stepped.status == whole.status
+    for s in range(len(sims)):
+        if whole.status[s] != "done":
+            continue
+        key = ["request_id", "turn_index"]
+        pd.testing.assert_frame_equal(
+            stepped.requests(s).sort_values(key, ignore_index=True),
+            whole.requests(s).sort_values(key, ignore_index=True), check_exact=True)
+        for table in ("passes", "kv_events", "engine_events", "output_events"):
+            pd.testing.assert_frame_equal(getattr(stepped, table)(s), getattr(whole, table)(s),
+                                          check_exact=True)
+    np.testing.assert_array_equal(stepped.state.st.token_stat, whole.state.st.token_stat)
+
+
+@pytest.mark.parametrize("prefill_workers", [0, 1])
+def test_a_simulation_that_starts_empty(prefill_workers):
+    """A simulation with no requests at first, between two others, given its trace in
+    two parts (before its first step and at a horizon), ends as one run of the trace."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = _simulation(ROWS, {"backend": "vllm", "num_gpu_blocks": 64, "block_size": 16}, tmp,
+                          workers=2)
+    if prefill_workers:
+        sim = dataclasses.replace(sim, prefill_workers=1, prefill_rank=sim.rank)
+    whole = run_batch([sim]).check()
+    wl = sim.workload
+    run = BatchRun([sim, dataclasses.replace(sim, workload=select_rows(wl, [])), sim], growable=True)
+    run.add_requests(1, select_rows(wl, range(10)))
+    run.advance(float(wl.start_ms[10]) - 0.5)
+    run.add_requests(1, select_rows(wl, range(10, len(ROWS))))
+    assert run.advance() == ["done"] * 3
+    for s in range(3):
+        pd.testing.assert_frame_equal(run.requests(s), whole.requests[0], check_exact=True)
+        pd.testing.assert_frame_equal(run.passes(s), whole.passes[0], check_exact=True)
+
+
+def test_add_requests_refuses_what_it_cannot_take():
+    """Requests starting at or before the clock, a run not made growable, and a failed
+    simulation are refused with the reason; the state is unchanged."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = _simulation(ROWS, {"backend": "vllm", "num_gpu_blocks": 64, "block_size": 16}, tmp)
+        dead = _simulation(DEAD_END_ROWS, {"backend": "vllm", "num_gpu_blocks": 6}, tmp, "dead")
+    early, late = select_rows(sim.workload, range(12)), select_rows(sim.workload, range(12, 24))
+    with pytest.raises(ValueError, match="growable=True"):
+        BatchRun([dataclasses.replace(sim, workload=early)]).add_requests(0, late)
+    run = BatchRun([dataclasses.replace(sim, workload=early), dead], growable=True)
+    run.advance()
+    assert run.status == ["done", "dead_end"]
+    assert run.now_ms(0) >= early.start_ms[-1]
+    with pytest.raises(ValueError, match="not after the simulation's clock"):
+        run.add_requests(0, select_rows(early, [11]))
+    assert run.sims[0].workload.num_requests == 12 and run.state.st.i64[0, L.SM_Q_LEN] == 12
+    with pytest.raises(SimulationError, match="dead_end"):
+        run.add_requests(1, late)
+    with pytest.raises(ValueError, match="whole sessions"):
+        select_rows(_simulation([dict(r, session_id="a") for r in ROWS[:3]],
+                                {"backend": "vllm", "num_gpu_blocks": 64, "block_size": 16},
+                                tempfile.mkdtemp()).workload, [1, 2])
+
+
+def test_output_events_are_the_request_records():
+    """One output event per emitted token, numbered from 1 per request, the last one
+    marked, at the times the request records give (first, second, last token)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = _simulation(ROWS, {"backend": "vllm", "num_gpu_blocks": 40, "block_size": 16}, tmp,
+                          workers=2)
+    res = run_batch([sim], record_outputs=True).check()
+    out, req = res.output_events[0], res.requests[0].set_index("request_id")
+    assert len(out) == req["output_tokens"].sum()
+    g = out.groupby("request_id")
+    np.testing.assert_array_equal(g.size().reindex(req.index, fill_value=0).to_numpy(),
+                                  req["output_tokens"])
+    assert (req["terminal_status"] == "rejected").any()  # the pool rejects a few: no tokens
+    req = req[req["output_tokens"] > 0]
+    assert (g["token_index"].apply(lambda t: list(t) == list(range(1, len(t) + 1)))).all()
+    assert (g["last"].apply(lambda f: f.iloc[-1] and not f.iloc[:-1].any())).all()
+    firsts = out[out["token_index"] == 1].set_index("request_id")["time_ms"]
+    lasts = out[out["last"]].set_index("request_id")["time_ms"]
+    np.testing.assert_array_equal(firsts.reindex(req.index), req["first_token_ms"])
+    np.testing.assert_array_equal(lasts.reindex(req.index), req["last_token_ms"])
+    # logging every token turns decode runs off and changes nothing else
+    plain = run_batch([sim]).check()
+    pd.testing.assert_frame_equal(plain.requests[0], res.requests[0], check_exact=True)
+    pd.testing.assert_frame_equal(plain.passes[0], res.passes[0], check_exact=True)
 
 
 def _mkdir(tmp, i):

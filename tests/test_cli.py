@@ -583,3 +583,16 @@ def test_events_flag_writes_both_event_tables(tmp_path, capsys):
     assert json.loads((run / "summary.json").read_text())["aisim_fast.config"]["record_events"] is True
     code, _, err = run_cli(_flags(tmp_path, "--overwrite"), capsys)
     assert code == 0, err
+
+
+def test_output_events_flag_writes_every_token(tmp_path, capsys):
+    """--output-events: output_events.parquet with one row per output token of the
+    request records, and no other event table."""
+    code, out, err = run_cli(_flags(tmp_path, "--workers", "2", "--output-events"), capsys)
+    assert code == 0, err
+    run = tmp_path / "run"
+    tokens = pd.read_parquet(run / "output_events.parquet")
+    requests = pd.read_parquet(run / "requests.parquet")
+    assert "output_events.parquet" in out and not (run / "kv_events.parquet").exists()
+    assert len(tokens) == requests["output_tokens"].sum()
+    assert tokens["last"].sum() == (requests["output_tokens"] > 0).sum()
