@@ -160,6 +160,18 @@ class ActionKind(enum.IntEnum):
 
 N_ACTION_KINDS = len(ActionKind)
 
+# The SourceFirst transition, read from its one definition (``NEXT_ON_*`` of
+# ``kernels.layout``, which the kernels' event loop queues by): the action that
+# follows each lifecycle fact. The rules of ``apply_start`` / ``_advance_active``
+# issue these; the DestinationFirst order (reservation first) has its own two rules
+# and shares the rest.
+NEXT_ON_ARRIVAL = ActionKind(L.NEXT_ON_ARRIVAL)
+NEXT_ON_SOURCE_HELD = ActionKind(L.NEXT_ON_SOURCE_HELD)
+NEXT_ON_DESTINATION_RESERVED = ActionKind(L.NEXT_ON_DESTINATION_RESERVED)
+NEXT_ON_TRANSFER_COMPLETED = ActionKind(L.NEXT_ON_TRANSFER_COMPLETED)
+NEXT_ON_DESTINATION_ACTIVATED = ActionKind(L.NEXT_ON_DESTINATION_ACTIVATED)
+NEXT_ON_SOURCE_RELEASED = ActionKind(L.NEXT_ON_SOURCE_RELEASED)
+
 
 class OutcomeKind(enum.IntEnum):
     # 0 marks "no outcome recorded yet" in the journal; it is not a valid input.
@@ -848,7 +860,7 @@ def _complete(work: HandoffState, idx: np.ndarray, log: _IssueLog) -> None:
         work.mode[idx] == CoordinatorMode.CLEANING_UP, Completion.CANCELED, Completion.SUCCESS
     )
     work.mode[idx] = CoordinatorMode.COMPLETE
-    _issue(work, idx, ActionKind.COMPLETE, log)
+    _issue(work, idx, ActionKind.COMPLETE, log)  # after a release: NEXT_ON_SOURCE_RELEASED
 
 
 def _stored_timing(work: HandoffState, idx: np.ndarray) -> TransferTimingArrays:
@@ -874,14 +886,15 @@ def _advance_active(work: HandoffState, idx: np.ndarray, log: _IssueLog) -> None
     r = remaining
     sel = claim((work.order[r] == HandoffOrder.SOURCE_FIRST) & work.src_held[r] & ~work.dst_reserve_issued[r])
     work.dst_reserve_issued[sel] = True
-    _issue(work, sel, ActionKind.RESERVE_DESTINATION, log)
+    _issue(work, sel, NEXT_ON_SOURCE_HELD, log)
 
     r = remaining
     sel = claim((work.order[r] == HandoffOrder.DESTINATION_FIRST) & work.dst_reserved[r] & ~work.src_submit_issued[r])
     work.src_submit_issued[sel] = True
     _issue(work, sel, ActionKind.SUBMIT_PREFILL, log)
 
-    # The transfer starts only once both sides are engaged.
+    # The transfer starts only once both sides are engaged (SourceFirst: the reservation
+    # is the later fact).
     r = remaining
     sel = claim(work.src_held[r] & work.dst_reserved[r] & ~work.xfer_issued[r])
     if sel.shape[0]:
@@ -889,20 +902,20 @@ def _advance_active(work: HandoffState, idx: np.ndarray, log: _IssueLog) -> None
         delay_ms = _timing_delay_ms(_stored_timing(work, sel), work.dst_transferable_prompt_tokens[sel])
         delay_ms = resolve_transfer_delay_ms(delay_ms, work.fallback_transfer_delay_ms[sel])
         work.xfer_delay_ms[sel] = delay_ms
-        _issue(work, sel, ActionKind.START_TRANSFER, log, delay_ms)
+        _issue(work, sel, NEXT_ON_DESTINATION_RESERVED, log, delay_ms)
 
     r = remaining
     sel = claim(work.xfer_completed[r] & ~work.dst_activation_issued[r])
     work.dst_activation_issued[sel] = True
-    _issue(work, sel, ActionKind.ACTIVATE_DESTINATION, log)
+    _issue(work, sel, NEXT_ON_TRANSFER_COMPLETED, log)
 
     r = remaining
     sel = claim(work.dst_activation_applied[r] & ~work.src_release_issued[r])
     work.src_release_issued[sel] = True
-    _issue(work, sel, ActionKind.RELEASE_SOURCE, log)
+    _issue(work, sel, NEXT_ON_DESTINATION_ACTIVATED, log)
 
     r = remaining
-    sel = claim(work.src_cleanup_done[r])
+    sel = claim(work.src_cleanup_done[r])  # the source released
     _complete(work, sel, log)
 
 
@@ -968,7 +981,7 @@ def apply_start(state: HandoffState, rows) -> IssuedActions:
     work.started[idx] = True
     source_first = idx[work.order[idx] == HandoffOrder.SOURCE_FIRST]
     work.src_submit_issued[source_first] = True
-    _issue(work, source_first, ActionKind.SUBMIT_PREFILL, log)
+    _issue(work, source_first, NEXT_ON_ARRIVAL, log)
     destination_first = idx[work.order[idx] == HandoffOrder.DESTINATION_FIRST]
     work.dst_reserve_issued[destination_first] = True
     _issue(work, destination_first, ActionKind.RESERVE_DESTINATION, log)
