@@ -1,3 +1,11 @@
 """aisim_fast: batch LLM-inference cluster simulator with Numba kernels over numpy arrays."""
 
 __version__ = "0.1.0"
+
+
+def sweep(spec, out=None, **kwargs):
+    """Run a sweep (a spec file or dict) and return one row per point as a DataFrame;
+    ``aisim_fast.sweeps.run_sweep`` has the options (jobs, scheduler, resume, ...)."""
+    from aisim_fast.sweeps import run_sweep
+
+    return run_sweep(spec, out, **kwargs)

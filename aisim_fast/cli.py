@@ -1,4 +1,4 @@
-"""Command line: ``aisim-fast replay``.
+"""Command line: ``aisim-fast replay``, ``aisim-fast sweep``, ``aisim-fast warmup``.
 
 Two ways to describe a replay:
 
@@ -45,13 +45,13 @@ from aisim_fast.output import (
     OutputError,
     check_out_dir,
     requests_in_uuid_order,
-    summarize_aggregated_run,
-    summarize_disaggregated_run,
+    summarize_replay,
     write_run,
 )
 from aisim_fast.handoff_audit import audit_handoffs, audited_runs
 from aisim_fast.kernels import compile_notice
-from aisim_fast.replay import Simulation, SimulationError, run_batch, simulation_from_setup
+from aisim_fast.sweeps import SweepError
+from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup, warm_kernels
 from aisim_fast.workload import TraceError, default_trace_path, load_mooncake
 
 PROG = "aisim-fast"
@@ -149,27 +149,51 @@ def build_parser() -> argparse.ArgumentParser:
                     "start at once.")
     warmup.add_argument("--topology", choices=("aggregated", "disaggregated", "all"), default="all",
                         help="which replay kernels (default all)")
+    sweep = commands.add_parser(
+        "sweep", help="run many configurations of one base payload (grid, zip, random axes)",
+        description="Run a sweep spec (YAML or JSON; see aisim_fast/sweeps.py and the README): "
+                    "points.parquet (one row per point), requests/point=<id>/part-0.parquet, "
+                    "manifest.json. An interrupted sweep keeps its finished points; --resume "
+                    "runs the rest.")
+    sweep.add_argument("sweep_spec", metavar="SPEC", help="sweep spec file (.yaml / .yml / .json)")
+    sweep.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    sweep.add_argument("--jobs", type=int, default=1, metavar="N",
+                       help="local worker processes (default 1: this process)")
+    sweep.add_argument("--scheduler", metavar="ADDRESS",
+                       help="run the batches on this Dask distributed scheduler")
+    sweep.add_argument("--batch-size", type=int, metavar="N",
+                       help="points per kernel batch (default: the spec's batch_size, else 64)")
+    sweep.add_argument("--resume", action="store_true", help="run only the points DIR lacks")
+    sweep.add_argument("--overwrite", action="store_true", help="replace an earlier sweep in DIR")
+    sweep.add_argument("--no-requests", action="store_true",
+                       help="do not write the per-request dataset")
+    sweep.add_argument("--quiet", action="store_true", help="no progress output")
     return parser
+
+
+def run_sweep_command(args) -> str:
+    """Run ``aisim-fast sweep``; returns the closing summary text."""
+    from aisim_fast.sweeps import POINTS_FILE, run_sweep
+
+    if args.jobs < 1:
+        raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError(f"--batch-size: must be >= 1, got {args.batch_size}")
+    start_s = time.perf_counter()
+    points = run_sweep(args.sweep_spec, args.out, jobs=args.jobs, scheduler=args.scheduler,
+                       batch_size=args.batch_size, resume=args.resume, overwrite=args.overwrite,
+                       requests=not args.no_requests, quiet=args.quiet)
+    counts = points["status"].value_counts().to_dict() if len(points) else {}
+    by_status = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    return (f"{len(points)} points ({by_status}) in {time.perf_counter() - start_s:.1f} s\n"
+            f"  {Path(args.out) / POINTS_FILE}")
 
 
 def run_warmup(args) -> None:
     """Compile the chosen topologies' kernels: a tiny batch with every simulated backend."""
     topologies = ("aggregated", "disaggregated") if args.topology == "all" else (args.topology,)
-    compile_notice(["trace", *topologies])
-    workload = load_mooncake(default_trace_path(), max_rows=8)
-    for topology in topologies:
-        start_s = time.perf_counter()
-        sims = []
-        for backend in SIMULATED_BACKENDS:
-            if topology == "aggregated":
-                sims.append(Simulation(workload, parse_rank({"backend": backend}), workers=2))
-            else:
-                sims.append(Simulation(
-                    workload, parse_rank({"backend": backend, "worker_type": "decode"}), workers=1,
-                    prefill_rank=parse_rank({"backend": backend, "worker_type": "prefill"}),
-                    prefill_workers=1))
-        run_batch(sims, record_passes=True).check()
-        print(f"{topology:14s} ready ({time.perf_counter() - start_s:.1f} s)")
+    for topology, seconds in warm_kernels(topologies).items():
+        print(f"{topology:14s} ready ({seconds:.1f} s)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -377,17 +401,9 @@ def run_replay(args) -> dict:
     if setup.disaggregated:
         # every handoff re-checked by the coordinator (outside the timed run)
         audit_handoffs(audited_runs([simulation], result))
-        summary = summarize_disaggregated_run(
-            requests, result.token_stat[0], result.token_hist[0],
-            prefill_workers=setup.prefill_workers, decode_workers=setup.workers,
-            end_ms=float(result.end_ms[0]),
-            prefill_gpus_per_worker=setup.prefill_tensor_parallel_size,
-            decode_gpus_per_worker=setup.tensor_parallel_size, sla=setup.sla,
-            wall_time_ms=wall_time_ms)
-    else:
-        summary = summarize_aggregated_run(
-            requests, result.token_stat[0], result.token_hist[0], workers=setup.workers,
-            gpus_per_worker=gpus_per_worker, sla=setup.sla, wall_time_ms=wall_time_ms)
+    summary = summarize_replay(setup, requests, result.token_stat[0], result.token_hist[0],
+                               end_ms=float(result.end_ms[0]), gpus_per_worker=gpus_per_worker,
+                               wall_time_ms=wall_time_ms)
     resolved = {
         "command": "replay",
         **source,
@@ -480,13 +496,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "warmup":
             run_warmup(args)
             return EXIT_OK
+        if args.command == "sweep":
+            print(run_sweep_command(args))
+            return EXIT_OK
         outcome = run_replay(args)
-    except (UsageError, ConfigError, TraceError, SimulationError, OutputError) as exc:
+    except (UsageError, ConfigError, TraceError, SimulationError, OutputError, SweepError) as exc:
         return _fail(str(exc))
     except OSError as exc:  # e.g. the output folder's parent is not writable
         where = f" ({exc.filename})" if exc.filename else ""
         return _fail(f"{exc.strerror or exc}{where}")
     except KeyboardInterrupt:
+        if args.command == "sweep":
+            print(f"{PROG}: interrupted; every finished point is kept in {args.out}, "
+                  "--resume runs the rest", file=sys.stderr)
+            return EXIT_INTERRUPTED
         print(f"{PROG}: interrupted; nothing written", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(format_summary(outcome["setup"], outcome["summary"], outcome["requests"],

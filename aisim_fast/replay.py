@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from dataclasses import dataclass
 from collections.abc import Sequence
 
@@ -1149,3 +1150,28 @@ def _merge_leftovers(parts: list[dict]) -> dict:
     """Leftovers of a simulation run as per-worker units, workers in order."""
     return {key: (np.concatenate([p[key] for p in parts]) if isinstance(parts[0][key], np.ndarray)
                   else sum(p[key] for p in parts)) for key in parts[0]}
+
+
+def warm_kernels(topologies=("aggregated", "disaggregated")) -> dict:
+    """Compile (or load from the cache) the kernels of the given topologies: a tiny batch
+    of the bundled trace with every simulated backend. Returns seconds per topology."""
+    from aisim_fast.config import SIMULATED_BACKENDS, parse_rank
+    from aisim_fast.workload import default_trace_path
+
+    compile_notice(["trace", *topologies])
+    workload = load_mooncake(default_trace_path(), max_rows=8)
+    seconds = {}
+    for topology in topologies:
+        start_s = time.perf_counter()
+        sims = []
+        for backend in SIMULATED_BACKENDS:
+            if topology == "aggregated":
+                sims.append(Simulation(workload, parse_rank({"backend": backend}), workers=2))
+            else:
+                sims.append(Simulation(
+                    workload, parse_rank({"backend": backend, "worker_type": "decode"}), workers=1,
+                    prefill_rank=parse_rank({"backend": backend, "worker_type": "prefill"}),
+                    prefill_workers=1))
+        run_batch(sims, record_passes=True).check()
+        seconds[topology] = time.perf_counter() - start_s
+    return seconds

@@ -235,10 +235,19 @@ replay_aggregated_batch = _batch_entry(False)
 replay_disaggregated_batch = _batch_entry(True)
 
 
+_THREADS = [0]  # set_kernel_threads: 0 = NUMBA_NUM_THREADS
+
+
+def set_kernel_threads(n: int) -> None:
+    """Run batches on ``n`` threads from now on (0: back to ``NUMBA_NUM_THREADS``); a
+    sweep's worker processes run one each."""
+    _THREADS[0] = max(0, int(n))
+
+
 def kernel_threads() -> int:
-    """Threads a batch runs on: ``NUMBA_NUM_THREADS`` (Numba's own setting, which a
-    sweep worker process sets to 1), else every core."""
-    return max(1, int(numba.config.NUMBA_NUM_THREADS))
+    """Threads a batch runs on: ``set_kernel_threads``, else ``NUMBA_NUM_THREADS``
+    (Numba's own setting, every core by default)."""
+    return _THREADS[0] or max(1, int(numba.config.NUMBA_NUM_THREADS))
 
 
 _EXECUTORS: dict = {}
