@@ -36,6 +36,7 @@ import itertools
 import json
 import math
 import os
+import re
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -361,7 +362,9 @@ def run_points(tasks: list, threads: int = 1, with_requests: bool = True) -> lis
     ids = [t[0] for t in tasks if t[0] not in {o[0] for o in out}]
     result = run_batch(sims, record_passes=False)
     for s, (point, setup, sim) in enumerate(zip(ids, setups, sims)):
-        row = {"status": result.status[s], "error": result.error[s], "gpus": _gpus(setup)}
+        # the batch's numbering of the simulation means nothing outside it
+        error = re.sub(r"^simulation \d+: ", "", result.error[s])
+        row = {"status": result.status[s], "error": error, "gpus": _gpus(setup)}
         requests = None
         if result.status[s] == STATUS_OK:
             requests = requests_in_uuid_order(result.requests[s], sim.workload.session,
@@ -399,20 +402,37 @@ def _sla_ok(row: dict, sweep: Sweep) -> bool | None:
     return all(row[keys[k]] <= v for k, v in bounds.items())
 
 
+_LEADING = ("point",)
+_AFTER_PARAMS = ("status", "error", "gpus")
+
+
+def _canonical(frame: pd.DataFrame, sweep: Sweep, int_columns) -> pd.DataFrame:
+    """One column order and one dtype per column whatever the batching: the point, its
+    parameters, status, error, GPUs, then the metrics by name; integer metrics as
+    nullable Int64 (a failed point has none), the rest float64."""
+    order = [*_LEADING, *sweep.columns, *_AFTER_PARAMS]
+    rest = sorted(c for c in frame.columns if c not in order and c != "sla_ok")
+    frame = frame.reindex(columns=order + rest + (["sla_ok"] if sweep.sla_percentile is not None else []))
+    frame["point"] = frame["point"].astype(np.int64)
+    frame["gpus"] = frame["gpus"].astype(np.int64)
+    for c in rest:
+        frame[c] = frame[c].astype("Int64" if c in int_columns else np.float64)
+    if "sla_ok" in frame:
+        frame["sla_ok"] = frame["sla_ok"].astype("boolean")
+    return frame.sort_values("point", ignore_index=True)
+
+
 def _points_frame(sweep: Sweep, results: list) -> pd.DataFrame:
     rows = []
+    int_columns = set()
     for point, row, _ in results:
         params = {c: (json.dumps(v) if isinstance(v, (list, dict)) else v)
                   for c, v in sweep.points[point].items()}
+        int_columns.update(k for k, v in row.items() if isinstance(v, (int, np.integer))
+                           and not isinstance(v, bool))
         rows.append({"point": point, **params, **row, "sla_ok": _sla_ok(row, sweep)})
-    frame = pd.DataFrame(rows)
-    if len(frame):
-        frame["point"] = frame["point"].astype(np.int64)
-        if frame["sla_ok"].isna().all():
-            frame = frame.drop(columns="sla_ok")
-        else:
-            frame["sla_ok"] = frame["sla_ok"].astype("boolean")
-    return frame
+    return _canonical(pd.DataFrame(rows, columns=["point", *sweep.columns, *_AFTER_PARAMS])
+                      if not rows else pd.DataFrame(rows), sweep, int_columns)
 
 
 # ---------------------------------------------------------------------------------
@@ -496,11 +516,12 @@ def _write_batch(out: Path, sweep: Sweep, results: list, with_requests: bool) ->
     _atomic_parquet(_points_frame(sweep, results), out / PARTS_DIR / f"points-{min(ids):06d}-{max(ids):06d}.parquet")
 
 
-def _collect_points(out: Path) -> pd.DataFrame:
+def _collect_points(out: Path, sweep: Sweep) -> pd.DataFrame:
     parts = sorted((out / PARTS_DIR).glob("points-*.parquet"))
     frames = [pd.read_parquet(p) for p in parts]
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"point": []})
-    return frame.sort_values("point", ignore_index=True)
+    int_columns = {c for f in frames for c, t in f.dtypes.items() if str(t) == "Int64"}
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"point": [], "gpus": []})
+    return _canonical(frame, sweep, int_columns)
 
 
 # ---------------------------------------------------------------------------------
@@ -580,7 +601,7 @@ def run_sweep(spec, out: str | Path | None = None, *, jobs: int = 1, scheduler=N
         progress.close()
     if out_path is None:
         return _points_frame(sweep, sorted(kept, key=lambda r: r[0]))
-    frame = _collect_points(out_path)
+    frame = _collect_points(out_path, sweep)
     _atomic_parquet(frame, out_path / POINTS_FILE)
     return frame
 

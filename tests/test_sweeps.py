@@ -1,0 +1,240 @@
+"""Sweeps: spec expansion and its errors, batch-vs-alone equality, local processes and
+Dask equal to one process, a failing point recorded, resume after a killed run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import aisim_fast
+from aisim_fast.config import parse_payload
+from aisim_fast.output import requests_in_uuid_order, summarize_replay
+from aisim_fast.replay import run_batch, simulation_from_setup
+from aisim_fast.sweeps import SweepError, load_sweep, run_sweep
+from aisim_fast.workload import load_mooncake
+
+DATA = Path(__file__).parent / "data"
+BASE = {"spec": str(DATA / "golden" / "1k_vllm_agg2.spec.json"),
+        "trace": str(DATA / "traces" / "mooncake_tiny20.jsonl")}
+SESSIONS = str(DATA / "sessions_200.jsonl")
+
+
+def _spec(**axes):
+    return {"base": dict(BASE), **axes}
+
+
+# ------------------------------------------------------------------------------------
+# expansion
+# ------------------------------------------------------------------------------------
+def test_grid_zip_shortcuts_and_random_expand_in_order():
+    sweep = load_sweep(_spec(
+        grid={"spec.engine.rank.max_num_seqs": [8, 16]},
+        workers=[1, 3],
+        zip={"spec.engine.rank.max_num_batched_tokens": [512, 1024],
+             "spec.engine.rank.enable_chunked_prefill": [True, False]},
+        random={"samples": 3, "seed": 5, "space": {
+            "spec.engine.rank.num_gpu_blocks": {"randint": [100, 4000]},
+            "traffic.arrival_speedup_ratio": {"loguniform": [0.5, 8.0]},
+            "spec.engine.rank.preemption_mode": {"choice": ["lifo", "fifo"]}}}))
+    assert len(sweep.points) == 2 * 2 * 2 * 3
+    assert sweep.columns == ("spec.engine.rank.max_num_seqs", "spec.topology.workers.initial_workers",
+                             "spec.engine.rank.max_num_batched_tokens",
+                             "spec.engine.rank.enable_chunked_prefill",
+                             "spec.engine.rank.num_gpu_blocks", "traffic.arrival_speedup_ratio",
+                             "spec.engine.rank.preemption_mode")
+    # the last axis varies fastest; zip columns move together
+    first = sweep.points[0]
+    assert (first["spec.engine.rank.max_num_seqs"], first["spec.topology.workers.initial_workers"],
+            first["spec.engine.rank.max_num_batched_tokens"]) == (8, 1, 512)
+    assert [p["spec.engine.rank.enable_chunked_prefill"] for p in sweep.points[:6]] == [True] * 3 + [False] * 3
+    blocks = [p["spec.engine.rank.num_gpu_blocks"] for p in sweep.points[:3]]
+    assert all(100 <= b <= 4000 and isinstance(b, int) for b in blocks)
+    assert all(0.5 <= p["traffic.arrival_speedup_ratio"] <= 8.0 for p in sweep.points)
+    # seeded: the same draws again, another seed other draws
+    assert load_sweep(_spec(random={"samples": 3, "seed": 5, "space": {
+        "spec.engine.rank.num_gpu_blocks": {"randint": [100, 4000]}}})).points[0][
+        "spec.engine.rank.num_gpu_blocks"] == blocks[0]
+    payload, trace = sweep.payload(0)
+    assert payload["spec"]["engine"]["rank"]["max_num_seqs"] == 8 and trace == BASE["trace"]
+    setup = parse_payload(payload, sweep.base_dir, trace)
+    assert setup.workers == 1 and setup.rank.max_num_batched_tokens == 512
+
+
+def test_yaml_file_paths_resolve_next_to_it(tmp_path):
+    traces = tmp_path / "t"
+    traces.mkdir()
+    (traces / "a.jsonl").write_text(Path(BASE["trace"]).read_text())
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump({"base": {"spec": BASE["spec"], "trace": "t/a.jsonl"},
+                                         "trace": ["t/a.jsonl", BASE["trace"]]}))
+    sweep = load_sweep(spec_file)
+    assert [p["trace"] for p in sweep.points] == [str(traces / "a.jsonl"), BASE["trace"]]
+    assert sweep.base_trace == str(traces / "a.jsonl")
+
+
+@pytest.mark.parametrize("axes, message", [
+    (dict(grid={"spec.engine.rank.max_num_seqs": []}), "grid.spec.engine.rank.max_num_seqs: is empty"),
+    (dict(grid={"engine.rank.max_num_seqs": [1]}), "must be a dotted path starting with 'spec.'"),
+    (dict(grid={"spec.engine.rank.max_num_seq": [8]}), "point 0 (spec.engine.rank.max_num_seq=8)"),
+    (dict(grid={"spec.engine.rank.max_num_seqs": [8, "many"]}), "point 1 (spec.engine.rank.max_num_seqs='many')"),
+    (dict(zip={"spec.engine.rank.max_num_seqs": [1, 2], "spec.engine.rank.num_gpu_blocks": [9]}),
+     "zip: lists must have equal lengths"),
+    (dict(random={"samples": 2, "space": {"spec.engine.rank.num_gpu_blocks": {"normal": [1, 2]}}}),
+     "random.space.spec.engine.rank.num_gpu_blocks: must be one of"),
+    (dict(sla={"e2e_ms": 100, "ttft_ms": 10}), "e2e_ms is mutually exclusive"),
+    (dict(sla={"ttft_ms": 10, "percentile": 80}), "sla.percentile: must be one of"),
+    (dict(workers=[1], grid={"spec.topology.workers.initial_workers": [2]}), "the same field twice"),
+    (dict(axes={}), "axes: unknown sweep key"),
+])
+def test_bad_specs_fail_before_any_work(axes, message):
+    with pytest.raises(SweepError) as err:
+        load_sweep(_spec(**axes))
+    assert message in str(err.value)
+
+
+# ------------------------------------------------------------------------------------
+# running
+# ------------------------------------------------------------------------------------
+SMALL = dict(grid={"spec.engine.rank.max_num_seqs": [2, 16],
+                   "spec.engine.rank.num_gpu_blocks": [20, 64, 4096]},
+             workers=[1, 2], sla={"ttft_ms": 2000, "itl_ms": 100})
+
+
+def _frame(path):
+    return pd.read_parquet(path).sort_values("point", ignore_index=True)
+
+
+def test_points_equal_their_runs_alone_and_any_batching(tmp_path):
+    """Each point's row is the summary of its own replay (a failing point is recorded
+    with its status and the sweep goes on); batch sizes 1 and 64 write the same files."""
+    batched = run_sweep(_spec(**SMALL), tmp_path / "a", quiet=True)
+    single = run_sweep(_spec(**SMALL), tmp_path / "b", batch_size=1, quiet=True)
+    pd.testing.assert_frame_equal(batched, single, check_exact=True)
+    pd.testing.assert_frame_equal(_frame(tmp_path / "a" / "points.parquet"), batched)
+    assert list(batched["point"]) == list(range(12))
+    assert set(batched["status"]) == {"ok", "dead_end"}  # 20 blocks hold a prompt, not its output
+    dead = batched[batched["status"] == "dead_end"]
+    assert dead["error"].str.contains("dead end at t=").all() and dead["mean_ttft_ms"].isna().all()
+    sweep = load_sweep(_spec(**SMALL))
+    for i in (2, 5, 11):
+        payload, trace = sweep.payload(i)
+        setup = parse_payload(payload, sweep.base_dir, trace)
+        wl = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size)
+        sim = simulation_from_setup(setup, wl)
+        res = run_batch([sim], record_passes=False).check()
+        req = requests_in_uuid_order(res.requests[0], wl.session, wl.turn_index)
+        want = summarize_replay(setup, req, res.token_stat[0], res.token_hist[0], end_ms=float(res.end_ms[0]))
+        row = batched.iloc[i]
+        assert row["status"] == "ok" and row["gpus"] == setup.workers
+        for key, value in want.items():
+            assert row[key] == value, key
+        got = pd.read_parquet(tmp_path / "a" / "requests" / f"point={i}" / "part-0.parquet")
+        pd.testing.assert_frame_equal(got, req.reset_index(drop=True), check_exact=True)
+        sla_ok = want["p90_ttft_ms"] <= 2000 and want["p90_itl_ms"] <= 100
+        assert bool(row["sla_ok"]) == sla_ok
+    # the dataset reads as one table, the point as a column
+    everything = pd.read_parquet(tmp_path / "a" / "requests")
+    assert set(everything["point"].astype(int)) == set(batched.loc[batched["status"] == "ok", "point"])
+
+
+def test_local_processes_and_dask_equal_one_process(tmp_path):
+    from distributed import Client, LocalCluster
+
+    here = run_sweep(_spec(**SMALL), None, batch_size=5, quiet=True)
+    jobs = run_sweep(_spec(**SMALL), tmp_path / "jobs", jobs=2, batch_size=5, quiet=True)
+    pd.testing.assert_frame_equal(jobs, here, check_exact=True)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        on_dask = aisim_fast.sweep(_spec(**SMALL), tmp_path / "dask", scheduler=client, batch_size=5,
+                                   quiet=True)
+    pd.testing.assert_frame_equal(on_dask, here, check_exact=True)
+    for point in (2, 9):
+        a = pd.read_parquet(tmp_path / "jobs" / "requests" / f"point={point}" / "part-0.parquet")
+        b = pd.read_parquet(tmp_path / "dask" / "requests" / f"point={point}" / "part-0.parquet")
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+def test_folder_rules(tmp_path):
+    run_sweep(_spec(workers=[1]), tmp_path / "s", quiet=True)
+    with pytest.raises(SweepError, match="exists and is not empty"):
+        run_sweep(_spec(workers=[1]), tmp_path / "s", quiet=True)
+    with pytest.raises(SweepError, match="holds a different sweep .*points: 1 before, 2 now"):
+        run_sweep(_spec(workers=[1, 2]), tmp_path / "s", resume=True, quiet=True)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(SweepError, match="holds no sweep"):
+        run_sweep(_spec(workers=[1]), tmp_path / "other", overwrite=True, quiet=True)
+    again = run_sweep(_spec(workers=[1]), tmp_path / "s", resume=True, quiet=True)
+    assert list(again["point"]) == [0]
+
+
+def test_resume_after_a_killed_sweep_loses_and_repeats_nothing(tmp_path):
+    """A sweep process killed (SIGKILL) mid-run keeps its finished points; --resume runs
+    the rest, and the result equals an uninterrupted sweep."""
+    spec = {"base": {"spec": BASE["spec"], "trace": SESSIONS},
+            "grid": {"spec.engine.rank.max_num_seqs": [2, 4, 8, 16, 32, 64],
+                     "spec.engine.rank.num_gpu_blocks": [512, 1024, 2048, 4096, 8192]},
+            "workers": [1, 2]}
+    spec_file = tmp_path / "sweep.json"
+    spec_file.write_text(json.dumps(spec))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "aisim_fast", "sweep", str(spec_file), "--out", str(out),
+                             "--batch-size", "1", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(list((out / "parts").glob("points-*.parquet"))) >= 3 if (out / "parts").is_dir() else False:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (out / "points.parquet").exists()
+    parts = sorted((out / "parts").glob("points-*.parquet"))
+    kept = {int(p) for part in parts for p in pd.read_parquet(part)["point"]}
+    assert 3 <= len(kept) < 60
+    for point in kept:  # every recorded point has its requests complete
+        pd.read_parquet(out / "requests" / f"point={point}" / "part-0.parquet")
+    # no temporary file is ever read as a result
+    assert all(not name.startswith(".") for name in os.listdir(out / "parts"))
+    resumed = run_sweep(spec_file, out, resume=True, quiet=True)
+    whole = run_sweep(spec_file, tmp_path / "whole", quiet=True)
+    assert list(resumed["point"]) == list(range(60))
+    pd.testing.assert_frame_equal(resumed, whole, check_exact=True)
+    # every point in exactly one part: none was run twice
+    recorded = [int(p) for part in (out / "parts").glob("points-*.parquet")
+                for p in pd.read_parquet(part)["point"]]
+    assert sorted(recorded) == list(range(60))
+
+
+def test_cli_sweep(tmp_path, capsys):
+    from aisim_fast.cli import main
+
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump(_spec(workers=[1, 2], grid={"spec.engine.rank.num_gpu_blocks": [20, 64]})))
+    assert main(["sweep", str(spec_file), "--out", str(tmp_path / "o"), "--no-requests"]) == 0
+    out, err = capsys.readouterr()
+    assert "4 points (2 dead_end, 2 ok)" in out
+    assert "aisim-fast sweep: 4/4 points" in err  # not a terminal: plain progress lines
+    assert not (tmp_path / "o" / "requests").exists()
+    assert main(["sweep", str(spec_file), "--out", str(tmp_path / "o")]) == 2
+    assert "--resume continues the sweep" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_spec(grid={"spec.engine.rank.max_num_seqs": [0]})))
+    assert main(["sweep", str(bad), "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "point 0 (spec.engine.rank.max_num_seqs=0)" in err and not (tmp_path / "b").exists()
+    assert np.isfinite(pd.read_parquet(tmp_path / "o" / "points.parquet")["gpus"]).all()
