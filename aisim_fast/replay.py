@@ -485,15 +485,20 @@ def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConf
     cfg_f[ws, L.CFGF_HANDOFF_LATENCY_MS] = handoff_latency_ms
 
 
-def _request_frame(sim: Simulation, rq: L.Requests, a: int, w_first: int) -> pd.DataFrame:
+def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
     """Per-request record, columns named as in the reference's per-request CSVs.
+
+    ``a``: the first kernel row of the simulation's requests, or the kernel row of each
+    (a simulation run as per-worker units); ``w_first``: its first worker, or per row
+    the number to subtract from a row's worker to get the simulation's.
 
     Disaggregated: the logical row carries arrival, decode tokens and the handoff
     timestamps, its prefill row (RQ_PEER) the prefill side; latencies count decode
     tokens only (the prefill's one token is hidden), admissions both sides."""
     n = len(sim.workload.input_len)
-    ri = rq.i64[a:a + n]
-    rf = rq.f64[a:a + n]
+    rows = slice(a, a + n) if np.isscalar(a) else a
+    ri = rq.i64[rows]
+    rf = rq.f64[rows]
     first = rf[:, L.RQF_FIRST_TOKEN_MS]
     last = rf[:, L.RQF_LAST_TOKEN_MS]
     arrival = rf[:, L.RQF_ARRIVAL_MS]
@@ -642,6 +647,19 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         failed(s)
         if len(parts[s]) == 1 and owner[parts[s][0]][1] < 0:
             return res.requests[parts[s][0]]
+        runs = {id(res.sources[u][0]) for u in parts[s]}
+        if len(runs) == 1:
+            # every worker unit in one kernel state: one frame over their rows
+            run = res.sources[parts[s][0]][0]
+            n = len(sims[s].workload.input_len)
+            q_rows = np.empty(n, np.int64)
+            w_base = np.empty(n, np.int64)
+            for u in parts[s]:
+                _, w, rows = owner[u]
+                q0, w0 = run.offsets(res.sources[u][1])
+                q_rows[rows] = q0 + np.arange(len(rows))
+                w_base[rows] = w0 - w
+            return _request_frame(sims[s], run.state.rq, q_rows, w_base)
         frames = []
         for u in parts[s]:
             _, w, rows = owner[u]
@@ -703,7 +721,8 @@ def _worker_shards(sim: Simulation):
     cached = _SHARD_CACHE.get(key)
     if cached is None or cached[0] is not wl:
         cached = (wl, [_sub_workload(wl, wl.order[w::sim.workers]) for w in range(sim.workers)])
-        _SHARD_CACHE.clear()  # one trace at a time is the common case; keep memory flat
+        if len(_SHARD_CACHE) >= 16:  # a sweep over worker counts of one trace fits; keep memory flat
+            _SHARD_CACHE.pop(next(iter(_SHARD_CACHE)))
         _SHARD_CACHE[key] = cached
     return [(sub.line_no_rows, Simulation(sub.workload, sim.rank, 1, 0, sim.arena_blocks,
                                           queue_slots=sim.queue_slots))
@@ -735,6 +754,7 @@ class _UnitResults:
     kv_events: Sequence
     engine_events: Sequence
     output_events: Sequence
+    sources: list         # per unit: (the BatchRun that ran it, its index there)
     leftovers: list
     token_stat: np.ndarray
     token_hist: np.ndarray
@@ -780,6 +800,7 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
         res.token_hist[u] = again.token_hist[i]
         res.end_ms[u] = again.end_ms[i]
         res.leftovers[u] = again.leftovers[i]
+        res.sources[u] = again.sources[i]
 
     def pick(first, second):
         return _LazyFrames(len(units), lambda u: second[where[u]] if u in where else first[u])
@@ -799,7 +820,7 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
     if not sims:
         with _small_pages():
             stat, hist = sketch.token_stats_new(0)
-        return _UnitResults([], [], [], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
+        return _UnitResults([], [], [], [], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
     run = BatchRun(sims, pass_log_rows, record_passes, record_handoffs, event_rows, log_outputs,
                    sim_names=sim_names)
     run.advance()
@@ -809,7 +830,7 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
     return _UnitResults(status, list(run.error), _LazyFrames(n, run.requests),
                         _LazyFrames(n, run.passes), _LazyFrames(n, run.handoffs),
                         _LazyFrames(n, run.kv_events), _LazyFrames(n, run.engine_events),
-                        _LazyFrames(n, run.output_events),
+                        _LazyFrames(n, run.output_events), [(run, s) for s in range(n)],
                         [run.leftovers(s) for s in range(n)], st.token_stat, st.token_hist,
                         st.now_ms.copy(), run.kernel_calls)
 
@@ -848,8 +869,12 @@ class BatchRun:
                     sim.rank.num_gpu_blocks, sim.prefill_rank.num_gpu_blocks if sim.disaggregated else 0),
                 queue_slots=sim.queue_slots if sim.queue_slots is not None else sim.workload.num_requests + 1)
                 for sim in sims]
+        checked: dict = {}  # a sweep's units share a few configs: check each once
         for sim in sims:
-            check_simulation(sim, allow_empty=True)
+            key = tuple(id(getattr(sim, f.name)) for f in dataclasses.fields(sim) if f.name != "workload")
+            if key not in checked:
+                check_simulation(sim, allow_empty=True)
+                checked[key] = True
         self.sims = list(sims)
         self.sim_names = list(range(len(sims))) if sim_names is None else list(sim_names)
         self.event_rows = event_rows
@@ -970,6 +995,11 @@ class BatchRun:
                     f"t={st.now_ms[s]:.6f} ms (placement {sim.placement}); raise queue_slots "
                     "or leave it unset to size the queues from the trace")
         return ""
+
+    def offsets(self, s: int) -> tuple[int, int]:
+        """The first kernel row and first worker of simulation s (they move as it grows)."""
+        st = self.state.st
+        return int(st.i64[s, L.SM_Q_OFF]), int(st.i64[s, L.SM_W_OFF])
 
     def now_ms(self, s: int) -> float:
         """The simulation's clock: the last instant it drained."""

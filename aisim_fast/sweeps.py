@@ -506,12 +506,23 @@ def _what_differs(old: dict, new: dict) -> str:
 
 def _write_batch(out: Path, sweep: Sweep, results: list, with_requests: bool) -> None:
     # requests first: a part on disk means its points are complete
-    if with_requests:
-        for point, _, requests in results:
-            if requests is not None:
-                folder = out / REQUESTS_DIR / f"point={point}"
-                folder.mkdir(parents=True, exist_ok=True)
-                _atomic_parquet(requests, folder / "part-0.parquet")
+    frames = [(point, requests) for point, _, requests in results if requests is not None]
+    if with_requests and frames:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        # one pandas -> Arrow conversion for the batch, then a slice per point
+        table = pa.Table.from_pandas(pd.concat([f for _, f in frames], ignore_index=True),
+                                     preserve_index=False)
+        start = 0
+        for point, requests in frames:
+            folder = out / REQUESTS_DIR / f"point={point}"
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / "part-0.parquet"
+            tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+            pq.write_table(table.slice(start, len(requests)), tmp)
+            os.replace(tmp, path)
+            start += len(requests)
     ids = [r[0] for r in results]
     _atomic_parquet(_points_frame(sweep, results), out / PARTS_DIR / f"points-{min(ids):06d}-{max(ids):06d}.parquet")
 
