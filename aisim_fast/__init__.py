@@ -9,3 +9,11 @@ def sweep(spec, out=None, **kwargs):
     from aisim_fast.sweeps import run_sweep
 
     return run_sweep(spec, out, **kwargs)
+
+
+def size(spec, sla, **kwargs):
+    """Size a base payload (a dict or its file) for an SLA: one answer per offered load;
+    ``aisim_fast.sizing.size`` has the options (trace, goodput, max_workers, rates)."""
+    from aisim_fast.sizing import size as _size
+
+    return _size(spec, sla, **kwargs)

@@ -168,7 +168,52 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--no-requests", action="store_true",
                        help="do not write the per-request dataset")
     sweep.add_argument("--quiet", action="store_true", help="no progress output")
+    size = commands.add_parser(
+        "size", help="find the fewest GPUs that meet an SLA at a trace's load",
+        description="Size a base payload: the cheapest worker count (or prefill/decode split) "
+                    "whose replay meets the SLA for the --goodput fraction of requests, by batched "
+                    "sweeps (a coarse grid, then every cheaper candidate near its best point).")
+    size.add_argument("--spec", required=True, metavar="SPEC.json", help="base execution payload")
+    size.add_argument("--trace", metavar="PATH", help="replace the payload's traffic.trace_path")
+    size.add_argument("--sla", required=True, metavar="ttft_ms=..,itl_ms=..",
+                      help="SLA bounds, comma-separated (ttft_ms, itl_ms, e2e_ms)")
+    size.add_argument("--goodput", type=float, default=0.99, metavar="F",
+                      help="fraction of requests that must meet the SLA (default 0.99)")
+    size.add_argument("--max-workers", type=int, default=64, metavar="N",
+                      help="largest worker count (both pools together) to consider (default 64)")
+    size.add_argument("--rates", metavar="R1,R2,..",
+                      help="size for these arrival speedup ratios (offered loads), one answer each")
+    size.add_argument("--jobs", type=int, default=1, metavar="N", help="local worker processes")
     return parser
+
+
+def _sla_flag(text: str) -> dict:
+    sla = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        key = key.strip()
+        if key not in ("ttft_ms", "itl_ms", "e2e_ms"):
+            raise UsageError(f"--sla: unknown bound {key!r}; allowed: ttft_ms, itl_ms, e2e_ms")
+        try:
+            sla[key] = float(value)
+        except ValueError:
+            raise UsageError(f"--sla: {key} needs a number, got {value!r}") from None
+    return sla
+
+
+def run_size_command(args) -> str:
+    from aisim_fast.sizing import format_answers, size
+
+    sla = _sla_flag(args.sla)
+    rates = (None,)
+    if args.rates:
+        try:
+            rates = tuple(float(r) for r in args.rates.split(","))
+        except ValueError:
+            raise UsageError(f"--rates: numbers separated by commas, got {args.rates!r}") from None
+    answers = size(args.spec, sla, trace=args.trace, goodput=args.goodput,
+                   max_workers=args.max_workers, rates=rates, jobs=args.jobs)
+    return format_answers(answers, sla, args.goodput)
 
 
 def run_sweep_command(args) -> str:
@@ -498,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         if args.command == "sweep":
             print(run_sweep_command(args))
+            return EXIT_OK
+        if args.command == "size":
+            print(run_size_command(args))
             return EXIT_OK
         outcome = run_replay(args)
     except (UsageError, ConfigError, TraceError, SimulationError, OutputError, SweepError) as exc:

@@ -238,3 +238,53 @@ def test_cli_sweep(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "point 0 (spec.engine.rank.max_num_seqs=0)" in err and not (tmp_path / "b").exists()
     assert np.isfinite(pd.read_parquet(tmp_path / "o" / "points.parquet")["gpus"]).all()
+
+
+# ------------------------------------------------------------------------------------
+# sizing
+# ------------------------------------------------------------------------------------
+ONE_K = str(DATA / "traces" / "mooncake_1k.jsonl")
+
+
+@pytest.mark.parametrize("spec_name, max_workers, columns", [
+    ("1k_vllm_agg2", 12, ("spec.topology.workers.initial_workers",)),
+    ("1k_vllm_disagg1p2d", 6, ("spec.topology.prefill.initial_workers",
+                               "spec.topology.decode.initial_workers")),
+])
+def test_sizing_agrees_with_an_exhaustive_grid(spec_name, max_workers, columns):
+    from aisim_fast.sizing import size
+
+    sla = {"ttft_ms": 300, "itl_ms": 20}
+    spec_file = DATA / "golden" / f"{spec_name}.spec.json"
+    answers = size(spec_file, sla, trace=ONE_K, goodput=0.95, max_workers=max_workers, rates=(12.0, 16.0))
+    for answer, rate in zip(answers, (12.0, 16.0)):
+        if len(columns) == 1:
+            rows = [(w,) for w in range(1, max_workers + 1)]
+        else:
+            rows = [(p, d) for p in range(1, max_workers) for d in range(1, max_workers - p + 1)]
+        grid = run_sweep({"base": {"spec": str(spec_file), "trace": ONE_K},
+                          "zip": {**{c: [r[i] for r in rows] for i, c in enumerate(columns)},
+                                  "traffic.arrival_speedup_ratio": [rate] * len(rows)},
+                          "sla": sla}, None, quiet=True)
+        ok = grid[(grid["status"] == "ok")
+                  & (grid["goodput_completed_requests"] / grid["num_requests"] >= 0.95)]
+        assert answer.rate == rate
+        if not len(ok):
+            assert not answer.feasible
+            continue
+        cheapest = ok.sort_values(["gpus", *columns]).iloc[0]
+        assert answer.feasible and answer.gpus == cheapest["gpus"]
+        assert answer.deployment == {c: int(cheapest[c]) for c in columns}
+        assert len(answer.evidence) < len(rows)  # it did not need the whole grid
+
+
+def test_cli_size(capsys):
+    from aisim_fast.cli import main
+
+    assert main(["size", "--spec", str(DATA / "golden" / "1k_vllm_agg2.spec.json"), "--trace", ONE_K,
+                 "--sla", "ttft_ms=300,itl_ms=20", "--max-workers", "8", "--rates", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "rate x4: 4 GPUs (workers=4) meet ttft_ms=300, itl_ms=20" in out and "goodput_fraction" in out
+    assert main(["size", "--spec", str(DATA / "golden" / "1k_vllm_agg2.spec.json"),
+                 "--sla", "ttfb_ms=3"]) == 2
+    assert "--sla: unknown bound 'ttfb_ms'" in capsys.readouterr().err
