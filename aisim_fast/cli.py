@@ -50,6 +50,7 @@ from aisim_fast.output import (
 )
 from aisim_fast.handoff_audit import audit_handoffs, audited_runs
 from aisim_fast.kernels import compile_notice
+from aisim_fast.plots import PlotError
 from aisim_fast.sweeps import SweepError
 from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup, warm_kernels
 from aisim_fast.workload import TraceError, default_trace_path, load_mooncake
@@ -184,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--rates", metavar="R1,R2,..",
                       help="size for these arrival speedup ratios (offered loads), one answer each")
     size.add_argument("--jobs", type=int, default=1, metavar="N", help="local worker processes")
+    plot = commands.add_parser(
+        "plot", help="PNG plots of a sweep or replay folder (DIR/plots/)",
+        description="A sweep folder: Pareto fronts of throughput per GPU against throughput per "
+                    "user and against TTFT p90. A replay folder: TTFT/TPOT CDFs and throughput, "
+                    "queue depth and KV use over time.")
+    plot.add_argument("folder", metavar="DIR", help="output folder of aisim-fast sweep or replay")
     return parser
 
 
@@ -547,8 +554,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "size":
             print(run_size_command(args))
             return EXIT_OK
+        if args.command == "plot":
+            from aisim_fast.plots import plot_folder
+
+            for path in plot_folder(args.folder):
+                print(f"  {path}")
+            return EXIT_OK
         outcome = run_replay(args)
-    except (UsageError, ConfigError, TraceError, SimulationError, OutputError, SweepError) as exc:
+    except (UsageError, ConfigError, TraceError, SimulationError, OutputError, SweepError,
+            PlotError) as exc:
         return _fail(str(exc))
     except OSError as exc:  # e.g. the output folder's parent is not writable
         where = f" ({exc.filename})" if exc.filename else ""

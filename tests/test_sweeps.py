@@ -288,3 +288,38 @@ def test_cli_size(capsys):
     assert main(["size", "--spec", str(DATA / "golden" / "1k_vllm_agg2.spec.json"),
                  "--sla", "ttfb_ms=3"]) == 2
     assert "--sla: unknown bound 'ttfb_ms'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------
+# plots
+# ------------------------------------------------------------------------------------
+def test_pareto_front_is_the_undominated_set():
+    from aisim_fast.plots import pareto_front
+
+    rng = np.random.default_rng(3)
+    for maximize in (True, False):
+        x, y = rng.integers(0, 20, 60).astype(float), rng.integers(0, 20, 60).astype(float)
+        front = set(pareto_front(x, y, maximize).tolist())
+        sx = x if maximize else -x
+        for i in range(len(x)):
+            beaten = np.any((sx >= sx[i]) & (y >= y[i]) & ((sx > sx[i]) | (y > y[i])))
+            if i in front:
+                assert not beaten
+            elif not beaten:  # an undominated point left out only as a duplicate of one kept
+                assert any(sx[j] == sx[i] and y[j] == y[i] for j in front)
+
+
+def test_plot_command_on_a_sweep_and_a_replay(tmp_path, capsys):
+    from aisim_fast.cli import main
+
+    run_sweep(_spec(**SMALL), tmp_path / "s", quiet=True)
+    assert main(["plot", str(tmp_path / "s")]) == 0
+    assert main(["replay", "--spec", str(DATA / "golden" / "1k_vllm_agg2.spec.json"),
+                 "--trace", BASE["trace"], "--out", str(tmp_path / "r")]) == 0
+    assert main(["plot", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    for path in (tmp_path / "s" / "plots" / "pareto_per_user.png", tmp_path / "s" / "plots" / "pareto_ttft.png",
+                 tmp_path / "r" / "plots" / "latency_cdf.png", tmp_path / "r" / "plots" / "timeline.png"):
+        assert str(path) in out and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "no points.parquet (a sweep) or requests.parquet" in capsys.readouterr().err
