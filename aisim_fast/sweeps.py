@@ -15,8 +15,9 @@ A sweep spec (YAML or JSON) names a base execution payload (what ``aisim-fast re
     prefill_decode: [[1, 3], [2, 2]]        # disaggregated prefill / decode workers
     sla: {ttft_ms: 500, itl_ms: 50, percentile: 90}
 
-The points are the product of the grid axes and shortcuts (in that order, the last
-axis fastest), the zip rows and the random samples. Relative paths resolve against
+The points are the product of the grid axes, the shortcuts (in the order trace,
+arrival_speedup_ratio, workers, prefill_decode), the zip rows and the random samples,
+the last axis varying fastest. Relative paths resolve against
 the sweep file's folder. Every point's payload is validated before any work starts.
 
 Points that share a trace (and its block size and arrival scaling) run together in

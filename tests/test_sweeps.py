@@ -323,3 +323,18 @@ def test_plot_command_on_a_sweep_and_a_replay(tmp_path, capsys):
         assert str(path) in out and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["plot", str(tmp_path)]) == 2
     assert "no points.parquet (a sweep) or requests.parquet" in capsys.readouterr().err
+
+
+def test_prefill_decode_shortcut_on_a_disaggregated_base():
+    points = run_sweep({"base": {"spec": str(DATA / "golden" / "1k_vllm_disagg1p2d.spec.json"),
+                                 "trace": BASE["trace"]},
+                        "prefill_decode": [[1, 1], [1, 3], [2, 2]], "arrival_speedup_ratio": [1.0, 4.0]},
+                       None, quiet=True)
+    # shortcut axes nest in a fixed order: the arrival ratio outside the split
+    assert list(points["traffic.arrival_speedup_ratio"]) == [1.0] * 3 + [4.0] * 3
+    assert list(points["spec.topology.prefill.initial_workers"]) == [1, 1, 2] * 2
+    assert list(points["spec.topology.decode.initial_workers"]) == [1, 3, 2] * 2
+    assert list(points["gpus"]) == [2, 4, 4] * 2 and set(points["status"]) == {"ok"}
+    assert (points["num_requests"] == 20).all()
+    with pytest.raises(SweepError, match=r"prefill_decode: each value must be \[prefill, decode\]"):
+        load_sweep({"base": BASE, "prefill_decode": [[1, 2, 3]]})
