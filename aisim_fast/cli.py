@@ -51,6 +51,7 @@ from aisim_fast.output import (
 from aisim_fast.handoff_audit import audit_handoffs, audited_runs
 from aisim_fast.kernels import compile_notice
 from aisim_fast.plots import PlotError
+from aisim_fast.progress import Progress
 from aisim_fast.sweeps import SweepError
 from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup, warm_kernels
 from aisim_fast.workload import TraceError, default_trace_path, load_mooncake
@@ -60,6 +61,7 @@ EXIT_OK = 0
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 MS_PER_S = 1000.0
+PROGRESS_DELAY_S = 2.0  # a replay shorter than this shows no progress line
 
 # Flags that describe a replay without a spec; with --spec they would be silently
 # ignored or contradict the spec, so they are refused.
@@ -140,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--events", action="store_true",
                         help="also write kv_events.parquet (KV Stored / Removed facts) and "
                              "engine_events.parquet (admissions, preemptions, finishes)")
+    replay.add_argument("--quiet", action="store_true",
+                        help="no progress line (shown on stderr for runs longer than a few seconds)")
     replay.add_argument("--output-events", action="store_true",
                         help="also write output_events.parquet: one row per output token "
                              "(request, worker, pass end time, token index)")
@@ -444,8 +448,18 @@ def run_replay(args) -> dict:
     record_passes = not args.no_passes
     run_start_s = time.perf_counter()
     simulation = simulation_from_setup(setup, workload)
-    result = run_batch([simulation], record_passes=record_passes, record_events=args.events,
-                       record_outputs=args.output_events).check()
+    progress = Progress(workload.num_requests, desc=PROG, unit="requests", quiet=args.quiet,
+                        delay_s=PROGRESS_DELAY_S)
+
+    def report(sim_ms: float, done: int, total: int) -> None:
+        rate = done / max(time.perf_counter() - run_start_s, 1e-9)
+        progress.update(done, f"t={sim_ms / MS_PER_S:,.0f} s simulated, {rate:,.0f} requests/s")
+
+    try:
+        result = run_batch([simulation], record_passes=record_passes, record_events=args.events,
+                           record_outputs=args.output_events, progress=report).check()
+    finally:
+        progress.close()
     # floored so the per-wall-second rates stay finite on a clock with coarse ticks
     wall_time_ms = max((time.perf_counter() - run_start_s) * MS_PER_S, 1e-6)
 

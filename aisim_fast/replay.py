@@ -35,6 +35,7 @@ except ImportError:  # numpy < 2
 
 DEFAULT_PASS_LOG_ROWS = 65536
 DEFAULT_EVENT_ROWS = 65536  # per simulation; drained whenever half full, doubled on overflow
+PROGRESS_SLICE_S = 0.3      # wall seconds per kernel call of a run that reports progress
 
 
 class SimulationError(RuntimeError):
@@ -580,7 +581,8 @@ def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
 
 def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
               record_passes: bool = True, record_handoffs: bool = False,
-              record_events: bool = False, record_outputs: bool = False) -> BatchResult:
+              record_events: bool = False, record_outputs: bool = False,
+              progress=None) -> BatchResult:
     """Run every simulation to completion; ``status[s]`` / ``error[s]`` of the result say
     how each ended (a failed one does not affect the others). Raises only for
     programming errors.
@@ -595,7 +597,12 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     merge). ``record_events``: every KV Stored / Removed fact of every worker in
     ``result.kv_events[s]``, every admission, preemption and finish in
     ``result.engine_events[s]``; ``record_outputs`` (with or without them): every output
-    token in ``result.output_events[s]``."""
+    token in ``result.output_events[s]``. ``progress``: called as ``progress(sim_ms,
+    done, total)`` (the least virtual clock of the live simulations, requests finished,
+    requests) after each slice of about ``PROGRESS_SLICE_S`` wall seconds: the batch
+    then advances in virtual-time slices (``BatchRun.advance`` to growing horizons,
+    exactly as one call), so the driver regains control, and Ctrl-C works, within
+    about a second even in a long run."""
     n_sims = len(sims)
     status = [STATUS_OK] * n_sims
     error = [""] * n_sims
@@ -621,7 +628,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
                 owner.append((s, w, rows))
     res = _run_units_resized(units, pass_log_rows, record_passes, [s for s, _, _ in owner],
                              record_handoffs, DEFAULT_EVENT_ROWS if record_events or record_outputs else 0,
-                             record_outputs)
+                             record_outputs, progress)
     parts: list[list[int]] = [[] for _ in sims]
     for u, (s, _, _) in enumerate(owner):
         parts[s].append(u)
@@ -764,13 +771,13 @@ class _UnitResults:
 
 def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
                        sim_names: list[int], record_handoffs: bool,
-                       event_rows: int = 0, log_outputs: bool = False) -> _UnitResults:
+                       event_rows: int = 0, log_outputs: bool = False, progress=None) -> _UnitResults:
     """``_run_units``, then the units that outgrew their block arena estimate or their
     queue sizing rerun alone with room for everything; their results replace the
     failed ones. A unit with a fixed ``queue_slots`` that overflowed keeps the
     ``capacity`` status."""
     res = _run_units(units, pass_log_rows, record_passes, sim_names, record_handoffs, event_rows,
-                     log_outputs)
+                     log_outputs, progress)
     redo: list[int] = []
     more_event_rows = False
     fixed: list[Simulation] = []
@@ -791,7 +798,7 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
     # a rerun can need more room still (an arena, then more events): resize again
     again = _run_units_resized(fixed, pass_log_rows, record_passes, [sim_names[u] for u in redo],
                                record_handoffs, 4 * event_rows if more_event_rows else event_rows,
-                               log_outputs)
+                               log_outputs, progress)
     where = {u: i for i, u in enumerate(redo)}
     for u, i in where.items():
         res.status[u] = again.status[i] if again.status[i] != "arena_full" else STATUS_CAPACITY
@@ -815,7 +822,7 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
 
 def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
                sim_names: list[int], record_handoffs: bool = False,
-               event_rows: int = 0, log_outputs: bool = False) -> _UnitResults:
+               event_rows: int = 0, log_outputs: bool = False, progress=None) -> _UnitResults:
     """Run independent units in one batch, each until it ends (done or failed)."""
     if not sims:
         with _small_pages():
@@ -823,7 +830,10 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
         return _UnitResults([], [], [], [], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
     run = BatchRun(sims, pass_log_rows, record_passes, record_handoffs, event_rows, log_outputs,
                    sim_names=sim_names)
-    run.advance()
+    if progress is None:
+        run.advance()
+    else:
+        run.advance_in_slices(progress)
     n = len(sims)
     status = [STATUS_OK if x == "done" else x for x in run.status]
     st = run.state.st
@@ -901,6 +911,29 @@ class BatchRun:
             self._drain()
             live = live[st.i64[live, L.SM_STATUS] == L.SIM_NEED_FLUSH]
         return self.status
+
+    def advance_in_slices(self, progress, slice_s: float | None = None) -> list[str]:
+        """``advance()`` in virtual-time slices sized to take about ``slice_s`` wall
+        seconds each (``PROGRESS_SLICE_S``), calling ``progress(sim_ms, done, total)``
+        after each: the same end state as one call (stepping is exact)."""
+        slice_s = PROGRESS_SLICE_S if slice_s is None else slice_s
+        st = self.state.st
+        step_ms = 1000.0
+        horizon_ms = 0.0
+        while True:
+            live = np.isin(st.i64[:, L.SM_STATUS], _RUNNABLE)
+            if not live.any():
+                return self.status
+            horizon_ms = max(horizon_ms, float(st.now_ms[live].min())) + step_ms
+            start_s = time.perf_counter()
+            self.advance(horizon_ms)
+            took_s = time.perf_counter() - start_s
+            live = np.isin(st.i64[:, L.SM_STATUS], _RUNNABLE)
+            sim_ms = float(st.now_ms[live].min()) if live.any() else float(st.now_ms.max(initial=0.0))
+            progress(sim_ms, int(st.i64[:, L.SM_NUM_TERMINAL].sum()), int(st.i64[:, L.SM_Q_LEN].sum()))
+            # next slice: scaled toward the wall-time target, at most 4x either way, and at
+            # least a virtual millisecond so that every call moves the clock
+            step_ms = max(1.0, step_ms * min(4.0, max(0.25, slice_s / max(took_s, 1e-6))))
 
     def _drain(self) -> None:
         """Move the pass logs and engine event logs out of the kernel state. A request

@@ -38,7 +38,6 @@ import json
 import math
 import os
 import re
-import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ import pandas as pd
 
 from aisim_fast import __version__
 from aisim_fast.config import ConfigError, parse_payload
+from aisim_fast.progress import Progress
 
 SWEEP_KEYS = ("base", "grid", "zip", "random", "trace", "arrival_speedup_ratio", "workers",
               "prefill_decode", "sla", "batch_size")
@@ -537,40 +537,6 @@ def _collect_points(out: Path, sweep: Sweep) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------
-# progress
-# ---------------------------------------------------------------------------------
-class _Progress:
-    """A tqdm bar on a terminal; plain lines every ``every_s`` seconds otherwise."""
-
-    def __init__(self, total: int, done: int, quiet: bool, every_s: float = 10.0):
-        self.total, self.done, self.quiet, self.every_s = total, done, quiet, every_s
-        self.requests = 0
-        self.start_s = self.last_s = time.perf_counter()
-        self.bar = None
-        if not quiet and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=done, unit="pt", desc="aisim-fast sweep",
-                            file=sys.stderr, dynamic_ncols=True)
-
-    def update(self, points: int, requests: int) -> None:
-        self.done += points
-        self.requests += requests
-        rate = self.requests / max(time.perf_counter() - self.start_s, 1e-9)
-        if self.bar is not None:
-            self.bar.update(points)
-            self.bar.set_postfix_str(f"{rate:,.0f} req/s", refresh=False)
-        elif not self.quiet and (time.perf_counter() - self.last_s >= self.every_s or self.done == self.total):
-            self.last_s = time.perf_counter()
-            print(f"aisim-fast sweep: {self.done}/{self.total} points, {rate:,.0f} simulated requests/s",
-                  file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-# ---------------------------------------------------------------------------------
 # the sweep
 # ---------------------------------------------------------------------------------
 def run_sweep(spec, out: str | Path | None = None, *, jobs: int = 1, scheduler=None,
@@ -589,14 +555,19 @@ def run_sweep(spec, out: str | Path | None = None, *, jobs: int = 1, scheduler=N
     todo = [i for i in range(len(sweep.points)) if i not in done]
     batches, topologies = _batches(sweep, todo, size)
     kept: list = []
-    progress = _Progress(len(sweep.points), len(done), quiet)
+    progress = Progress(len(sweep.points), desc="aisim-fast sweep", unit="points", done=len(done),
+                        quiet=quiet)
+    simulated = [0]
+    start_s = time.perf_counter()
 
     def finished(results: list) -> None:
         if out_path is not None:
             _write_batch(out_path, sweep, results, requests)
         else:
             kept.extend((p, row, None) for p, row, _ in results)
-        progress.update(len(results), sum(int(r.get("num_requests", 0)) for _, r, _ in results))
+        simulated[0] += sum(int(r.get("num_requests", 0)) for _, r, _ in results)
+        rate = simulated[0] / max(time.perf_counter() - start_s, 1e-9)
+        progress.update(progress.done + len(results), f"{rate:,.0f} simulated requests/s")
 
     def tasks(batch: list[int]) -> list:
         return [(i, payload, sweep.base_dir, trace) for i in batch

@@ -472,3 +472,26 @@ def test_engine_events_match_the_request_records(case):
     np.testing.assert_array_equal(first.reindex(req.index[admitted]).to_numpy(np.int64),
                                   req.loc[admitted, "first_admission_cached_tokens"].to_numpy())
     assert np.all(np.diff(ev["time_ms"].to_numpy()) >= 0) or len(ev) < 2
+
+
+def test_progress_slices_change_nothing(monkeypatch):
+    """run_batch with a progress callback advances in wall-time slices (many kernel
+    calls, tiny slices here) and ends with exactly the results of one call; the
+    callback sees requests finish, never fewer than before."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sims = [_simulation(ROWS, {"backend": "vllm", "num_gpu_blocks": 64, "block_size": 16}, tmp,
+                            "a", workers=2),
+                _simulation(ROWS, {"backend": "trtllm", "num_gpu_blocks": 64, "block_size": 16}, tmp,
+                            "b", workers=1)]
+    sims.append(dataclasses.replace(sims[0], prefill_workers=1, prefill_rank=sims[0].rank))
+    monkeypatch.setattr(replay_module, "PROGRESS_SLICE_S", 1e-6)
+    seen = []
+    stepped = run_batch(sims, progress=lambda t, done, total: seen.append((t, done, total))).check()
+    whole = run_batch(sims).check()
+    assert len(seen) > 5 and seen[-1][1] == seen[-1][2] == 3 * len(ROWS)
+    assert all(b[1] >= a[1] for a, b in zip(seen, seen[1:]))
+    for s in range(len(sims)):
+        pd.testing.assert_frame_equal(stepped.requests[s], whole.requests[s], check_exact=True)
+        pd.testing.assert_frame_equal(stepped.passes[s], whole.passes[s], check_exact=True)
+    np.testing.assert_array_equal(stepped.token_stat, whole.token_stat)
+    np.testing.assert_array_equal(stepped.end_ms, whole.end_ms)

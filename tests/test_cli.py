@@ -596,3 +596,17 @@ def test_output_events_flag_writes_every_token(tmp_path, capsys):
     assert "output_events.parquet" in out and not (run / "kv_events.parquet").exists()
     assert len(tokens) == requests["output_tokens"].sum()
     assert tokens["last"].sum() == (requests["output_tokens"] > 0).sum()
+
+
+def test_progress_line_of_a_long_replay(tmp_path, capsys, monkeypatch):
+    """A replay longer than the progress delay reports requests done and simulated time
+    on stderr (plain lines when stderr is not a terminal); --quiet silences it."""
+    from aisim_fast import cli, replay
+
+    monkeypatch.setattr(cli, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(replay, "PROGRESS_SLICE_S", 1e-6)
+    code, _, err = run_cli(_flags(tmp_path), capsys)
+    assert code == 0, err
+    assert "aisim-fast: 20/20 requests, t=" in err and "s simulated" in err
+    code, _, err = run_cli(_flags(tmp_path, "--overwrite", "--quiet"), capsys)
+    assert code == 0 and "requests, t=" not in err
