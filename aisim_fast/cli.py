@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -60,6 +62,7 @@ PROG = "aisim-fast"
 EXIT_OK = 0
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 MS_PER_S = 1000.0
 PROGRESS_DELAY_S = 2.0  # a replay shorter than this shows no progress line
 
@@ -437,7 +440,7 @@ def run_replay(args) -> dict:
     else:
         setup, gpus_per_worker, source = _setup_from_flags(args)
     # refuse a bad --out before spending time on the simulation (checked again at write)
-    check_out_dir(args.out, args.overwrite)
+    check_out_dir(args.out, args.overwrite, probe=True)
     compile_notice(["trace", "disaggregated" if setup.disaggregated else "aggregated"])
     workload = _load_trace(setup)
 
@@ -549,8 +552,27 @@ def _fail(message: str) -> int:
     return EXIT_USER_ERROR
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so that a run being written cleans up."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point; returns the exit code (0 ok, 2 user error, 130 Ctrl-C)."""
+    """Console entry point; returns the exit code (0 ok, 2 user error, 130 Ctrl-C,
+    143 SIGTERM: a run being written removes its staging folder either way)."""
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -581,13 +603,14 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # e.g. the output folder's parent is not writable
         where = f" ({exc.filename})" if exc.filename else ""
         return _fail(f"{exc.strerror or exc}{where}")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        code = EXIT_TERMINATED if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
         if args.command == "sweep":
             print(f"{PROG}: interrupted; every finished point is kept in {args.out}, "
                   "--resume runs the rest", file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return code
         print(f"{PROG}: interrupted; nothing written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return code
     print(format_summary(outcome["setup"], outcome["summary"], outcome["requests"],
                          outcome["written"], outcome["compile_ms"]))
     return EXIT_OK

@@ -166,15 +166,67 @@ def _listing(path: Path) -> list[str]:
     return sorted(entry.name for entry in path.iterdir())
 
 
-def check_out_dir(out_dir, overwrite: bool = False) -> Path:
+def _probe_writable(out: Path) -> None:
+    """Create and remove a file where the run's staging folder will go (next to ``out``,
+    in its nearest existing ancestor): a folder we cannot write to fails now, not after
+    the simulation."""
+    where = Path(os.path.abspath(out)).parent
+    while not where.exists():
+        where = where.parent
+    if not where.is_dir():
+        raise OutputError(f"cannot create {out}: {where} is a file, not a folder")
+    probe = where / f".{out.name}.probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputError(f"cannot write {out}: {exc.strerror or exc} in {where}") from None
+
+
+def remove_dead_staging(out: Path) -> list[Path]:
+    """Remove the staging folders (``.<name>.partial-<pid>-*``) that killed runs left
+    next to ``out``: only those whose process is gone (its pid is in the name)."""
+    out = Path(os.path.abspath(out))
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    prefix = f".{out.name}.partial-"
+    for entry in out.parent.iterdir():
+        if not entry.name.startswith(prefix):
+            continue
+        try:
+            pid = int(entry.name[len(prefix):].split("-")[0])
+        except ValueError:
+            continue
+        if pid == os.getpid() or _alive(pid):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def check_out_dir(out_dir, overwrite: bool = False, probe: bool = False) -> Path:
     """Refuse an output folder we must not write to; return it as a Path.
 
-    Called before a run starts (so a long simulation is not wasted) and again by
-    ``write_run``. With ``overwrite``, only a folder that holds nothing but run files is
-    replaced: the whole folder is swapped out, and a mistyped ``--out`` (".", a home
-    folder) must not delete unrelated files.
+    Called before a run starts (so a long simulation is not wasted; ``probe`` also
+    creates and removes a file where the run will write) and again by ``write_run``.
+    With ``overwrite``, only a folder that holds nothing but run files is replaced: the
+    whole folder is swapped out, and a mistyped ``--out`` (".", a home folder) must not
+    delete unrelated files.
     """
     out = Path(out_dir)
+    if probe:
+        _probe_writable(out)
     if not out.exists():
         if out.is_symlink():
             raise OutputError(f"output folder {out} is a broken symbolic link; remove it or "
@@ -275,6 +327,7 @@ def write_run(out_dir, requests_df: pd.DataFrame, passes_df: pd.DataFrame | None
 
     created_parents: list[Path] = []
     staging = None
+    remove_dead_staging(out)  # debris of runs killed while writing
     try:
         _make_parents(out, created_parents)
         # a sibling, so the final rename stays within one file system

@@ -20,7 +20,9 @@ import os
 import runpy
 import shutil
 import subprocess
+import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -610,3 +612,63 @@ def test_progress_line_of_a_long_replay(tmp_path, capsys, monkeypatch):
     assert "aisim-fast: 20/20 requests, t=" in err and "s simulated" in err
     code, _, err = run_cli(_flags(tmp_path, "--overwrite", "--quiet"), capsys)
     assert code == 0 and "requests, t=" not in err
+
+
+def test_out_is_probed_before_the_simulation(tmp_path, capsys):
+    """An --out under a file fails at once, naming the file; nothing is created."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = run_cli(["replay", TINY_TRACE, "--backend", "vllm", "--workers", "1",
+                            "--out", blocker / "sub" / "run"], capsys)
+    assert code == 2 and f"{blocker} is a file, not a folder" in err
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def _dead_pid() -> int:
+    pid = 4_000_000
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            pass
+        pid -= 1
+
+
+def test_staging_of_dead_runs_is_removed(tmp_path, capsys):
+    """A staging folder left by a killed run (its pid is gone) is removed by the next
+    run that writes there; one of a live process is left alone."""
+    dead = tmp_path / f".run.partial-{_dead_pid()}-0123abcd"
+    live = tmp_path / f".run.partial-{os.getppid()}-4567cdef"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "passes.parquet").write_bytes(b"truncated")
+    code, _, err = run_cli(_flags(tmp_path), capsys)
+    assert code == 0, err
+    assert not dead.exists() and live.exists()
+    assert output.read_requests(tmp_path / "run").shape[0] == 20
+
+
+def test_sigterm_during_a_replay_leaves_nothing_half_written(tmp_path):
+    """SIGTERM at a few moments of a replay (compiling, simulating, writing): exit 143
+    or a finished run; --out is absent or complete, and no staging folder is left."""
+    trace = str(Path(__file__).parent / "data" / "traces" / "mooncake_10k.jsonl")
+    for delay_s in (0.5, 1.5, 2.5, 3.5):
+        out = tmp_path / f"run{delay_s}"
+        proc = subprocess.Popen([sys.executable, "-m", "aisim_fast", "replay", trace, "--backend", "vllm",
+                                 "--workers", "2", "--events", "--output-events", "--out", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(delay_s)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        # -15: still importing, before the handler exists (nothing can have been written)
+        assert proc.returncode in (0, 143, -signal.SIGTERM), err.decode()[-2000:]
+        assert b"Traceback" not in err
+        if proc.returncode == 143:
+            assert b"interrupted; nothing written" in err
+        if proc.returncode != 0:
+            assert not out.exists()
+        else:
+            assert output.read_requests(out).shape[0] == 10000
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
