@@ -153,11 +153,17 @@ def test_local_processes_and_dask_equal_one_process(tmp_path):
     here = run_sweep(_spec(**SMALL), None, batch_size=5, quiet=True)
     jobs = run_sweep(_spec(**SMALL), tmp_path / "jobs", jobs=2, batch_size=5, quiet=True)
     pd.testing.assert_frame_equal(jobs, here, check_exact=True)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        on_dask = aisim_fast.sweep(_spec(**SMALL), tmp_path / "dask", scheduler=client, batch_size=5,
-                                   quiet=True)
+    # worker processes on loopback, reached by address as --scheduler does
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      host="127.0.0.1") as cluster:
+        on_dask = aisim_fast.sweep(_spec(**SMALL), tmp_path / "dask", scheduler=cluster.scheduler_address,
+                                   batch_size=5, quiet=True)
     pd.testing.assert_frame_equal(on_dask, here, check_exact=True)
+    # and in-process workers through a Client the caller holds
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        pd.testing.assert_frame_equal(run_sweep(_spec(**SMALL), None, scheduler=client, quiet=True), here,
+                                      check_exact=True)
     for point in (2, 9):
         a = pd.read_parquet(tmp_path / "jobs" / "requests" / f"point={point}" / "part-0.parquet")
         b = pd.read_parquet(tmp_path / "dask" / "requests" / f"point={point}" / "part-0.parquet")
