@@ -76,11 +76,22 @@ def canonical_uuid(ordinal: int) -> str:
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
+_UUIDS = np.zeros(0, dtype=object)  # canonical_uuid(1..n), kept: a sweep asks for them per point
+
+
+def canonical_uuids(n: int) -> np.ndarray:
+    """``canonical_uuid(1)`` .. ``canonical_uuid(n)`` as an object array."""
+    global _UUIDS
+    if len(_UUIDS) < n:
+        _UUIDS = np.array([canonical_uuid(i + 1) for i in range(max(n, 2 * len(_UUIDS)))], dtype=object)
+    return _UUIDS[:n]
+
+
 def requests_in_uuid_order(frame: pd.DataFrame, session, turn_index) -> pd.DataFrame:
     """The simulator's request frame (trace-row order) re-ordered by uuid, with a
     ``uuid`` column spelled as in the golden CSVs so rows can be joined with them."""
     out = frame.iloc[uuid_order(session, turn_index)].reset_index(drop=True)
-    out["uuid"] = [canonical_uuid(i + 1) for i in range(len(out))]
+    out["uuid"] = canonical_uuids(len(out))
     return out
 
 
