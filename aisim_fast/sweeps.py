@@ -485,8 +485,7 @@ def _prepare_out(out: Path, sweep: Sweep, resume: bool, overwrite: bool) -> set[
         import shutil
 
         shutil.rmtree(out)
-    elif resume:
-        raise SweepError(f"--resume: {out} holds no sweep to resume")
+    # --resume with nothing there yet starts the sweep (a scheduled job can always pass it)
     (out / PARTS_DIR).mkdir(parents=True, exist_ok=True)
     _atomic_text(json.dumps(_manifest(sweep), indent=2, default=str) + "\n", manifest)
     return set()

@@ -182,6 +182,9 @@ def test_folder_rules(tmp_path):
         run_sweep(_spec(workers=[1]), tmp_path / "other", overwrite=True, quiet=True)
     again = run_sweep(_spec(workers=[1]), tmp_path / "s", resume=True, quiet=True)
     assert list(again["point"]) == [0]
+    # --resume on a folder that does not exist yet starts the sweep
+    fresh = run_sweep(_spec(workers=[1]), tmp_path / "new", resume=True, quiet=True)
+    pd.testing.assert_frame_equal(fresh, again, check_exact=True)
 
 
 def test_resume_after_a_killed_sweep_loses_and_repeats_nothing(tmp_path):
