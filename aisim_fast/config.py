@@ -231,6 +231,8 @@ def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str)
                                  f"{prefill.backend!r} and decode {decode.backend!r}")
 
 
+_PAYLOAD_KEYS = {"spec", "traffic", "determinism"}
+DETERMINISM_MODES = ("canonical_v1", "random")
 _SPEC_KEYS = {"version", "topology", "engine", "adapters", "max_sim_time_ms", "max_in_flight",
               "record_per_request", "sla", "encoder", "requests"}
 _TRAFFIC_KEYS = {"source_type", "load_type", "trace_path", "trace_paths", "trace_format",
@@ -245,6 +247,12 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     folder); ``trace_override`` replaces it."""
     if not isinstance(payload, dict) or "spec" not in payload:
         _fail("payload", "must be an object with 'spec' and 'traffic'")
+    for key in payload:
+        if key not in _PAYLOAD_KEYS:
+            _fail(key, "unknown field of the payload; allowed: " + ", ".join(sorted(_PAYLOAD_KEYS)))
+    # the reference's modes; request ids are the canonical ordinals in both (random
+    # would give fresh v4 uuids there: rows still join on session and turn)
+    _choice("determinism", payload.get("determinism", "canonical_v1"), DETERMINISM_MODES)
     spec = _obj("spec", payload["spec"])
     for key in spec:
         if key not in _SPEC_KEYS:
@@ -253,6 +261,8 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         _fail("spec.version", f"must be 1, got {spec.get('version')!r}")
     topo = _obj("spec.topology", spec.get("topology"))
     kind = _choice("spec.topology.kind", topo.get("kind"), ("aggregated", "disaggregated"))
+    if spec.get("engine") is None:
+        _fail("spec.engine", "required (the rank config: {\"rank\": {\"backend\": ...}})")
     engine = _obj("spec.engine", spec.get("engine"))
     disagg: dict[str, Any] = {}
     if kind == "aggregated":
