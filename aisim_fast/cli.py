@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+
 from aisim_fast import __version__
 from aisim_fast.config import (
     PLACEMENTS,
@@ -467,6 +469,8 @@ def run_replay(args) -> dict:
     wall_time_ms = max((time.perf_counter() - run_start_s) * MS_PER_S, 1e-6)
 
     requests = requests_in_uuid_order(result.requests[0], workload.session, workload.turn_index)
+    if not (requests["terminal_status"] == "completed").any():
+        raise SimulationError(_nothing_completed(setup, requests))
     if setup.disaggregated:
         # every handoff re-checked by the coordinator (outside the timed run)
         audit_handoffs(audited_runs([simulation], result))
@@ -499,6 +503,27 @@ def run_replay(args) -> dict:
                         events=events)
     return {"setup": setup, "summary": summary, "requests": requests, "written": written,
             "compile_ms": compile_ms}
+
+
+def _nothing_completed(setup: ReplaySetup, requests) -> str:
+    """Why a run completed no request: the rejections by cause (nothing is written, and
+    the summary's latencies would only be the reference's 0.0 of an empty sample)."""
+    status = requests["terminal_status"].to_numpy(object)
+    prompt = requests["input_tokens"].to_numpy(np.int64)
+    rejected = status == "rejected"
+    causes = []
+    limit = setup.rank.max_model_len
+    too_long = rejected & (prompt >= limit) if limit is not None else np.zeros(len(status), bool)
+    if too_long.any():
+        causes.append(f"{int(too_long.sum())} with a prompt of max_model_len ({limit}) tokens or more")
+    rank = setup.prefill_rank if setup.disaggregated else setup.rank
+    if (rejected & ~too_long).any():
+        causes.append(f"{int((rejected & ~too_long).sum())} that do not fit the KV pool "
+                      f"({rank.num_gpu_blocks} blocks x {rank.block_size} tokens); raise num_gpu_blocks")
+    others = int((~rejected).sum())
+    if others:
+        causes.append(f"{others} ended otherwise ({', '.join(sorted(set(status[~rejected]) - {''}) or ['unfinished'])})")
+    return f"no request completed: of {len(status)}, " + "; ".join(causes)
 
 
 # ---------------------------------------------------------------------------------------

@@ -675,3 +675,14 @@ def test_sigterm_during_a_replay_leaves_nothing_half_written(tmp_path):
         else:
             assert output.read_requests(out).shape[0] == 10000
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_run_that_completes_nothing_is_an_error(tmp_path, capsys):
+    """Every request rejected: exit 2 with the rejections by cause, nothing written
+    (not a summary of zero latencies)."""
+    code, _, err = run_cli(_flags(tmp_path, "--engine-args", '{"num_gpu_blocks": 4, "max_model_len": 900}'),
+                           capsys)
+    assert code == 2
+    assert "no request completed: of 20" in err and "max_model_len (900)" in err
+    assert "do not fit the KV pool (4 blocks x 64 tokens)" in err
+    assert not (tmp_path / "run").exists()
