@@ -36,6 +36,8 @@ except ImportError:  # numpy < 2
 DEFAULT_PASS_LOG_ROWS = 65536
 DEFAULT_EVENT_ROWS = 65536  # per simulation; drained whenever half full, doubled on overflow
 PROGRESS_SLICE_S = 0.3      # wall seconds per kernel call of a run that reports progress
+PASS_LOG_BUDGET_ROWS = 1 << 21  # pass-log rows of a whole batch (240 MB); drained when full
+MIN_PASS_LOG_ROWS = 512
 
 
 class SimulationError(RuntimeError):
@@ -890,7 +892,10 @@ class BatchRun:
         self.event_rows = event_rows
         # before build_state, whose prompt hashing compiles too
         compile_notice(sorted({"disaggregated" if sim.disaggregated else "aggregated" for sim in sims}))
-        self.state = KernelState(*build_state(self.sims, pass_log_rows if record_passes else 0,
+        # the pass log is a buffer the driver drains whenever it fills: a batch of many
+        # simulations (or worker units) shares one budget instead of 64k rows each
+        rows = min(pass_log_rows, max(MIN_PASS_LOG_ROWS, PASS_LOG_BUDGET_ROWS // max(1, len(sims))))
+        self.state = KernelState(*build_state(self.sims, rows if record_passes else 0,
                                               record_handoffs, event_rows, log_outputs))
         self._pass_chunks: list[list[np.ndarray]] = [[] for _ in sims]
         self._event_chunks: list[list[np.ndarray]] = [[] for _ in sims]

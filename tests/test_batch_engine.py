@@ -495,3 +495,20 @@ def test_progress_slices_change_nothing(monkeypatch):
         pd.testing.assert_frame_equal(stepped.passes[s], whole.passes[s], check_exact=True)
     np.testing.assert_array_equal(stepped.token_stat, whole.token_stat)
     np.testing.assert_array_equal(stepped.end_ms, whole.end_ms)
+
+
+def test_a_batch_shares_one_pass_log_budget(monkeypatch):
+    """Many simulations split one pass-log budget (each drained when full): the passes
+    are those of roomy logs, with more kernel calls."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = _simulation(ROWS * 40, {"backend": "vllm", "num_gpu_blocks": 256, "block_size": 16}, tmp,
+                          workers=1)
+    roomy = run_batch([sim] * 4).check()
+    monkeypatch.setattr(replay_module, "PASS_LOG_BUDGET_ROWS", 4)
+    monkeypatch.setattr(replay_module, "MIN_PASS_LOG_ROWS", 16)
+    tight = run_batch([sim] * 4).check()
+    assert len(roomy.passes[0]) > 4 * 16
+    assert tight.kernel_calls > roomy.kernel_calls
+    for s in range(4):
+        pd.testing.assert_frame_equal(tight.passes[s], roomy.passes[s], check_exact=True)
+        pd.testing.assert_frame_equal(tight.requests[s], roomy.requests[s], check_exact=True)
