@@ -397,6 +397,8 @@ def _batches(sweep: Sweep, todo: list[int], batch_size: int) -> tuple[list[list[
 def _sla_ok(row: dict, sweep: Sweep) -> bool | None:
     if sweep.sla_percentile is None or row.get("status") != "ok":
         return None
+    if row["completed_requests"] < row["num_requests"]:
+        return False  # a rejected request is a miss (and an empty sample's 0.0 no latency)
     stat = SLA_PERCENTILES[sweep.sla_percentile]
     bounds = sweep.base_payload["spec"]["sla"]
     keys = {"ttft_ms": f"{stat}_ttft_ms", "itl_ms": f"{stat}_itl_ms", "e2e_ms": f"{stat}_e2e_latency_ms"}

@@ -140,7 +140,8 @@ def test_points_equal_their_runs_alone_and_any_batching(tmp_path):
             assert row[key] == value, key
         got = pd.read_parquet(tmp_path / "a" / "requests" / f"point={i}" / "part-0.parquet")
         pd.testing.assert_frame_equal(got, req.reset_index(drop=True), check_exact=True)
-        sla_ok = want["p90_ttft_ms"] <= 2000 and want["p90_itl_ms"] <= 100
+        sla_ok = want["completed_requests"] == want["num_requests"] and want["p90_ttft_ms"] <= 2000 \
+            and want["p90_itl_ms"] <= 100
         assert bool(row["sla_ok"]) == sla_ok
     # the dataset reads as one table, the point as a column
     everything = pd.read_parquet(tmp_path / "a" / "requests")
@@ -347,3 +348,11 @@ def test_prefill_decode_shortcut_on_a_disaggregated_base():
     assert (points["num_requests"] == 20).all()
     with pytest.raises(SweepError, match=r"prefill_decode: each value must be \[prefill, decode\]"):
         load_sweep({"base": BASE, "prefill_decode": [[1, 2, 3]]})
+
+
+def test_a_point_with_rejected_requests_misses_the_sla():
+    points = run_sweep(_spec(grid={"spec.engine.rank.max_model_len": [1200, 4096]},
+                             sla={"ttft_ms": 1e9, "itl_ms": 1e9}), None, quiet=True)
+    assert list(points["status"]) == ["ok", "ok"]
+    assert list(points["completed_requests"]) == [16, 20]  # 4 prompts of 1200+ tokens rejected
+    assert list(points["sla_ok"]) == [False, True]
