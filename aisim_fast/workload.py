@@ -198,6 +198,25 @@ def _intern(flat: list) -> np.ndarray:
     return dense[inverse.reshape(-1)]
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def read_trace_bytes(path_str: str) -> bytes:
+    """The bytes of a trace file, gzip-compressed ones (``.jsonl.gz``, recognised by
+    their magic bytes whatever the name) decompressed."""
+    with open(path_str, "rb") as f:
+        data = f.read()
+    if data[:2] != _GZIP_MAGIC:
+        return data
+    import gzip
+    import zlib
+
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceError(path_str, None, f"not a readable gzip file ({exc or 'truncated'})") from None
+
+
 def _rows(path_str: str, max_rows: int | None):
     """(1-based line number, raw line, parsed object or None) of every non-blank line.
 
@@ -206,8 +225,7 @@ def _rows(path_str: str, max_rows: int | None):
     with ONE ``json.loads`` of a JSON array (about twice as fast as a call per
     line); if that fails anywhere, every row comes back unparsed (None) and the
     caller parses row by row, which names the offending line."""
-    with open(path_str, "rb") as f:
-        data = f.read()
+    data = read_trace_bytes(path_str)
     picked = []
     for line_no, raw_line in enumerate(data.split(b"\n"), 1):
         if max_rows is not None and len(picked) >= max_rows:
@@ -433,8 +451,8 @@ def _load_simple(path_str: str, block: int, ratio: float, max_rows: int | None) 
     from aisim_fast.kernels.trace_scan import SCAN_OK, scan_simple_trace
 
     try:
-        data = np.fromfile(path_str, dtype=np.uint8)
-    except OSError:
+        data = np.frombuffer(read_trace_bytes(path_str), dtype=np.uint8)
+    except (OSError, TraceError):
         return None  # the general path reports it
     compile_notice(["trace"])
     status, line_no, ts, input_len, output_len, indptr, raw_hashes = scan_simple_trace(

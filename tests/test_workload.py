@@ -679,3 +679,22 @@ def test_fast_scanner_takes_the_bundled_traces():
         fast = _load_simple(str(path), 512, 1.0, None)
         assert fast is not None, path
         assert _same_workload(fast, _general(path))
+
+
+@pytest.mark.parametrize("name", ["t.jsonl.gz", "t.jsonl"])  # by content, whatever the name
+def test_gzip_traces_read_transparently(tmp_path, name):
+    import gzip
+
+    # sessions (the general loader) and tiny20 (the compiled scanner of simple rows)
+    for plain in (Path(__file__).parent / "data" / "traces" / "sessions_200.jsonl", TINY20):
+        packed = tmp_path / name
+        packed.write_bytes(gzip.compress(plain.read_bytes()))
+        a, b = load_mooncake(plain), load_mooncake(packed)
+        for field in ("line_no", "session", "turn_index", "start_ms", "delay_ms", "input_len",
+                      "output_len", "hash_indptr", "hash_ids", "order"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+        assert list(a.request_name) == list(b.request_name)
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(packed.read_bytes()[:200])
+    with pytest.raises(TraceError, match=r"broken.jsonl.gz: not a readable gzip file"):
+        load_mooncake(broken)
