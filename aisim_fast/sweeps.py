@@ -89,6 +89,9 @@ class Sweep:
     batch_size: int
     digest: str                   # identity of what the sweep computes (resume check)
     source: dict = field(default_factory=dict)  # the spec, paths resolved (manifest)
+    # per point: (trace path, trace block size, arrival ratio, disaggregated), from the
+    # validation's parse; points with equal workload keys share a batch
+    workload_keys: tuple = ()
 
     def payload(self, i: int) -> tuple[dict, str | None]:
         """Point i's execution payload and trace override."""
@@ -301,10 +304,13 @@ def load_sweep(spec: str | Path | dict, base_dir: str | Path | None = None) -> S
 
     sweep = Sweep(base_payload, base_dir_, base_trace, tuple(all_columns), points,
                   percentile, batch_size, "", {})
+    keys = []
     for i in range(len(points)):
         payload, trace = sweep.payload(i)
         try:
-            parse_payload(payload, base_dir_, trace)
+            setup = parse_payload(payload, base_dir_, trace)
+            keys.append((setup.trace_path, setup.trace_block_size, setup.arrival_speedup_ratio,
+                         setup.disaggregated))
         except ConfigError as exc:
             described = ", ".join(f"{c}={v!r}" for c, v in points[i].items()) or "the base"
             raise SweepError(f"point {i} ({described}): {exc}") from None
@@ -313,7 +319,7 @@ def load_sweep(spec: str | Path | dict, base_dir: str | Path | None = None) -> S
               "sla_percentile": percentile}
     digest = hashlib.sha256(json.dumps(source, sort_keys=True, default=str).encode()).hexdigest()
     return Sweep(base_payload, base_dir_, base_trace, tuple(all_columns), points, percentile,
-                 batch_size, digest, source)
+                 batch_size, digest, source, tuple(keys))
 
 
 # ---------------------------------------------------------------------------------
@@ -385,11 +391,9 @@ def _batches(sweep: Sweep, todo: list[int], batch_size: int) -> tuple[list[list[
     groups: dict = {}
     topologies = set()
     for i in todo:
-        payload, trace = sweep.payload(i)
-        setup = parse_payload(payload, sweep.base_dir, trace)
-        key = (setup.trace_path, setup.trace_block_size, setup.arrival_speedup_ratio)
-        groups.setdefault(key, []).append(i)
-        topologies.add("disaggregated" if setup.disaggregated else "aggregated")
+        key = sweep.workload_keys[i]
+        groups.setdefault(key[:3], []).append(i)
+        topologies.add("disaggregated" if key[3] else "aggregated")
     return ([ids[k:k + batch_size] for ids in groups.values() for k in range(0, len(ids), batch_size)],
             topologies)
 

@@ -146,10 +146,9 @@ def main() -> int:
                     tally["both stopped" if ok else "stop disagreement"] += 1
                 else:
                     gold = read_csv(case / "ref.csv")
-                    if len(gold) != len(res.requests[0]):
-                        raise RuntimeError(f"case {i}: reference wrote {len(gold)} rows, "
-                                           f"aisim_fast {len(res.requests[0])}")
                     bad = compare(gold, res.requests[0])
+                    if len(gold) != len(res.requests[0]):  # kept as a divergence, not a crash
+                        bad.insert(0, ("rows", f"reference {len(gold)}, aisim_fast {len(res.requests[0])}"))
                     ok = not bad
                     outcome = "match" if ok else f"{len(bad)} differences, first {bad[:3]}"
                     tally["match" if ok else "divergent"] += 1
