@@ -18,7 +18,8 @@ from typing import Any
 BACKENDS = ("vllm", "trtllm", "sglang")
 SIMULATED_BACKENDS = ("vllm", "trtllm")
 NATIVE_BLOCK_SIZE = {"vllm": 64, "sglang": 1, "trtllm": 32}
-TIMING_TYPES = ("polynomial", "fixed")
+TIMING_TYPES = ("polynomial", "fixed", "external")
+TIMING_PROVIDERS = ("aic",)  # external providers (the reference's only one)
 PREEMPTION_MODES = ("lifo", "fifo")
 TRANSFER_MODES = ("full_prompt", "destination_missing")
 WORKER_TYPES = ("aggregated", "prefill", "decode")
@@ -92,9 +93,22 @@ class RankConfig:
     kv_transfer_bandwidth: float | None = None
     kv_transfer_bytes_per_token: int | None = None
     kv_transfer_timing_mode: str = "full_prompt"
+    # timing_model "aic" (the payload's external provider): its resolved config
+    aic: Any = None                      # aisim_fast.aic.AicConfig
+    num_gpu_blocks_estimated: bool = False  # num_gpu_blocks from the AIC memory model
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["aic"] = None if self.aic is None else self.aic.to_json()
+        return d
+
+    def timing_json(self) -> dict:
+        """The rank's ``timing_model`` as a spec payload gives it."""
+        if self.timing_model == "fixed":
+            return {"type": "fixed", "prefill_ms": self.fixed_prefill_ms, "decode_ms": self.fixed_decode_ms}
+        if self.timing_model == "aic":
+            return {"type": "external", "provider": "aic", "config": self.aic.spec_json()}
+        return {"type": "polynomial"}
 
 
 # Reference fields accepted only at their default (or absent): value = default.
@@ -115,8 +129,9 @@ _UNSIMULATED = {
 }
 
 
-def parse_rank(raw: dict, path: str = "rank") -> RankConfig:
-    """Validate a reference rank dict and fill the reference's defaults."""
+def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1) -> RankConfig:
+    """Validate a reference rank dict and fill the reference's defaults
+    (``tensor_parallel_size``: the engine's, which an AIC timing config must match)."""
     if not isinstance(raw, dict):
         _fail(path, f"must be an object, got {type(raw).__name__}")
     raw = dict(raw)
@@ -124,7 +139,8 @@ def parse_rank(raw: dict, path: str = "rank") -> RankConfig:
         if "kv_transfer_bytes_per_token" in raw:
             _fail(f"{path}.kv_bytes_per_token", "duplicate field (alias of kv_transfer_bytes_per_token)")
         raw["kv_transfer_bytes_per_token"] = raw.pop("kv_bytes_per_token")
-    known = {f for f in RankConfig.__dataclass_fields__ if not f.startswith("fixed_")}
+    known = {f for f in RankConfig.__dataclass_fields__
+             if not f.startswith("fixed_") and f not in ("aic", "num_gpu_blocks_estimated")}
     known |= set(_UNSIMULATED) | {"sglang", "trtllm"}
     for key in raw:
         if key not in known:
@@ -161,15 +177,31 @@ def parse_rank(raw: dict, path: str = "rank") -> RankConfig:
     if not isinstance(timing, dict):
         _fail(f"{path}.timing_model", f"must be an object with a 'type', got {timing!r}")
     kind = _choice(f"{path}.timing_model.type", timing.get("type"), TIMING_TYPES)
-    out["timing_model"] = kind
-    extra = set(timing) - ({"type", "prefill_ms", "decode_ms"} if kind == "fixed" else {"type"})
+    allowed = {"fixed": {"type", "prefill_ms", "decode_ms"},
+               "external": {"type", "provider", "config"}}.get(kind, {"type"})
+    extra = set(timing) - allowed
     if extra:
         _fail(f"{path}.timing_model.{sorted(extra)[0]}", f"unknown field for timing type {kind!r}")
+    out["timing_model"] = kind
     if kind == "fixed":
         for key in ("prefill_ms", "decode_ms"):
             if key not in timing:
                 _fail(f"{path}.timing_model.{key}", "required for the fixed timing model")
             out[f"fixed_{key}"] = _float(f"{path}.timing_model.{key}", timing[key])
+    if kind == "external":
+        from aisim_fast import aic
+        _choice(f"{path}.timing_model.provider", timing.get("provider"), TIMING_PROVIDERS)
+        out["timing_model"] = "aic"
+        try:
+            out["aic"] = aic.parse_config(timing.get("config"), f"{path}.timing_model.config",
+                                          backend=backend, block_size=out["block_size"],
+                                          tp=tensor_parallel_size)
+            if "num_gpu_blocks" not in raw:
+                out["num_gpu_blocks"] = aic.estimate_num_gpu_blocks(
+                    out["aic"], out["block_size"], out["max_num_batched_tokens"])
+                out["num_gpu_blocks_estimated"] = True
+        except aic.AicError as exc:
+            raise ConfigError(str(exc)) from None
     if raw.get("kv_transfer_bandwidth") is not None:
         bw = raw["kv_transfer_bandwidth"]
         if isinstance(bw, (int, float)) and not isinstance(bw, bool) and bw < 0:
@@ -359,12 +391,13 @@ def check_rank(rank: RankConfig, path: str = "rank") -> None:
     if not isinstance(rank, RankConfig):
         _fail(path, f"must be a RankConfig, got {type(rank).__name__}")
     raw = asdict(rank)
-    timing = {"type": raw.pop("timing_model")}
-    fixed = {"prefill_ms": raw.pop("fixed_prefill_ms"), "decode_ms": raw.pop("fixed_decode_ms")}
-    if timing["type"] == "fixed":
-        timing.update(fixed)
-    raw["timing_model"] = timing
-    parse_rank({k: v for k, v in raw.items() if v is not None}, path)
+    for key in ("timing_model", "fixed_prefill_ms", "fixed_decode_ms", "aic", "num_gpu_blocks_estimated"):
+        raw.pop(key)
+    if rank.timing_model == "aic" and rank.aic is None:
+        _fail(f"{path}.aic", "timing_model 'aic' needs its config (aisim_fast.aic.parse_config)")
+    raw["timing_model"] = rank.timing_json()
+    tp = rank.aic.tp if rank.aic is not None else 1
+    parse_rank({k: v for k, v in raw.items() if v is not None}, path, tp)
 
 
 def _pool_workers(path: str, raw: Any) -> int:
@@ -384,7 +417,7 @@ def _engine_pool(path: str, engine: dict, worker_type: str) -> tuple[RankConfig,
     if declared != worker_type:
         _fail(f"{path}.rank.worker_type", f"must be {worker_type!r} in this pool, got {declared!r}")
     raw["worker_type"] = worker_type
-    return parse_rank(raw, f"{path}.rank"), tp
+    return parse_rank(raw, f"{path}.rank", tp), tp
 
 
 def load_spec(path: str | Path, trace_override: str | None = None) -> ReplaySetup:

@@ -379,7 +379,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
             arena[ws], run_cap[ws], wait_cap[ws] = pool.arena, pool.run_cap, pool.wait_cap
             cfg_i[ws] = pool.cfg_i
             cfg_f[ws] = pool.cfg_f
-    cfg = L.RankConfig(i64=cfg_i, f64=cfg_f)
+    cfg = _with_aic_tables(L.RankConfig(i64=cfg_i, f64=cfg_f), sims, w_off)
 
     rq = L.Requests(i64=rq_i, f64=rq_f, lease=np.full(n_k, L.NO_BLOCK, np.int32),
                     seq_hash=np.zeros(n_k, np.uint64))
@@ -459,6 +459,32 @@ def _reset_pools(pool: L.Pool) -> None:
     pool.tab[:] = L.NO_BLOCK
 
 
+def _pools(sim: Simulation, first_worker: int):
+    """(workers, rank) of each pool of a simulation whose first worker is given."""
+    out = [(slice(first_worker + sim.prefill_workers, first_worker + sim.prefill_workers + sim.workers),
+            sim.rank)]
+    if sim.disaggregated:
+        out.append((slice(first_worker, first_worker + sim.prefill_workers), sim.prefill_rank))
+    return out
+
+
+def _with_aic_tables(cfg: L.RankConfig, sims: Sequence[Simulation], w_off: np.ndarray) -> L.RankConfig:
+    """Give the AIC-timed workers of a batch their tables (kernels.aic_table): one
+    shared table per timing config, filled with every key known so far, and one
+    per simulation and config for the keys met in the run."""
+    uses = [tuple(dict.fromkeys(rank.aic for _, rank in _pools(sim, 0) if rank.aic is not None))
+            for sim in sims]
+    if not any(uses):
+        return cfg
+    from aisim_fast import aic
+    keys, vals, meta, slots = aic.batch_tables(uses)
+    for s, sim in enumerate(sims):
+        for ws, rank in _pools(sim, int(w_off[s])):
+            if rank.aic is not None:
+                cfg.i64[ws, L.CFG_AIC_SHARED], cfg.i64[ws, L.CFG_AIC_LOCAL] = slots[(s, rank.aic)]
+    return cfg._replace(aic_key=keys, aic_ms=vals, aic_meta=meta)
+
+
 def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConfig,
                  handoff_latency_ms: float) -> None:
     """Write one pool's rank configuration into the rows ``ws`` of the config matrices."""
@@ -473,7 +499,10 @@ def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConf
     cfg_i[ws, L.CFG_POLICY] = L.POLICY_TRTLLM if rank.backend == "trtllm" else L.POLICY_VLLM
     cfg_i[ws, L.CFG_ROLE] = {"aggregated": L.ROLE_AGGREGATED, "prefill": L.ROLE_PREFILL,
                              "decode": L.ROLE_DECODE}[rank.worker_type]
-    cfg_i[ws, L.CFG_TIMING] = L.TIMING_FIXED if rank.timing_model == "fixed" else L.TIMING_POLYNOMIAL
+    cfg_i[ws, L.CFG_TIMING] = {"fixed": L.TIMING_FIXED, "aic": L.TIMING_AIC}.get(
+        rank.timing_model, L.TIMING_POLYNOMIAL)
+    cfg_i[ws, L.CFG_AIC_SHARED] = -1  # build_state gives AIC workers their tables
+    cfg_i[ws, L.CFG_AIC_LOCAL] = -1
     cfg_i[ws, L.CFG_TRANSFER_MODE] = (L.TRANSFER_DESTINATION_MISSING
                                       if rank.kv_transfer_timing_mode == "destination_missing"
                                       else L.TRANSFER_FULL_PROMPT)
@@ -631,6 +660,9 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     res = _run_units_resized(units, pass_log_rows, record_passes, [s for s, _, _ in owner],
                              record_handoffs, DEFAULT_EVENT_ROWS if record_events or record_outputs else 0,
                              record_outputs, progress)
+    if any(rank.aic is not None for sim in sims for _, rank in _pools(sim, 0)):
+        from aisim_fast import aic
+        aic.save_all()  # the values met in this batch, for the next run
     parts: list[list[int]] = [[] for _ in sims]
     for u, (s, _, _) in enumerate(owner):
         parts[s].append(u)

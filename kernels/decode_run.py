@@ -25,9 +25,9 @@ from numba import njit
 
 from .block_pool import event_log_on, event_set_clock, num_free
 from .layout import (
-    CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS, CFGF_SPEEDUP_RATIO, CFG_BLOCK_SIZE,
+    CFG_BLOCK_SIZE,
     CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
-    CFG_ROLE, CFG_TIMING, PW_LRU_LEN, ROLE_AGGREGATED, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS,
+    CFG_ROLE, PW_LRU_LEN, ROLE_AGGREGATED, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS,
     RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PROMPT_LEN,
     SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF, WK_STALLED,
     WK_WAIT_LEN,
@@ -109,10 +109,6 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
         next_event = min(next_event, rq_i[q, RQ_FAST_LIMIT] - computed + 1)
         kv_tokens += prompt + generated
 
-    timing = cfg.i64[w, CFG_TIMING]
-    fixed_ms = cfg.f64[w, CFGF_FIXED_DECODE_MS]
-    speedup = cfg.f64[w, CFGF_SPEEDUP_RATIO]
-    decode_speedup = cfg.f64[w, CFGF_DECODE_SPEEDUP_RATIO]
     total_kv_tokens = capacity * bs
     log_on = sims.pass_log.shape[1] > 0
     start_ms = now_ms
@@ -122,7 +118,7 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
     while k < k_last and (k == 0 or end_ms < quiet_until):
         pass_k = k + 1
         start_ms = end_ms
-        dc_ns = decode_ns(timing, fixed_ms, speedup, decode_speedup, n, kv_tokens, total_kv_tokens)
+        dc_ns = decode_ns(cfg, w, n, kv_tokens, total_kv_tokens)
         if dc_ns <= 0:
             break  # a zero-length pass completes inside the drive: leave it to run_pass
         if pass_k == next_event:
@@ -160,8 +156,8 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
         if log_on:
             # a decode pass: n decode requests, n tokens, nothing else
             zero = np.int64(0)  # typed, not a literal: one compiled copy of the row writer
-            append_pass_row(p, wk, sims, s, w, start_ms, end_ms, zero, zero, zero, n, kv_tokens, zero,
-                            zero, n)
+            append_pass_row(p, wk, sims, s, w, start_ms, end_ms, zero, zero, zero, zero, n, kv_tokens, zero,
+                            zero, n, n, kv_tokens)
         if k == 0:
             first_end_ms = end_ms
         kv_tokens += n

@@ -70,6 +70,7 @@ PLACEMENT_NAMES = ("round_robin", "random")
 # Timing model (``cfg.i64[w, CFG_TIMING]``).
 TIMING_POLYNOMIAL = 0
 TIMING_FIXED = 1
+TIMING_AIC = 2         # op-level tables (cfg.aic_*, kernels.aic_table)
 
 # Simulation status (``sims.i64[s, SM_STATUS]``) returned by the replay kernel.
 SIM_RUNNING = 0
@@ -142,11 +143,18 @@ PL_NUM_RUNNING = 11
 PL_NUM_WAITING = 12
 PL_ACTIVE_BLOCKS = 13
 PL_INACTIVE_BLOCKS = 14
+# The timing model's inputs: the prefill's are the prefill columns (isl sum =
+# sum_prefill_kv_tokens + sum_prefill_prompt_tokens; none on decode workers), the
+# decode batch's are its own (a recomputed preempted request is in both).
+PL_SUM_PREFILL_PROMPT_TOKENS = 15
+PL_TIMED_DECODE_REQUESTS = 16
+PL_TIMED_DECODE_KV_TOKENS = 17
 PASS_LOG_COLUMNS = (
     "worker", "start_ms", "end_ms", "num_prefill_requests", "sum_prefill_tokens",
     "sum_prefill_kv_tokens", "num_decode_requests", "sum_decode_kv_tokens",
     "num_admitted", "num_preempted", "num_output_tokens", "num_running", "num_waiting",
-    "active_blocks", "inactive_blocks",
+    "active_blocks", "inactive_blocks", "sum_prefill_prompt_tokens", "timed_decode_requests",
+    "timed_decode_kv_tokens",
 )
 PL_NUM_COLUMNS = len(PASS_LOG_COLUMNS)
 
@@ -210,6 +218,8 @@ RANK_CONFIG_I = _declare(FieldTable("CFG_", "cfg.i64", np.int64, [
     ("ROLE", 0, "", "worker role, ROLE_*"),
     ("TIMING", 0, "", "timing model, TIMING_*"),
     ("TRANSFER_MODE", 0, "", "KV transfer timing mode of a prefill worker, TRANSFER_*"),
+    ("AIC_SHARED", -1, "", "AIC timing: table of every key known before the run (read only); -1 = none"),
+    ("AIC_LOCAL", -1, "", "AIC timing: the simulation's table of keys met in the run"),
 ]))
 # CFGF_KV_BANDWIDTH_GBS / CFGF_KV_BYTES_PER_TOKEN are NaN when not configured (the
 # transfer then takes CFGF_HANDOFF_LATENCY_MS, the topology's fallback).
@@ -397,10 +407,28 @@ STATE_TABLES = (RANK_CONFIG_I, RANK_CONFIG_F, POOL_W, POOL_B, REQUEST_I, REQUEST
                 SIMULATION)
 
 
+# AIC timing tables (kernels.aic_table): open-addressing hash tables laid end to end
+# in cfg.aic_key / cfg.aic_ms (keys: packed timing keys, AIC_EMPTY = free slot;
+# values: raw ms), described by cfg.aic_meta[t, AICM_*].
+AIC_EMPTY = -1
+AICM_TIMING = 0   # the timing's id in the driver (aisim_fast.aic)
+AICM_COUNT = 1    # keys held
+AICM_OFF = 2      # first slot
+AICM_MASK = 3     # slots - 1 (a power of two)
+AICM_FIELDS = 4
+_NO_AIC_KEYS = np.full(0, AIC_EMPTY, np.int64)
+_NO_AIC_MS = np.zeros(0, np.float64)
+_NO_AIC_META = np.zeros((0, AICM_FIELDS), np.int64)
+
+
 class RankConfig(NamedTuple):
-    """Scheduler configuration per worker (reference field names, see CFG_*)."""
+    """Scheduler configuration per worker (reference field names, see CFG_*), and
+    the AIC timing tables its workers read (none by default)."""
     i64: np.ndarray   # int64[w, CFG_I_FIELDS]; max_model_len -1 = no limit
     f64: np.ndarray   # float64[w, CFG_F_FIELDS]
+    aic_key: np.ndarray = _NO_AIC_KEYS     # int64[slot] packed timing keys of every table
+    aic_ms: np.ndarray = _NO_AIC_MS        # float64[slot] raw duration of each key
+    aic_meta: np.ndarray = _NO_AIC_META    # int64[t, AICM_FIELDS]
 
 
 # The engine event log (opt-in, ``Pool.event_log[s, 1 + row, EV_*]``): one row per

@@ -1,5 +1,5 @@
-"""Forward-pass timing models: ``polynomial`` (the reference's built-in fallback)
-and ``fixed``, with the reference's nanosecond quantization and speedup scaling.
+"""Forward-pass timing models: ``polynomial`` (the reference's built-in fallback),
+``fixed`` and op-level ``aic`` tables (kernels.aic_table), with the reference's nanosecond quantization and speedup scaling.
 
 Every modeled duration goes through a nanosecond duration type in the reference
 (Rust ``Duration::from_secs_f64``: round to the nearest ns, computed exactly from
@@ -13,7 +13,9 @@ import math
 import numpy as np
 from numba import njit
 
-from .layout import TIMING_FIXED
+from .aic_table import KIND_DECODE, KIND_PREFILL, aic_raw_ms
+from .layout import (CFG_TIMING, CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS, CFGF_FIXED_PREFILL_MS,
+                     CFGF_SPEEDUP_RATIO, TIMING_AIC, TIMING_FIXED)
 
 NS_PER_S = 1_000_000_000
 _SPLIT = 134217729.0  # 2**27 + 1, Veltkamp splitter for an exact f64 product
@@ -102,26 +104,34 @@ def polynomial_decode_ms(batch, active_kv_tokens, total_kv_tokens):
 
 
 @njit(cache=True, _nrt=False)
-def prefill_ns(timing, fixed_prefill_ms, speedup, batch, total_isl, total_prefix):
-    """Quantized prefill duration of a pass (0 when no request computed prompt tokens
-    or the floored means say everything was cached)."""
+def prefill_ns(cfg, w, batch, total_isl, total_prefix):
+    """Quantized prefill duration of a pass on worker w (0 when no request computed
+    prompt tokens or the floored means say everything was cached)."""
     if batch == 0 or total_isl // batch <= total_prefix // batch:
         return np.int64(0)
+    timing = cfg.i64[w, CFG_TIMING]
     if timing == TIMING_FIXED:
-        raw = fixed_prefill_ms
+        raw = cfg.f64[w, CFGF_FIXED_PREFILL_MS]
+    elif timing == TIMING_AIC:
+        raw = max(0.0, aic_raw_ms(cfg, w, KIND_PREFILL, batch, total_isl // batch,
+                                  total_prefix // batch))
     else:
         raw = polynomial_prefill_ms(batch, total_isl, total_prefix)
-    return modeled_ns(raw, speedup)
+    return modeled_ns(raw, cfg.f64[w, CFGF_SPEEDUP_RATIO])
 
 
 @njit(cache=True, _nrt=False)
-def decode_ns(timing, fixed_decode_ms, speedup, decode_speedup, batch, active_kv_tokens,
-              total_kv_tokens):
-    """Quantized decode duration of a pass over its decode batch."""
+def decode_ns(cfg, w, batch, active_kv_tokens, total_kv_tokens):
+    """Quantized decode duration of a pass on worker w over its decode batch
+    (``active_kv_tokens``: the batch's tokens before this pass's; AIC keys on their
+    floored mean, the polynomial on their share of ``total_kv_tokens``)."""
     if batch == 0:
         return np.int64(0)
+    timing = cfg.i64[w, CFG_TIMING]
     if timing == TIMING_FIXED:
-        raw = fixed_decode_ms
+        raw = cfg.f64[w, CFGF_FIXED_DECODE_MS]
+    elif timing == TIMING_AIC:
+        raw = aic_raw_ms(cfg, w, KIND_DECODE, batch, active_kv_tokens // batch, np.int64(0))
     else:
         raw = polynomial_decode_ms(batch, active_kv_tokens, total_kv_tokens)
-    return modeled_ns(raw, speedup * decode_speedup)
+    return modeled_ns(raw, cfg.f64[w, CFGF_SPEEDUP_RATIO] * cfg.f64[w, CFGF_DECODE_SPEEDUP_RATIO])

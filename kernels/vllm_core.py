@@ -28,10 +28,8 @@ from .request_state import ceil_div, remaining_generation, remaining_tokens, seq
 from .sketch import fold_gap_run
 from .timing import decode_ns, ns_to_ms, prefill_ns
 from .layout import (
-    CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS, CFGF_FIXED_PREFILL_MS, CFGF_SPEEDUP_RATIO,
     CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS,
-    CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_ROLE, CFG_TIMING,
-    EV_ADMITTED, EV_FINISHED, EV_OUTPUT, EV_PREEMPTED, ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS,
+    CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_ROLE, EV_ADMITTED, EV_FINISHED, EV_OUTPUT, EV_PREEMPTED, ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS,
     RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS, RQF_TERMINAL_MS, RQ_ADMISSIONS,
     RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FAST_LIMIT, RQ_FIRST_CACHED, RQ_GENERATED,
     RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PREEMPTIONS, RQ_PROMPT_LEN,
@@ -197,8 +195,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             break
 
     # timing: prefill first, then the decode batch
-    pf_ns = prefill_ns(cfg.i64[w, CFG_TIMING], cfg.f64[w, CFGF_FIXED_PREFILL_MS], cfg.f64[w, CFGF_SPEEDUP_RATIO],
-                       acc[1], acc[2], acc[3])
+    pf_ns = prefill_ns(cfg, w, acc[1], acc[2], acc[3])
     decode_start_ms = now_ms + ns_to_ms(pf_ns)
     # only requests scheduled in this pass can be ready to emit: every other running
     # request emitted in its last pass and needs a computed token first
@@ -215,8 +212,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     if cfg_i[w, CFG_ROLE] == ROLE_PREFILL:
         dc_ns = np.int64(0)
     else:
-        dc_ns = decode_ns(cfg_i[w, CFG_TIMING], cfg.f64[w, CFGF_FIXED_DECODE_MS], cfg.f64[w, CFGF_SPEEDUP_RATIO],
-                          cfg.f64[w, CFGF_DECODE_SPEEDUP_RATIO], n_decode, kv_sum, capacity * bs)
+        dc_ns = decode_ns(cfg, w, n_decode, kv_sum, capacity * bs)
     end_ms = decode_start_ms + ns_to_ms(dc_ns)
 
     # emit, in the reference's output order: first the requests whose generation was
@@ -432,6 +428,7 @@ def log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens,
     n_pf = np.int64(0)
     pf_tokens = np.int64(0)
     pf_kv = np.int64(0)
+    pf_prompt = np.int64(0)
     n_dc = np.int64(0)
     dc_kv = np.int64(0)
     # scheduled requests of this pass: the running list plus those that ended in it
@@ -443,6 +440,7 @@ def log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens,
                 n_pf += 1
                 pf_tokens += rq.i64[q, RQ_SCHED_TOKENS]
                 pf_kv += rq.i64[q, RQ_SCHED_PREFIX]
+                pf_prompt += rq.i64[q, RQ_SCHED_PROMPT]
             elif rq.i64[q, RQ_SCHED_TERMINAL] == 0:
                 n_dc += 1
                 dc_kv += rq.i64[q, RQ_SCHED_LEN]
@@ -454,11 +452,14 @@ def log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens,
                 n_pf += 1
                 pf_tokens += rq.i64[q, RQ_SCHED_TOKENS]
                 pf_kv += rq.i64[q, RQ_SCHED_PREFIX]
+                pf_prompt += rq.i64[q, RQ_SCHED_PROMPT]
             elif rq.i64[q, RQ_SCHED_TERMINAL] == 0:
                 n_dc += 1
                 dc_kv += rq.i64[q, RQ_SCHED_LEN]
         q = rq.i64[q, RQ_TERM_NEXT]
-    append_pass_row(p, wk, sims, s, w, start_ms, end_ms, n_pf, pf_tokens, pf_kv, n_dc, dc_kv,
-                    acc[5], n_preempted, n_tokens)
+    timed_dc = acc[8] if cfg.i64[w, CFG_ROLE] != ROLE_PREFILL else np.int64(0)
+    timed_dc_kv = acc[9] if cfg.i64[w, CFG_ROLE] != ROLE_PREFILL else np.int64(0)
+    append_pass_row(p, wk, sims, s, w, start_ms, end_ms, n_pf, pf_tokens, pf_kv, pf_prompt, n_dc,
+                    dc_kv, acc[5], n_preempted, n_tokens, timed_dc, timed_dc_kv)
 
 
