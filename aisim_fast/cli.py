@@ -44,10 +44,13 @@ from aisim_fast.config import (
     check_disaggregated_pair,
     parse_payload,
     parse_rank,
+    set_aic_timing,
 )
 from aisim_fast.output import (
     OutputError,
     check_out_dir,
+    kv_capacity,
+    prediction_provenance,
     requests_in_uuid_order,
     summarize_replay,
     write_run,
@@ -139,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "uniform from a seeded generator)")
     replay.add_argument("--placement-seed", type=int, metavar="N",
                         help="seed of --placement random (default 0)")
+    _add_aic_flags(replay)
     replay.add_argument("--out", required=True, metavar="DIR", help="output folder")
     replay.add_argument("--overwrite", action="store_true",
                         help="replace an existing output folder of an earlier run")
@@ -152,6 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--output-events", action="store_true",
                         help="also write output_events.parquet: one row per output token "
                              "(request, worker, pass end time, token index)")
+    models = commands.add_parser(
+        "models", help="models the installed AIC perf database covers (extra aisim-fast[aic])",
+        description="List the model ids --model and timing_model.config.model accept.")
+    models.add_argument("--grep", metavar="TEXT", help="only ids containing TEXT (case-insensitive)")
+    systems = commands.add_parser(
+        "systems", help="GPU systems of the installed AIC perf database, with framework versions",
+        description="List the GPU systems --system accepts and, per framework, the versions "
+                    "of its perf data (current first).")
+    systems.add_argument("--backend", choices=("vllm", "trtllm", "sglang"),
+                         help="only this framework's versions")
     warmup = commands.add_parser(
         "warmup", help="compile the kernels into the on-disk cache (for images and CI)",
         description="Compile (or load from the cache) the kernels a replay uses, by running "
@@ -203,6 +217,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_aic_flags(parser) -> None:
+    aic_flags = parser.add_argument_group(
+        "op-level timing (AIC)", "time passes for a model on a GPU system from the perf database "
+        "of the optional extra aisim-fast[aic] (with --spec: replaces every pool's timing)")
+    aic_flags.add_argument("--model", metavar="ID", help="model, e.g. Qwen/Qwen3-32B ('aisim-fast models')")
+    aic_flags.add_argument("--system", metavar="GPU", help="GPU system, e.g. h200_sxm ('aisim-fast systems')")
+    aic_flags.add_argument("--tp", type=int, metavar="N", help="tensor parallel size (GPUs per worker)")
+    aic_flags.add_argument("--backend-version", metavar="V",
+                           help="framework version of the perf data (default: the database's current)")
+
+
+def _aic_flags(args) -> dict:
+    """The given --model / --system / --tp / --backend-version, by set_aic_timing name."""
+    return {k: getattr(args, k) for k in ("model", "system", "tp", "backend_version")
+            if getattr(args, k, None) is not None}
+
+
 def _sla_flag(text: str) -> dict:
     sla = {}
     for part in text.split(","):
@@ -215,6 +246,29 @@ def _sla_flag(text: str) -> dict:
         except ValueError:
             raise UsageError(f"--sla: {key} needs a number, got {value!r}") from None
     return sla
+
+
+def run_listing(args) -> str:
+    """``aisim-fast models`` / ``systems``: what the installed perf database covers."""
+    from aisim_fast import aic
+
+    try:
+        if args.command == "models":
+            ids = [m for m in aic.models() if not args.grep or args.grep.lower() in m.lower()]
+            return "\n".join(ids) if ids else f"no model id contains {args.grep!r}"
+        lines = []
+        for system in aic.systems():
+            versions = []
+            for backend in ([args.backend] if args.backend else ["vllm", "trtllm", "sglang"]):
+                slots = aic.backend_versions(system, backend)
+                if slots:
+                    ordered = sorted(slots.items(), key=lambda kv: kv[0] != "current")
+                    versions.append(f"{backend} " + ", ".join(f"{v} ({k})" for k, v in ordered))
+            if versions:
+                lines.append(f"{system:12s} " + "; ".join(versions))
+        return "\n".join(lines)
+    except aic.AicError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def run_size_command(args) -> str:
@@ -285,6 +339,8 @@ def _setup_from_spec(args) -> tuple[ReplaySetup, int, dict]:
         raise UsageError("with --spec, give the trace as --trace PATH")
     spec_path = Path(args.spec)
     payload = _read_json_file(spec_path, "spec file")
+    if _aic_flags(args):
+        payload = set_aic_timing(payload, **_aic_flags(args), where="--")
     setup = parse_payload(payload, spec_path.parent, args.trace_flag)
     source = {"mode": "spec", "spec_file": str(spec_path.resolve()),
               "trace_override": args.trace_flag is not None}
@@ -372,6 +428,9 @@ def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
                          f"{'is' if len(missing) == 1 else 'are'} required"
                          + (" (or --prefill-workers and --decode-workers for disaggregated pools)"
                             if "--workers" in missing else ""))
+    if _aic_flags(args):
+        # the flags' pools, timed by AIC: one payload through the spec path's parser
+        return _setup_from_flag_payload(args, disaggregated)
     if disaggregated:
         if args.prefill_workers is None and args.decode_workers is None:
             given = [flag for attr, flag in DISAGG_FLAGS if getattr(args, attr) is not None]
@@ -406,6 +465,46 @@ def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
                         placement=args.placement or "round_robin",
                         placement_seed=args.placement_seed or 0, **topology)
     return setup, 1, {"mode": "flags", "default_trace": default_trace}
+
+
+def _setup_from_flag_payload(args, disaggregated: bool) -> tuple[ReplaySetup, int, dict]:
+    """Flags with --model / --system: the setup the flags give, as a payload, with
+    every pool's timing set by set_aic_timing (which also sets tensor parallelism)."""
+    plain = argparse.Namespace(**{**vars(args), "model": None, "system": None, "tp": None,
+                                  "backend_version": None})
+    setup, _, source = _setup_from_flags(plain)
+
+    def block(rank, tp):
+        raw = {k: v for k, v in rank.to_json().items()
+               if k not in ("aic", "num_gpu_blocks_estimated", "fixed_prefill_ms", "fixed_decode_ms")
+               and v is not None}
+        raw["timing_model"] = rank.timing_json()
+        return {"tensor_parallel_size": tp, "rank": raw}
+
+    explicit_blocks = "num_gpu_blocks" in json.dumps([args.engine_args, args.prefill_engine_args,
+                                                      args.decode_engine_args])
+    if disaggregated:
+        topology = {"kind": "disaggregated", "prefill": {"initial_workers": setup.prefill_workers},
+                    "decode": {"initial_workers": setup.workers},
+                    "handoff_latency_ms": setup.handoff_latency_ms}
+        engine = {"prefill": block(setup.prefill_rank, 1), "decode": block(setup.rank, 1)}
+    else:
+        topology = {"kind": "aggregated", "workers": {"initial_workers": setup.workers}}
+        engine = block(setup.rank, 1)
+    if not explicit_blocks:  # no --*engine-args capacity: estimated from model + GPU memory
+        for b in ([engine["prefill"], engine["decode"]] if disaggregated else [engine]):
+            b["rank"].pop("num_gpu_blocks", None)
+    payload = {"spec": {"topology": topology, "engine": engine,
+                        "adapters": {"placement": {"provider": setup.placement,
+                                                   "config": {"seed": setup.placement_seed}
+                                                   if setup.placement == "random" else None}}},
+               "traffic": {"trace_path": setup.trace_path, "trace_block_size": setup.trace_block_size,
+                           "arrival_speedup_ratio": setup.arrival_speedup_ratio,
+                           **({"load_type": "concurrency", "replay_concurrency": setup.concurrency}
+                              if setup.concurrency else {})}}
+    payload = set_aic_timing(payload, **_aic_flags(args), where="--")
+    setup = parse_payload(payload, ".", None)
+    return setup, setup.tensor_parallel_size, source
 
 
 def _load_trace(setup: ReplaySetup, max_rows: int | None = None):
@@ -488,9 +587,15 @@ def run_replay(args) -> dict:
         **setup.to_json(),
         "trace_path": str(Path(setup.trace_path).resolve()),
     }
+    summary["prediction_provenance"] = prediction_provenance(setup)
+    summary["kv_capacity"] = kv_capacity(setup)
     passes = None
     if record_passes:
         passes = result.passes[0]
+        from aisim_fast import aic
+        evidence = aic.op_latency_evidence(setup, passes)
+        if evidence is not None:
+            summary["op_latency_evidence"] = evidence
         if "rank" not in passes.columns:
             # ForwardPassMetrics name the attention-DP rank; only dp_size 1 is simulated
             passes.insert(passes.columns.get_loc("worker") + 1, "rank", 0)
@@ -614,6 +719,9 @@ def _main(argv: list[str] | None) -> int:
             return EXIT_OK
         if args.command == "size":
             print(run_size_command(args))
+            return EXIT_OK
+        if args.command in ("models", "systems"):
+            print(run_listing(args))
             return EXIT_OK
         if args.command == "plot":
             from aisim_fast.plots import plot_folder

@@ -427,3 +427,45 @@ def load_spec(path: str | Path, trace_override: str | None = None) -> ReplaySetu
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from None
     return parse_payload(payload, path.parent, trace_override)
+
+
+def set_aic_timing(payload: dict, *, model: str | None = None, system: str | None = None,
+                   tp: int | None = None, backend_version: str | None = None,
+                   where: str = "") -> dict:
+    """A copy of ``payload`` with every pool timed by AIC for the given model, GPU
+    system, tensor parallelism and framework version (``None`` keeps a pool's
+    current value; a pool not yet timed by AIC needs model and system). ``tp`` sets
+    the engine's ``tensor_parallel_size`` too, which the AIC config must match.
+    ``where`` prefixes the names of the values in errors ("--" for flags)."""
+    import copy
+
+    out = copy.deepcopy(payload)
+    spec = _obj("spec", out.get("spec"))
+    engine = _obj("spec.engine", spec.get("engine"))
+    kind = _obj("spec.topology", spec.get("topology")).get("kind")
+    blocks = ([engine.get("prefill"), engine.get("decode")] if kind == "disaggregated" else [engine])
+    if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
+        _fail(f"{where}tp", f"must be an integer >= 1, got {tp!r}")
+    for block in blocks:
+        if not isinstance(block, dict):
+            _fail("spec.engine", "every pool needs an engine block with a rank")
+        rank = block.setdefault("rank", {})
+        timing = rank.get("timing_model") or {}
+        config = dict(timing.get("config") or {}) if timing.get("provider") == "aic" else {}
+        for key, value in (("model", model), ("system", system), ("backend_version", backend_version)):
+            if value is not None:
+                config[key] = value
+        for key in ("model", "system"):
+            if not config.get(key):
+                _fail(f"{where}{key}", "required: the pools are not timed by AIC yet")
+        config["backend"] = rank.get("backend", "vllm")
+        if tp is not None:
+            block["tensor_parallel_size"] = tp
+        config["tp"] = block.get("tensor_parallel_size", 1)
+        config.setdefault("attention_dp", block.get("dp_size", 1))
+        if rank.get("block_size") is not None:
+            config["kv_block_size"] = rank["block_size"]
+        else:
+            config.pop("kv_block_size", None)
+        rank["timing_model"] = {"type": "external", "provider": "aic", "config": config}
+    return out

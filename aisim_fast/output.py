@@ -169,6 +169,36 @@ def summarize_replay(setup, requests: pd.DataFrame, token_stat_row, token_hist_r
         sla=setup.sla, wall_time_ms=wall_time_ms)
 
 
+def _pools(setup) -> list[tuple[str, object]]:
+    if setup.disaggregated:
+        return [("decode", setup.rank), ("prefill", setup.prefill_rank)]
+    return [("aggregated", setup.rank)]
+
+
+def prediction_provenance(setup) -> dict:
+    """What timed each pool, as the reference's report says it (``prediction_provenance``)."""
+    out = {}
+    for role, rank in sorted(_pools(setup)):
+        if rank.timing_model == "aic":
+            out[role] = {"data_version": rank.aic.backend_version, "data_version_unavailable_reason": None,
+                         "estimator": "op_level", "timing_source": "aic"}
+        else:
+            kind = "configured" if rank.timing_model == "fixed" else "built_in"
+            out[role] = {"data_version": None,
+                         "data_version_unavailable_reason": (f"{kind.replace('_', '-')} timing does "
+                                                             "not use performance data"),
+                         "estimator": rank.timing_model, "timing_source": kind}
+    return out
+
+
+def kv_capacity(setup) -> dict:
+    """Each pool's KV blocks per worker and where the number came from."""
+    return {role: {"num_gpu_blocks": rank.num_gpu_blocks, "block_size": rank.block_size,
+                   "source": "estimated from model and GPU memory (AIC)"
+                   if rank.num_gpu_blocks_estimated else "configured"}
+            for role, rank in sorted(_pools(setup))}
+
+
 # ---------------------------------------------------------------------------------------
 # output folder
 
