@@ -287,6 +287,55 @@ def _quiet_stderr():
     return contextlib.redirect_stderr(io.StringIO())
 
 
+class _Memo:
+    """Values of one phase: key -> row, and per row the key, the total and the per-op
+    latencies (plain lists: appended one by one in a run, turned into arrays for the
+    kernel tables, the evidence and the disk cache)."""
+
+    def __init__(self, key_width: int):
+        self.key_width = key_width
+        self.index: dict[tuple, int] = {}
+        self.keys: list[tuple] = []
+        self.totals: list[float] = []
+        self.ops: list[tuple] = []
+        self.names: tuple[str, ...] = ()
+        self.sources: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def get(self, key: tuple):
+        row = self.index.get(key)
+        return None if row is None else (self.totals[row], self.ops[row])
+
+    def add(self, key: tuple, total: float, ops: tuple) -> None:
+        self.index[key] = len(self.keys)
+        self.keys.append(key)
+        self.totals.append(total)
+        self.ops.append(ops)
+
+    def clear(self) -> None:
+        self.index.clear()
+        self.keys.clear()
+        self.totals.clear()
+        self.ops.clear()
+
+    def arrays(self, prefix: str) -> dict:
+        n = len(self.keys)
+        return {f"{prefix}_keys": np.array(self.keys, np.int64).reshape(n, self.key_width),
+                f"{prefix}_totals": np.array(self.totals, np.float64),
+                f"{prefix}_ops": np.array(self.ops, np.float64).reshape(n, len(self.names))}
+
+    def load(self, data, prefix: str, names, sources) -> None:
+        keys = data[f"{prefix}_keys"]
+        self.names = tuple(str(n) for n in names)
+        self.sources = dict(sources)
+        self.keys = [tuple(k) for k in keys.tolist()]
+        self.index = dict(zip(self.keys, range(len(self.keys))))
+        self.totals = data[f"{prefix}_totals"].tolist()
+        self.ops = [tuple(r) for r in data[f"{prefix}_ops"].tolist()]
+
+
 class AicTiming:
     """The exact per-op latencies of one AIC config, memoized, with the disk cache.
 
@@ -297,16 +346,13 @@ class AicTiming:
         self.config = config
         self._lock = threading.Lock()
         self._engine = None
-        self._attention_twin = None
+        self._attention_twin = None   # decode attention alone, unscaled (Q/K-norm models)
+        self._rest_engine = None      # the other decode ops
         self._qk_norm_ms = 0.0
         self._gen_attention_index = -1
         self._gen_attention_scale = 1.0
-        self.prefill_names: tuple[str, ...] = ()
-        self.decode_names: tuple[str, ...] = ()
-        self.prefill_memo: dict[tuple[int, int, int], tuple[float, tuple]] = {}
-        self.decode_memo: dict[tuple[int, int], tuple[float, tuple]] = {}
-        self.prefill_sources: dict[str, str] = {}
-        self.decode_sources: dict[str, str] = {}
+        self.prefill_memo = _Memo(3)   # (b, mean_isl, mean_prefix)
+        self.decode_memo = _Memo(2)    # (b, mean_ctx)
         self._saved = (0, 0)
         self._load_cache()
 
@@ -368,11 +414,22 @@ class AicTiming:
             k_num = float(gen["n_kv"] * gen["head_size"])
             self._qk_norm_ms = (mem_op(q_num * 2.0) * 2.0 + mem_op(k_num * 2.0) * 2.0) * (2.0 * 1.1)
             self._gen_attention_scale = float(gen["scale_factor"])
+            # decode then runs two engines that split the generation ops: the others
+            # (cheap) and attention alone, unscaled (most of a query's cost); the
+            # corrected attention goes back at its place in the op order
             twin = json.loads(json.dumps(spec))
-            twin["generation_ops"][i]["GenerationAttention"]["scale_factor"] = 1.0
+            twin["generation_ops"] = [twin["generation_ops"][i]]
+            twin["generation_ops"][0]["GenerationAttention"]["scale_factor"] = 1.0
             self._attention_twin = core.AicEngine.from_spec(
                 bytes(core.engine_spec_bincode_from_json(json.dumps(twin))), systems_root)
-            self._gen_attention_name = gen["name"]
+            rest = json.loads(json.dumps(spec))
+            del rest["generation_ops"][i]
+            self._rest_engine = core.AicEngine.from_spec(
+                bytes(core.engine_spec_bincode_from_json(json.dumps(rest))), systems_root)
+            with _quiet_stderr():
+                _, probe = self._engine.run_static_per_op(1, 1, 1, 2, 0, 1.0, 1.0,
+                                                          mode="static_gen", stride=32)
+            self._gen_attention_index = [op[0] for op in probe].index(gen["name"])
             return
 
     def _ensure(self) -> None:
@@ -390,8 +447,9 @@ class AicTiming:
             with _quiet_stderr():
                 ctx, _ = self._engine.run_static_per_op(key[0], 1, key[1], 1, key[2], 1.0, 1.0,
                                                         mode="static_ctx", stride=32)
-            value = self._fold(ctx, "prefill")
-            self.prefill_memo[key] = value
+            value = self._fold(ctx, self.prefill_memo)
+            if self.prefill_memo.get(key) is None:
+                self.prefill_memo.add(key, *value)
         return value
 
     def decode(self, b: int, ctx_len: int) -> tuple[float, tuple]:
@@ -404,40 +462,45 @@ class AicTiming:
             # the past KV is the context minus the token being decoded (osl 2: one step)
             args = (key[0], 1, key[1] - 1, 2, 0, 1.0, 1.0)
             with _quiet_stderr():
-                _, gen = self._engine.run_static_per_op(*args, mode="static_gen", stride=32)
-                if self._attention_twin is not None:
+                if self._attention_twin is None:
+                    _, gen = self._engine.run_static_per_op(*args, mode="static_gen", stride=32)
+                else:
+                    _, rest = self._rest_engine.run_static_per_op(*args, mode="static_gen", stride=32)
                     _, twin = self._attention_twin.run_static_per_op(*args, mode="static_gen", stride=32)
             if self._attention_twin is not None:
-                gen = list(gen)
-                for i, (name, _ms, energy, source) in enumerate(gen):
-                    if name == self._gen_attention_name:
-                        unscaled = dict((n, ms) for n, ms, _e, _s in twin)[name]
-                        # the norm's memory passes are empirical: a silicon table
-                        # value plus them is "mixed", as the reference labels it
-                        gen[i] = (name, max(unscaled + self._qk_norm_ms, 0.0) * self._gen_attention_scale,
-                                  energy, source if source == "empirical" else "mixed")
-            value = self._fold(gen, "decode")
-            self.decode_memo[key] = value
+                (name, unscaled, energy, source), = twin
+                # the norm's memory passes are empirical: a silicon table value plus
+                # them is "mixed", as the reference labels it
+                corrected = (name, max(unscaled + self._qk_norm_ms, 0.0) * self._gen_attention_scale,
+                             energy, source if source == "empirical" else "mixed")
+                i = self._gen_attention_index
+                gen = [*rest[:i], corrected, *rest[i:]]
+            value = self._fold(gen, self.decode_memo)
+            if self.decode_memo.get(key) is None:
+                self.decode_memo.add(key, *value)
         return value
 
-    def _fold(self, ops, phase: str) -> tuple[float, tuple]:
+    @staticmethod
+    def _fold(ops, memo: _Memo) -> tuple[float, tuple]:
         names = tuple(op[0] for op in ops)
-        if phase == "prefill":
-            if not self.prefill_names:
-                self.prefill_names = names
-            known, sources = self.prefill_names, self.prefill_sources
-        else:
-            if not self.decode_names:
-                self.decode_names = names
-            known, sources = self.decode_names, self.decode_sources
-        if names != known:
-            raise RuntimeError(f"AIC {phase} ops changed between queries: {known} vs {names}")
+        if not memo.names:
+            memo.names = names
+        if names != memo.names:
+            raise RuntimeError(f"AIC ops changed between queries: {memo.names} vs {names}")
         total = 0.0
         for name, ms, _energy, source in ops:
             total += ms
-            prev = sources.get(name)
-            sources[name] = source if prev in (None, source) else "mixed"
+            prev = memo.sources.get(name)
+            memo.sources[name] = source if prev in (None, source) else "mixed"
         return total, tuple(float(op[1]) for op in ops)
+
+    @property
+    def prefill_names(self) -> tuple[str, ...]:
+        return self.prefill_memo.names
+
+    @property
+    def decode_names(self) -> tuple[str, ...]:
+        return self.decode_memo.names
 
     def values(self, kind: int, b: int, x: int, y: int) -> float:
         """Total ms of a timing key (kind 0 prefill (b, isl, prefix), 1 decode (b, ctx))."""
@@ -445,24 +508,20 @@ class AicTiming:
 
     # -- disk cache -------------------------------------------------------------
     def _cache_path(self) -> Path:
-        return cache_dir() / f"{self.config.digest()}.json"
+        return cache_dir() / f"{self.config.digest()}.npz"
 
     def _load_cache(self) -> None:
-        path = self._cache_path()
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+            with np.load(self._cache_path(), allow_pickle=False) as data:
+                meta = json.loads(str(data["meta"]))
+                if meta.get("config") != self.config.to_json():
+                    return
+                self.prefill_memo.load(data, "prefill", meta["prefill_names"], meta["prefill_sources"])
+                self.decode_memo.load(data, "decode", meta["decode_names"], meta["decode_sources"])
+        except (OSError, ValueError, KeyError):
+            self.prefill_memo.clear()
+            self.decode_memo.clear()
             return
-        if data.get("config") != self.config.to_json():
-            return
-        self.prefill_names = tuple(data["prefill_names"])
-        self.decode_names = tuple(data["decode_names"])
-        self.prefill_sources = dict(data.get("prefill_sources", {}))
-        self.decode_sources = dict(data.get("decode_sources", {}))
-        for row in data["prefill"]:
-            self.prefill_memo[(row[0], row[1], row[2])] = (row[3], tuple(row[4]))
-        for row in data["decode"]:
-            self.decode_memo[(row[0], row[1])] = (row[2], tuple(row[3]))
         self._saved = (len(self.prefill_memo), len(self.decode_memo))
 
     def save(self) -> None:
@@ -472,19 +531,17 @@ class AicTiming:
             sizes = (len(self.prefill_memo), len(self.decode_memo))
             if sizes == self._saved:
                 return
-            data = {
-                "package": f"{PACKAGE}=={PACKAGE_VERSION}", "config": self.config.to_json(),
-                "prefill_names": list(self.prefill_names), "decode_names": list(self.decode_names),
-                "prefill_sources": self.prefill_sources, "decode_sources": self.decode_sources,
-                # floats as repr: json round-trips f64 exactly
-                "prefill": [[*k, v[0], list(v[1])] for k, v in self.prefill_memo.items()],
-                "decode": [[*k, v[0], list(v[1])] for k, v in self.decode_memo.items()],
-            }
+            meta = {"package": f"{PACKAGE}=={PACKAGE_VERSION}", "config": self.config.to_json(),
+                    "prefill_names": list(self.prefill_memo.names),
+                    "decode_names": list(self.decode_memo.names),
+                    "prefill_sources": self.prefill_memo.sources,
+                    "decode_sources": self.decode_memo.sources}
             path = self._cache_path()
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(json.dumps(data))
+                tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.npz")
+                np.savez(tmp, meta=np.array(json.dumps(meta)), **self.prefill_memo.arrays("prefill"),
+                         **self.decode_memo.arrays("decode"))
                 os.replace(tmp, path)
             except OSError:
                 return
@@ -521,6 +578,12 @@ def estimate_num_gpu_blocks(config: AicConfig, block_size: int, max_num_batched_
     package for it (max_batch_size 1, the backend's memory fraction)."""
     key = (config, block_size, max_num_batched_tokens)
     blocks = _BLOCKS.get(key)
+    stored = cache_dir() / f"blocks-{config.digest()}-{block_size}-{max_num_batched_tokens}.json"
+    if blocks is None:
+        try:
+            blocks = int(json.loads(stored.read_text())["num_gpu_blocks"])
+        except (OSError, ValueError, KeyError, TypeError):
+            blocks = None
     if blocks is None:
         _package()
         from aiconfigurator_core.sdk import memory
@@ -534,7 +597,14 @@ def estimate_num_gpu_blocks(config: AicConfig, block_size: int, max_num_batched_
         if blocks <= 0:
             raise AicError(f"timing_model.config: the database estimates no KV-cache blocks for "
                            f"{config.model} on {config.system} (tp {config.tp}); give num_gpu_blocks")
-        _BLOCKS[key] = blocks
+        try:
+            stored.parent.mkdir(parents=True, exist_ok=True)
+            tmp = stored.with_name(f".{stored.name}.tmp{os.getpid()}")
+            tmp.write_text(json.dumps({"num_gpu_blocks": blocks, "config": config.to_json()}))
+            os.replace(tmp, stored)
+        except OSError:
+            pass
+    _BLOCKS[key] = blocks
     return blocks
 
 
@@ -557,12 +627,14 @@ def _known_keys(t: AicTiming) -> tuple[np.ndarray, np.ndarray]:
     cached = getattr(t, "_packed", None)
     if cached is not None and cached[0] == sizes:
         return cached[1], cached[2]
-    keys = [aic_table.pack_key_py(aic_table.KIND_PREFILL, *k) for k in t.prefill_memo]
-    keys += [aic_table.pack_key_py(aic_table.KIND_DECODE, k[0], k[1], 0) for k in t.decode_memo]
-    vals = [v[0] for v in t.prefill_memo.values()] + [v[0] for v in t.decode_memo.values()]
-    packed = (np.array(keys, np.int64), np.array(vals, np.float64))
-    t._packed = (sizes, *packed)
-    return packed
+    pf = np.array(t.prefill_memo.keys, np.int64).reshape(-1, 3)
+    dc = np.array(t.decode_memo.keys, np.int64).reshape(-1, 2)
+    keys = np.concatenate([
+        aic_table.pack_keys_np(aic_table.KIND_PREFILL, pf[:, 0], pf[:, 1], pf[:, 2]),
+        aic_table.pack_keys_np(aic_table.KIND_DECODE, dc[:, 0], dc[:, 1], np.zeros(len(dc), np.int64))])
+    vals = np.array(t.prefill_memo.totals + t.decode_memo.totals, np.float64)
+    t._packed = (sizes, keys, vals)
+    return keys, vals
 
 
 def batch_tables(sim_configs: list[tuple[AicConfig, ...]]):
@@ -591,57 +663,91 @@ def batch_tables(sim_configs: list[tuple[AicConfig, ...]]):
 # ---------------------------------------------------------------------------------
 # Evidence for the summary
 # ---------------------------------------------------------------------------------
+def _memo_rows(memo: _Memo, query, phase: str, keys: np.ndarray) -> np.ndarray:
+    """Memo row of every key (rows of ``keys``), computing the ones it lacks."""
+    kind = aic_table.KIND_PREFILL if phase == "prefill" else aic_table.KIND_DECODE
+
+    def packed(k):
+        k = np.asarray(k, np.int64).reshape(-1, memo.key_width)
+        y = k[:, 2] if memo.key_width == 3 else np.zeros(len(k), np.int64)
+        return aic_table.pack_keys_np(kind, k[:, 0], k[:, 1], y)
+
+    want = packed(keys)
+    if np.any(want == L.AIC_EMPTY):  # a key past the packed range: look each one up
+        for key in {tuple(k) for k in keys.tolist()} - memo.index.keys():
+            query(*key)
+        return np.array([memo.index[tuple(k)] for k in keys.tolist()], np.int64)
+    for attempt in range(2):
+        have = packed(memo.keys)
+        by_key = np.argsort(have, kind="stable")
+        at = np.searchsorted(have[by_key], want)
+        found = (at < len(have)) & (have[by_key][np.minimum(at, max(len(have) - 1, 0))] == want) \
+            if len(have) else np.zeros(len(want), bool)
+        if found.all() or attempt == 1:
+            return by_key[at]
+        for key in {tuple(k) for k in keys[~found].tolist()}:
+            query(*key)  # not met in the run (its pass log outlived the memo): compute it
+
+
 def op_latency_evidence(setup, passes) -> dict | None:
     """Per-op latency totals of a replay timed by AIC, from its pass log: each pass's
     timing keys (the ``timed_*`` / prefill columns) looked up op by op and summed in
-    pass order, per phase over every worker (the reference's ``power_diagnostics``
-    latencies; no energy: the database gives none for these ops). None when no pool
-    is timed by AIC."""
+    pass order (a sequential sum, as the reference adds them), per phase over every
+    worker: the reference's ``power_diagnostics`` latencies, without energy (the
+    database has none for these ops). None when no pool is timed by AIC."""
     pools = [(setup.rank, "decode" if setup.disaggregated else "aggregated")]
     if setup.disaggregated:
         pools.append((setup.prefill_rank, "prefill"))
     if all(rank.aic is None for rank, _ in pools):
         return None
-    cols = {c: passes[c].to_numpy(np.int64) for c in (
+    order = np.argsort(passes["start_ms"].to_numpy(np.float64), kind="stable")
+    col = {c: passes[c].to_numpy(np.int64)[order] for c in (
         "worker", "num_prefill_requests", "sum_prefill_kv_tokens", "sum_prefill_prompt_tokens",
         "timed_decode_requests", "timed_decode_kv_tokens")}
-    order = np.argsort(passes["start_ms"].to_numpy(np.float64), kind="stable")
-    totals = {"prefill": {}, "decode": {}}
-    sources = {"prefill": {}, "decode": {}}
-    for i in order:
-        w = cols["worker"][i]
-        rank, role = pools[1] if setup.disaggregated and w < setup.prefill_workers else pools[0]
-        if rank.aic is None:
-            continue
-        t = timing(rank.aic)
-        b = cols["num_prefill_requests"][i]
-        if role != "decode" and b > 0:
-            prefix = cols["sum_prefill_kv_tokens"][i]
-            isl = prefix + cols["sum_prefill_prompt_tokens"][i]
-            if isl // b > prefix // b:
-                _, ops = t.prefill(b, isl // b, prefix // b)
-                _add(totals["prefill"], t.prefill_names, ops)
-                sources["prefill"].update(t.prefill_sources)
-        b = cols["timed_decode_requests"][i]
-        if role != "prefill" and b > 0:
-            _, ops = t.decode(b, cols["timed_decode_kv_tokens"][i] // b)
-            _add(totals["decode"], t.decode_names, ops)
-            sources["decode"].update(t.decode_sources)
+    in_prefill_pool = (col["worker"] < setup.prefill_workers) if setup.disaggregated else None
     phases = []
-    for name in ("prefill", "decode"):
-        ops = [{"name": op, "latency_ms": ms, "source": sources[name].get(op, "")}
-               for op, ms in sorted(totals[name].items())]
-        phases.append({"name": name, "latency_ms": sum(totals[name].values()), "operations": ops})
-    configs = {role: rank.aic for rank, role in pools if rank.aic is not None}
+    for phase in ("prefill", "decode"):
+        names: list[str] = []
+        parts = []  # (pass rows, memo, memo rows)
+        sources: dict[str, str] = {}
+        for rank, role in pools:
+            if rank.aic is None:
+                continue
+            t = timing(rank.aic)
+            mine = np.ones(len(order), bool) if in_prefill_pool is None else \
+                (in_prefill_pool if role == "prefill" else ~in_prefill_pool)
+            if phase == "prefill":
+                b = col["num_prefill_requests"]
+                prefix = col["sum_prefill_kv_tokens"]
+                isl = prefix + col["sum_prefill_prompt_tokens"]
+                safe = np.maximum(b, 1)
+                use = mine & (role != "decode") & (b > 0) & (isl // safe > prefix // safe)
+                keys = np.stack([b, isl // safe, prefix // safe], axis=1)[use]
+                memo, query = t.prefill_memo, t.prefill
+            else:
+                b = col["timed_decode_requests"]
+                use = mine & (role != "prefill") & (b > 0)
+                keys = np.stack([b, col["timed_decode_kv_tokens"] // np.maximum(b, 1)], axis=1)[use]
+                memo, query = t.decode_memo, t.decode
+            rows = _memo_rows(memo, query, phase, keys)
+            parts.append((np.flatnonzero(use), memo, rows))
+            names += [n for n in memo.names if n not in names]
+            sources.update(memo.sources)
+        per_op = {}
+        tables = [np.asarray(memo.ops, np.float64).reshape(len(memo), len(memo.names))
+                  for _, memo, _ in parts]
+        for name in names:
+            column = np.zeros(len(order))
+            for (where, memo, rows), ops in zip(parts, tables):
+                if name in memo.names and len(rows):
+                    column[where] = ops[rows, memo.names.index(name)]
+            per_op[name] = float(np.cumsum(column)[-1]) if len(column) else 0.0
+        ops = [{"name": n, "latency_ms": per_op[n], "source": sources.get(n, "")} for n in sorted(per_op)]
+        phases.append({"name": phase, "latency_ms": sum(per_op.values()), "operations": ops})
     return {
         "latency_unit": "ms",
         "latency_ms": sum(p["latency_ms"] for p in phases),
         "phases": phases,
         "provider": f"{PACKAGE}=={PACKAGE_VERSION}",
-        "configs": {role: c.to_json() for role, c in configs.items()},
+        "configs": {role: rank.aic.to_json() for rank, role in pools if rank.aic is not None},
     }
-
-
-def _add(acc: dict, names, values) -> None:
-    for name, value in zip(names, values):
-        acc[name] = acc.get(name, 0.0) + value

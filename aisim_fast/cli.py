@@ -208,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--rates", metavar="R1,R2,..",
                       help="size for these arrival speedup ratios (offered loads), one answer each")
     size.add_argument("--jobs", type=int, default=1, metavar="N", help="local worker processes")
+    _add_aic_flags(size)
     plot = commands.add_parser(
         "plot", help="PNG plots of a sweep or replay folder (DIR/plots/)",
         description="A sweep folder: Pareto fronts of throughput per GPU against throughput per "
@@ -282,7 +283,8 @@ def run_size_command(args) -> str:
         except ValueError:
             raise UsageError(f"--rates: numbers separated by commas, got {args.rates!r}") from None
     answers = size(args.spec, sla, trace=args.trace, goodput=args.goodput,
-                   max_workers=args.max_workers, rates=rates, jobs=args.jobs)
+                   max_workers=args.max_workers, rates=rates, jobs=args.jobs,
+                   timing=_aic_flags(args) or None)
     return format_answers(answers, sla, args.goodput)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from aisim_fast.config import parse_payload
+from aisim_fast.config import parse_payload, set_aic_timing
 from aisim_fast.sweeps import SweepError, run_sweep
 
 PREFILL = "spec.topology.prefill.initial_workers"
@@ -48,9 +48,12 @@ def _powers(limit: int) -> list[int]:
 
 def size(payload: dict | str | Path, sla: dict, *, trace: str | None = None, goodput: float = 0.99,
          max_workers: int = 64, rates=(None,), jobs: int = 1, base_dir=None,
-         quiet: bool = True) -> list[SizingAnswer]:
+         quiet: bool = True, timing: dict | None = None) -> list[SizingAnswer]:
     """Size the base ``payload`` (an execution payload or its file) for ``sla``
-    ({ttft_ms, itl_ms, e2e_ms}); one answer per rate (None: the payload's own)."""
+    ({ttft_ms, itl_ms, e2e_ms}); one answer per rate (None: the payload's own).
+    ``timing``: {model, system, tp, backend_version} (any of them) to size in GPUs
+    of that system with op-level timing (``config.set_aic_timing``); a GPU is a
+    worker's tensor-parallel rank."""
     if not 0 < goodput <= 1:
         raise SweepError(f"goodput: must be in (0, 1], got {goodput!r}")
     if max_workers < 1:
@@ -61,6 +64,8 @@ def size(payload: dict | str | Path, sla: dict, *, trace: str | None = None, goo
         path = Path(payload)
         base_dir = base_dir or path.resolve().parent
         payload = json.loads(path.read_text(encoding="utf-8"))
+    if timing:
+        payload = set_aic_timing(payload, **timing)
     base_dir = str(Path(base_dir or ".").resolve())
     trace = str(Path(trace).resolve()) if trace is not None else None  # as given: from the working folder
     base = {"spec": copy.deepcopy(payload), "trace": trace}

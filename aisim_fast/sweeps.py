@@ -13,10 +13,14 @@ A sweep spec (YAML or JSON) names a base execution payload (what ``aisim-fast re
     arrival_speedup_ratio: [1, 2, 4]
     workers: [1, 2, 4]                      # aggregated worker count
     prefill_decode: [[1, 3], [2, 2]]        # disaggregated prefill / decode workers
+    model: [Qwen/Qwen3-8B, Qwen/Qwen3-32B]  # op-level (AIC) timing of every pool
+    system: [h100_sxm, h200_sxm, b200_sxm]
+    tp: [1, 2]
     sla: {ttft_ms: 500, itl_ms: 50, percentile: 90}
 
 The points are the product of the grid axes, the shortcuts (in the order trace,
-arrival_speedup_ratio, workers, prefill_decode), the zip rows and the random samples,
+arrival_speedup_ratio, workers, prefill_decode, model, system, tp), the zip rows and
+the random samples,
 the last axis varying fastest. Relative paths resolve against
 the sweep file's folder. Every point's payload is validated before any work starts.
 
@@ -49,11 +53,14 @@ import numpy as np
 import pandas as pd
 
 from aisim_fast import __version__
-from aisim_fast.config import ConfigError, parse_payload
+from aisim_fast.config import ConfigError, parse_payload, set_aic_timing
 from aisim_fast.progress import Progress
 
 SWEEP_KEYS = ("base", "grid", "zip", "random", "trace", "arrival_speedup_ratio", "workers",
-              "prefill_decode", "sla", "batch_size")
+              "prefill_decode", "model", "system", "tp", "sla", "batch_size")
+# shortcuts over op-level (AIC) timing: every pool's model / GPU system / tensor
+# parallelism (config.set_aic_timing; points columns named as the shortcut)
+AIC_COLUMNS = ("model", "system", "tp")
 RANDOM_KINDS = ("uniform", "loguniform", "randint", "choice")
 SLA_KEYS = ("ttft_ms", "itl_ms", "e2e_ms", "percentile")
 SLA_PERCENTILES = {50: "median", 75: "p75", 90: "p90", 95: "p95", 99: "p99"}
@@ -97,11 +104,16 @@ class Sweep:
         """Point i's execution payload and trace override."""
         payload = copy.deepcopy(self.base_payload)
         trace = self.base_trace
+        timing = {}
         for column, value in self.points[i].items():
             if column == TRACE_COLUMN:
                 trace = value
+            elif column in AIC_COLUMNS:
+                timing[column] = value
             else:
                 _set_path(payload, column, value)
+        if timing:
+            payload = set_aic_timing(payload, **timing)
         return payload, trace
 
 
@@ -244,6 +256,9 @@ def load_sweep(spec: str | Path | dict, base_dir: str | Path | None = None) -> S
                                  f"got {v!r}")
             rows.append(row)
         axes.append((paths, rows))
+    for short in AIC_COLUMNS:
+        if raw.get(short) is not None:
+            axes.append(((short,), [(v,) for v in _values(short, raw[short])]))
     zipped = raw.get("zip") or {}
     if not isinstance(zipped, dict):
         raise SweepError("zip: must be a mapping of dotted path -> list of values")
@@ -306,8 +321,8 @@ def load_sweep(spec: str | Path | dict, base_dir: str | Path | None = None) -> S
                   percentile, batch_size, "", {})
     keys = []
     for i in range(len(points)):
-        payload, trace = sweep.payload(i)
         try:
+            payload, trace = sweep.payload(i)
             setup = parse_payload(payload, base_dir_, trace)
             keys.append((setup.trace_path, setup.trace_block_size, setup.arrival_speedup_ratio,
                          setup.disaggregated))

@@ -47,6 +47,14 @@ def pack_key_py(kind: int, b: int, x: int, y: int) -> int:
     return kind | (b << 1) | (x << (1 + _B_BITS)) | (y << (1 + _B_BITS + _X_BITS))
 
 
+def pack_keys_np(kind: int, b, x, y) -> np.ndarray:
+    """``pack_key`` over arrays (the driver packs what it knows into tables)."""
+    b, x, y = (np.asarray(v, np.int64) for v in (b, x, y))
+    fits = (b >= 0) & (b < 1 << _B_BITS) & (x >= 0) & (x < 1 << _X_BITS) & (y >= 0) & (y < 1 << _Y_BITS)
+    packed = kind | (b << 1) | (x << (1 + _B_BITS)) | (y << (1 + _B_BITS + _X_BITS))
+    return np.where(fits, packed, AIC_EMPTY).astype(np.int64)
+
+
 @njit(cache=True, _nrt=False)
 def _home_slot(key, mask):
     """Home slot of a key: the high bits of its Fibonacci hash."""

@@ -159,7 +159,7 @@ def test_values_kept_on_disk(tmp_path, monkeypatch):
     first = aic.AicTiming(config)
     value = first.decode(7, 1234)
     first.save()
-    files = list((tmp_path / "aic").glob("*.json"))
+    files = list((tmp_path / "aic").glob("*.npz"))
     assert len(files) == 1
     again = aic.AicTiming(config)
     assert again._engine is None and again.decode(7, 1234) == value  # served from the file
@@ -219,3 +219,59 @@ def test_check_rank_round_trips_an_aic_rank():
     check_rank(rank)
     with pytest.raises(ConfigError, match="rank.aic"):
         check_rank(dataclasses.replace(rank, aic=None))
+
+
+def test_sweep_over_system_and_tp_matches_the_reference_runs():
+    """The model / system / tp shortcuts retime every pool: the h200 points give the
+    reference's tp-1 and tp-2 runs, and a GPU is a tensor-parallel rank."""
+    import aisim_fast
+
+    spec = {"base": {"spec": str(GOLDEN / "1k_vllm_agg2_aic.spec.json"), "trace": str(TRACE)},
+            "system": ["h100_sxm", "h200_sxm"], "tp": [1, 2]}
+    df = aisim_fast.sweep(spec, quiet=True).set_index(["system", "tp"])
+    assert (df["status"] == "ok").all()
+    assert df["gpus"].to_dict() == {("h100_sxm", 1): 2, ("h100_sxm", 2): 4, ("h200_sxm", 1): 2,
+                                    ("h200_sxm", 2): 4}
+    for tp, case in ((1, "1k_vllm_agg2_aic"), (2, "1k_vllm_agg2_aic_qwen32b_tp2")):
+        want = json.loads((GOLDEN / f"{case}.report.json").read_text())["report"]
+        for metric in ("mean_ttft_ms", "p90_itl_ms", "mean_e2e_latency_ms", "duration_ms"):
+            assert df.loc[("h200_sxm", tp), metric] == pytest.approx(want[metric], rel=1e-9), metric
+
+
+def test_sweep_shortcut_needs_a_model_when_the_base_is_not_aic():
+    from aisim_fast.sweeps import SweepError, load_sweep
+
+    spec = {"base": {"spec": str(TESTS_DIR / "data" / "golden" / "1k_vllm_agg2.spec.json"),
+                     "trace": str(TRACE)}, "system": ["h200_sxm"]}
+    with pytest.raises(SweepError, match=r"point 0 \(system='h200_sxm'\): model: required"):
+        load_sweep(spec)
+
+
+def test_cli_replay_flags_and_listings(tmp_path, capsys):
+    from aisim_fast.cli import main
+
+    out = tmp_path / "run"
+    code = main(["replay", str(TESTS_DIR / "data" / "mooncake_tiny20.jsonl"), "--backend", "vllm",
+                 "--workers", "2", "--model", "Qwen/Qwen3-8B", "--system", "h100_sxm", "--tp", "2",
+                 "--out", str(out), "--quiet"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prediction_provenance"]["aggregated"]["timing_source"] == "aic"
+    assert summary["kv_capacity"]["aggregated"]["source"].startswith("estimated")
+    assert summary["decode_gpus_per_worker"] == 2
+    assert {p["name"] for p in summary["op_latency_evidence"]["phases"]} == {"prefill", "decode"}
+    # the same flags over a spec replace its timing; a spec's model is kept when only
+    # the system changes
+    code = main(["replay", "--spec", str(GOLDEN / "1k_vllm_agg2_aic.spec.json"), "--trace", str(TRACE),
+                 "--system", "b200_sxm", "--out", str(tmp_path / "b200"), "--quiet"])
+    assert code == 0
+    cfg = json.loads((tmp_path / "b200" / "summary.json").read_text())["op_latency_evidence"]["configs"]
+    assert cfg["aggregated"]["model"] == "Qwen/Qwen3-32B" and cfg["aggregated"]["system"] == "b200_sxm"
+    capsys.readouterr()
+    assert main(["replay", "--backend", "vllm", "--workers", "1", "--system", "h100_sxm",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "--model: required" in capsys.readouterr().err
+    assert main(["systems", "--backend", "vllm"]) == 0
+    assert "h200_sxm" in capsys.readouterr().out
+    assert main(["models", "--grep", "llama-3.1-8b"]) == 0
+    assert capsys.readouterr().out.split() == ["meta-llama/Meta-Llama-3.1-8B"]
