@@ -17,6 +17,7 @@ by ``fill_miss`` and inserted, so the kernels see exactly what the package says.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -65,14 +66,19 @@ def _package(path: str = "timing_model"):
     """The imported package, or a one-line error naming the extra to install."""
     try:
         import aiconfigurator_core
-        from importlib.metadata import version
     except ImportError:
         _fail(path, f"op-level (AIC) timing needs the optional extra: {EXTRA_HINT}")
-    installed = version(PACKAGE)
+    installed = _installed_version()
     if installed != PACKAGE_VERSION:
         _fail(path, f"op-level timing is verified with {PACKAGE}=={PACKAGE_VERSION}, found "
                     f"{installed}: {EXTRA_HINT}")
     return aiconfigurator_core
+
+
+@functools.lru_cache(maxsize=None)
+def _installed_version() -> str:
+    from importlib.metadata import version
+    return version(PACKAGE)
 
 
 def available() -> bool:
@@ -90,27 +96,43 @@ def _package_dir(path: str = "timing_model") -> Path:
 
 def systems(systems_path: str | None = None) -> list[str]:
     """GPU systems of the installed database (those with perf data)."""
+    return list(_systems(systems_path))
+
+
+@functools.lru_cache(maxsize=None)
+def _systems(systems_path: str | None) -> tuple[str, ...]:
     root = Path(systems_path) if systems_path else _package_dir() / "systems"
     data = root / "data"
-    return sorted(p.stem for p in root.glob("*.yaml") if (data / p.stem).is_dir())
+    return tuple(sorted(p.stem for p in root.glob("*.yaml") if (data / p.stem).is_dir()))
 
 
 def models() -> list[str]:
     """Model ids the installed package has a bundled config for."""
+    return list(_models())
+
+
+@functools.lru_cache(maxsize=None)
+def _models() -> tuple[str, ...]:
     out = []
     for p in (_package_dir() / "model_configs").glob("*_config.json"):
         name = p.name[:-len("_config.json")]
         if name.endswith("_hf_quant"):
             continue
         out.append(name.replace("--", "/", 1))
-    return sorted(out)
+    return tuple(sorted(out))
 
 
 def backend_versions(system: str, backend: str, systems_path: str | None = None) -> dict:
     """The database's version slots for (system, backend), e.g. {'current': '0.24.0'}."""
+    return dict(_backend_versions(system, backend, systems_path))
+
+
+@functools.lru_cache(maxsize=None)
+def _backend_versions(system: str, backend: str, systems_path: str | None) -> tuple:
     _package()
     from aiconfigurator_core.sdk import perf_database
-    return dict(perf_database.get_version_slots(system, backend, systems_paths=systems_path) or {})
+    return tuple((perf_database.get_version_slots(system, backend, systems_paths=systems_path)
+                  or {}).items())
 
 
 def _closest(value: str, choices: list[str]) -> str:
