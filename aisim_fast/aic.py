@@ -280,12 +280,14 @@ def parse_config(raw: Any, path: str, *, backend: str, block_size: int, tp: int,
         listed = ", ".join(f"{v} ({k})" for k, v in slots.items())
         _fail(f"{path}.backend_version", f"{requested!r} is not in the database for "
                                          f"{cfg['system']}/{backend}; it has: {listed}")
-    return AicConfig(
+    config = AicConfig(
         model=cfg["model"], backend=backend, system=cfg["system"], backend_version=version,
         tp=cfg["tp"], pp=cfg.get("pp", 1), attention_dp=cfg.get("attention_dp", 1),
         moe_tp_size=cfg.get("moe_tp_size"), moe_ep_size=cfg.get("moe_ep_size"),
         **{k: cfg.get(k) for k in _DTYPE_FIELDS}, nextn=0, kv_block_size=cfg.get("kv_block_size"),
         memory_fraction_kind=kind, memory_fraction_value=fraction, systems_path=systems_path)
+    timing(config).check_buildable(path)
+    return config
 
 
 # ---------------------------------------------------------------------------------
@@ -457,6 +459,23 @@ class AicTiming:
     def _ensure(self) -> None:
         if self._engine is None:
             self._build()
+
+    def check_buildable(self, path: str) -> None:
+        """Fail now, naming the combination, if the package cannot build this config's
+        engine (a model the backend does not support, say), rather than in the run.
+        A config with values on disk was built before: nothing to do."""
+        if self._engine is not None or len(self.prefill_memo) or len(self.decode_memo):
+            return
+        try:
+            with self._lock:
+                self._ensure()
+        except AicError:
+            raise
+        except Exception as exc:  # the package's own errors are of many kinds
+            c = self.config
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            _fail(path, f"the database cannot time {c.model} on {c.system} with {c.backend} "
+                        f"{c.backend_version} (tp {c.tp}): {first}")
 
     # -- values ----------------------------------------------------------------
     def prefill(self, b: int, isl: int, prefix: int) -> tuple[float, tuple]:
@@ -636,8 +655,31 @@ def estimate_num_gpu_blocks(config: AicConfig, block_size: int, max_num_batched_
 LOCAL_TABLE_SLOTS = 4096  # per simulation and config: keys met in the run
 
 
+_FAILURES: dict[int, str] = {}  # timing id -> the first error a run's query met
+
+
 def _provide(timing_id: int, kind: int, b: int, x: int, y: int) -> float:
-    return _TIMINGS[timing_id].values(kind, b, x, y)
+    """A value for the kernels (in objmode). An exception cannot cross back into
+    compiled code: it is recorded (``take_failures``) and the pass gets 0 ms; the
+    driver then fails the simulations of that timing."""
+    try:
+        return _TIMINGS[timing_id].values(kind, b, x, y)
+    except Exception as exc:
+        phase = "prefill" if kind == aic_table.KIND_PREFILL else "decode"
+        key = (b, x, y) if kind == aic_table.KIND_PREFILL else (b, x)
+        _FAILURES.setdefault(timing_id, f"the AIC {phase} query {key} failed: "
+                                        f"{type(exc).__name__}: {exc}".splitlines()[0])
+        return 0.0
+
+
+def take_failures(configs) -> dict:
+    """{config: error} for the given configs whose queries failed since the last call."""
+    out = {}
+    for c in configs:
+        tid = _BY_CONFIG.get(c)
+        if tid is not None and tid in _FAILURES:
+            out[c] = _FAILURES.pop(tid)
+    return out
 
 
 aic_table.set_provider(_provide)

@@ -192,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--no-requests", action="store_true",
                        help="do not write the per-request dataset")
     sweep.add_argument("--quiet", action="store_true", help="no progress output")
+    _add_aic_flags(sweep)
     size = commands.add_parser(
         "size", help="find the fewest GPUs that meet an SLA at a trace's load",
         description="Size a base payload: the cheapest worker count (or prefill/decode split) "
@@ -299,7 +300,8 @@ def run_sweep_command(args) -> str:
     start_s = time.perf_counter()
     points = run_sweep(args.sweep_spec, args.out, jobs=args.jobs, scheduler=args.scheduler,
                        batch_size=args.batch_size, resume=args.resume, overwrite=args.overwrite,
-                       requests=not args.no_requests, quiet=args.quiet)
+                       requests=not args.no_requests, quiet=args.quiet,
+                       timing=_aic_flags(args) or None)
     counts = points["status"].value_counts().to_dict() if len(points) else {}
     by_status = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     return (f"{len(points)} points ({by_status}) in {time.perf_counter() - start_s:.1f} s\n"

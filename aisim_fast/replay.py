@@ -660,14 +660,20 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     res = _run_units_resized(units, pass_log_rows, record_passes, [s for s, _, _ in owner],
                              record_handoffs, DEFAULT_EVENT_ROWS if record_events or record_outputs else 0,
                              record_outputs, progress)
-    if any(rank.aic is not None for sim in sims for _, rank in _pools(sim, 0)):
-        from aisim_fast import aic
-        aic.save_all()  # the values met in this batch, for the next run
     parts: list[list[int]] = [[] for _ in sims]
     for u, (s, _, _) in enumerate(owner):
         parts[s].append(u)
         if res.status[u] != STATUS_OK and status[s] == STATUS_OK:
             status[s], error[s] = res.status[u], res.error[u]
+    aic_configs = {rank.aic for sim in sims for _, rank in _pools(sim, 0) if rank.aic is not None}
+    if aic_configs:
+        from aisim_fast import aic
+        aic.save_all()  # the values met in this batch, for the next run
+        failed_timing = aic.take_failures(aic_configs)
+        for s, sim in enumerate(sims):
+            bad = [failed_timing[r.aic] for _, r in _pools(sim, 0) if r.aic in failed_timing]
+            if bad and status[s] == STATUS_OK:
+                status[s], error[s] = STATUS_REJECTED_CONFIG, f"simulation {s}: timing: {bad[0]}"
 
     with _small_pages():
         stat, hist = sketch.token_stats_new(n_sims)

@@ -96,6 +96,9 @@ class Sweep:
     batch_size: int
     digest: str                   # identity of what the sweep computes (resume check)
     source: dict = field(default_factory=dict)  # the spec, paths resolved (manifest)
+    # op-level timing given for every point (the CLI's --model/--system/--tp); a
+    # point's model/system/tp shortcuts override it
+    timing: dict = field(default_factory=dict)
     # per point: (trace path, trace block size, arrival ratio, disaggregated), from the
     # validation's parse; points with equal workload keys share a batch
     workload_keys: tuple = ()
@@ -104,7 +107,7 @@ class Sweep:
         """Point i's execution payload and trace override."""
         payload = copy.deepcopy(self.base_payload)
         trace = self.base_trace
-        timing = {}
+        timing = dict(self.timing)
         for column, value in self.points[i].items():
             if column == TRACE_COLUMN:
                 trace = value
@@ -193,11 +196,13 @@ def _random_axis(path: str, rule: Any, rng: np.random.Generator, n: int) -> list
     return [float(v) for v in rng.uniform(lo, hi, n)]
 
 
-def load_sweep(spec: str | Path | dict, base_dir: str | Path | None = None) -> Sweep:
+def load_sweep(spec: str | Path | dict, base_dir: str | Path | None = None,
+               timing: dict | None = None) -> Sweep:
     """Read and validate a sweep spec (a YAML / JSON file, or its dict with relative
     paths resolved against ``base_dir``, default the working folder). Every point's
     payload is parsed here: an invalid one fails before any work, naming the point and
-    its parameters."""
+    its parameters. ``timing`` ({model, system, tp, backend_version}, any of them)
+    retimes the base's pools with op-level timing (``config.set_aic_timing``)."""
     if isinstance(spec, (str, Path)):
         path = Path(spec)
         raw = _read_spec_file(path)
@@ -317,8 +322,12 @@ def load_sweep(spec: str | Path | dict, base_dir: str | Path | None = None) -> S
         base_payload = copy.deepcopy(base_payload)
         base_payload.setdefault("spec", {})["sla"] = bounds
 
+    timing = {k: v for k, v in (timing or {}).items() if v is not None}
+    for key in timing:
+        if key not in (*AIC_COLUMNS, "backend_version"):
+            raise SweepError(f"timing.{key}: unknown; allowed: model, system, tp, backend_version")
     sweep = Sweep(base_payload, base_dir_, base_trace, tuple(all_columns), points,
-                  percentile, batch_size, "", {})
+                  percentile, batch_size, "", {}, timing)
     keys = []
     for i in range(len(points)):
         try:
@@ -331,10 +340,10 @@ def load_sweep(spec: str | Path | dict, base_dir: str | Path | None = None) -> S
             raise SweepError(f"point {i} ({described}): {exc}") from None
     source = {"base": {"spec": base_payload, "base_dir": base_dir_, "trace": base_trace},
               "columns": list(all_columns), "points": [dict(p) for p in points],
-              "sla_percentile": percentile}
+              "sla_percentile": percentile, "timing": timing}
     digest = hashlib.sha256(json.dumps(source, sort_keys=True, default=str).encode()).hexdigest()
     return Sweep(base_payload, base_dir_, base_trace, tuple(all_columns), points, percentile,
-                 batch_size, digest, source, tuple(keys))
+                 batch_size, digest, source, timing, tuple(keys))
 
 
 # ---------------------------------------------------------------------------------
@@ -561,14 +570,16 @@ def _collect_points(out: Path, sweep: Sweep) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------
 def run_sweep(spec, out: str | Path | None = None, *, jobs: int = 1, scheduler=None,
               batch_size: int | None = None, resume: bool = False, overwrite: bool = False,
-              requests: bool = True, quiet: bool = False, base_dir=None) -> pd.DataFrame:
+              requests: bool = True, quiet: bool = False, base_dir=None,
+              timing: dict | None = None) -> pd.DataFrame:
     """Run a sweep (a spec file, its dict, or a ``Sweep``) and return one row per point.
 
     ``out``: write the folder described in the module doc (None: keep results in memory
     only). ``jobs`` > 1: local worker processes, one kernel thread each; ``scheduler``:
     a Dask scheduler address or ``distributed.Client``. ``resume``: run only the points
-    ``out`` does not hold yet. ``requests`` False: no per-request dataset."""
-    sweep = spec if isinstance(spec, Sweep) else load_sweep(spec, base_dir)
+    ``out`` does not hold yet. ``requests`` False: no per-request dataset. ``timing``:
+    op-level timing of the base (``load_sweep``)."""
+    sweep = spec if isinstance(spec, Sweep) else load_sweep(spec, base_dir, timing)
     size = batch_size or sweep.batch_size
     out_path = Path(out) if out is not None else None
     done = _prepare_out(out_path, sweep, resume, overwrite) if out_path is not None else set()

@@ -275,3 +275,55 @@ def test_cli_replay_flags_and_listings(tmp_path, capsys):
     assert "h200_sxm" in capsys.readouterr().out
     assert main(["models", "--grep", "llama-3.1-8b"]) == 0
     assert capsys.readouterr().out.split() == ["meta-llama/Meta-Llama-3.1-8B"]
+
+
+def test_a_failing_query_fails_its_simulations_only(monkeypatch):
+    """An exception in the package while the kernels run cannot cross objmode: it is
+    recorded, and the simulations of that timing are reported failed with it; the
+    others in the batch are unaffected."""
+    bad, good = "1k_vllm_agg2_aic_qwen30b_a3b", "1k_vllm_agg2_aic"
+    target = setup_of(bad).rank.aic
+    t = aic.timing(target)
+    t.prefill_memo.clear()
+    t.decode_memo.clear()
+    real = aic.AicTiming.values
+
+    def values(self, kind, b, x, y):
+        if self.config == target and kind == 1:
+            raise RuntimeError("no data for this shape")
+        return real(self, kind, b, x, y)
+
+    monkeypatch.setattr(aic.AicTiming, "values", values)
+    res = run_batch([simulation_from_setup(setup_of(c)) for c in (bad, good)])
+    assert res.status[0] == "rejected_config"
+    assert "AIC decode query" in res.error[0] and "no data for this shape" in res.error[0]
+    assert res.status[1] == "ok"
+    np.testing.assert_array_equal(res.requests[1]["completion_ms"].to_numpy(),
+                                  run(good)[1]["completion_ms"].to_numpy())
+
+
+def test_an_engine_the_package_cannot_build_fails_at_parse(tmp_path, monkeypatch):
+    monkeypatch.setenv("AISIM_FAST_CACHE_DIR", str(tmp_path))
+    t = aic.AicTiming(_config(model="Qwen/Qwen3-8B", system="h100_sxm"))
+
+    def unbuildable(self):
+        raise ValueError("unsupported architecture\nlong traceback text")
+
+    monkeypatch.setattr(aic.AicTiming, "_build", unbuildable)
+    with pytest.raises(aic.AicError, match=r"^cfg: the database cannot time Qwen/Qwen3-8B on h100_sxm "
+                                           r"with vllm 0\.24\.0 \(tp 1\): unsupported architecture$"):
+        t.check_buildable("cfg")
+
+
+def test_sweep_timing_flags_are_defaults_the_shortcuts_override():
+    from aisim_fast.sweeps import SweepError, load_sweep
+
+    spec = {"base": {"spec": str(TESTS_DIR / "data" / "golden" / "1k_vllm_agg2.spec.json"),
+                     "trace": str(TRACE)}, "system": ["h100_sxm", "h200_sxm"]}
+    sweep = load_sweep(spec, timing={"model": "Qwen/Qwen3-8B", "system": "b200_sxm"})
+    systems = [sweep.payload(i)[0]["spec"]["engine"]["rank"]["timing_model"]["config"]["system"]
+               for i in range(2)]
+    assert systems == ["h100_sxm", "h200_sxm"]
+    assert sweep.digest != load_sweep(spec, timing={"model": "Qwen/Qwen3-32B"}).digest
+    with pytest.raises(SweepError, match="timing.gpu: unknown"):
+        load_sweep(spec, timing={"gpu": "h100"})
