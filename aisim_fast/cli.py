@@ -25,6 +25,7 @@ nothing is written.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import signal
@@ -43,6 +44,7 @@ from aisim_fast.config import (
     ReplaySetup,
     check_disaggregated_pair,
     parse_payload,
+    parse_placement,
     parse_rank,
     set_aic_timing,
 )
@@ -52,6 +54,7 @@ from aisim_fast.output import (
     kv_capacity,
     prediction_provenance,
     requests_in_uuid_order,
+    routing_summary,
     summarize_replay,
     write_run,
 )
@@ -83,7 +86,8 @@ NO_SPEC_FLAGS = (("backend", "--backend"), ("workers", "--workers"),
                  ("engine_args", "--engine-args"), ("concurrency", "--concurrency"),
                  ("trace_block_size", "--trace-block-size"),
                  ("arrival_speedup_ratio", "--arrival-speedup-ratio"),
-                 ("placement", "--placement"), ("placement_seed", "--placement-seed")) + DISAGG_FLAGS
+                 ("placement", "--placement"), ("placement_seed", "--placement-seed"),
+                 ("router_json", "--router-json")) + DISAGG_FLAGS
 DEFAULT_TRACE_BLOCK_SIZE = 512
 DEFAULT_ARRIVAL_SPEEDUP_RATIO = 1.0
 
@@ -141,7 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="worker placement (default round_robin, the reference's; random: "
                              "uniform from a seeded generator)")
     replay.add_argument("--placement-seed", type=int, metavar="N",
-                        help="seed of --placement random (default 0)")
+                        help="seed of --placement random or kv_router (ties, sampling; default 0)")
+    replay.add_argument("--router-json", metavar="JSON",
+                        help="kv_router knobs: overlap_score_credit, prefill_load_scale, "
+                             "router_temperature, pin_to_trace_worker (Dynamo's names)")
     _add_aic_flags(replay)
     replay.add_argument("--out", required=True, metavar="DIR", help="output folder")
     replay.add_argument("--overwrite", action="store_true",
@@ -460,14 +467,26 @@ def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
     trace = args.trace if args.trace is not None else args.trace_flag
     default_trace = trace is None
     trace_path = str(default_trace_path() if default_trace else Path(trace))
-    if args.placement_seed is not None and args.placement != "random":
-        raise UsageError("--placement-seed needs --placement random")
+    if args.placement_seed is not None and args.placement not in ("random", "kv_router"):
+        raise UsageError("--placement-seed needs --placement random or kv_router")
+    if args.router_json is not None and args.placement != "kv_router":
+        raise UsageError("--router-json needs --placement kv_router")
     if args.placement_seed is not None and not 0 <= args.placement_seed < 2 ** 63:
         raise ConfigError(f"--placement-seed: must be an integer in [0, 2**63), got {args.placement_seed}")
+    router = None
+    if args.placement == "kv_router":
+        try:
+            knobs = json.loads(args.router_json) if args.router_json is not None else {}
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--router-json: not valid JSON ({exc})") from None
+        if not isinstance(knobs, dict) or "seed" in knobs:
+            raise ConfigError("--router-json: must be a JSON object of router knobs (the seed is "
+                              "--placement-seed)")
+        _, _, router = parse_placement({"provider": "kv_router", "config": knobs}, "--router-json")
     setup = ReplaySetup(trace_path=trace_path, trace_block_size=block_tokens,
                         arrival_speedup_ratio=ratio, concurrency=concurrency, sla={},
                         placement=args.placement or "round_robin",
-                        placement_seed=args.placement_seed or 0, **topology)
+                        placement_seed=args.placement_seed or 0, router=router, **topology)
     return setup, 1, {"mode": "flags", "default_trace": default_trace}
 
 
@@ -500,8 +519,7 @@ def _setup_from_flag_payload(args, disaggregated: bool) -> tuple[ReplaySetup, in
             b["rank"].pop("num_gpu_blocks", None)
     payload = {"spec": {"topology": topology, "engine": engine,
                         "adapters": {"placement": {"provider": setup.placement,
-                                                   "config": {"seed": setup.placement_seed}
-                                                   if setup.placement == "random" else None}}},
+                                                   "config": _placement_config(setup)}}},
                "traffic": {"trace_path": setup.trace_path, "trace_block_size": setup.trace_block_size,
                            "arrival_speedup_ratio": setup.arrival_speedup_ratio,
                            **({"load_type": "concurrency", "replay_concurrency": setup.concurrency}
@@ -509,6 +527,14 @@ def _setup_from_flag_payload(args, disaggregated: bool) -> tuple[ReplaySetup, in
     payload = set_aic_timing(payload, **_aic_flags(args), where="--")
     setup = parse_payload(payload, ".", None)
     return setup, setup.tensor_parallel_size, source
+
+
+def _placement_config(setup: ReplaySetup) -> dict | None:
+    if setup.placement == "random":
+        return {"seed": setup.placement_seed}
+    if setup.placement == "kv_router":
+        return {"seed": setup.placement_seed, **dataclasses.asdict(setup.router)}
+    return None
 
 
 def _load_trace(setup: ReplaySetup, max_rows: int | None = None):
@@ -591,6 +617,9 @@ def run_replay(args) -> dict:
         **setup.to_json(),
         "trace_path": str(Path(setup.trace_path).resolve()),
     }
+    if setup.placement == "kv_router":
+        routing = result.routing[0]
+        summary.update(routing_summary(routing))
     summary["prediction_provenance"] = prediction_provenance(setup)
     summary["kv_capacity"] = kv_capacity(setup)
     passes = None
@@ -608,6 +637,8 @@ def run_replay(args) -> dict:
         events.update(kv_events=result.kv_events[0], engine_events=result.engine_events[0])
     if args.output_events:
         events["output_events"] = result.output_events[0]
+    if setup.placement == "kv_router":
+        events["routing"] = routing
     written = write_run(args.out, requests, passes, summary, resolved, overwrite=args.overwrite,
                         events=events)
     return {"setup": setup, "summary": summary, "requests": requests, "written": written,

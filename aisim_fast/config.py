@@ -23,8 +23,8 @@ TIMING_PROVIDERS = ("aic",)  # external providers (the reference's only one)
 PREEMPTION_MODES = ("lifo", "fifo")
 TRANSFER_MODES = ("full_prompt", "destination_missing")
 WORKER_TYPES = ("aggregated", "prefill", "decode")
-# placement providers (kernels.placement); the reference has round_robin only
-PLACEMENTS = ("round_robin", "random")
+# placement providers (kernels.placement, kernels.kv_router); the reference has round_robin only
+PLACEMENTS = ("round_robin", "random", "kv_router")
 
 
 class ConfigError(ValueError):
@@ -225,6 +225,19 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1) -> 
 
 
 @dataclass(frozen=True)
+class RouterConfig:
+    """Knobs of the ``kv_router`` placement (Dynamo's names and defaults)."""
+    overlap_score_credit: float = 1.0
+    prefill_load_scale: float = 1.0
+    router_temperature: float = 0.0
+    pin_to_trace_worker: bool = False  # place on each trace row's ``worker``; costs still logged
+
+
+ROUTER_KEYS = ("overlap_score_credit", "prefill_load_scale", "router_temperature", "seed",
+               "pin_to_trace_worker")
+
+
+@dataclass(frozen=True)
 class ReplaySetup:
     """One replay: topology, rank config, and the traffic to drive it."""
     rank: RankConfig
@@ -242,7 +255,8 @@ class ReplaySetup:
     prefill_tensor_parallel_size: int = 1
     handoff_latency_ms: float = 0.0      # transfer delay when the timing model is incomplete
     placement: str = "round_robin"       # one of PLACEMENTS
-    placement_seed: int = 0              # generator seed of the random placement
+    placement_seed: int = 0              # generator seed of the random placement / router ties
+    router: RouterConfig | None = None   # placement kv_router
 
     @property
     def disaggregated(self) -> bool:
@@ -319,7 +333,10 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
                                       topo.get("handoff_latency_ms", 0.0)),
         )
     adapters = _obj("spec.adapters", spec.get("adapters"))
-    placement, placement_seed = parse_placement(adapters.get("placement"), "spec.adapters.placement")
+    placement, placement_seed, router = parse_placement(adapters.get("placement"), "spec.adapters.placement")
+    if router is not None and kind != "aggregated":
+        _fail("spec.adapters.placement.provider", "kv_router is simulated for aggregated topologies "
+                                                  "only so far; use round_robin or random")
     if spec.get("max_sim_time_ms") is not None:
         _fail("spec.max_sim_time_ms", "a simulated-time cap is not supported yet; use null")
     if spec.get("requests"):
@@ -364,25 +381,40 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         tensor_parallel_size=tp,
         placement=placement,
         placement_seed=placement_seed,
+        router=router,
         **disagg,
     )
 
 
-def parse_placement(raw: Any, path: str) -> tuple[str, int]:
-    """``{"provider": "round_robin" | "random", "config": {"seed": N}}`` (absent =
-    round robin) -> (provider, seed)."""
+def parse_placement(raw: Any, path: str) -> tuple[str, int, RouterConfig | None]:
+    """``{"provider": "round_robin" | "random" | "kv_router", "config": {...}}`` (absent =
+    round robin) -> (provider, seed, router knobs of kv_router)."""
     placement = _obj(path, raw)
     for key in placement:
         if key not in ("provider", "config"):
             _fail(f"{path}.{key}", "unknown field; allowed: config, provider")
     provider = _choice(f"{path}.provider", placement.get("provider", "round_robin"), PLACEMENTS)
     config = _obj(f"{path}.config", placement.get("config"))
-    allowed = ("seed",) if provider == "random" else ()
+    allowed = {"random": ("seed",), "kv_router": ROUTER_KEYS}.get(provider, ())
     for key in config:
         if key not in allowed:
             _fail(f"{path}.config.{key}", f"unknown field for placement {provider!r}; allowed: "
                                           + (", ".join(allowed) or "none"))
-    return provider, _int(f"{path}.config.seed", config.get("seed", 0), 0)
+    seed = _int(f"{path}.config.seed", config.get("seed", 0), 0)
+    if seed >= 2 ** 63:
+        _fail(f"{path}.config.seed", f"must be below 2**63, got {seed}")
+    router = None
+    if provider == "kv_router":
+        router = RouterConfig(
+            overlap_score_credit=_float(f"{path}.config.overlap_score_credit",
+                                        config.get("overlap_score_credit", 1.0)),
+            prefill_load_scale=_float(f"{path}.config.prefill_load_scale",
+                                      config.get("prefill_load_scale", 1.0)),
+            router_temperature=_float(f"{path}.config.router_temperature",
+                                      config.get("router_temperature", 0.0)),
+            pin_to_trace_worker=_bool(f"{path}.config.pin_to_trace_worker",
+                                      config.get("pin_to_trace_worker", False)))
+    return provider, seed, router
 
 
 def check_rank(rank: RankConfig, path: str = "rank") -> None:

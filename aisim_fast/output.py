@@ -39,9 +39,10 @@ SUMMARY_FILE = "summary.json"
 KV_EVENTS_FILE = "kv_events.parquet"
 ENGINE_EVENTS_FILE = "engine_events.parquet"
 OUTPUT_EVENTS_FILE = "output_events.parquet"
+ROUTING_FILE = "routing.parquet"
 # the optional event tables of a run: result key -> file
 EVENT_FILES = {"kv_events": KV_EVENTS_FILE, "engine_events": ENGINE_EVENTS_FILE,
-               "output_events": OUTPUT_EVENTS_FILE}
+               "output_events": OUTPUT_EVENTS_FILE, "routing": ROUTING_FILE}
 RUN_FILES = (REQUESTS_FILE, PASSES_FILE, SUMMARY_FILE, *EVENT_FILES.values())
 
 META_VERSION_KEY = "aisim_fast.version"
@@ -189,6 +190,19 @@ def prediction_provenance(setup) -> dict:
                                                              "not use performance data"),
                          "estimator": rank.timing_model, "timing_source": kind}
     return out
+
+
+def routing_summary(routing: pd.DataFrame) -> dict:
+    """Routing figures of a kv_router run (flat, so sweeps can keep them as columns):
+    decisions, decisions where several workers shared the lowest cost, the chosen
+    workers' mean overlap and the mean overlap regret (best offered - chosen), blocks."""
+    n = len(routing)
+    chosen = routing["overlap_blocks"].to_numpy(np.float64)
+    best = routing["best_overlap_blocks"].to_numpy(np.float64)
+    return {"routing_decisions": n,
+            "routing_tied_decisions": int((routing["tied"].to_numpy() > 1).sum()),
+            "routing_mean_overlap_blocks": float(chosen.mean()) if n else 0.0,
+            "routing_mean_overlap_regret_blocks": float((best - chosen).mean()) if n else 0.0}
 
 
 def kv_capacity(setup) -> dict:

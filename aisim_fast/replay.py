@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from aisim_fast.config import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, check_disaggregated_pair,
+from aisim_fast.config import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, RouterConfig, check_disaggregated_pair,
                                check_rank)
 from aisim_fast.kernels import compile_notice
 from aisim_fast.kernels import layout as L
@@ -66,8 +66,9 @@ class Simulation:
     prefill_rank: RankConfig | None = None
     prefill_workers: int = 0
     handoff_latency_ms: float = 0.0
-    placement: str = "round_robin"   # config.PLACEMENTS (kernels.placement)
+    placement: str = "round_robin"   # config.PLACEMENTS (kernels.placement, kernels.kv_router)
     placement_seed: int = 0
+    router: RouterConfig | None = None  # kv_router knobs (None: the defaults)
     # per-worker running/waiting queue slots; None = sized for the placement (a run
     # that overflows them is rerun with room for every request)
     queue_slots: int | None = None
@@ -101,6 +102,8 @@ class BatchResult:
     engine_events: Sequence[pd.DataFrame] = ()
     # one frame per simulation, one row per output token (record_outputs=True)
     output_events: Sequence[pd.DataFrame] = ()
+    # one frame per simulation, one row per kv_router decision (empty for other placements)
+    routing: Sequence[pd.DataFrame] = ()
 
     def check(self) -> "BatchResult":
         """Raise SimulationError for the first simulation that did not finish."""
@@ -117,7 +120,11 @@ def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) 
     return Simulation(workload, setup.rank, setup.workers, setup.concurrency,
                       prefill_rank=setup.prefill_rank, prefill_workers=setup.prefill_workers,
                       handoff_latency_ms=setup.handoff_latency_ms, placement=setup.placement,
-                      placement_seed=setup.placement_seed)
+                      placement_seed=setup.placement_seed, router=setup.router)
+
+
+def _router(sim: Simulation) -> RouterConfig:
+    return sim.router if sim.router is not None else RouterConfig()
 
 
 def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
@@ -139,6 +146,19 @@ def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
         raise ConfigError(f"placement: must be one of {', '.join(PLACEMENTS)}; got {sim.placement!r}")
     if not 0 <= sim.placement_seed < 2 ** 63:
         raise ConfigError(f"placement_seed: must be in [0, 2**63), got {sim.placement_seed!r}")
+    if sim.placement == "kv_router":
+        if sim.disaggregated:
+            raise ConfigError("placement: kv_router is simulated for aggregated topologies only so far")
+        if _router(sim).pin_to_trace_worker:
+            worker = sim.workload.worker
+            missing = np.flatnonzero(worker < 0) if worker is not None else np.arange(sim.workload.num_requests)
+            if len(missing):
+                raise ConfigError(f"{sim.workload.path}, line {int(sim.workload.line_no[missing[0]])}: "
+                                  f"pin_to_trace_worker needs an integer \"worker\" on every row")
+            if worker.max() >= sim.workers:
+                row = int(np.argmax(worker))
+                raise ConfigError(f"{sim.workload.path}, line {int(sim.workload.line_no[row])}: worker "
+                                  f"{int(worker[row])} is not in the pool of {sim.workers} workers")
     if sim.queue_slots is not None and sim.queue_slots < 1:
         raise ConfigError(f"queue_slots: must be >= 1 or None, got {sim.queue_slots!r}")
     if sim.arena_blocks is not None and sim.arena_blocks < 1:
@@ -210,6 +230,8 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
     out = _effective_max_output(sim)
     blocks = -(-(wl.input_len + out) // bs)
     rq_i = _unplaced_rows(wl, table_rows[(id(wl), bs)], out, blocks)
+    if sim.placement == "kv_router" and wl.worker is not None:
+        rq_i[:, L.RQ_PIN_WORKER] = wl.worker
     rq_f = L.REQUEST_F.new(n)
     rq_f[:, L.RQF_DELAY_MS] = wl.delay_ms
     rq_f[:, L.RQF_START_MS] = wl.start_ms
@@ -410,9 +432,28 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     wk_i[:, L.WK_WAIT_OFF] = np.concatenate([[0], np.cumsum(wait_cap)[:-1]])
     wk_i[:, L.WK_WAIT_CAP] = wait_cap
     wk_i[:, L.WK_RUN_CAP] = run_cap
+    routed = [s for s, sim in enumerate(sims) if sim.placement == "kv_router"]
+    router_state = {}
+    if routed:
+        # per worker of a routed simulation, a multiset of its active prompt blocks:
+        # room for every distinct complete prompt block of the trace, twice over
+        rt_slots = np.zeros(n_w, np.int64)
+        for s in routed:
+            sim = sims[s]
+            ws = slice(int(w_off[s]), int(w_off[s] + w_len[s]))
+            rt_slots[ws] = _pow2_at_least(2 * distinct_prompt_blocks[(id(sim.workload), sim.rank.block_size)] + 16)
+            router = _router(sim)
+            cfg_f[ws, L.CFGF_ROUTER_CREDIT] = router.overlap_score_credit
+            cfg_f[ws, L.CFGF_ROUTER_LOAD_SCALE] = router.prefill_load_scale
+            cfg_f[ws, L.CFGF_ROUTER_TEMPERATURE] = router.router_temperature
+            cfg_i[ws, L.CFG_ROUTER_PIN] = router.pin_to_trace_worker
+        wk_i[:, L.WK_RT_OFF] = np.concatenate([[0], np.cumsum(rt_slots)[:-1]])
+        wk_i[:, L.WK_RT_MASK] = rt_slots - 1
+        router_state = dict(rt_key=np.zeros(int(rt_slots.sum()), np.uint64),
+                            rt_count=np.full(int(rt_slots.sum()), -1, np.int32))
     wk = L.Workers(i64=wk_i, pass_end_ms=np.zeros(n_w),
                    run_q=np.zeros(int(run_cap.sum()), np.int64),
-                   wait_q=np.zeros(int(wait_cap.sum()), np.int64))
+                   wait_q=np.zeros(int(wait_cap.sum()), np.int64), **router_state)
     sm_i[:, L.SM_Q_OFF] = q_off
     sm_i[:, L.SM_Q_LEN] = q_len
     sm_i[:, L.SM_W_OFF] = w_off
@@ -430,6 +471,10 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         token_stat=token_stat, token_hist=token_hist,
         pass_log=np.zeros((n_sims, pass_log_rows, L.PL_NUM_COLUMNS)),
         hlog=np.zeros((n_sims, _handoff_log_rows(sims) if record_handoffs else 0, L.HL_NUM_COLUMNS)),
+        # one decision per request of a routed simulation
+        **(dict(rt_log=np.zeros((n_sims, int(q_len[routed].max()), L.RL_NUM_COLUMNS)),
+                rt_costs=np.zeros((n_sims, int(q_len[routed].max()), int(w_len[routed].max()))))
+           if routed else {}),
     )
     max_lease = max([t.max_lease_blocks for t in templates.values()], default=1)
     max_bs = int(cfg_i[:, L.CFG_BLOCK_SIZE].max())
@@ -515,6 +560,29 @@ def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConf
     cfg_f[ws, L.CFGF_KV_BYTES_PER_TOKEN] = (np.nan if rank.kv_transfer_bytes_per_token is None
                                             else rank.kv_transfer_bytes_per_token)
     cfg_f[ws, L.CFGF_HANDOFF_LATENCY_MS] = handoff_latency_ms
+
+
+ROUTING_COLUMNS = ("request_id", "turn_index", "worker", "cost", "costs", "overlap_blocks",
+                   "best_overlap_blocks", "tied", "time_ms")
+
+
+def _routing_frame(sim: Simulation, log: np.ndarray, costs: np.ndarray) -> pd.DataFrame:
+    """One row per kv_router decision: the request, the chosen worker, its cost and
+    every worker's, its overlap and the best any worker offered, and how many workers
+    shared the lowest cost."""
+    rows = log[:, L.RL_REQUEST].astype(np.int64)
+    wl = sim.workload
+    return pd.DataFrame({
+        "request_id": wl.request_name[rows].astype(str) if len(rows) else np.zeros(0, str),
+        "turn_index": wl.turn_index[rows].astype(np.int64),
+        "worker": log[:, L.RL_WORKER].astype(np.int64),
+        "cost": log[:, L.RL_COST],
+        "costs": [list(r) for r in costs],
+        "overlap_blocks": log[:, L.RL_OVERLAP].astype(np.int64),
+        "best_overlap_blocks": log[:, L.RL_BEST_OVERLAP].astype(np.int64),
+        "tied": log[:, L.RL_TIED].astype(np.int64),
+        "time_ms": log[:, L.RL_TIME_MS],
+    }, columns=list(ROUTING_COLUMNS))
 
 
 def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
@@ -748,13 +816,18 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         failed(s)
         return res.output_events[parts[s][0]]
 
+    def routing(s):
+        failed(s)
+        return res.routing[parts[s][0]]  # routed simulations are never split
+
     end_ms = np.array([res.end_ms[parts[s]].max() if parts[s] else np.nan for s in range(n_sims)])
     leftovers = [_merge_leftovers([res.leftovers[u] for u in parts[s]]) if parts[s] else {}
                  for s in range(n_sims)]
     return BatchResult(_LazyFrames(n_sims, requests), _LazyFrames(n_sims, passes),
                        stat, hist, res.kernel_calls, end_ms, _LazyFrames(n_sims, handoffs),
                        leftovers, status, error, _LazyFrames(n_sims, kv_events),
-                       _LazyFrames(n_sims, engine_events), _LazyFrames(n_sims, output_events))
+                       _LazyFrames(n_sims, engine_events), _LazyFrames(n_sims, output_events),
+                       _LazyFrames(n_sims, routing))
 
 
 def _worker_shards(sim: Simulation):
@@ -801,6 +874,7 @@ class _UnitResults:
     kv_events: Sequence
     engine_events: Sequence
     output_events: Sequence
+    routing: Sequence
     sources: list         # per unit: (the BatchRun that ran it, its index there)
     leftovers: list
     token_stat: np.ndarray
@@ -857,6 +931,7 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
         handoffs=pick(res.handoffs, again.handoffs), kv_events=pick(res.kv_events, again.kv_events),
         engine_events=pick(res.engine_events, again.engine_events),
         output_events=pick(res.output_events, again.output_events),
+        routing=pick(res.routing, again.routing),
         kernel_calls=res.kernel_calls + again.kernel_calls)
 
 
@@ -867,7 +942,7 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
     if not sims:
         with _small_pages():
             stat, hist = sketch.token_stats_new(0)
-        return _UnitResults([], [], [], [], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
+        return _UnitResults([], [], [], [], [], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
     run = BatchRun(sims, pass_log_rows, record_passes, record_handoffs, event_rows, log_outputs,
                    sim_names=sim_names)
     if progress is None:
@@ -880,7 +955,8 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
     return _UnitResults(status, list(run.error), _LazyFrames(n, run.requests),
                         _LazyFrames(n, run.passes), _LazyFrames(n, run.handoffs),
                         _LazyFrames(n, run.kv_events), _LazyFrames(n, run.engine_events),
-                        _LazyFrames(n, run.output_events), [(run, s) for s in range(n)],
+                        _LazyFrames(n, run.output_events), _LazyFrames(n, run.routing),
+                        [(run, s) for s in range(n)],
                         [run.leftovers(s) for s in range(n)], st.token_stat, st.token_hist,
                         st.now_ms.copy(), run.kernel_calls)
 
@@ -1010,6 +1086,9 @@ class BatchRun:
         if not self.growable:
             raise ValueError("add_requests needs a BatchRun made with growable=True")
         sim = self.sims[s]
+        if sim.placement == "kv_router":
+            raise ValueError("add_requests does not grow a kv_router simulation yet (its router "
+                             "state is sized for the trace it started with)")
         code = int(self.state.st.i64[s, L.SM_STATUS])
         if code not in (L.SIM_RUNNING, L.SIM_PAUSED, L.SIM_DONE):
             raise SimulationError(f"simulation {self.sim_names[s]} is {L.SIM_STATUS_NAMES[code]}: "
@@ -1093,6 +1172,13 @@ class BatchRun:
     def handoffs(self, s: int) -> pd.DataFrame:
         st = self.state.st
         return _handoff_frame(self.sims[s], st.hlog[s, :st.i64[s, L.SM_HLOG_LEN]])
+
+    def routing(self, s: int) -> pd.DataFrame:
+        """The kv_router decisions of simulation s so far, in decision order."""
+        st = self.state.st
+        n = int(st.i64[s, L.SM_RT_LOG_LEN])
+        return _routing_frame(self.sims[s], st.rt_log[s, :n] if n else np.zeros((0, L.RL_NUM_COLUMNS)),
+                              st.rt_costs[s, :n, :self.sims[s].workers] if n else np.zeros((0, 0)))
 
     def kv_events(self, s: int) -> pd.DataFrame:
         return _kv_event_frame(_event_rows(self._event_chunks[s]), int(self.state.st.i64[s, L.SM_W_OFF]))

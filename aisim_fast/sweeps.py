@@ -377,7 +377,7 @@ def run_points(tasks: list, threads: int = 1, with_requests: bool = True) -> lis
     Returns [(point id, summary row, requests frame or None)]; the task of a local worker
     process or a Dask worker, and of the sweep's own process."""
     from aisim_fast.kernels.event_loop import set_kernel_threads
-    from aisim_fast.output import requests_in_uuid_order, summarize_replay
+    from aisim_fast.output import requests_in_uuid_order, routing_summary, summarize_replay
     from aisim_fast.replay import STATUS_OK, run_batch, simulation_from_setup
     from aisim_fast.workload import TraceError
 
@@ -403,6 +403,8 @@ def run_points(tasks: list, threads: int = 1, with_requests: bool = True) -> lis
             summary = summarize_replay(setup, requests, result.token_stat[s], result.token_hist[s],
                                        end_ms=float(result.end_ms[s]))
             row.update(summary)
+            if setup.placement == "kv_router":
+                row.update(routing_summary(result.routing[s]))
             row["output_throughput_per_gpu_tok_s"] = summary["output_throughput_tok_s"] / row["gpus"]
         out.append((point, row, requests if with_requests else None))
     out.sort(key=lambda o: o[0])

@@ -91,6 +91,9 @@ class Workload(NamedTuple):
     hash_indptr: np.ndarray  # int64[q + 1]
     hash_ids: np.ndarray  # uint32[nnz], interned (first distinct id in the file -> 0)
     order: np.ndarray  # int64[n_sessions], turn-0 rows stably sorted by start_ms
+    # int64[q], the row's optional integer "worker" (a recorded routing decision), -1
+    # where absent; None when no row has one
+    worker: np.ndarray | None = None
 
     @property
     def num_requests(self) -> int:
@@ -286,6 +289,7 @@ def load_mooncake(
     output_lens: list[int] = []
     hash_counts: list[int] = []
     flat_hashes: list[int] = []
+    workers: list[int] = []
 
     session_of: dict[str, int] = {}
     session_turns: list[int] = []  # turns seen so far, per session
@@ -321,6 +325,9 @@ def load_mooncake(
                         f"{len(hashes)} ids x trace_block_size {block} = {capacity} tokens"
                     )
 
+            worker = obj.get("worker", -1)
+            if worker != -1 and (isinstance(worker, bool) or not isinstance(worker, int) or worker < 0):
+                raise _RowError(f'"worker" must be an integer >= 0 (a worker index), got {_show(worker)}')
             key, v = _field(obj, "output_length", "output_tokens")
             if v is None:
                 raise _RowError('missing required field "output_length" (or "output_tokens")')
@@ -395,6 +402,7 @@ def load_mooncake(
         output_lens.append(output_len)
         hash_counts.append(len(hashes))
         flat_hashes.extend(hashes)
+        workers.append(worker)
 
     if not line_nos:
         raise TraceError(path_str, None, "no requests (the file is empty or has only blank lines)")
@@ -439,6 +447,7 @@ def load_mooncake(
         hash_indptr=hash_indptr,
         hash_ids=_intern(flat_hashes),
         order=order,
+        worker=np.array(workers, np.int64) if any(w >= 0 for w in workers) else None,
     )
 
 
@@ -525,7 +534,8 @@ def select_rows(w: Workload, rows) -> Workload:
         session=session.astype(w.session.dtype), turn_index=turn, start_ms=start_ms,
         delay_ms=w.delay_ms[rows], input_len=w.input_len[rows], output_len=w.output_len[rows],
         hash_indptr=indptr, hash_ids=w.hash_ids[take],
-        order=_start_order(turn == 0, start_ms).astype(w.order.dtype))
+        order=_start_order(turn == 0, start_ms).astype(w.order.dtype),
+        worker=None if w.worker is None else w.worker[rows])
 
 
 def concat_workloads(a: Workload, b: Workload) -> Workload:
@@ -547,7 +557,10 @@ def concat_workloads(a: Workload, b: Workload) -> Workload:
         output_len=np.concatenate([a.output_len, b.output_len]),
         hash_indptr=np.concatenate([a.hash_indptr, b.hash_indptr[1:] + a.hash_indptr[-1]]),
         hash_ids=np.concatenate([a.hash_ids, b.hash_ids]),
-        order=_start_order(turn == 0, start_ms).astype(a.order.dtype))
+        order=_start_order(turn == 0, start_ms).astype(a.order.dtype),
+        worker=None if a.worker is None and b.worker is None else np.concatenate(
+            [np.full(a.num_requests, -1, np.int64) if a.worker is None else a.worker,
+             np.full(b.num_requests, -1, np.int64) if b.worker is None else b.worker]))
 
 
 def prompt_tokens(w: Workload, q: int) -> np.ndarray:

@@ -13,13 +13,14 @@ import numpy as np
 from numba import njit
 
 from .layout import (
-    NEXT_ON_ARRIVAL, RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS,
+    NEXT_ON_ARRIVAL, PLACE_KV_ROUTER, RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS,
     RQ_ACTION, RQ_LEASE_OFF, RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS,
     RQ_TERM_NEXT, RQ_TURN, RQ_UUID, RQ_WORKER, RS_WAITING, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD,
     SM_ACTQ_LEN, SM_CONCURRENCY, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_STARTS, SM_NUM_TERMINAL,
-    SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_START_PTR, SM_UUID_NEXT, SM_W_LEN,
+    SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_START_PTR, SM_UUID_NEXT, SM_W_LEN,
     SM_W_OFF, WK_BUSY, WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL,
 )
+from .kv_router import pass_end, request_ended, route
 from .placement import place
 from .rank_queues import wait_push_back
 
@@ -94,7 +95,7 @@ def queue_action(rq, sims, s, q, kind):
 
 
 @njit(cache=True, _nrt=False)
-def _arrive(cfg, rq, wl, wk, sims, s, q, arrival_ms):
+def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
     """A request enters the system. Aggregated: placement (kernels.placement), prompt
     block hashes, waiting queue. Disaggregated: the handoff starts (SubmitPrefill queued)."""
     rq.f64[q, RQF_ARRIVAL_MS] = arrival_ms
@@ -105,7 +106,10 @@ def _arrive(cfg, rq, wl, wk, sims, s, q, arrival_ms):
     if sims.i64[s, SM_PREFILL_LEN] > 0:
         queue_action(rq, sims, s, q, NEXT_ON_ARRIVAL)
         return
-    w = place(sims, s, sims.i64[s, SM_W_OFF], sims.i64[s, SM_W_LEN], SM_RR_CURSOR)
+    if sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER:
+        w = route(cfg, p, rq, wl, wk, sims, s, q, arrival_ms)
+    else:
+        w = place(sims, s, sims.i64[s, SM_W_OFF], sims.i64[s, SM_W_LEN], SM_RR_CURSOR)
     rq.i64[q, RQ_WORKER] = w
     row = rq.i64[q, RQ_SRC_ROW]
     p0 = wl.phash_indptr[row]
@@ -119,7 +123,7 @@ def _arrive(cfg, rq, wl, wk, sims, s, q, arrival_ms):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms):
+def admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms):
     """Release every request due at ``now_ms``; returns how many arrived."""
     closed = sims.i64[s, SM_CONCURRENCY] > 0
     base = sims.i64[s, SM_Q_OFF]
@@ -149,10 +153,10 @@ def admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms):
         if take_start:
             sims.i64[s, SM_START_PTR] += 1
             sims.i64[s, SM_ACTIVE_SESSIONS] += 1
-            _arrive(cfg, rq, wl, wk, sims, s, q_start, t_start)
+            _arrive(cfg, p, rq, wl, wk, sims, s, q_start, t_start)
         else:
             _heap_pop(sims, rq, s)
-            _arrive(cfg, rq, wl, wk, sims, s, q_turn, rq.f64[q_turn, RQF_READY_MS])
+            _arrive(cfg, p, rq, wl, wk, sims, s, q_turn, rq.f64[q_turn, RQF_READY_MS])
         n += 1
 
 
@@ -172,8 +176,13 @@ def logical_terminal(rq, sims, s, q):
 def complete_pass(rq, wk, sims, s, w):
     """Pass end of worker w: its terminals free session slots and release next turns."""
     wk.i64[w, WK_BUSY] = 0
+    routed = sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER
+    if routed:
+        pass_end(rq, wk, w)
     q = wk.i64[w, WK_TERM_HEAD]
     while q >= 0:
+        if routed:
+            request_ended(rq, wk, w, q)
         logical_terminal(rq, sims, s, q)
         q = rq.i64[q, RQ_TERM_NEXT]
     wk.i64[w, WK_TERM_HEAD] = -1

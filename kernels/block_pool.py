@@ -24,8 +24,8 @@ from numba import njit
 from .layout import (
     EVH_CLOCK_BITS, EVH_LEN, EVH_OUTPUTS, EV_A, EV_B, EV_C, EV_KIND, EV_KV_REMOVED, EV_TIME_BITS, EV_WORKER,
     NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN,
-    PB_PREV, PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN,
-    PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED, PW_SIM, PW_TAB_MASK, PW_TAB_OFF,
+    PB_PREV, PB_PUB_PASS, PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN,
+    PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED, PW_PASS_NUM, PW_SIM, PW_TAB_MASK, PW_TAB_OFF,
     SIM_EVENTS_FULL,
 )
 
@@ -260,6 +260,7 @@ def cache_copy(p, w, b, h):
     p.blk_hash[b] = h
     p.b32[b, PB_CACHED] = 1
     p.b32[b, PB_DUP] = NO_BLOCK
+    p.b32[b, PB_PUB_PASS] = np.int32(p.w64[w, PW_PASS_NUM] & 0x7FFFFFFF)
     primary = table_find(p, w, h)
     if primary == NO_BLOCK:
         _table_set(p, w, h, b)

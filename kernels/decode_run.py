@@ -27,7 +27,7 @@ from .block_pool import event_log_on, event_set_clock, num_free
 from .layout import (
     CFG_BLOCK_SIZE,
     CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
-    CFG_ROLE, PW_LRU_LEN, ROLE_AGGREGATED, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS,
+    CFG_ROLE, PW_LRU_LEN, PW_PASS_NUM, ROLE_AGGREGATED, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS,
     RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PROMPT_LEN,
     SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF, WK_STALLED,
     WK_WAIT_LEN,
@@ -115,6 +115,8 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
     end_ms = now_ms
     first_end_ms = now_ms
     k = np.int64(0)  # typed: a literal start compiles its callees twice
+    # blocks the run publishes belong to its passes, none of which has ended yet
+    p.w64[w, PW_PASS_NUM] = wk.i64[w, WK_PASS_STAMP] + 1
     while k < k_last and (k == 0 or end_ms < quiet_until):
         pass_k = k + 1
         start_ms = end_ms

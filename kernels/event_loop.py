@@ -95,7 +95,7 @@ def _event_loop(disaggregated):
                                 complete_pass(rq, wk, sims, s, w)
                     if disaggregated and drain_transfers(rq, sims, s, now_ms):
                         changed = True
-                    if arrivals_due(rq, sims, s, now_ms) and admit_arrivals(cfg, rq, wl, wk, sims, s, now_ms) > 0:
+                    if arrivals_due(rq, sims, s, now_ms) and admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms) > 0:
                         changed = True
                     if disaggregated:
                         ran, full = drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh)

@@ -65,7 +65,8 @@ ROLE_DECODE = 2
 # Placement policy of a simulation (``sims.i64[s, SM_PLACEMENT]``, kernels.placement).
 PLACE_ROUND_ROBIN = 0  # the reference's: arrival i goes to worker i mod N
 PLACE_RANDOM = 1       # uniform over the pool, from a seeded generator
-PLACEMENT_NAMES = ("round_robin", "random")
+PLACE_KV_ROUTER = 2    # Dynamo's KV router cost (kernels.kv_router)
+PLACEMENT_NAMES = ("round_robin", "random", "kv_router")
 
 # Timing model (``cfg.i64[w, CFG_TIMING]``).
 TIMING_POLYNOMIAL = 0
@@ -220,6 +221,7 @@ RANK_CONFIG_I = _declare(FieldTable("CFG_", "cfg.i64", np.int64, [
     ("TRANSFER_MODE", 0, "", "KV transfer timing mode of a prefill worker, TRANSFER_*"),
     ("AIC_SHARED", -1, "", "AIC timing: table of every key known before the run (read only); -1 = none"),
     ("AIC_LOCAL", -1, "", "AIC timing: the simulation's table of keys met in the run"),
+    ("ROUTER_PIN", 0, "", "kv_router: 1 = place on the trace row's worker (costs still computed)"),
 ]))
 # CFGF_KV_BANDWIDTH_GBS / CFGF_KV_BYTES_PER_TOKEN are NaN when not configured (the
 # transfer then takes CFGF_HANDOFF_LATENCY_MS, the topology's fallback).
@@ -231,6 +233,9 @@ RANK_CONFIG_F = _declare(FieldTable("CFGF_", "cfg.f64", np.float64, [
     ("KV_BANDWIDTH_GBS", np.nan, "", "KV transfer bandwidth, decimal GB/s"),
     ("KV_BYTES_PER_TOKEN", np.nan, "", "KV bytes per prompt token transferred"),
     ("HANDOFF_LATENCY_MS", 0.0, "", "transfer delay when the transfer model is incomplete"),
+    ("ROUTER_CREDIT", 1.0, "", "kv_router: overlap_score_credit (blocks of prefill credited per cached block)"),
+    ("ROUTER_LOAD_SCALE", 1.0, "", "kv_router: prefill_load_scale"),
+    ("ROUTER_TEMPERATURE", 0.0, "", "kv_router: softmax temperature (0 = the lowest cost)"),
 ]))
 CFG_I_FIELDS = RANK_CONFIG_I.width
 CFG_F_FIELDS = RANK_CONFIG_F.width
@@ -250,6 +255,7 @@ POOL_W = _declare(FieldTable("PW_", "pool.w64", np.int64, [
     ("BUMP", 0, "", "arena slots handed out so far; slots past it were never used and hold "
                     "garbage until block_pool._take_slot initializes them"),
     ("SIM", 0, "", "simulation of the worker (its KV event log row)"),
+    ("PASS_NUM", 0, "", "the worker's pass counter as of its latest pass start (PB_PUB_PASS)"),
 ]))
 PW_FIELDS = POOL_W.width
 # PB_DUP / PB_DUP_PREV link the copies of one hash oldest first; PB_DUP_TAIL is
@@ -264,6 +270,8 @@ POOL_B = _declare(FieldTable("PB_", "pool.b32", np.int32, [
     ("DUP", -1, "b", "next (newer) copy of the same hash"),
     ("DUP_PREV", -1, "b", "previous (older) copy of the same hash"),
     ("DUP_TAIL", -1, "b", "on a primary: the newest copy of its hash"),
+    ("PUB_PASS", 0, "", "low 31 bits of PW_PASS_NUM when this copy was published (the KV "
+                        "router learns a block at the end of the pass that stored it)"),
 ]))
 PB_FIELDS = POOL_B.width
 
@@ -316,6 +324,9 @@ REQUEST_I = _declare(FieldTable("RQ_", "rq.i64", np.int64, [
     ("REPORTED", 0, "", "1 once its terminal was seen at its pass end (the state changes at pass "
                         "start, the outside world learns of it at the end)"),
     ("SCHED_CLASS", 0, "", "what it contributes to its pass's timing, CLASS_* of decode_step"),
+    ("RT_PENDING", 0, "", "kv_router: its share of the worker's P_w until its first token"),
+    ("RT_ACTIVE", 0, "", "kv_router: 1 while its prompt blocks count in the worker's D_w"),
+    ("PIN_WORKER", -1, "", "kv_router pin_to_trace_worker: the trace row's worker in the pool"),
 ]))
 REQUEST_F = _declare(FieldTable("RQF_", "rq.f64", np.float64, [
     ("DELAY_MS", np.nan, "", "think time after the previous turn's terminal"),
@@ -363,6 +374,12 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
     ("OVERFLOW", 0, "", "1 once a push found the running list or waiting ring full (nothing was "
                         "written; the event loop ends the simulation with SIM_CAPACITY)"),
     ("RUN_CAP", 0, "", "running list slots"),
+    # kv_router view of the worker (kernels.kv_router)
+    ("RT_PREFILL_TOKENS", 0, "", "P_w: prompt tokens still to prefill of requests routed here"),
+    ("RT_FREED_TOKENS", 0, "", "part of P_w the pass in flight releases at its end (first tokens)"),
+    ("RT_ACTIVE_BLOCKS", 0, "", "D_w: distinct complete prompt blocks of requests active here"),
+    ("RT_OFF", 0, "", "first slot of its active-block multiset in wk.rt_key / rt_count"),
+    ("RT_MASK", -1, "", "multiset slots - 1 (a power of two); -1 = none"),
 ]))
 WK_FIELDS = WORKER.width
 
@@ -400,6 +417,7 @@ SIMULATION = _declare(FieldTable("SM_", "sims.i64", np.int64, [
     ("RNG_STATE", 0, "", "splitmix64 state of seeded random placement"),
     ("PREFILL_Q_OFF", -1, "q", "disaggregated: first prefill row (its rows are contiguous, in "
                                "the order of their logical rows); -1 = aggregated"),
+    ("RT_LOG_LEN", 0, "", "kv_router decisions logged (sims.rt_log rows)"),
 ]))
 SM_FIELDS = SIMULATION.width
 
@@ -497,12 +515,24 @@ class Workload(NamedTuple):
     phash: np.ndarray             # uint64[nnz]
 
 
+_NO_RT_KEY = np.zeros(0, np.uint64)
+_NO_RT_COUNT = np.zeros(0, np.int32)
+# kv_router decision log (``sims.rt_log[s, row, RL_*]``, one row per decision; the
+# costs of every worker of the pool in ``sims.rt_costs[s, row, worker]``)
+(RL_REQUEST, RL_WORKER, RL_COST, RL_OVERLAP, RL_BEST_OVERLAP, RL_TIED, RL_TIME_MS) = range(7)
+RL_NUM_COLUMNS = 7
+_NO_RT_LOG = np.zeros((0, 0, RL_NUM_COLUMNS))
+_NO_RT_COSTS = np.zeros((0, 0, 0))
+
+
 class Workers(NamedTuple):
     """Event-loop state of every worker."""
     i64: np.ndarray          # int64[w, WK_FIELDS]
     pass_end_ms: np.ndarray  # float64[w]
     run_q: np.ndarray        # int64[..] running lists (slices at WK_RUN_OFF)
     wait_q: np.ndarray       # int64[..] waiting rings (slices at WK_WAIT_OFF)
+    rt_key: np.ndarray = _NO_RT_KEY      # uint64[..] kv_router active-block multisets (WK_RT_OFF)
+    rt_count: np.ndarray = _NO_RT_COUNT  # int32[..] their counts (0 = free or no longer active)
 
 
 class Sims(NamedTuple):
@@ -517,3 +547,5 @@ class Sims(NamedTuple):
     token_hist: np.ndarray   # int64[s, TOKEN_HIST_WIDTH]
     pass_log: np.ndarray     # float64[s, rows, PL_NUM_COLUMNS]
     hlog: np.ndarray         # float64[s, rows, HL_NUM_COLUMNS] handoff journal (0 rows = off)
+    rt_log: np.ndarray = _NO_RT_LOG      # float64[s, rows, RL_NUM_COLUMNS] kv_router decisions
+    rt_costs: np.ndarray = _NO_RT_COSTS  # float64[s, rows, workers] every worker's cost

@@ -21,6 +21,7 @@ from . import capacity_policy
 from .block_pool import event_log_on, note_event, note_event_at, num_active, outputs_logged
 from .decode_step import CLASS_COMPLETE, CLASS_DECODE, classify, fast_decode_step, stamp_scheduled
 from .kv_lease import allocate, finalize, prefix_cost, release_lease
+from .kv_router import first_token_seen
 from .pass_log import append_pass_row
 from .rank_queues import push_terminal, run_push_back, run_remove_at, wait_at, wait_push_front, \
     wait_remove_at
@@ -29,7 +30,7 @@ from .sketch import fold_gap_run
 from .timing import decode_ns, ns_to_ms, prefill_ns
 from .layout import (
     CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS,
-    CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_ROLE, EV_ADMITTED, EV_FINISHED, EV_OUTPUT, EV_PREEMPTED, ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS,
+    PW_PASS_NUM, RQ_RT_PENDING, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_ROLE, EV_ADMITTED, EV_FINISHED, EV_OUTPUT, EV_PREEMPTED, ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS,
     RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS, RQF_TERMINAL_MS, RQ_ADMISSIONS,
     RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FAST_LIMIT, RQ_FIRST_CACHED, RQ_GENERATED,
     RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PREEMPTIONS, RQ_PROMPT_LEN,
@@ -111,6 +112,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     ``acc`` is an int64[ACC_SIZE] scratch for the pass counters. Returns
     ``(end_ms, had_effect, arena_full)``."""
     wk.i64[w, WK_PASS_STAMP] += 1
+    p.w64[w, PW_PASS_NUM] = wk.i64[w, WK_PASS_STAMP]  # blocks it publishes carry it (kv_router)
     # unique across the workers of a simulation: a disaggregated request is
     # scheduled on two workers and must not match a stale stamp of the other
     stamp = wk.i64[w, WK_PASS_STAMP] * 65536 + (w % 65536) + 1
@@ -248,6 +250,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             n_tokens += 1
             if g == 1:
                 rq_f[q, RQF_FIRST_TOKEN_MS] = end_ms
+                if rq_i[q, RQ_RT_PENDING] != 0:
+                    first_token_seen(rq, wk, w, q)
             else:
                 if g == 2:
                     rq_f[q, RQF_SECOND_TOKEN_MS] = end_ms

@@ -1,0 +1,200 @@
+"""KV-aware placement: Dynamo's KV router cost function over the engines' state.
+
+For a request of ``isl`` prompt tokens and engine block size ``B``, each worker w of
+the pool costs (reference/dynamo/README.md, verified there on every decision)::
+
+    cost_w = prefill_load_scale * max(0, (P_w + isl) / B - overlap_score_credit * overlap_w) + D_w
+
+* ``P_w`` (``WK_RT_PREFILL_TOKENS``): prompt tokens still to prefill on w, the sum over
+  requests routed there whose first token has not been seen of ``isl - B * overlap``
+  at their routing; released at the end of the pass that emits the first token.
+* ``overlap_w``: leading complete prompt blocks of the request in w's prefix index.
+  The index learns a block at the end of the pass that stored it: a block published
+  by the pass in flight (``PB_PUB_PASS``) does not count yet.
+* ``D_w`` (``WK_RT_ACTIVE_BLOCKS``): distinct complete prompt blocks over the
+  requests active on w (routed, not completed), this request's included; kept in
+  a per-worker multiset of block hashes (``wk.rt_key`` / ``rt_count``), released at
+  the end of the pass that completes the request.
+
+Temperature 0 picks the lowest cost; exact ties go to a uniform draw among them
+(reservoir order, as Dynamo's selector) from the simulation's seeded generator, so
+a run is reproducible. Temperature > 0 samples the softmax of the normalised costs.
+``pin_to_trace_worker`` computes and logs every cost but places on the trace row's
+worker. Every decision is logged (``sims.rt_log`` / ``rt_costs``).
+"""
+
+import numpy as np
+from numba import njit
+
+from .block_pool import _mix, table_find
+from .layout import (
+    CFG_BLOCK_SIZE, CFG_ROUTER_PIN, CFGF_ROUTER_CREDIT, CFGF_ROUTER_LOAD_SCALE,
+    CFGF_ROUTER_TEMPERATURE, NO_BLOCK, PB_PUB_PASS, PW_PASS_NUM, RL_BEST_OVERLAP, RL_COST,
+    RL_OVERLAP, RL_REQUEST, RL_TIED, RL_TIME_MS, RL_WORKER, RQ_LEASE_OFF, RQ_PIN_WORKER,
+    RQ_PROMPT_LEN, RQ_RT_ACTIVE, RQ_RT_PENDING, RQ_SRC_ROW, SM_Q_OFF, SM_RT_LOG_LEN, SM_W_LEN,
+    SM_W_OFF, WK_BUSY, WK_RT_ACTIVE_BLOCKS, WK_RT_FREED_TOKENS, WK_RT_MASK, WK_RT_OFF,
+    WK_RT_PREFILL_TOKENS,
+)
+from .placement import next_random
+
+RT_NEVER_USED = -1  # rt_count of a slot no hash ever took
+PASS_NUM_MASK = 0x7FFFFFFF
+
+
+@njit(cache=True, _nrt=False)
+def _slot(wk, w, h):
+    """Slot of hash h in worker w's multiset: where it is, or the free slot it takes."""
+    off = wk.i64[w, WK_RT_OFF]
+    mask = wk.i64[w, WK_RT_MASK]
+    i = np.int64(_mix(h) & np.uint64(mask))
+    while True:
+        c = wk.rt_count[off + i]
+        if c == RT_NEVER_USED or wk.rt_key[off + i] == h:
+            return off + i
+        i = (i + 1) & mask
+
+
+@njit(cache=True, _nrt=False)
+def _active_count(wk, w, h):
+    at = _slot(wk, w, h)
+    c = wk.rt_count[at]
+    return 0 if c == RT_NEVER_USED else c
+
+
+@njit(cache=True, _nrt=False)
+def _visible_overlap(p, wk, w, phash, p0, n_blocks, now_ms):
+    """Leading prompt blocks of the request in w's prefix index as the router sees it
+    at ``now_ms`` (blocks stored by the pass still in flight do not count)."""
+    in_flight = wk.i64[w, WK_BUSY] != 0 and wk.pass_end_ms[w] > now_ms
+    current = p.w64[w, PW_PASS_NUM] & PASS_NUM_MASK
+    k = np.int64(0)
+    for i in range(n_blocks):
+        b = table_find(p, w, phash[p0 + i])
+        if b == NO_BLOCK or (in_flight and p.b32[b, PB_PUB_PASS] == current):
+            break
+        k += 1
+    return k
+
+
+@njit(cache=True, _nrt=False)
+def _softmax_pick(costs, n, temperature, sample):
+    """Row drawn from the softmax of the normalised costs (Dynamo's selector)."""
+    lo = np.inf
+    hi = -np.inf
+    for j in range(n):
+        lo = min(lo, costs[j])
+        hi = max(hi, costs[j])
+    if lo == hi:
+        return min(n - 1, np.int64(sample * n))
+    rng = hi - lo
+    magnitude = 1.0 if np.isfinite(rng) else max(abs(lo), abs(hi))
+    lo_n = lo / magnitude
+    scale = -1.0 / ((hi / magnitude - lo_n) * temperature)
+    top = lo_n * scale
+    total = 0.0
+    for j in range(n):
+        total += np.exp(costs[j] / magnitude * scale - top)
+    cumulative = 0.0
+    for j in range(n):
+        cumulative += np.exp(costs[j] / magnitude * scale - top) / total
+        if sample <= cumulative:
+            return np.int64(j)
+    return n - 1
+
+
+@njit(cache=True, _nrt=False)
+def route(cfg, p, rq, wl, wk, sims, s, q, now_ms):
+    """The worker of the aggregated pool that request q goes to at its arrival; the
+    router's view of that worker takes the request in."""
+    w0 = sims.i64[s, SM_W_OFF]
+    n = sims.i64[s, SM_W_LEN]
+    bs = cfg.i64[w0, CFG_BLOCK_SIZE]
+    credit = cfg.f64[w0, CFGF_ROUTER_CREDIT]
+    load_scale = cfg.f64[w0, CFGF_ROUTER_LOAD_SCALE]
+    temperature = cfg.f64[w0, CFGF_ROUTER_TEMPERATURE]
+    row = rq.i64[q, RQ_SRC_ROW]
+    p0 = wl.phash_indptr[row]
+    n_blocks = wl.phash_indptr[row + 1] - p0
+    isl = rq.i64[q, RQ_PROMPT_LEN]
+    r = sims.i64[s, SM_RT_LOG_LEN]
+    sims.i64[s, SM_RT_LOG_LEN] = r + 1
+    costs = sims.rt_costs[s, r]
+    best_j = np.int64(0)
+    best_cost = np.inf
+    ties = np.int64(0)
+    best_overlap = np.int64(0)
+    for j in range(n):
+        w = w0 + j
+        overlap = _visible_overlap(p, wk, w, wl.phash, p0, n_blocks, now_ms)
+        best_overlap = max(best_overlap, overlap)
+        new_blocks = np.int64(0)
+        for i in range(n_blocks):
+            if _active_count(wk, w, wl.phash[p0 + i]) <= 0:
+                new_blocks += 1
+        prefill_blocks = (wk.i64[w, WK_RT_PREFILL_TOKENS] + isl) / bs - credit * overlap
+        cost = load_scale * max(0.0, prefill_blocks) + float(wk.i64[w, WK_RT_ACTIVE_BLOCKS] + new_blocks)
+        costs[j] = cost
+        if cost < best_cost:
+            best_cost = cost
+            best_j = j
+            ties = 1
+        elif cost == best_cost:
+            ties += 1
+            if next_random(sims, s) % np.uint64(ties) == 0:
+                best_j = j
+    if cfg.i64[w0, CFG_ROUTER_PIN]:
+        best_j = rq.i64[q, RQ_PIN_WORKER]
+    elif temperature > 0.0:
+        sample = float(next_random(sims, s) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+        best_j = _softmax_pick(costs, n, temperature, sample)
+    w = w0 + best_j
+    overlap = _visible_overlap(p, wk, w, wl.phash, p0, n_blocks, now_ms)
+    log = sims.rt_log[s, r]
+    log[RL_REQUEST] = q - sims.i64[s, SM_Q_OFF]
+    log[RL_WORKER] = best_j
+    log[RL_COST] = costs[best_j]
+    log[RL_OVERLAP] = overlap
+    log[RL_BEST_OVERLAP] = best_overlap
+    log[RL_TIED] = ties
+    log[RL_TIME_MS] = now_ms
+    pending = isl - bs * overlap
+    wk.i64[w, WK_RT_PREFILL_TOKENS] += pending
+    rq.i64[q, RQ_RT_PENDING] = pending
+    for i in range(n_blocks):
+        at = _slot(wk, w, wl.phash[p0 + i])
+        if wk.rt_count[at] <= 0:
+            wk.rt_key[at] = wl.phash[p0 + i]
+            wk.rt_count[at] = 0
+            wk.i64[w, WK_RT_ACTIVE_BLOCKS] += 1
+        wk.rt_count[at] += 1
+    rq.i64[q, RQ_RT_ACTIVE] = n_blocks
+    return w
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def first_token_seen(rq, wk, w, q):
+    """q's first token in the pass in flight: its share of P_w goes at the pass end."""
+    wk.i64[w, WK_RT_FREED_TOKENS] += rq.i64[q, RQ_RT_PENDING]
+    rq.i64[q, RQ_RT_PENDING] = 0
+
+
+@njit(cache=True, _nrt=False)
+def pass_end(rq, wk, w):
+    """End of w's pass: release the first tokens' prefill share."""
+    wk.i64[w, WK_RT_PREFILL_TOKENS] -= wk.i64[w, WK_RT_FREED_TOKENS]
+    wk.i64[w, WK_RT_FREED_TOKENS] = 0
+
+
+@njit(cache=True, _nrt=False)
+def request_ended(rq, wk, w, q):
+    """q's terminal was seen at a pass end: its blocks leave D_w (and whatever of
+    P_w it still held, a request rejected before any token)."""
+    wk.i64[w, WK_RT_PREFILL_TOKENS] -= rq.i64[q, RQ_RT_PENDING]
+    rq.i64[q, RQ_RT_PENDING] = 0
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    for i in range(rq.i64[q, RQ_RT_ACTIVE]):
+        at = _slot(wk, w, rq.seq_hash[k0 + i])
+        wk.rt_count[at] -= 1
+        if wk.rt_count[at] == 0:
+            wk.i64[w, WK_RT_ACTIVE_BLOCKS] -= 1
+    rq.i64[q, RQ_RT_ACTIVE] = 0
