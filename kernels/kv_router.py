@@ -127,10 +127,12 @@ def route(cfg, p, rq, wl, wk, sims, s, q, now_ms):
         w = w0 + j
         overlap = _visible_overlap(p, wk, w, wl.phash, p0, n_blocks, now_ms)
         best_overlap = max(best_overlap, overlap)
-        new_blocks = np.int64(0)
-        for i in range(n_blocks):
-            if _active_count(wk, w, wl.phash[p0 + i]) <= 0:
-                new_blocks += 1
+        # block hashes are chained: a request active here that holds block i holds
+        # blocks 0..i-1 too, so this request's active blocks are a leading run
+        shared = np.int64(0)
+        while shared < n_blocks and _active_count(wk, w, wl.phash[p0 + shared]) > 0:
+            shared += 1
+        new_blocks = n_blocks - shared
         prefill_blocks = (wk.i64[w, WK_RT_PREFILL_TOKENS] + isl) / bs - credit * overlap
         cost = load_scale * max(0.0, prefill_blocks) + float(wk.i64[w, WK_RT_ACTIVE_BLOCKS] + new_blocks)
         costs[j] = cost

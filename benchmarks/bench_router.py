@@ -1,0 +1,65 @@
+"""Cost of the kv_router placement against round robin on one trace, in one process.
+
+    python benchmarks/bench_router.py [--spec tests/data/golden/10k_vllm_agg8.spec.json]
+        [--trace tests/data/traces/mooncake_10k.jsonl] [--rounds 5]
+
+Runs the payload as given (round robin: its workers are independent, so it runs as
+one unit per worker on the kernel threads) and with ``placement: kv_router``
+(defaults; one unit, since routing couples the workers), alternating the two, after
+a warm-up of each; prints the best ``run_batch`` wall and CPU seconds of each and
+the ratio. The trace is loaded once, outside the timed calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", default=str(REPO / "tests/data/golden/10k_vllm_agg8.spec.json"))
+    ap.add_argument("--trace", default=str(REPO / "tests/data/traces/mooncake_10k.jsonl"))
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+
+    from aisim_fast.config import parse_payload
+    from aisim_fast.replay import run_batch, simulation_from_setup
+    from aisim_fast.workload import load_mooncake
+
+    base = json.loads(Path(args.spec).read_text())
+    routed = copy.deepcopy(base)
+    routed["spec"].setdefault("adapters", {})["placement"] = {"provider": "kv_router", "config": {}}
+    sims = {}
+    workload = None
+    for name, payload in (("round_robin", base), ("kv_router", routed)):
+        setup = parse_payload(payload, Path(args.spec).parent, args.trace)
+        if workload is None:
+            workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
+                                     arrival_speedup_ratio=setup.arrival_speedup_ratio)
+        sims[name] = simulation_from_setup(setup, workload)
+        run_batch([sims[name]], record_passes=False).check()  # warm-up (compile / cache load)
+    best = {name: (float("inf"), float("inf")) for name in sims}
+    for _ in range(args.rounds):
+        for name, sim in sims.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            res = run_batch([sim], record_passes=False).check()
+            res.requests[0]
+            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
+    print(f"{Path(args.spec).name}, {workload.num_requests} requests, best of {args.rounds} "
+          f"(load average {os.getloadavg()[0]:.2f})")
+    for name, (wall, cpu) in best.items():
+        print(f"  {name:12s} wall {wall:.4f} s  CPU {cpu:.4f} s")
+    rr, kv = best["round_robin"], best["kv_router"]
+    print(f"  kv_router / round_robin: wall {kv[0] / rr[0]:.2f}x, CPU {kv[1] / rr[1]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
