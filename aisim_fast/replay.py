@@ -428,6 +428,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
 
     wk_i = L.WORKER.new(n_w)
     wk_i[:, L.WK_SIM] = np.repeat(np.arange(n_sims), w_len)
+    wk_i[:, L.WK_SIM_W0] = np.repeat(w_off, w_len)
     wk_i[:, L.WK_RUN_OFF] = np.concatenate([[0], np.cumsum(run_cap)[:-1]])
     wk_i[:, L.WK_WAIT_OFF] = np.concatenate([[0], np.cumsum(wait_cap)[:-1]])
     wk_i[:, L.WK_WAIT_CAP] = wait_cap
@@ -453,7 +454,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
                             rt_count=np.full(int(rt_slots.sum()), -1, np.int32))
     wk = L.Workers(i64=wk_i, pass_end_ms=np.zeros(n_w),
                    run_q=np.zeros(int(run_cap.sum()), np.int64),
-                   wait_q=np.zeros(int(wait_cap.sum()), np.int64), **router_state)
+                   wait_q=np.zeros(int(wait_cap.sum()), np.int64),
+                   busy_heap=np.zeros(n_w, np.int64), ready=np.ones(n_w, np.uint8), **router_state)
     sm_i[:, L.SM_Q_OFF] = q_off
     sm_i[:, L.SM_Q_LEN] = q_len
     sm_i[:, L.SM_W_OFF] = w_off

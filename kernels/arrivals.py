@@ -18,11 +18,11 @@ from .layout import (
     RQ_TERM_NEXT, RQ_TURN, RQ_UUID, RQ_WORKER, RS_WAITING, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD,
     SM_ACTQ_LEN, SM_CONCURRENCY, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_STARTS, SM_NUM_TERMINAL,
     SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_START_PTR, SM_UUID_NEXT, SM_W_LEN,
-    SM_W_OFF, WK_BUSY, WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL,
+    SM_W_OFF, WK_BUSY, WK_TERM_HEAD, WK_TERM_TAIL,
 )
 from .kv_router import pass_end, request_ended, route
 from .placement import place
-from .rank_queues import wait_push_back
+from .rank_queues import wait_push_back, wake
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -119,7 +119,7 @@ def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
         rq.seq_hash[k0 + i] = wl.phash[p0 + i]
     rq.i64[q, RQ_NUM_HASHED] = n_prompt_blocks
     wait_push_back(wk, w, q)
-    wk.i64[w, WK_STALLED] = 0
+    wake(wk, w)
 
 
 @njit(cache=True, _nrt=False, inline="always")

@@ -33,6 +33,7 @@ from .layout import (
     WK_WAIT_LEN,
 )
 from .arrivals import arrivals_due, next_release_ms
+from .busy_heap import next_pass_end_ms
 from .decode_step import CLASS_DECODE, stamp_scheduled
 from .pass_log import append_pass_row
 from .request_state import ceil_div
@@ -50,17 +51,15 @@ def quiet_until_ms(rq, wk, sims, s, w, now_ms):
     about to be driven."""
     if arrivals_due(rq, sims, s, now_ms):
         return -np.inf
-    t_ms = next_release_ms(rq, sims, s)
     w0 = sims.i64[s, SM_W_OFF]
     w1 = w0 + sims.i64[s, SM_W_LEN]
+    # a worker that can start a pass now is one the drive has marked ready
     for v in range(w0, w1):
-        if v == w:
-            continue
-        if wk.i64[v, WK_BUSY]:
-            t_ms = min(t_ms, wk.pass_end_ms[v])
-        elif wk.i64[v, WK_STALLED] == 0 and wk.i64[v, WK_RUN_LEN] + wk.i64[v, WK_WAIT_LEN] > 0:
+        if wk.ready[v] and v != w and wk.i64[v, WK_BUSY] == 0 and wk.i64[v, WK_STALLED] == 0 \
+                and wk.i64[v, WK_RUN_LEN] + wk.i64[v, WK_WAIT_LEN] > 0:
             return -np.inf
-    return t_ms
+    # w is being driven, so it is not busy: the heap's top is another worker's pass end
+    return min(next_release_ms(rq, sims, s), next_pass_end_ms(wk, sims, s))
 
 
 @njit(cache=True, _nrt=False)

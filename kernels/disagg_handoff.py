@@ -46,14 +46,14 @@ from .layout import (
     SM_RR_CURSOR, SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_CANCELED, TERM_COMPLETED,
     TERM_FAILED, TERM_REJECTED, TRANSFER_DESTINATION_MISSING, WK_BUSY, WK_CAP_GEN,
     WK_DEFER_HEAD, WK_DEFER_TAIL, WK_ORDINAL_NEXT, WK_PEND_HEAD, WK_PEND_LEN, WK_PEND_TAIL,
-    WK_RUN_LEN, WK_RUN_OFF, WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD,
+    WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD,
     WK_WAIT_LEN, WK_WAIT_OFF,
 )
 from . import capacity_policy
 from .arrivals import logical_terminal, queue_action
 from .kv_lease import publish_block, release_lease
 from .placement import place
-from .rank_queues import run_remove_at, wait_at, wait_push_back, wait_remove_at
+from .rank_queues import run_remove_at, wait_at, wait_push_back, wait_remove_at, wake
 from .request_state import ceil_div
 from .transfer_timing import kv_transfer_ms_kernel
 
@@ -212,7 +212,7 @@ def _retry_destination(cfg, p, rq, wk, w, hits, fresh):
         wk.i64[w, WK_PEND_TAIL] = -1
     rq.i64[q, RQ_LINK] = -1
     wk.i64[w, WK_PEND_LEN] -= 1
-    wk.i64[w, WK_STALLED] = 0  # admissions it blocked may run now
+    wake(wk, w)  # admissions it blocked may run now
     return q
 
 
@@ -254,7 +254,7 @@ def _activate(cfg, p, rq, wk, w, q):
     rq.i64[q, RQ_FAST_LIMIT] = 0
     rq.i64[q, RQ_STATUS] = RS_ACTIVATED
     _insert_by_ordinal(rq, wk, w, q)
-    wk.i64[w, WK_STALLED] = 0
+    wake(wk, w)
     return published, visible_before
 
 
@@ -297,7 +297,7 @@ def cancel_source(cfg, p, rq, wk, q):
         return CMD_NOOP
     rq.i64[qp, RQ_STATUS] = RS_DONE
     wk.i64[wp, WK_CAP_GEN] += 1
-    wk.i64[wp, WK_STALLED] = 0
+    wake(wk, wp)
     return CMD_APPLIED
 
 
@@ -342,7 +342,7 @@ def cancel_destination(cfg, p, rq, wk, q):
     rq.i64[q, RQ_STATUS] = RS_DONE
     rq.i64[q, RQ_TERMINAL] = TERM_CANCELED
     wk.i64[wd, WK_CAP_GEN] += 1
-    wk.i64[wd, WK_STALLED] = 0
+    wake(wk, wd)
     return CMD_APPLIED
 
 
@@ -390,7 +390,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
         rq.f64[qp, RQF_ARRIVAL_MS] = rq.f64[q, RQF_ARRIVAL_MS]
         _load_prompt_hashes(rq, wl, qp)
         wait_push_back(wk, wp, qp)
-        wk.i64[wp, WK_STALLED] = 0
+        wake(wk, wp)
         sims.i64[s, SM_OPEN_HANDOFFS] += 1
     elif kind == ACT_RESERVE:
         n_decode = sims.i64[s, SM_W_LEN] - n_prefill
@@ -460,7 +460,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
         if rq.i64[q, RQ_REPORTED] == 1 and rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED:
             _journal(sims, s, HE_COMPLETED, q, now_ms, 0, 0)
         wk.i64[wp, WK_CAP_GEN] += 1
-        wk.i64[wp, WK_STALLED] = 0  # freed blocks may admit its waiting head
+        wake(wk, wp)  # freed blocks may admit its waiting head
         sims.i64[s, SM_OPEN_HANDOFFS] -= 1
     return True
 

@@ -48,7 +48,10 @@ from .layout import (
     SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_OVERFLOW, WK_RUN_LEN,
     WK_STALLED, WK_WAIT_LEN,
 )
+from .busy_heap import busy_pop, busy_push, next_pass_end_ms
 from .vllm_core import ACC_SIZE
+
+
 
 
 def _event_loop(disaggregated):
@@ -65,6 +68,10 @@ def _event_loop(disaggregated):
         now_ms = sims.now_ms[s]
         resume_w = sims.i64[s, SM_RESUME_WORKER]
         sims.i64[s, SM_RESUME_WORKER] = -1
+        # a call may follow changes the driver made (requests added): look at every
+        # worker once; afterwards only those something woke
+        for w in range(w0, w1):
+            wk.ready[w] = 1
         events_on = event_log_on(p)
         # a decode run emits without visiting each request: not while every token is logged
         decode_runs = not outputs_logged(p, s)
@@ -83,16 +90,18 @@ def _event_loop(disaggregated):
                     resume_w = -1
                     changed = True
                 else:
-                    for w in range(w0, w1):
-                        if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] == now_ms:
-                            changed = True
-                            if disaggregated:
-                                _, full = complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh)
-                                if full:
-                                    sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
-                                    return
-                            else:
-                                complete_pass(rq, wk, sims, s, w)
+                    # passes ending now, in worker order (the busy heap's order)
+                    while next_pass_end_ms(wk, sims, s) == now_ms:
+                        w = busy_pop(wk, sims, s)
+                        wk.ready[w] = 1
+                        changed = True
+                        if disaggregated:
+                            _, full = complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh)
+                            if full:
+                                sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                                return
+                        else:
+                            complete_pass(rq, wk, sims, s, w)
                     if disaggregated and drain_transfers(rq, sims, s, now_ms):
                         changed = True
                     if arrivals_due(rq, sims, s, now_ms) and admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms) > 0:
@@ -107,9 +116,13 @@ def _event_loop(disaggregated):
                 # its worker goes again before higher ids; what its completion releases
                 # (arrivals, handoff actions) waits for the next iteration of the drain
                 for w in range(first_w, w1):
+                    if wk.ready[w] == 0:
+                        continue  # busy, stalled or without work since it was last driven
+                    wk.ready[w] = 0
                     while wk.i64[w, WK_BUSY] == 0 and wk.i64[w, WK_STALLED] == 0 \
                             and (wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0):
                         if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] >= log_rows:
+                            wk.ready[w] = 1  # the resumed drive starts with it
                             sims.now_ms[s] = now_ms
                             sims.i64[s, SM_RESUME_WORKER] = w
                             sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
@@ -129,6 +142,7 @@ def _event_loop(disaggregated):
                                 sims.i64[s, SM_DECODE_RUN_PASSES] += n_passes
                                 wk.i64[w, WK_BUSY] = 1
                                 wk.pass_end_ms[w] = end_ms
+                                busy_push(wk, sims, s, w)  # a decode run ends after now
                                 changed = True
                                 break
                         end_ms, had_effect, arena_full = run_pass(
@@ -138,6 +152,8 @@ def _event_loop(disaggregated):
                             return
                         wk.i64[w, WK_BUSY] = 1
                         wk.pass_end_ms[w] = end_ms
+                        if end_ms != now_ms:
+                            busy_push(wk, sims, s, w)
                         if end_ms == now_ms:
                             if disaggregated:
                                 # a decode worker's reservation retry at completion is an effect
@@ -159,14 +175,9 @@ def _event_loop(disaggregated):
                 sims.now_ms[s] = now_ms
                 sims.i64[s, SM_STATUS] = SIM_EVENTS_FULL
                 return
-            t_next = min(next_release_ms(rq, sims, s), next_transfer_ms(rq, sims, s))
-            overflow = False
-            for w in range(w0, w1):
-                if wk.i64[w, WK_BUSY] and wk.pass_end_ms[w] < t_next:
-                    t_next = wk.pass_end_ms[w]
-                if wk.i64[w, WK_OVERFLOW]:
-                    overflow = True
-            if overflow:
+            t_next = min(next_release_ms(rq, sims, s), next_transfer_ms(rq, sims, s),
+                         next_pass_end_ms(wk, sims, s))
+            if wk.i64[w0, WK_OVERFLOW]:
                 # a queue push found no room (and wrote nothing): the results would be
                 # wrong, the driver reruns with larger queues
                 sims.now_ms[s] = now_ms

@@ -371,8 +371,10 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
     ("ORDINAL_NEXT", 0, "", "next decode-rank arrival ordinal"),
     ("TRT_TAIL", 0, "", "TRT-LLM decode rank: blocks that reserved and activated-waiting "
                         "destinations still need to finish, held back from admissions"),
-    ("OVERFLOW", 0, "", "1 once a push found the running list or waiting ring full (nothing was "
-                        "written; the event loop ends the simulation with SIM_CAPACITY)"),
+    ("OVERFLOW", 0, "", "on a simulation's first worker: 1 once a push of any of its workers found "
+                        "the running list or waiting ring full (nothing was written; the event "
+                        "loop ends the simulation with SIM_CAPACITY)"),
+    ("SIM_W0", 0, "w", "first worker of its simulation"),
     ("RUN_CAP", 0, "", "running list slots"),
     # kv_router view of the worker (kernels.kv_router)
     ("RT_PREFILL_TOKENS", 0, "", "P_w: prompt tokens still to prefill of requests routed here"),
@@ -418,6 +420,7 @@ SIMULATION = _declare(FieldTable("SM_", "sims.i64", np.int64, [
     ("PREFILL_Q_OFF", -1, "q", "disaggregated: first prefill row (its rows are contiguous, in "
                                "the order of their logical rows); -1 = aggregated"),
     ("RT_LOG_LEN", 0, "", "kv_router decisions logged (sims.rt_log rows)"),
+    ("BUSY_LEN", 0, "", "workers with a pass in flight (wk.busy_heap from SM_W_OFF)"),
 ]))
 SM_FIELDS = SIMULATION.width
 
@@ -531,6 +534,12 @@ class Workers(NamedTuple):
     pass_end_ms: np.ndarray  # float64[w]
     run_q: np.ndarray        # int64[..] running lists (slices at WK_RUN_OFF)
     wait_q: np.ndarray       # int64[..] waiting rings (slices at WK_WAIT_OFF)
+    # int64[w] per simulation (slices at SM_W_OFF), a min-heap of its busy workers by
+    # (pass end, worker): the next instant and the passes ending at it without a scan
+    busy_heap: np.ndarray = np.zeros(0, np.int64)
+    # uint8[w] 1 = the worker may be able to start a pass (its pass ended, or work or
+    # room reached it: rank_queues.wake); the drive visits only these
+    ready: np.ndarray = np.zeros(0, np.uint8)
     rt_key: np.ndarray = _NO_RT_KEY      # uint64[..] kv_router active-block multisets (WK_RT_OFF)
     rt_count: np.ndarray = _NO_RT_COUNT  # int32[..] their counts (0 = free or no longer active)
 

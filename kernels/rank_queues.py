@@ -1,16 +1,24 @@
 """The queues of a rank (worker): the running list (index order matters for the
 preemption cursor), the waiting ring (preempted requests go to its front) and the
 terminal list of the pass in flight. Pushes into a full list write nothing and flag
-the worker (``WK_OVERFLOW``): the event loop then ends the simulation with
+the simulation (``WK_OVERFLOW`` of its first worker): the event loop then ends the simulation with
 ``SIM_CAPACITY`` instead of letting a ring wrap over live entries.
 """
 
 from numba import njit
 
 from .layout import (
-    RQ_TERM_NEXT, SIM_CAPACITY, WK_OVERFLOW, WK_RUN_CAP, WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD,
-    WK_TERM_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
+    RQ_TERM_NEXT, SIM_CAPACITY, WK_OVERFLOW, WK_SIM_W0, WK_RUN_CAP, WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD,
+    WK_STALLED, WK_TERM_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
 )
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def wake(wk, w):
+    """Something that may let worker w start a pass happened (work, room, a freed
+    reservation): clear its stall and mark it for the event loop's drive."""
+    wk.i64[w, WK_STALLED] = 0
+    wk.ready[w] = 1
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -24,7 +32,7 @@ def wait_push_back(wk, w, q):
     worker (the event loop then ends the simulation with SIM_CAPACITY)."""
     cap = wk.i64[w, WK_WAIT_CAP]
     if wk.i64[w, WK_WAIT_LEN] >= cap:
-        wk.i64[w, WK_OVERFLOW] = 1
+        wk.i64[wk.i64[w, WK_SIM_W0], WK_OVERFLOW] = 1
         return False
     wk.wait_q[wk.i64[w, WK_WAIT_OFF] + (wk.i64[w, WK_WAIT_HEAD] + wk.i64[w, WK_WAIT_LEN]) % cap] = q
     wk.i64[w, WK_WAIT_LEN] += 1
@@ -35,7 +43,7 @@ def wait_push_back(wk, w, q):
 def wait_push_front(wk, w, q):
     cap = wk.i64[w, WK_WAIT_CAP]
     if wk.i64[w, WK_WAIT_LEN] >= cap:
-        wk.i64[w, WK_OVERFLOW] = 1
+        wk.i64[wk.i64[w, WK_SIM_W0], WK_OVERFLOW] = 1
         return
     h = (wk.i64[w, WK_WAIT_HEAD] - 1 + cap) % cap
     wk.i64[w, WK_WAIT_HEAD] = h
@@ -62,7 +70,7 @@ def run_push_back(wk, w, q):
     """Append q to the running list (full: nothing written, the worker flagged)."""
     n = wk.i64[w, WK_RUN_LEN]
     if n >= wk.i64[w, WK_RUN_CAP]:
-        wk.i64[w, WK_OVERFLOW] = 1
+        wk.i64[wk.i64[w, WK_SIM_W0], WK_OVERFLOW] = 1
         return
     wk.run_q[wk.i64[w, WK_RUN_OFF] + n] = q
     wk.i64[w, WK_RUN_LEN] = n + 1
