@@ -620,6 +620,7 @@ def run_replay(args) -> dict:
     if setup.placement == "kv_router":
         routing = result.routing[0]
         summary.update(routing_summary(routing))
+    summary["rejected_by_cause"] = rejection_causes(setup, requests)
     summary["prediction_provenance"] = prediction_provenance(setup)
     summary["kv_capacity"] = kv_capacity(setup)
     passes = None
@@ -645,21 +646,35 @@ def run_replay(args) -> dict:
             "compile_ms": compile_ms}
 
 
+def rejection_causes(setup: ReplaySetup, requests) -> dict:
+    """Rejected requests by cause: ``max_model_len`` (prompt at or over the limit) and
+    ``kv_pool`` (a prompt the pool of its first rank can never hold)."""
+    status = requests["terminal_status"].to_numpy(object)
+    prompt = requests["input_tokens"].to_numpy(np.int64)
+    rejected = status == "rejected"
+    limit = setup.rank.max_model_len
+    too_long = rejected & (prompt >= limit) if limit is not None else np.zeros(len(status), bool)
+    return {"max_model_len": int(too_long.sum()), "kv_pool": int((rejected & ~too_long).sum())}
+
+
+def _describe_rejections(setup: ReplaySetup, causes: dict) -> list[str]:
+    rank = setup.prefill_rank if setup.disaggregated else setup.rank
+    out = []
+    if causes["max_model_len"]:
+        out.append(f"{causes['max_model_len']} with a prompt of max_model_len "
+                   f"({setup.rank.max_model_len}) tokens or more")
+    if causes["kv_pool"]:
+        out.append(f"{causes['kv_pool']} that do not fit the KV pool ({rank.num_gpu_blocks} blocks x "
+                   f"{rank.block_size} tokens); raise num_gpu_blocks")
+    return out
+
+
 def _nothing_completed(setup: ReplaySetup, requests) -> str:
     """Why a run completed no request: the rejections by cause (nothing is written, and
     the summary's latencies would only be the reference's 0.0 of an empty sample)."""
     status = requests["terminal_status"].to_numpy(object)
-    prompt = requests["input_tokens"].to_numpy(np.int64)
     rejected = status == "rejected"
-    causes = []
-    limit = setup.rank.max_model_len
-    too_long = rejected & (prompt >= limit) if limit is not None else np.zeros(len(status), bool)
-    if too_long.any():
-        causes.append(f"{int(too_long.sum())} with a prompt of max_model_len ({limit}) tokens or more")
-    rank = setup.prefill_rank if setup.disaggregated else setup.rank
-    if (rejected & ~too_long).any():
-        causes.append(f"{int((rejected & ~too_long).sum())} that do not fit the KV pool "
-                      f"({rank.num_gpu_blocks} blocks x {rank.block_size} tokens); raise num_gpu_blocks")
+    causes = _describe_rejections(setup, rejection_causes(setup, requests))
     others = int((~rejected).sum())
     if others:
         causes.append(f"{others} ended otherwise ({', '.join(sorted(set(status[~rejected]) - {''}) or ['unfinished'])})")
@@ -687,6 +702,9 @@ def format_summary(setup: ReplaySetup, summary: dict, requests, written: dict,
         f"worker(s)" + (f", closed loop {setup.concurrency}" if setup.concurrency else ""),
         f"  requests            {summary['num_requests']} arrived, "
         f"{summary['completed_requests']} completed, {rejected} rejected",
+        *(["  rejected            " + "; ".join(_describe_rejections(
+            setup, summary.get("rejected_by_cause") or rejection_causes(setup, requests)))]
+          if rejected else []),
         f"  duration            {_fmt(summary['duration_ms'])} ms",
         f"  throughput          {_fmt(summary['request_throughput_rps'])} req/s, "
         f"{_fmt(summary['output_throughput_tok_s'], 1)} output tok/s, "

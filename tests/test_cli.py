@@ -686,3 +686,15 @@ def test_a_run_that_completes_nothing_is_an_error(tmp_path, capsys):
     assert "no request completed: of 20" in err and "max_model_len (900)" in err
     assert "do not fit the KV pool (4 blocks x 64 tokens)" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_partial_rejections_are_counted_by_cause(tmp_path, capsys):
+    """Some requests rejected: the run goes on, and both the printout and the summary
+    say how many and why."""
+    code, out, _ = run_cli(_flags(tmp_path, "--engine-args", '{"max_model_len": 1000}'), capsys)
+    assert code == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    causes = summary["rejected_by_cause"]
+    assert causes["max_model_len"] > 0 and causes["kv_pool"] == 0
+    assert summary["completed_requests"] == summary["num_requests"] - causes["max_model_len"]
+    assert f"rejected            {causes['max_model_len']} with a prompt of max_model_len (1000)" in out
