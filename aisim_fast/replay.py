@@ -280,6 +280,61 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
                         next_turn=_next_turns(wl), firsts=firsts, pools=tuple(pool_templates))
 
 
+class StateTooLarge(SimulationError):
+    """The kernel state of a batch would not fit in the memory available."""
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def state_bytes(sims: Sequence[Simulation], templates: Sequence[_SimTemplate], n_q: int,
+                pass_log_rows: int, event_rows: int = 0) -> int:
+    """Bytes of the kernel state ``build_state`` allocates for these simulations and
+    their templates (the arrays the kernels touch; the workload tables aside)."""
+    n_sims = len(sims)
+    lease = sum(t.lease_entries + t.prefill_lease_entries for t in templates)
+    n_w = arena = tab = queues = 0
+    for t in templates:
+        for _, n_workers, pool in t.pools:
+            n_w += n_workers
+            arena += n_workers * pool.arena
+            tab += n_workers * _pow2_at_least(2 * pool.arena)
+            queues += n_workers * (pool.run_cap + pool.wait_cap)
+    per_worker = (L.CFG_I_FIELDS + L.CFG_F_FIELDS + L.WK_FIELDS + L.PW_FIELDS + 2) * 8
+    return int(n_q * (L.RQ_I_FIELDS + L.RQ_F_FIELDS) * 8 + lease * 12
+               + arena * (L.PB_FIELDS * 4 + 8) + tab * 4 + queues * 8 + n_w * per_worker
+               + n_sims * (pass_log_rows * L.PL_NUM_COLUMNS * 8
+                           + (sketch.TOKEN_STAT_WIDTH + sketch.TOKEN_HIST_WIDTH) * 8
+                           + (1 + event_rows) * L.EV_NUM_COLUMNS * 8 + L.SM_FIELDS * 8)
+               + 4 * n_q * 8)
+
+
+def check_state_fits(sims, templates, n_q, pass_log_rows, event_rows=0) -> None:
+    """Refuse a batch whose state would not fit in the available memory (with a
+    quarter to spare for the driver and the outputs), before allocating any of it."""
+    need = state_bytes(sims, templates, n_q, pass_log_rows, event_rows)
+    have = available_memory_bytes()
+    if have is not None and need > 0.75 * have:
+        workers = sum(s.workers + s.prefill_workers for s in sims)
+        raise StateTooLarge(
+            f"the batch needs about {_size(need)} of simulator state ({len(sims)} kernel unit(s), "
+            f"{workers} workers, {n_q} request rows), {_size(have)} is available: use fewer "
+            "workers or requests, or a smaller --batch-size")
+
+
+def _size(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.0f} MiB"
+
+
 def _default_queue_slots(n: int, n_workers: int, placement: str) -> int:
     """Running/waiting slots per worker for n requests: round robin gives a worker at
     most ceil(n / N) of them; another placement may give it more, and half as much
@@ -359,6 +414,17 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     n_q = n_logical + int(p_len.sum())
     n_w = int(w_len.sum())
 
+    # every simulation's template first: the state's size is known before any of it
+    # is allocated, and a batch that cannot fit is refused in one line
+    templates: dict[tuple, _SimTemplate] = {}
+    sim_templates = []
+    for sim in sims:
+        key = (id(sim.workload),) + tuple(getattr(sim, f.name) for f in _SIM_SETTINGS)
+        if key not in templates:
+            templates[key] = _sim_template(sim, table_rows, distinct_prompt_blocks)
+        sim_templates.append(templates[key])
+    check_state_fits(sims, sim_templates, n_q, pass_log_rows, event_rows)
+
     # per-request state, field-major (see kernels.layout)
     # every row is written from its simulation's template below
     rq_i = np.empty((n_q, L.RQ_I_FIELDS), np.int64)
@@ -371,12 +437,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     arena = np.empty(n_w, np.int64)
     run_cap = np.empty(n_w, np.int64)
     wait_cap = np.empty(n_w, np.int64)
-    templates: dict[tuple, _SimTemplate] = {}
     for s, sim in enumerate(sims):
-        key = (id(sim.workload),) + tuple(getattr(sim, f.name) for f in _SIM_SETTINGS)
-        tpl = templates.get(key)
-        if tpl is None:
-            tpl = templates[key] = _sim_template(sim, table_rows, distinct_prompt_blocks)
+        tpl = sim_templates[s]
         a, n = int(q_off[s]), int(q_len[s])
         sl = slice(a, a + n)
         rq_i[sl] = tpl.rq_i
@@ -842,7 +904,10 @@ def _worker_shards(sim: Simulation):
     key = (id(wl), sim.workers)
     cached = _SHARD_CACHE.get(key)
     if cached is None or cached[0] is not wl:
-        cached = (wl, [_sub_workload(wl, wl.order[w::sim.workers]) for w in range(sim.workers)])
+        # worker w serves arrivals w, w + N, ...: the workers past the last arrival
+        # get nothing and need no unit (their pools stay empty)
+        cached = (wl, [_sub_workload(wl, wl.order[w::sim.workers])
+                       for w in range(min(sim.workers, len(wl.order)))])
         if len(_SHARD_CACHE) >= 16:  # a sweep over worker counts of one trace fits; keep memory flat
             _SHARD_CACHE.pop(next(iter(_SHARD_CACHE)))
         _SHARD_CACHE[key] = cached

@@ -512,3 +512,46 @@ def test_a_batch_shares_one_pass_log_budget(monkeypatch):
     for s in range(4):
         pd.testing.assert_frame_equal(tight.passes[s], roomy.passes[s], check_exact=True)
         pd.testing.assert_frame_equal(tight.requests[s], roomy.requests[s], check_exact=True)
+
+
+def _golden_sim(case, **changes):
+    golden = Path(__file__).resolve().parent / "data" / "golden"
+    setup = parse_payload(json.loads((golden / f"{case}.spec.json").read_text()), golden,
+                          str(Path(__file__).resolve().parent / "data" / "traces" / "mooncake_1k.jsonl"))
+    return dataclasses.replace(simulation_from_setup(setup), **changes)
+
+
+def test_state_estimate_matches_what_build_state_allocates(monkeypatch):
+    """The size check before allocation estimates the arrays build_state then makes
+    (aggregated and disaggregated), within a fifth."""
+    sims = [_golden_sim("1k_vllm_agg2"), _golden_sim("1k_vllm_disagg1p2d")]
+    seen = {}
+    real = replay_module.check_state_fits
+
+    def spy(sims_, templates, n_q, rows, events=0):
+        seen["bytes"] = replay_module.state_bytes(sims_, templates, n_q, rows, events)
+        return real(sims_, templates, n_q, rows, events)
+
+    monkeypatch.setattr(replay_module, "check_state_fits", spy)
+    state = build_state(sims)
+    allocated = sum(a.nbytes for bundle in state if hasattr(bundle, "_fields")
+                    for a in bundle if isinstance(a, np.ndarray))
+    allocated -= state[3].phash.nbytes + state[3].hash_ids.nbytes  # workload tables: not state
+    assert 0.8 * allocated <= seen["bytes"] <= 1.25 * allocated, (seen["bytes"], allocated)
+
+
+def test_a_batch_too_large_for_memory_is_refused_before_allocating(monkeypatch):
+    monkeypatch.setattr(replay_module, "available_memory_bytes", lambda: 4 << 20)
+    with pytest.raises(replay_module.StateTooLarge, match=r"needs about \d+ MiB of simulator state "
+                                                          r"\(1 kernel unit\(s\), 3 workers, 2000 request "
+                                                          r"rows\), 4 MiB is available: use fewer workers"):
+        run_batch([_golden_sim("1k_vllm_disagg1p2d")])
+
+
+def test_workers_past_the_last_arrival_get_no_unit():
+    """Round robin on more workers than requests: every request alone on its worker,
+    exactly as with one worker per request, and no kernel unit for the idle ones."""
+    many = run_batch([_golden_sim("1k_vllm_agg2", workers=50_000)]).check()
+    exact = run_batch([_golden_sim("1k_vllm_agg2", workers=1000)]).check()
+    pd.testing.assert_frame_equal(many.requests[0], exact.requests[0], check_exact=True)
+    assert len(replay_module._worker_shards(_golden_sim("1k_vllm_agg2", workers=50_000))) == 1000
