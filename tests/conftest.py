@@ -1,6 +1,7 @@
 """Shared test options and fixtures.
 
 ``--runslow`` also runs the tests marked ``slow`` (the 10k-request parity case).
+Hypothesis runs derandomized (profile ``ci``) unless ``HYPOTHESIS_PROFILE=explore``.
 pyproject.toml deselects them by default with ``addopts = "-m 'not slow'"``; an
 explicit ``-m`` expression given on the command line is left alone, only that
 default is lifted.
@@ -8,10 +9,19 @@ default is lifted.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run unless asked otherwise, so the
+# suite's time and outcome do not swing between CI runs; HYPOTHESIS_PROFILE=explore
+# draws fresh ones (and AISIM_PROPERTY_EXAMPLES scales how many, test_properties).
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 TESTS_DIR = Path(__file__).resolve().parent
 DATA_DIR = TESTS_DIR / "data"
