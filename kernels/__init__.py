@@ -47,8 +47,8 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
 # on the development machine, see benchmarks/bench_compile.py)
 COMPILE_PARTS = {
     "trace": ("the trace loader", 4),
-    "aggregated": ("aggregated replay", 40),
-    "disaggregated": ("disaggregated replay", 45),
+    "aggregated": ("aggregated replay", 47),
+    "disaggregated": ("disaggregated replay", 56),
 }
 _ANNOUNCED: set[str] = set()
 
