@@ -377,8 +377,7 @@ def run_points(tasks: list, threads: int = 1, with_requests: bool = True) -> lis
     Returns [(point id, summary row, requests frame or None)]; the task of a local worker
     process or a Dask worker, and of the sweep's own process."""
     from aisim_fast.kernels.event_loop import set_kernel_threads
-    from aisim_fast.output import requests_in_uuid_order, routing_summary, summarize_replay
-    from aisim_fast.replay import STATUS_OK, run_batch, simulation_from_setup
+    from aisim_fast.replay import simulation_from_setup
     from aisim_fast.workload import TraceError
 
     set_kernel_threads(threads)
@@ -391,7 +390,33 @@ def run_points(tasks: list, threads: int = 1, with_requests: bool = True) -> lis
         except (TraceError, OSError) as exc:
             out.append((point, {"status": "trace_error", "error": str(exc), "gpus": _gpus(setup)}, None))
     ids = [t[0] for t in tasks if t[0] not in {o[0] for o in out}]
-    result = run_batch(sims, record_passes=False)
+    out += _run_batch_rows(ids, setups, sims, with_requests)
+    out.sort(key=lambda o: o[0])
+    return out
+
+
+STATUS_TOO_LARGE = "too_large"  # the point's state alone does not fit in memory
+
+
+def _run_batch_rows(ids, setups, sims, with_requests) -> list:
+    """Rows of points run in one batch; a batch whose state does not fit in memory is
+    split in halves until it does, and a point that does not fit alone is recorded
+    with the reason (the sweep goes on)."""
+    from aisim_fast.output import requests_in_uuid_order, routing_summary, summarize_replay
+    from aisim_fast.replay import STATUS_OK, StateTooLarge, run_batch
+
+    if not sims:
+        return []
+    try:
+        result = run_batch(sims, record_passes=False)
+    except StateTooLarge as exc:
+        if len(sims) == 1:
+            return [(ids[0], {"status": STATUS_TOO_LARGE, "error": str(exc), "gpus": _gpus(setups[0])},
+                     None)]
+        half = len(sims) // 2
+        return (_run_batch_rows(ids[:half], setups[:half], sims[:half], with_requests)
+                + _run_batch_rows(ids[half:], setups[half:], sims[half:], with_requests))
+    out = []
     for s, (point, setup, sim) in enumerate(zip(ids, setups, sims)):
         # the batch's numbering of the simulation means nothing outside it
         error = re.sub(r"^simulation \d+: ", "", result.error[s])
@@ -407,7 +432,6 @@ def run_points(tasks: list, threads: int = 1, with_requests: bool = True) -> lis
                 row.update(routing_summary(result.routing[s]))
             row["output_throughput_per_gpu_tok_s"] = summary["output_throughput_tok_s"] / row["gpus"]
         out.append((point, row, requests if with_requests else None))
-    out.sort(key=lambda o: o[0])
     return out
 
 

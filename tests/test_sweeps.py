@@ -356,3 +356,29 @@ def test_a_point_with_rejected_requests_misses_the_sla():
     assert list(points["status"]) == ["ok", "ok"]
     assert list(points["completed_requests"]) == [16, 20]  # 4 prompts of 1200+ tokens rejected
     assert list(points["sla_ok"]) == [False, True]
+
+
+def test_a_batch_too_large_for_memory_is_split_and_an_oversized_point_recorded(monkeypatch):
+    """Memory for about one small point at a time: the batch of four is split until
+    its parts fit, every small point runs as it does alone, and the point too large
+    even alone is a row with status too_large; the sweep goes on."""
+    import aisim_fast.replay as replay
+
+    spec = _spec(workers=[1, 1, 1, 64])
+    want = run_sweep(spec, None, quiet=True)
+    one = {}
+    real = replay.check_state_fits
+
+    def measure(sims, templates, n_q, rows, events=0):
+        one.setdefault("bytes", replay.state_bytes(sims[:1], templates[:1], n_q // len(sims), rows, events))
+        return real(sims, templates, n_q, rows, events)
+
+    monkeypatch.setattr(replay, "check_state_fits", measure)
+    run_sweep(_spec(workers=[1]), None, quiet=True)
+    monkeypatch.setattr(replay, "check_state_fits", real)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda: int(one["bytes"] * 1.8 / 0.75))
+    got = run_sweep(spec, None, quiet=True, batch_size=4)
+    assert list(got["status"]) == ["ok", "ok", "ok", "too_large"]
+    assert "of simulator state" in got["error"].iloc[3]
+    cols = ["mean_ttft_ms", "p90_itl_ms", "completed_requests"]
+    pd.testing.assert_frame_equal(got[cols].iloc[:3], want[cols].iloc[:3], check_exact=True)
