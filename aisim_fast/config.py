@@ -310,8 +310,15 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     if spec.get("engine") is None:
         _fail("spec.engine", "required (the rank config: {\"rank\": {\"backend\": ...}})")
     engine = _obj("spec.engine", spec.get("engine"))
+    for key in engine:
+        if key not in _ENGINE_POOL_KEYS + ("prefill", "decode"):
+            _fail(f"spec.engine.{key}", "unknown field; allowed: "
+                                        + ", ".join(sorted(_ENGINE_POOL_KEYS + ("prefill", "decode"))))
     disagg: dict[str, Any] = {}
     if kind == "aggregated":
+        for role in ("prefill", "decode"):
+            if engine.get(role) is not None:
+                _fail(f"spec.engine.{role}", "only for a disaggregated topology (kind: disaggregated)")
         workers = _pool_workers("spec.topology.workers", topo.get("workers"))
         rank, tp = _engine_pool("spec.engine", engine, "aggregated")
     else:
@@ -320,10 +327,11 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
                 _fail(f"spec.topology.{key}", "unknown field for a disaggregated topology; allowed: "
                                               "kind, prefill, decode, handoff_latency_ms")
         workers = _pool_workers("spec.topology.decode", topo.get("decode"))
-        rank, tp = _engine_pool("spec.engine.decode", _obj("spec.engine.decode", engine.get("decode")),
-                                "decode")
-        prefill_rank, prefill_tp = _engine_pool(
-            "spec.engine.prefill", _obj("spec.engine.prefill", engine.get("prefill")), "prefill")
+        # a role without its own block runs the engine's top-level pool fields, as the
+        # reference does (aggregated_role of the engine config)
+        top = {k: v for k, v in engine.items() if k not in ("prefill", "decode")}
+        rank, tp = _engine_pool(*_role_block(engine, top, "decode"), "decode")
+        prefill_rank, prefill_tp = _engine_pool(*_role_block(engine, top, "prefill"), "prefill")
         check_disaggregated_pair(prefill_rank, rank, "spec.engine.decode.rank")
         disagg = dict(
             prefill_rank=prefill_rank,
@@ -439,8 +447,24 @@ def _pool_workers(path: str, raw: Any) -> int:
     return _int(f"{path}.initial_workers", pool.get("initial_workers", 1), 1)
 
 
+_ENGINE_POOL_KEYS = ("dp_size", "tensor_parallel_size", "prefill_context_parallel_size",
+                     "num_gpu_blocks_is_explicit", "rank")
+
+
+def _role_block(engine: dict, top: dict, role: str) -> tuple[str, dict]:
+    if engine.get(role) is None:
+        return "spec.engine", top
+    return f"spec.engine.{role}", _obj(f"spec.engine.{role}", engine[role])
+
+
 def _engine_pool(path: str, engine: dict, worker_type: str) -> tuple[RankConfig, int]:
     """One pool's engine block: rank fields, dp_size (only 1) and tensor parallelism."""
+    for key in engine:
+        if key not in _ENGINE_POOL_KEYS and not (path == "spec.engine" and key in ("prefill", "decode")):
+            _fail(f"{path}.{key}", "unknown field; allowed: " + ", ".join(_ENGINE_POOL_KEYS))
+    if engine.get("prefill_context_parallel_size", 1) != 1:
+        _fail(f"{path}.prefill_context_parallel_size",
+              f"only 1 is simulated, got {engine.get('prefill_context_parallel_size')!r}")
     if engine.get("dp_size", 1) != 1:
         _fail(f"{path}.dp_size", f"only 1 is simulated, got {engine.get('dp_size')!r}")
     tp = _int(f"{path}.tensor_parallel_size", engine.get("tensor_parallel_size", 1), 1)

@@ -543,3 +543,34 @@ def test_cancel_source_releases_or_drops_it(source_status):
     assert wk.i64[w, L.WK_CAP_GEN] == gen + 1
     assert cancel_source(cfg, pool, rq, wk, q) == L.CMD_NOOP
     _pool_ok(state, w)
+
+
+def test_engine_fields_checked_and_roles_fall_back_to_the_top_level_engine():
+    """Unknown engine fields are refused by path; a disaggregated engine without its
+    own prefill / decode blocks runs both roles on the top-level fields, as the
+    reference does (checked on this golden: the same report figures)."""
+    import copy
+    import json as _json
+    from pathlib import Path as _Path
+
+    from aisim_fast.config import ConfigError, parse_payload
+    from aisim_fast.replay import run_batch, simulation_from_setup
+
+    data = _Path(__file__).resolve().parent / "data"
+    golden = _json.loads((data / "golden" / "1k_vllm_disagg1p2d.spec.json").read_text())
+    trace = str(data / "traces" / "mooncake_1k.jsonl")
+    bad = copy.deepcopy(golden)
+    bad["spec"]["engine"]["decode"]["tensor_paralel_size"] = 2
+    with pytest.raises(ConfigError, match=r"^spec\.engine\.decode\.tensor_paralel_size: unknown field"):
+        parse_payload(bad, trace_override=trace)
+    bad = copy.deepcopy(golden)
+    bad["spec"]["engine"]["prefill"]["prefill_context_parallel_size"] = 2
+    with pytest.raises(ConfigError, match=r"prefill_context_parallel_size: only 1 is simulated"):
+        parse_payload(bad, trace_override=trace)
+    top = copy.deepcopy(golden)
+    decode = top["spec"]["engine"]["decode"]
+    decode["rank"].pop("worker_type", None)
+    top["spec"]["engine"] = decode
+    a = run_batch([simulation_from_setup(parse_payload(top, trace_override=trace))]).check()
+    b = run_batch([simulation_from_setup(parse_payload(golden, trace_override=trace))]).check()
+    pd.testing.assert_frame_equal(a.requests[0], b.requests[0], check_exact=True)
