@@ -759,9 +759,7 @@ def op_latency_evidence(setup, passes) -> dict | None:
     pass order (a sequential sum, as the reference adds them), per phase over every
     worker: the reference's ``power_diagnostics`` latencies, without energy (the
     database has none for these ops). None when no pool is timed by AIC."""
-    pools = [(setup.rank, "decode" if setup.disaggregated else "aggregated")]
-    if setup.disaggregated:
-        pools.append((setup.prefill_rank, "prefill"))
+    pools = [(rank, role) for role, rank in setup.pools]
     if all(rank.aic is None for rank, _ in pools):
         return None
     order = np.argsort(passes["start_ms"].to_numpy(np.float64), kind="stable")

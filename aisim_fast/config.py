@@ -262,6 +262,13 @@ class ReplaySetup:
     def disaggregated(self) -> bool:
         return self.prefill_workers > 0
 
+    @property
+    def pools(self) -> list[tuple[str, RankConfig]]:
+        """(role, rank) of each pool: the aggregated one, or decode then prefill."""
+        if self.disaggregated:
+            return [("decode", self.rank), ("prefill", self.prefill_rank)]
+        return [("aggregated", self.rank)]
+
     def to_json(self) -> dict:
         d = asdict(self)
         d["rank"] = self.rank.to_json()

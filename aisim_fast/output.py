@@ -170,16 +170,10 @@ def summarize_replay(setup, requests: pd.DataFrame, token_stat_row, token_hist_r
         sla=setup.sla, wall_time_ms=wall_time_ms)
 
 
-def _pools(setup) -> list[tuple[str, object]]:
-    if setup.disaggregated:
-        return [("decode", setup.rank), ("prefill", setup.prefill_rank)]
-    return [("aggregated", setup.rank)]
-
-
 def prediction_provenance(setup) -> dict:
     """What timed each pool, as the reference's report says it (``prediction_provenance``)."""
     out = {}
-    for role, rank in sorted(_pools(setup)):
+    for role, rank in sorted(setup.pools):
         if rank.timing_model == "aic":
             out[role] = {"data_version": rank.aic.backend_version, "data_version_unavailable_reason": None,
                          "estimator": "op_level", "timing_source": "aic"}
@@ -210,7 +204,7 @@ def kv_capacity(setup) -> dict:
     return {role: {"num_gpu_blocks": rank.num_gpu_blocks, "block_size": rank.block_size,
                    "source": "estimated from model and GPU memory (AIC)"
                    if rank.num_gpu_blocks_estimated else "configured"}
-            for role, rank in sorted(_pools(setup))}
+            for role, rank in sorted(setup.pools)}
 
 
 # ---------------------------------------------------------------------------------------

@@ -40,13 +40,6 @@ def pack_key(kind, b, x, y):
     return np.int64(kind | (b << 1) | (x << (1 + _B_BITS)) | (y << (1 + _B_BITS + _X_BITS)))
 
 
-def pack_key_py(kind: int, b: int, x: int, y: int) -> int:
-    """``pack_key`` in plain Python (the driver fills tables with it)."""
-    if not (0 <= b < 1 << _B_BITS and 0 <= x < 1 << _X_BITS and 0 <= y < 1 << _Y_BITS):
-        return AIC_EMPTY
-    return kind | (b << 1) | (x << (1 + _B_BITS)) | (y << (1 + _B_BITS + _X_BITS))
-
-
 def pack_keys_np(kind: int, b, x, y) -> np.ndarray:
     """``pack_key`` over arrays (the driver packs what it knows into tables)."""
     b, x, y = (np.asarray(v, np.int64) for v in (b, x, y))
@@ -61,10 +54,6 @@ def _home_slot(key, mask):
     return np.int64((np.uint64(key) * _FIB) >> np.uint64(33)) & mask
 
 
-def _home_slot_py(key: int, mask: int) -> int:
-    return (((key * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF) >> 33) & mask
-
-
 @njit(cache=True, _nrt=False)
 def _find(keys, vals, meta, t, key):
     """Slot of ``key`` in table t, or -1."""
@@ -77,26 +66,6 @@ def _find(keys, vals, meta, t, key):
             return off + h
         if k == AIC_EMPTY:
             return np.int64(-1)
-        h = (h + 1) & mask
-
-
-def insert(keys: np.ndarray, vals: np.ndarray, meta: np.ndarray, t: int, key: int, ms: float) -> None:
-    """Put ``key -> ms`` into table t (driver side): the value is written before the
-    key, a slot in use is never overwritten, and a table at MAX_LOAD takes no more."""
-    mask = int(meta[t, AICM_MASK])
-    if key == AIC_EMPTY or meta[t, AICM_COUNT] >= MAX_LOAD * (mask + 1):
-        return
-    off = int(meta[t, AICM_OFF])
-    h = _home_slot_py(key, mask)
-    while True:
-        k = keys[off + h]
-        if k == key:
-            return
-        if k == AIC_EMPTY:
-            vals[off + h] = ms
-            keys[off + h] = key
-            meta[t, AICM_COUNT] += 1
-            return
         h = (h + 1) & mask
 
 
@@ -121,9 +90,10 @@ def set_provider(fn) -> None:
 
 
 def fill_miss(kind, b, x, y, key, keys, vals, meta, t):
-    """A key neither table has: its value from the provider, kept in table t."""
+    """A key neither table has: its value from the provider, kept in table t (under
+    the GIL, the only writer of that table)."""
     ms = float(_PROVIDER[0](int(meta[t, AICM_TIMING]), int(kind), int(b), int(x), int(y)))
-    insert(keys, vals, meta, int(t), int(key), ms)
+    insert_many(keys, vals, meta, int(t), np.array([key], np.int64), np.array([ms]))
     return ms
 
 
@@ -148,7 +118,8 @@ def aic_raw_ms(cfg, w, kind, b, x, y):
 
 @njit(cache=True, _nrt=False)
 def insert_many(keys, vals, meta, t, new_keys, new_vals):
-    """Bulk ``insert`` of known keys into table t before a run (same rules)."""
+    """Put ``new_keys -> new_vals`` into table t: the value is written before the key,
+    a slot in use is never overwritten, and a table at MAX_LOAD takes no more."""
     off = meta[t, AICM_OFF]
     mask = meta[t, AICM_MASK]
     limit = MAX_LOAD * (mask + 1)
