@@ -58,6 +58,7 @@ from aisim_fast.output import (
     summarize_replay,
     write_run,
 )
+from aisim_fast import output as output_module
 from aisim_fast.handoff_audit import audit_handoffs, audited_runs
 from aisim_fast.kernels import compile_notice
 from aisim_fast.plots import PlotError
@@ -740,6 +741,8 @@ class _Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame):
+    if output_module.COMMITTED[0] is not None:
+        return  # the run folder is written: finish (printing the summary) and exit 0
     raise _Terminated()
 
 
@@ -748,6 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     143 SIGTERM: a run being written removes its staging folder either way)."""
     if threading.current_thread() is not threading.main_thread():
         return _main(argv)
+    output_module.COMMITTED[0] = None
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return _main(argv)

@@ -18,10 +18,13 @@ new one is complete.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import signal
+import threading
 import uuid
 from pathlib import Path
 
@@ -406,7 +409,32 @@ def write_run(out_dir, requests_df: pd.DataFrame, passes_df: pd.DataFrame | None
         raise
 
 
+# the last run folder moved into place in this process: from that moment the run is
+# written, and a SIGTERM that arrives afterwards no longer undoes it (cli._on_sigterm)
+COMMITTED: list = [None]
+
+
+@contextlib.contextmanager
+def _sigterm_held():
+    """SIGTERM held back (delivered on exit) around the commit, so a signal cannot land
+    between the rename and the record of it."""
+    held = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    if held:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        if held:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 def _move_into_place(staging: Path, out: Path, overwrite: bool) -> None:
+    with _sigterm_held():
+        _rename_into_place(staging, out, overwrite)
+        COMMITTED[0] = out
+
+
+def _rename_into_place(staging: Path, out: Path, overwrite: bool) -> None:
     # the folder may have appeared or changed while the simulation ran
     check_out_dir(out, overwrite)
     if not out.exists():
