@@ -143,7 +143,7 @@ def summarize_disaggregated_run(requests: pd.DataFrame, token_stat_row, token_hi
     prefill side's (spec replay.md 5.4)."""
     end_s = end_ms / MS_PER_S
     reuse = np.maximum(requests["cached_tokens"].to_numpy(np.int64),
-                       requests["decode_cached_tokens"].to_numpy(np.int64))
+                       requests["decode_cached_tokens"].to_numpy(np.int64, na_value=0))
     return summarize(
         requests.assign(cached_tokens=reuse), token_stat_row, token_hist_row,
         sla=sla or None,

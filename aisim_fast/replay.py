@@ -649,6 +649,12 @@ def _routing_frame(sim: Simulation, log: np.ndarray, costs: np.ndarray) -> pd.Da
     }, columns=list(ROUTING_COLUMNS))
 
 
+def _optional(values: np.ndarray, present: np.ndarray) -> pd.arrays.IntegerArray:
+    """Integers that are null where ``present`` is False (a worker never assigned),
+    as the reference leaves those cells empty."""
+    return pd.arrays.IntegerArray(np.where(present, values, 0).astype(np.int64), ~present)
+
+
 def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
     """Per-request record, columns named as in the reference's per-request CSVs.
 
@@ -671,12 +677,12 @@ def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
         tpot = np.where(n_out >= 2, (last - first) / np.maximum(n_out - 1, 1), np.nan)
     if sim.disaggregated:
         pi, pf = rq.i64[ri[:, L.RQ_PEER]], rq.f64[ri[:, L.RQ_PEER]]
-        prefill_worker = np.where(pi[:, L.RQ_WORKER] >= 0, pi[:, L.RQ_WORKER] - w_first, -1)
+        prefill_worker = _optional(pi[:, L.RQ_WORKER] - w_first, pi[:, L.RQ_WORKER] >= 0)
         first_decode_worker = w_first + sim.prefill_workers
     else:
         pi, pf = ri, rf  # one row serves both sides
         first_decode_worker = w_first
-    worker = np.where(ri[:, L.RQ_WORKER] >= 0, ri[:, L.RQ_WORKER] - first_decode_worker, -1)
+    worker = _optional(ri[:, L.RQ_WORKER] - first_decode_worker, ri[:, L.RQ_WORKER] >= 0)
     cols = {
         "request_id": sim.workload.request_name,
         "trace_line": sim.workload.line_no,
@@ -726,7 +732,8 @@ def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
             "transferable_prompt_tokens": np.where(
                 np.isfinite(rf[:, L.RQF_DEST_RESERVED_MS]),
                 ri[:, L.RQ_RESERVED_FRESH] * sim.rank.block_size, -1),
-            "decode_cached_tokens": np.maximum(ri[:, L.RQ_MAX_CACHED], 0),
+            # no destination (rejected by the prefill side): no decode-side reuse either
+            "decode_cached_tokens": _optional(np.maximum(ri[:, L.RQ_MAX_CACHED], 0), ri[:, L.RQ_WORKER] >= 0),
         })
         readmissions = readmissions + np.maximum(pi[:, L.RQ_ADMISSIONS] - 1, 0)
         admissions = admissions + pi[:, L.RQ_ADMISSIONS]
@@ -844,7 +851,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
             _, w, rows = owner[u]
             frame = res.requests[u].copy()
             frame.index = rows
-            frame["worker"] = np.where(frame["worker"] >= 0, w, -1)
+            frame["worker"] = frame["worker"].where(frame["worker"].isna(), w)
             frame["decode_worker"] = frame["worker"]
             frames.append(frame)
         return pd.concat(frames).sort_index().reset_index(drop=True)

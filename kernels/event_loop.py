@@ -104,7 +104,8 @@ def _event_loop(disaggregated):
                             complete_pass(rq, wk, sims, s, w)
                     if disaggregated and drain_transfers(rq, sims, s, now_ms):
                         changed = True
-                    if arrivals_due(rq, sims, s, now_ms) and admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms) > 0:
+                    if not disaggregated and arrivals_due(rq, sims, s, now_ms) \
+                            and admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms) > 0:
                         changed = True
                     if disaggregated:
                         ran, full = drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh)
@@ -170,6 +171,12 @@ def _event_loop(disaggregated):
                             wk.i64[w, WK_STALLED] = 1
                             break
                         changed = True
+                if disaggregated and arrivals_due(rq, sims, s, now_ms) \
+                        and admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms) > 0:
+                    # the reference submits this instant's arrivals to the prefill pool
+                    # only after its workers went: an arrival at a pass end joins the
+                    # pass its worker starts then only when that worker had no work
+                    changed = True
             if events_on and p.event_log[s, 0, EVH_LEN] > n_event_rows:
                 # more events than the log holds: the driver reruns with a larger log
                 sims.now_ms[s] = now_ms

@@ -46,3 +46,34 @@ def within(gold, cand, rtol=RTOL, atol=ATOL):
     err = abs(cand - gold)
     rel = err / abs(gold) if gold != 0 else (0.0 if err == 0 else math.inf)
     return (err <= atol or err <= rtol * abs(gold)), err, rel
+
+
+# Columns of the reference's per-request CSV (``ref_replay.py``) that aisim_fast does
+# not write: ttst/queue are differences of written columns, routing_queue_wait is
+# always 0 without a queueing router, uuid is the reference's own id.
+NOT_WRITTEN = frozenset({"ttst_ms", "queue_ms", "routing_queue_wait_ms", "uuid"})
+# Written by the reference's driver only when it can derive it (a request_<line> id):
+# compared where the reference has it.
+WHERE_PRESENT = frozenset({"trace_line"})
+TEXT_COLUMNS = frozenset({"request_id", "terminal_status"})
+
+
+def row_differences(gold, cand, rtol=RTOL, atol=ATOL):
+    """[(column, golden cell, candidate cell)] over every column of the reference's
+    row: text columns equal, numbers within tolerance, empty only against empty/NaN."""
+    bad = []
+    for col, g in gold.items():
+        if col in NOT_WRITTEN or (col in WHERE_PRESENT and as_number(g) is None):
+            continue
+        c = cand.get(col)
+        if col in TEXT_COLUMNS:
+            if str(g).strip() != str(c).strip():
+                bad.append((col, g, c))
+            continue
+        try:
+            ok = within(as_number(g), as_number(c), rtol, atol)[0]
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            bad.append((col, g, c))
+    return bad
