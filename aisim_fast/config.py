@@ -338,7 +338,13 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         # reference does (aggregated_role of the engine config)
         top = {k: v for k, v in engine.items() if k not in ("prefill", "decode")}
         rank, tp = _engine_pool(*_role_block(engine, top, "decode"), "decode")
-        prefill_rank, prefill_tp = _engine_pool(*_role_block(engine, top, "prefill"), "prefill")
+        prefill_path, prefill_block = _role_block(engine, top, "prefill")
+        prefill_rank, prefill_tp = _engine_pool(prefill_path, prefill_block, "prefill")
+        if prefill_rank.kv_transfer_bandwidth is not None and prefill_rank.kv_transfer_bytes_per_token is None:
+            # the transfer is timed by the prefill side's model: the reference refuses
+            # a bandwidth it could not use (and does not fall back to the latency)
+            _fail(f"{prefill_path}.rank.kv_transfer_bandwidth",
+                  "kv_transfer_bandwidth requires kv_transfer_bytes_per_token on prefill workers")
         check_disaggregated_pair(prefill_rank, rank, "spec.engine.decode.rank")
         disagg = dict(
             prefill_rank=prefill_rank,

@@ -49,8 +49,11 @@ def main() -> int:
     (out / "flags.txt").write_text(" ".join(flags) + "\n")
     if run.returncode != 0 or not (out / "ref.csv").exists():
         lines = [ln for ln in run.stderr.strip().splitlines() if ln.strip()]
-        (out / "ref.error.txt").write_text((lines[-1] if lines else "failed") + "\n")
-        print("reference aborted:", lines[-1] if lines else "?")
+        message = lines[-1] if lines else "failed"
+        for prefix in ("RuntimeError: ", "AISimulate replay failed: ", "engine error: "):
+            message = message.removeprefix(prefix)  # the reference's own words remain
+        (out / "ref.error.txt").write_text(message + "\n")
+        print("reference aborted:", message)
     else:
         print("reference ok:", sum(1 for _ in open(out / "ref.csv")) - 1, "rows")
     return 0

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from aisim_fast.config import parse_payload
+from aisim_fast.config import ConfigError, parse_payload
 from aisim_fast.replay import run_batch, simulation_from_setup
 from parity_rules import as_key_part, row_differences
 
@@ -50,7 +50,10 @@ OPEN = {
 
 def _run(case: Path):
     payload = json.loads((case / "spec.json").read_text())
-    setup = parse_payload(payload, case, trace_override=str(case / "trace.jsonl"))
+    try:
+        setup = parse_payload(payload, case, trace_override=str(case / "trace.jsonl"))
+    except ConfigError as exc:  # refused before running, as the reference may refuse it
+        return "rejected_config", str(exc), None
     res = run_batch([simulation_from_setup(setup)])
     if res.status[0] != "ok":
         return res.status[0], res.error[0], None
