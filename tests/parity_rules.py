@@ -77,3 +77,14 @@ def row_differences(gold, cand, rtol=RTOL, atol=ATOL):
         if not ok:
             bad.append((col, g, c))
     return bad
+
+
+def same_stop(reference_message: str, message: str) -> bool:
+    """Whether aisim_fast stopped as the reference did: the same number of requests in
+    flight when the reference reports one (its dead ends and effect-free passes), else
+    the reference's words inside aisim_fast's message (a refused config)."""
+    import re
+    found = re.search(r"with (\d+) in-flight", reference_message)
+    if found:
+        return f"with {found.group(1)} in-flight" in message
+    return reference_message.strip() in message
