@@ -397,7 +397,11 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
         wd = place(sims, s, w0 + n_prefill, n_decode, SM_DECODE_CURSOR)
         rq.i64[q, RQ_WORKER] = wd
         if capacity_policy.destination_impossible(cfg, p, rq, wd, q):
-            # the destination can never hold the prompt: the handoff unwinds
+            # the destination can never hold the prompt: the handoff unwinds. The
+            # placement stands (the cursor moved) but no decode worker was assigned,
+            # and the source goes as a cancel, not a release: the reference records
+            # neither
+            rq.i64[q, RQ_WORKER] = -1
             _fail_request(rq, sims, s, q, TERM_FAILED, now_ms)
             queue_action(rq, sims, s, q, ACT_RELEASE)
             return True
@@ -455,7 +459,8 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
             return True
         release_lease(cfg, p, rq, wp, qp)
         rq.i64[qp, RQ_STATUS] = RS_DONE
-        rq.f64[q, RQF_SOURCE_RELEASED_MS] = now_ms
+        if rq.i64[q, RQ_WORKER] >= 0:  # else a failed destination's source, canceled
+            rq.f64[q, RQF_SOURCE_RELEASED_MS] = now_ms
         _journal(sims, s, HE_SOURCE_RELEASED, q, now_ms, 0, 0)
         if rq.i64[q, RQ_REPORTED] == 1 and rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED:
             _journal(sims, s, HE_COMPLETED, q, now_ms, 0, 0)

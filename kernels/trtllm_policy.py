@@ -12,7 +12,7 @@ from numba import njit
 
 from .block_pool import num_active, reserve
 from .layout import (
-    CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_NUM_GPU_BLOCKS, RQ_ALLOCATED, RQ_MAX_OUTPUT,
+    CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, RQ_ALLOCATED, RQ_MAX_OUTPUT,
     RQ_PROMPT_LEN, WK_RUN_LEN, WK_RUN_OFF, WK_TRT_TAIL,
 )
 from .request_state import ceil_div
@@ -74,7 +74,11 @@ def preempts(cfg, w):
 @njit(cache=True, _nrt=False)
 def reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh):
     """Disaggregated decode rank: reserve fresh blocks for q's prompt when its whole
-    completion fits; its tail beyond the prompt is held back from admissions."""
+    completion fits and a running slot is free (reserved and activated destinations
+    take no slot until a pass admits them); its tail beyond the prompt is held back
+    from admissions."""
+    if wk.i64[w, WK_RUN_LEN] >= cfg.i64[w, CFG_MAX_NUM_SEQS]:
+        return 0, 0
     capacity = cfg.i64[w, CFG_NUM_GPU_BLOCKS]
     available = capacity - num_active(p, w) - running_tail(cfg, p, rq, wk, w)
     to_finish = blocks_to_finish(cfg, p, rq, w, q, 0)

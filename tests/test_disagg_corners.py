@@ -34,14 +34,10 @@ CASES = sorted([*DATA.glob("differential/seed*"), *DATA.glob("disagg_corners/*/"
 
 # case name -> what still differs (strict xfail)
 OPEN = {
-    # TRT-LLM P/D with a binding decode max_num_seqs or decode pool
-    **{name: "TRT-LLM decode side binds (max_num_seqs or pool)" for name in (
-        "seed10_case0017", "seed10_case0132", "seed10_case0142", "seed10_case0178",
-        "seed10_case0221", "seed10_case0244", "seed10_case0258", "seed7_case0025",
-        "seed7_case0229", "seed8_case0038", "seed8_case0167", "seed8_case0176",
-        "seed8_case0184", "seed8_case0226", "seed8_case0266", "seed8_case0272",
-        "seed8_case0274", "seed8_case0297", "seed9_case0102", "seed9_case0117",
-        "seed9_case0271", "seed9_case0293")},
+    # TRT-LLM P/D, closed loop with sessions and a 64-block decode pool: the reference
+    # writes fewer rows than the trace has (and reports success)
+    "seed10_case0258": "reference writes 9 of 30 rows",
+    "seed9_case0117": "reference writes 18 of 32 rows",
     # vLLM P/D with a tight decode pool: a false dead end
     "seed10_case0139": "false dead end (decode-side preemption)",
     "seed7_case0162": "false dead end (decode-side preemption)",
