@@ -746,7 +746,11 @@ def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
         "committed_prefill_tokens": committed,
         "terminal_status": np.array(L.TERMINAL_STATUS_NAMES, dtype=object)[ri[:, L.RQ_TERMINAL]],
     })
-    return pd.DataFrame(cols)
+    frame = pd.DataFrame(cols)
+    sent = ri[:, L.RQ_TERMINAL] != L.TERM_NOT_SENT
+    if not sent.all():  # turns after a failed one: never sent, so no record (as the reference)
+        frame = frame[sent].reset_index(drop=True)
+    return frame
 
 
 def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,

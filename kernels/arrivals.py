@@ -15,7 +15,7 @@ from numba import njit
 from .layout import (
     NEXT_ON_ARRIVAL, PLACE_KV_ROUTER, RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS,
     RQ_ACTION, RQ_LEASE_OFF, RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS,
-    RQ_TERM_NEXT, RQ_TURN, RQ_UUID, RQ_WORKER, RS_WAITING, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD,
+    RQ_TERM_NEXT, RQ_TERMINAL, RQ_TURN, RQ_UUID, RQ_WORKER, RS_WAITING, TERM_CANCELED, TERM_FAILED, TERM_NOT_SENT, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD,
     SM_ACTQ_LEN, SM_CONCURRENCY, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_STARTS, SM_NUM_TERMINAL,
     SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_START_PTR, SM_UUID_NEXT, SM_W_LEN,
     SM_W_OFF, WK_BUSY, WK_TERM_HEAD, WK_TERM_TAIL,
@@ -162,9 +162,16 @@ def admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms):
 
 @njit(cache=True, _nrt=False, inline="always")
 def logical_terminal(rq, sims, s, q):
-    """Request q reached its terminal: free its session slot or release its next turn."""
+    """Request q reached its terminal: free its session slot or release its next turn.
+    A failed or canceled turn ends its session, as the reference's workload driver
+    does (a rejected one does not): its later turns are never sent."""
     sims.i64[s, SM_NUM_TERMINAL] += 1
     nxt = rq.i64[q, RQ_NEXT_TURN]
+    if rq.i64[q, RQ_TERMINAL] == TERM_FAILED or rq.i64[q, RQ_TERMINAL] == TERM_CANCELED:
+        while nxt >= 0:
+            rq.i64[nxt, RQ_TERMINAL] = TERM_NOT_SENT
+            sims.i64[s, SM_NUM_TERMINAL] += 1
+            nxt = rq.i64[nxt, RQ_NEXT_TURN]
     if nxt >= 0:
         rq.f64[nxt, RQF_READY_MS] = rq.f64[q, RQF_TERMINAL_MS] + rq.f64[nxt, RQF_DELAY_MS]
         _heap_push(sims, rq, s, nxt)

@@ -47,7 +47,8 @@ TERM_COMPLETED = 1
 TERM_REJECTED = 2
 TERM_FAILED = 3       # disaggregated: the destination can never hold the prompt
 TERM_CANCELED = 4
-TERMINAL_STATUS_NAMES = ("", "completed", "rejected", "failed", "canceled")
+TERM_NOT_SENT = 5     # a later turn of a session whose turn failed: never sent, no record
+TERMINAL_STATUS_NAMES = ("", "completed", "rejected", "failed", "canceled", "not_sent")
 
 # Results of an engine command (CancelSource / CancelDestination).
 CMD_NOOP = 0

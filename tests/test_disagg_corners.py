@@ -33,15 +33,7 @@ DATA = Path(__file__).resolve().parent / "data"
 CASES = sorted([*DATA.glob("differential/seed*"), *DATA.glob("disagg_corners/*/")])
 
 # case name -> what still differs (strict xfail)
-OPEN = {
-    # TRT-LLM P/D, closed loop with sessions and a 64-block decode pool: the reference
-    # writes fewer rows than the trace has (and reports success)
-    "seed10_case0258": "reference writes 9 of 30 rows",
-    "seed9_case0117": "reference writes 18 of 32 rows",
-    # vLLM P/D with a tight decode pool: a false dead end
-    "seed10_case0139": "false dead end (decode-side preemption)",
-    "seed7_case0162": "false dead end (decode-side preemption)",
-}
+OPEN: dict[str, str] = {}
 
 
 def _run(case: Path):
