@@ -58,7 +58,7 @@ def random_trace(rng: random.Random, path: Path) -> None:
             fh.write(json.dumps(row) + "\n")
 
 
-def random_config(rng: random.Random) -> list[str]:
+def random_config(rng: random.Random, disagg_fraction: float = 0.3) -> list[str]:
     backend = rng.choice(["vllm", "vllm", "trtllm"])
     bs = rng.choice([16, 32, 64])
     args = ["--backend", backend, "--block-size", str(bs),
@@ -73,7 +73,7 @@ def random_config(rng: random.Random) -> list[str]:
         args.append("--no-prefix-caching")
     if rng.random() < 0.25:
         args += ["--concurrency", str(rng.choice([1, 3, 8]))]
-    if rng.random() < 0.3:
+    if rng.random() < disagg_fraction:
         args += ["--prefill-workers", str(rng.randint(1, 2)), "--decode-workers", str(rng.randint(1, 3)),
                  "--prefill-num-gpu-blocks", str(max(tight, 2048)), "--decode-num-gpu-blocks", str(tight)]
         if rng.random() < 0.5:
@@ -107,6 +107,8 @@ def main() -> int:
     p.add_argument("--cases", type=int, default=300)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", type=Path, default=None, help="folder for divergent cases")
+    p.add_argument("--disagg-fraction", type=float, default=0.3,
+                   help="share of disaggregated configurations (0.3 keeps earlier seeds' draws)")
     args = p.parse_args()
     tally = Counter()
     kinds = Counter()
@@ -117,7 +119,7 @@ def main() -> int:
             case.mkdir()
             trace = case / "trace.jsonl"
             random_trace(rng, trace)
-            cfg = random_config(rng)
+            cfg = random_config(rng, args.disagg_fraction)
             kind = ("disagg" if "--prefill-workers" in cfg else "agg") + "/" + cfg[1]
             kinds[kind] += 1
             ref = subprocess.run([args.ref_python, str(REF_DIR / "ref_replay.py"), "--trace", str(trace),
