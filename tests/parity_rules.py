@@ -88,3 +88,22 @@ def same_stop(reference_message: str, message: str) -> bool:
     if found:
         return f"with {found.group(1)} in-flight" in message
     return reference_message.strip() in message
+
+
+def values_outside_run(frame) -> list:
+    """[(column, value)] of float cells outside the run: a time or latency below 0 or
+    past the last completion, a token count below 0, or a non-finite value. An
+    uninitialised cell reads as 4.6e-310 or 3.5e+281 and shows up here."""
+    ends = frame["completion_ms"].dropna()
+    horizon = float(ends.max()) if len(ends) else 0.0
+    bad = []
+    for col in frame.columns:
+        if frame[col].dtype.kind != "f":
+            continue
+        for v in frame[col].dropna():
+            count = col.endswith("_tokens") or col.endswith("_blocks")
+            if not math.isfinite(v) or v < -1e-9 or (not count and v > horizon + 1e-9) \
+                    or (0 < abs(v) < 1e-300):
+                bad.append((col, v))
+                break
+    return bad

@@ -31,7 +31,7 @@ from aisim_fast.kernels.event_loop import replay_batch
 from aisim_fast.replay import (Simulation, SimulationError, build_state, run_batch,
                                simulation_from_setup)
 from aisim_fast.workload import load_mooncake
-from parity_rules import ATOL, RTOL, as_key_part, as_number, within
+from parity_rules import ATOL, RTOL, as_key_part, as_number, values_outside_run, within
 
 TESTS_DIR = Path(__file__).resolve().parent
 GOLDEN = TESTS_DIR / "data" / "golden"
@@ -190,6 +190,13 @@ def test_golden_timeline_bit_exact(case):
             bad.append((key, "terminal_status", row["terminal_status"],
                         cand[key]["terminal_status"]))
     assert not bad, "%s: %d cells differ, first: %s" % (case, len(bad), bad[:5])
+
+
+@pytest.mark.parametrize("case", ALL_CASES)
+def test_no_value_outside_the_run(case):
+    """No float cell of any golden run lies outside the run (rejected rows included:
+    their unset times are NaN, never leftover memory)."""
+    assert not values_outside_run(solo(case)[0])
 
 
 @pytest.mark.parametrize("case", FAST_CASES)
