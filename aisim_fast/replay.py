@@ -808,6 +808,13 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         parts[s].append(u)
         if res.status[u] != STATUS_OK and status[s] == STATUS_OK:
             status[s], error[s] = res.status[u], res.error[u]
+    # A worker unit that stops stops alone, at its own time and with its own requests;
+    # the reference stops the whole run, with every worker's requests in flight: rerun
+    # such a simulation whole for its stop (rare, and it has no results to merge).
+    for s in range(n_sims):
+        if len(parts[s]) > 1 and status[s] != STATUS_OK:
+            whole = _run_units_resized([sims[s]], 0, False, [s], False)
+            status[s], error[s] = whole.status[0], whole.error[0]
     aic_configs = {rank.aic for sim in sims for _, rank in _pools(sim, 0) if rank.aic is not None}
     if aic_configs:
         from aisim_fast import aic
@@ -1214,10 +1221,10 @@ class BatchRun:
         name = self.sim_names[s]
         if code == L.SIM_DEAD_END:
             in_flight = int(st.i64[s, L.SM_NUM_ARRIVED] - st.i64[s, L.SM_NUM_TERMINAL])
-            return (f"simulation {name}: dead end at t={st.now_ms[s]:.6f} ms with {in_flight} in-flight "
-                    "requests that can never be scheduled (a request outgrows its KV pool, or a "
-                    "preempted decode request blocks activated ones; the reference aborts on the "
-                    "same condition)")
+            return (f"simulation {name}: dead end at t={st.now_ms[s]:.6f} ms, an effect-free "
+                    f"zero-duration pass with {in_flight} in-flight requests remaining, as the "
+                    "reference reports it: they can never be scheduled (a request outgrows its KV "
+                    "pool, or a preempted decode request blocks activated ones)")
         if code == L.SIM_ARENA_FULL:
             return f"simulation {name}: the block arena of a worker is full"
         if code == L.SIM_EVENTS_FULL:

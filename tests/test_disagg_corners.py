@@ -32,7 +32,11 @@ DATA = Path(__file__).resolve().parent / "data"
 CASES = sorted([*DATA.glob("differential/seed*"), *DATA.glob("disagg_corners/*/")])
 
 # case name -> what still differs (strict xfail)
-OPEN: dict[str, str] = {}
+OPEN: dict[str, str] = {
+    # vLLM P/D, tight decode pool: aisim_fast dead-ends earlier than the reference
+    **{name: "early dead end (vLLM decode side)" for name in (
+        "seed12_case0075", "seed12_case0100", "seed12_case0211", "seed12_case0270")},
+}
 
 
 def _run(case: Path):
