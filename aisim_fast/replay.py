@@ -1220,7 +1220,8 @@ class BatchRun:
         code = int(st.i64[s, L.SM_STATUS])
         name = self.sim_names[s]
         if code == L.SIM_DEAD_END:
-            in_flight = int(st.i64[s, L.SM_NUM_ARRIVED] - st.i64[s, L.SM_NUM_TERMINAL])
+            in_flight = int(st.i64[s, L.SM_NUM_ARRIVED] - st.i64[s, L.SM_NUM_TERMINAL]
+                            + st.i64[s, L.SM_NUM_NOT_SENT])
             return (f"simulation {name}: dead end at t={st.now_ms[s]:.6f} ms, an effect-free "
                     f"zero-duration pass with {in_flight} in-flight requests remaining, as the "
                     "reference reports it: they can never be scheduled (a request outgrows its KV "

@@ -402,7 +402,8 @@ SIMULATION = _declare(FieldTable("SM_", "sims.i64", np.int64, [
     ("ACTIVE_SESSIONS", 0, "", "sessions in flight"),
     ("RR_CURSOR", 0, "", "round-robin cursor of the aggregated or prefill pool"),
     ("NUM_ARRIVED", 0, "", "requests arrived"),
-    ("NUM_TERMINAL", 0, "", "requests terminal"),
+    ("NUM_TERMINAL", 0, "", "requests terminal (never-sent turns included)"),
+    ("NUM_NOT_SENT", 0, "", "session turns never sent: their session ended at a failed turn"),
     ("UUID_NEXT", 1, "", "next request uuid"),
     ("PASS_LOG_LEN", 0, "", "rows of the pass log in use"),
     ("RESUME_WORKER", -1, "w", "a call that returned to flush the pass log in the middle of an "

@@ -35,7 +35,11 @@ CASES = sorted([*DATA.glob("differential/seed*"), *DATA.glob("disagg_corners/*/"
 OPEN: dict[str, str] = {
     # vLLM P/D, tight decode pool: aisim_fast dead-ends earlier than the reference
     **{name: "early dead end (vLLM decode side)" for name in (
-        "seed12_case0075", "seed12_case0100", "seed12_case0211", "seed12_case0270")},
+        "seed12_case0075", "seed12_case0100", "seed12_case0211", "seed12_case0270",
+        "seed13_case0297")},
+    # vLLM P/D, tight decode pool: aisim_fast dead-ends, the reference completes
+    **{name: "false dead end (vLLM decode side)" for name in (
+        "seed13_case0080", "seed13_case0218", "seed13_case0272")},
 }
 
 
