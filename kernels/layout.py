@@ -490,6 +490,66 @@ EVH_OUTPUTS = 2        # header row: 1 = log every output token too (EV_OUTPUT)
 _NO_EVENT_LOG = np.zeros((0, 0, EV_NUM_COLUMNS), np.int64)
 
 
+# SGLang radix cache (kernels.sglang_radix), per worker: radix.w64[w, RW_*]; per
+# page slot: radix.pg32[b, RP_*] and radix.pg_key[b]; per tree node: radix.nd[n, RN_*].
+# A node's edge is a chain of pages (RP_NEXT / RP_PREV, head to tail = oldest to
+# newest position), so splits, appends and tail evictions move no keys.
+RADIX_W = _declare(FieldTable("RW_", "radix.w64", np.int64, [
+    ("PAGE_OFF", 0, "b", "first page slot of the worker"),
+    ("PAGE_LEN", 0, "", "page slots of the worker (its pool: num_gpu_blocks pages)"),
+    ("PAGE_FREE_TOP", 0, "", "pages given back: a stack in the RP_FREE_STACK column"),
+    ("PAGE_BUMP", 0, "", "page slots handed out so far (the rest never used)"),
+    ("PAGES_USED", 0, "", "pages in use (tree or leases)"),
+    ("NODE_OFF", 0, "n", "first node slot (the root)"),
+    ("NODE_LEN", 0, "", "node slots of the worker"),
+    ("NODE_FREE_TOP", 0, "", "nodes given back: a stack in the RN_FREE_STACK column"),
+    ("NODE_BUMP", 1, "", "node slots handed out so far (the root is slot 0)"),
+    ("TAB_OFF", 0, "", "first child-table slot"),
+    ("TAB_MASK", 0, "", "child-table size - 1 (a power of two)"),
+    ("HEAP_OFF", 0, "", "first slot of the evictable-leaf heap"),
+    ("HEAP_LEN", 0, "", "heap entries (some stale: checked when popped)"),
+    ("HEAP_CAP", 0, "", "heap slots"),
+    ("CLOCK", 0, "", "logical access clock (every read returns a larger value)"),
+    ("EVICTABLE", 0, "", "tokens in unlocked tree nodes"),
+    ("PROTECTED", 0, "", "tokens in locked tree nodes (root excluded)"),
+    ("PAGE_SIZE", 1, "", "tokens per page"),
+]))
+RW_FIELDS = RADIX_W.width
+RADIX_P = _declare(FieldTable("RP_", "radix.pg32", np.int32, [
+    ("NEXT", -1, "b", "next (newer) page of the same edge"),
+    ("PREV", -1, "b", "previous (older) page of the same edge"),
+    ("IN_TREE", 0, "", "1 = the page belongs to a tree edge, 0 = to a lease alone (or free)"),
+    ("FREE_STACK", -1, "b", "free-page stack entry (rows [0, RW_PAGE_FREE_TOP) of the slots)"),
+]))
+RP_FIELDS = RADIX_P.width
+RADIX_N = _declare(FieldTable("RN_", "radix.nd", np.int64, [
+    ("PARENT", -1, "n", "parent node; -1 = the root"),
+    ("HEAD", -1, "b", "first page of the edge"),
+    ("TAIL", -1, "b", "last page of the edge"),
+    ("LEN", 0, "", "pages of the edge"),
+    ("LOCK", 0, "", "requests locking the node (through their path)"),
+    ("TIME", 0, "", "last access (logical clock)"),
+    ("CHILDREN", 0, "", "child nodes"),
+    ("FREE_STACK", -1, "n", "free-node stack entry"),
+]))
+RN_FIELDS = RADIX_N.width
+_NO_RADIX_W = np.zeros((0, RW_FIELDS), np.int64)
+_NO_RADIX_P = np.zeros((0, RP_FIELDS), np.int32)
+_NO_RADIX_N = np.zeros((0, RN_FIELDS), np.int64)
+
+
+class Radix(NamedTuple):
+    """SGLang radix caches of every worker (global arrays sliced by RW_*_OFF); empty
+    when no worker runs SGLang."""
+    w64: np.ndarray = _NO_RADIX_W                    # int64[w, RW_FIELDS]
+    pg32: np.ndarray = _NO_RADIX_P                   # int32[b, RP_FIELDS]
+    pg_key: np.ndarray = np.zeros(0, np.uint64)      # uint64[b] page key of a tree page
+    nd: np.ndarray = _NO_RADIX_N                     # int64[n, RN_FIELDS]
+    tab: np.ndarray = np.zeros(0, np.int32)          # int32[t] child of (parent, first key); -1 empty
+    heap_time: np.ndarray = np.zeros(0, np.int64)    # int64[h] evictable-leaf heap: access time
+    heap_node: np.ndarray = np.zeros(0, np.int64)    # int64[h] and node
+
+
 class Pool(NamedTuple):
     """Paged G1 block pools of every worker (global arrays sliced by PW_BLK_OFF /
     PW_TAB_OFF): counters per worker, links and counts per arena slot, and the

@@ -1,0 +1,625 @@
+"""SGLang's radix (prefix-tree) KV cache over token pages, as the reference models it
+(spec/sglang.md §3, verified rule by rule against the released reference).
+
+One tree per worker, over pages of ``page_size`` tokens (SGLang's page size, default
+1): each node holds an edge of page keys and the physical pages that store them, a
+lock count (requests whose matched path runs through it) and a last-access time
+from a logical clock. Eviction takes the unlocked leaf with the oldest access time
+and cuts its newest pages first.
+
+Layout (``layout.Radix``, sliced per worker by ``RW_*_OFF``):
+
+* pages: ``pg32[b, RP_*]`` and ``pg_key[b]``. A node's edge is a doubly linked
+  chain of its pages, oldest position first, so a split, an append or a tail
+  eviction relinks pages and moves no keys. The page pool of a worker is
+  ``RW_PAGE_LEN`` slots (``num_gpu_blocks`` pages); free slots are a stack.
+* nodes: ``nd[n, RN_*]``; slot ``RW_NODE_OFF`` is the root (no edge, never
+  locked, never evicted). Children are found through one open-addressing table per
+  worker keyed by (parent, first key of the child's edge); the key of an entry is
+  read back from the child node itself, so the table stores node numbers only.
+* evictable leaves: a binary min-heap of (time, node) entries, updated lazily: an
+  entry is pushed whenever a node becomes an evictable leaf or its time changes
+  while it is one, and checked when it reaches the top (a node is an evictable
+  leaf when it is not the root, has no children and no lock; its entry is current
+  when the times agree - times are unique clock reads).
+
+Counters follow the reference: ``RW_EVICTABLE`` tokens in unlocked nodes,
+``RW_PROTECTED`` in locked ones, ``available = free pages x page_size``.
+
+Every function takes the bundle and the worker; keys and pages of a request come
+in as slices of caller arrays (``keys[k0 : k0 + n]``, ``pages[p0 : p0 + n]``).
+"""
+
+import numpy as np
+from numba import njit
+
+from .layout import (
+    RN_CHILDREN, RN_FIELDS, RN_FREE_STACK, RN_HEAD, RN_LEN, RN_LOCK, RN_PARENT, RN_TAIL, RN_TIME,
+    RP_FIELDS, RP_FREE_STACK, RP_IN_TREE, RP_NEXT, RP_PREV, RW_CLOCK, RW_EVICTABLE, RW_FIELDS,
+    RW_HEAP_CAP, RW_HEAP_LEN, RW_HEAP_OFF, RW_NODE_BUMP, RW_NODE_FREE_TOP, RW_NODE_LEN,
+    RW_NODE_OFF, RW_PAGE_BUMP, RW_PAGE_FREE_TOP, RW_PAGE_LEN, RW_PAGE_OFF, RW_PAGES_USED,
+    RW_PAGE_SIZE, RW_PROTECTED, RW_TAB_MASK, RW_TAB_OFF, RADIX_N, RADIX_P, RADIX_W, Radix,
+)
+
+NO_NODE = -1
+NO_PAGE = np.int32(-1)
+
+
+# ---------------------------------------------------------------------------------
+# clock, pages, nodes
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False, inline="always")
+def clock(r, w):
+    """A new access time, larger than every earlier one."""
+    r.w64[w, RW_CLOCK] += 1
+    return r.w64[w, RW_CLOCK]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def free_pages(r, w):
+    return r.w64[w, RW_PAGE_LEN] - r.w64[w, RW_PAGES_USED]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def available_tokens(r, w):
+    """Tokens of the free pages (the reference's ``available``)."""
+    return free_pages(r, w) * r.w64[w, RW_PAGE_SIZE]
+
+
+@njit(cache=True, _nrt=False)
+def page_alloc(r, w):
+    """A free page (not in the tree, unlinked), or NO_PAGE when the pool is full."""
+    top = r.w64[w, RW_PAGE_FREE_TOP]
+    if top > 0:
+        top -= 1
+        r.w64[w, RW_PAGE_FREE_TOP] = top
+        b = r.pg32[r.w64[w, RW_PAGE_OFF] + top, RP_FREE_STACK]
+    else:
+        used = r.w64[w, RW_PAGE_BUMP]
+        if used == r.w64[w, RW_PAGE_LEN]:
+            return NO_PAGE
+        r.w64[w, RW_PAGE_BUMP] = used + 1
+        b = np.int32(r.w64[w, RW_PAGE_OFF] + used)
+    r.pg32[b, RP_NEXT] = NO_PAGE
+    r.pg32[b, RP_PREV] = NO_PAGE
+    r.pg32[b, RP_IN_TREE] = 0
+    r.w64[w, RW_PAGES_USED] += 1
+    return b
+
+
+@njit(cache=True, _nrt=False)
+def page_free(r, w, b):
+    r.pg32[b, RP_IN_TREE] = 0
+    r.pg32[b, RP_NEXT] = NO_PAGE
+    r.pg32[b, RP_PREV] = NO_PAGE
+    r.pg32[r.w64[w, RW_PAGE_OFF] + r.w64[w, RW_PAGE_FREE_TOP], RP_FREE_STACK] = b
+    r.w64[w, RW_PAGE_FREE_TOP] += 1
+    r.w64[w, RW_PAGES_USED] -= 1
+
+
+@njit(cache=True, _nrt=False)
+def _node_new(r, w):
+    """A fresh node slot, or NO_NODE when the worker's node slots are exhausted."""
+    top = r.w64[w, RW_NODE_FREE_TOP]
+    if top > 0:
+        top -= 1
+        r.w64[w, RW_NODE_FREE_TOP] = top
+        n = r.nd[r.w64[w, RW_NODE_OFF] + top, RN_FREE_STACK]
+    else:
+        used = r.w64[w, RW_NODE_BUMP]
+        if used == r.w64[w, RW_NODE_LEN]:
+            return NO_NODE
+        r.w64[w, RW_NODE_BUMP] = used + 1
+        n = r.w64[w, RW_NODE_OFF] + used
+    r.nd[n, RN_PARENT] = NO_NODE
+    r.nd[n, RN_HEAD] = NO_PAGE
+    r.nd[n, RN_TAIL] = NO_PAGE
+    r.nd[n, RN_LEN] = 0
+    r.nd[n, RN_LOCK] = 0
+    r.nd[n, RN_TIME] = 0
+    r.nd[n, RN_CHILDREN] = 0
+    return n
+
+
+@njit(cache=True, _nrt=False)
+def _node_free(r, w, n):
+    r.nd[n, RN_LEN] = 0
+    r.nd[n, RN_TIME] = -1  # its heap entries are stale from now on
+    r.nd[n, RN_PARENT] = NO_NODE
+    r.nd[r.w64[w, RW_NODE_OFF] + r.w64[w, RW_NODE_FREE_TOP], RN_FREE_STACK] = n
+    r.w64[w, RW_NODE_FREE_TOP] += 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def root(r, w):
+    return r.w64[w, RW_NODE_OFF]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _first_key(r, n):
+    return r.pg_key[r.nd[n, RN_HEAD]]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def is_evictable_leaf(r, w, n):
+    return n != r.w64[w, RW_NODE_OFF] and r.nd[n, RN_LEN] > 0 and r.nd[n, RN_CHILDREN] == 0 \
+        and r.nd[n, RN_LOCK] == 0
+
+
+# ---------------------------------------------------------------------------------
+# the child table: (parent, first key of the child's edge) -> child
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False, inline="always")
+def _home(r, w, parent, key):
+    h = key * np.uint64(0x9E3779B97F4A7C15) + np.uint64(parent) * np.uint64(0xC2B2AE3D27D4EB4F)
+    h ^= h >> np.uint64(31)
+    return np.int64(h & np.uint64(r.w64[w, RW_TAB_MASK]))
+
+
+@njit(cache=True, _nrt=False)
+def child_find(r, w, parent, key):
+    """The child of ``parent`` whose edge starts with ``key``, or NO_NODE."""
+    off = r.w64[w, RW_TAB_OFF]
+    mask = r.w64[w, RW_TAB_MASK]
+    i = _home(r, w, parent, key)
+    while True:
+        c = r.tab[off + i]
+        if c < 0:
+            return NO_NODE
+        if r.nd[c, RN_PARENT] == parent and _first_key(r, c) == key:
+            return np.int64(c)
+        i = (i + 1) & mask
+
+
+@njit(cache=True, _nrt=False)
+def _child_put(r, w, parent, key, child):
+    """Point (parent, key) at ``child``: replaces the entry of that key if present
+    (a split's upper node taking its lower node's place), else inserts."""
+    off = r.w64[w, RW_TAB_OFF]
+    mask = r.w64[w, RW_TAB_MASK]
+    i = _home(r, w, parent, key)
+    while True:
+        c = r.tab[off + i]
+        if c < 0 or (r.nd[c, RN_PARENT] == parent and _first_key(r, c) == key):
+            r.tab[off + i] = child
+            return
+        i = (i + 1) & mask
+
+
+@njit(cache=True, _nrt=False)
+def _child_delete(r, w, parent, key):
+    """Remove (parent, key); the rest of its probe cluster shifts back (no tombstones)."""
+    off = r.w64[w, RW_TAB_OFF]
+    mask = r.w64[w, RW_TAB_MASK]
+    i = _home(r, w, parent, key)
+    while True:
+        c = r.tab[off + i]
+        if c < 0:
+            return
+        if r.nd[c, RN_PARENT] == parent and _first_key(r, c) == key:
+            break
+        i = (i + 1) & mask
+    j = i
+    while True:
+        j = (j + 1) & mask
+        c = r.tab[off + j]
+        if c < 0:
+            break
+        home = _home(r, w, r.nd[c, RN_PARENT], _first_key(r, c))
+        if i <= j:
+            stays = i < home <= j
+        else:
+            stays = home > i or home <= j
+        if not stays:
+            r.tab[off + i] = c
+            i = j
+    r.tab[off + i] = -1
+
+
+# ---------------------------------------------------------------------------------
+# the evictable-leaf heap (lazy)
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False, inline="always")
+def _entry_current(r, w, t, n):
+    return is_evictable_leaf(r, w, n) and r.nd[n, RN_TIME] == t
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _before(r, i, j):
+    ti, tj = r.heap_time[i], r.heap_time[j]
+    return ti < tj or (ti == tj and r.heap_node[i] < r.heap_node[j])
+
+
+@njit(cache=True, _nrt=False)
+def _sift_up(r, off, i):
+    while i > 0:
+        parent = (i - 1) // 2
+        if _before(r, off + i, off + parent):
+            r.heap_time[off + i], r.heap_time[off + parent] = r.heap_time[off + parent], r.heap_time[off + i]
+            r.heap_node[off + i], r.heap_node[off + parent] = r.heap_node[off + parent], r.heap_node[off + i]
+            i = parent
+        else:
+            return
+
+
+@njit(cache=True, _nrt=False)
+def _sift_down(r, off, n, i):
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            return
+        if c + 1 < n and _before(r, off + c + 1, off + c):
+            c += 1
+        if _before(r, off + c, off + i):
+            r.heap_time[off + i], r.heap_time[off + c] = r.heap_time[off + c], r.heap_time[off + i]
+            r.heap_node[off + i], r.heap_node[off + c] = r.heap_node[off + c], r.heap_node[off + i]
+            i = c
+        else:
+            return
+
+
+@njit(cache=True, _nrt=False)
+def _heap_compact(r, w):
+    """Drop stale entries and rebuild the heap (when it is full)."""
+    off = r.w64[w, RW_HEAP_OFF]
+    n = r.w64[w, RW_HEAP_LEN]
+    keep = 0
+    for i in range(n):
+        t, node = r.heap_time[off + i], r.heap_node[off + i]
+        if _entry_current(r, w, t, node):
+            r.heap_time[off + keep] = t
+            r.heap_node[off + keep] = node
+            keep += 1
+    r.w64[w, RW_HEAP_LEN] = keep
+    for i in range(keep // 2 - 1, -1, -1):
+        _sift_down(r, off, keep, i)
+
+
+@njit(cache=True, _nrt=False)
+def _note_leaf(r, w, n):
+    """Push n's current (time, node) if n is an evictable leaf. Returns False when
+    the heap has no room even after dropping stale entries (sizing bug)."""
+    if not is_evictable_leaf(r, w, n):
+        return True
+    if r.w64[w, RW_HEAP_LEN] == r.w64[w, RW_HEAP_CAP]:
+        _heap_compact(r, w)
+        if r.w64[w, RW_HEAP_LEN] == r.w64[w, RW_HEAP_CAP]:
+            return False
+    off = r.w64[w, RW_HEAP_OFF]
+    i = r.w64[w, RW_HEAP_LEN]
+    r.w64[w, RW_HEAP_LEN] = i + 1
+    r.heap_time[off + i] = r.nd[n, RN_TIME]
+    r.heap_node[off + i] = n
+    _sift_up(r, off, i)
+    return True
+
+
+@njit(cache=True, _nrt=False)
+def _oldest_leaf(r, w):
+    """The evictable leaf with the oldest access time (stale entries dropped on the
+    way), left in the heap; NO_NODE when there is none."""
+    off = r.w64[w, RW_HEAP_OFF]
+    while r.w64[w, RW_HEAP_LEN] > 0:
+        t, n = r.heap_time[off], r.heap_node[off]
+        if _entry_current(r, w, t, n):
+            return n
+        last = r.w64[w, RW_HEAP_LEN] - 1
+        r.heap_time[off] = r.heap_time[off + last]
+        r.heap_node[off] = r.heap_node[off + last]
+        r.w64[w, RW_HEAP_LEN] = last
+        _sift_down(r, off, last, 0)
+    return NO_NODE
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _touch(r, w, n, now):
+    r.nd[n, RN_TIME] = now
+    return _note_leaf(r, w, n)
+
+
+# ---------------------------------------------------------------------------------
+# locks
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False)
+def inc_lock(r, w, n):
+    """Lock n's whole path to the root (nodes going 0 -> 1 become protected)."""
+    ps = r.w64[w, RW_PAGE_SIZE]
+    top = r.w64[w, RW_NODE_OFF]
+    while n != top and n != NO_NODE:
+        if r.nd[n, RN_LOCK] == 0:
+            tokens = r.nd[n, RN_LEN] * ps
+            r.w64[w, RW_EVICTABLE] -= tokens
+            r.w64[w, RW_PROTECTED] += tokens
+        r.nd[n, RN_LOCK] += 1
+        n = r.nd[n, RN_PARENT]
+
+
+@njit(cache=True, _nrt=False)
+def dec_lock(r, w, n):
+    """Release one lock on n's path; a node reaching 0 is evictable again (and an
+    evictable leaf if it has no children, keeping its time). Returns False on a heap
+    sizing failure."""
+    ps = r.w64[w, RW_PAGE_SIZE]
+    top = r.w64[w, RW_NODE_OFF]
+    ok = True
+    while n != top and n != NO_NODE:
+        r.nd[n, RN_LOCK] -= 1
+        if r.nd[n, RN_LOCK] == 0:
+            tokens = r.nd[n, RN_LEN] * ps
+            r.w64[w, RW_PROTECTED] -= tokens
+            r.w64[w, RW_EVICTABLE] += tokens
+            ok = _note_leaf(r, w, n) and ok
+        n = r.nd[n, RN_PARENT]
+    return ok
+
+
+# ---------------------------------------------------------------------------------
+# split, match, insert
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False)
+def _split(r, w, x, k):
+    """Split node x after its first k pages (0 < k < len): a new upper node U takes
+    those pages, x's parent, lock and old time; x keeps the suffix, becomes U's only
+    child and gets a fresh access time (sglang.md §3.2). Returns U (NO_NODE when no
+    node slot is left)."""
+    u = _node_new(r, w)
+    if u == NO_NODE:
+        return NO_NODE
+    parent = r.nd[x, RN_PARENT]
+    head = r.nd[x, RN_HEAD]
+    cut = head
+    for _ in range(k - 1):
+        cut = r.pg32[cut, RP_NEXT]
+    lower = r.pg32[cut, RP_NEXT]
+    r.nd[u, RN_PARENT] = parent
+    r.nd[u, RN_HEAD] = head
+    r.nd[u, RN_TAIL] = cut
+    r.nd[u, RN_LEN] = k
+    r.nd[u, RN_LOCK] = r.nd[x, RN_LOCK]
+    r.nd[u, RN_TIME] = r.nd[x, RN_TIME]
+    r.nd[u, RN_CHILDREN] = 1
+    # U takes x's entry under (parent, first key), which U's edge still starts with
+    _child_put(r, w, parent, r.pg_key[head], u)
+    r.pg32[cut, RP_NEXT] = NO_PAGE
+    r.pg32[lower, RP_PREV] = NO_PAGE
+    r.nd[x, RN_HEAD] = lower
+    r.nd[x, RN_LEN] -= k
+    r.nd[x, RN_PARENT] = u
+    _child_put(r, w, u, r.pg_key[lower], x)
+    r.nd[x, RN_TIME] = clock(r, w)
+    _note_leaf(r, w, x)
+    return u
+
+
+@njit(cache=True, _nrt=False)
+def _common(r, n, keys, k0, n_keys):
+    """Pages of n's edge that equal keys[k0:], at most n_keys."""
+    b = r.nd[n, RN_HEAD]
+    m = 0
+    length = r.nd[n, RN_LEN]
+    while m < length and m < n_keys and r.pg_key[b] == keys[k0 + m]:
+        b = r.pg32[b, RP_NEXT]
+        m += 1
+    return m
+
+
+@njit(cache=True, _nrt=False)
+def match_readonly(r, w, keys, k0, n_keys):
+    """Pages of keys[k0 : k0 + n_keys] found in the tree from the root; no change."""
+    node = r.w64[w, RW_NODE_OFF]
+    i = 0
+    while i < n_keys:
+        c = child_find(r, w, node, keys[k0 + i])
+        if c == NO_NODE:
+            break
+        m = _common(r, c, keys, k0 + i, n_keys - i)
+        i += m
+        if m < r.nd[c, RN_LEN]:
+            break
+        node = c
+    return i
+
+
+@njit(cache=True, _nrt=False)
+def match_lock(r, w, keys, k0, n_keys):
+    """The locking match (sglang.md §3.1): one clock read; every fully matched edge
+    gets that time; a partial match splits its node, the upper part ending the
+    match; the terminal node's path is locked. Returns (pages matched, terminal
+    node); the terminal node is the root when nothing matched, NO_NODE when a split
+    found no node slot."""
+    now = clock(r, w)
+    node = r.w64[w, RW_NODE_OFF]
+    i = 0
+    while i < n_keys:
+        c = child_find(r, w, node, keys[k0 + i])
+        if c == NO_NODE:
+            break
+        m = _common(r, c, keys, k0 + i, n_keys - i)
+        i += m
+        if m < r.nd[c, RN_LEN]:
+            node = _split(r, w, c, m)
+            if node == NO_NODE:
+                return i, NO_NODE
+            break
+        _touch(r, w, c, now)
+        node = c
+    inc_lock(r, w, node)
+    return i, node
+
+
+@njit(cache=True, _nrt=False)
+def _link_new_pages(r, w, n, pages, p0, count, keys, k0):
+    """Append pages[p0 : p0 + count] (keys keys[k0 :]) to the tail of n's edge."""
+    tail = r.nd[n, RN_TAIL]
+    for j in range(count):
+        b = pages[p0 + j]
+        r.pg_key[b] = keys[k0 + j]
+        r.pg32[b, RP_IN_TREE] = 1
+        r.pg32[b, RP_PREV] = tail
+        r.pg32[b, RP_NEXT] = NO_PAGE
+        if tail >= 0:
+            r.pg32[tail, RP_NEXT] = b
+        else:
+            r.nd[n, RN_HEAD] = b
+        tail = b
+    r.nd[n, RN_TAIL] = tail
+    r.nd[n, RN_LEN] += count
+
+
+@njit(cache=True, _nrt=False)
+def _new_child(r, w, parent, keys, k0, pages, p0, count):
+    n = _node_new(r, w)
+    if n == NO_NODE:
+        return NO_NODE
+    r.nd[n, RN_PARENT] = parent
+    _link_new_pages(r, w, n, pages, p0, count, keys, k0)
+    r.nd[n, RN_TIME] = clock(r, w)
+    _child_put(r, w, parent, keys[k0], n)
+    r.nd[parent, RN_CHILDREN] += 1
+    r.w64[w, RW_EVICTABLE] += count * r.w64[w, RW_PAGE_SIZE]
+    _note_leaf(r, w, n)
+    return n
+
+
+@njit(cache=True, _nrt=False)
+def insert(r, w, start, keys, k0, n_keys, pages, p0):
+    """Insert the page keys that follow ``start``'s path (sglang.md §3.3): keys
+    keys[k0 : k0 + n_keys] with the caller's pages pages[p0 : p0 + n_keys]. Pages
+    covering keys already in the tree are not taken (the tree keeps its own).
+    Returns the node where the inserted sequence ends (NO_NODE: no node slot)."""
+    now = clock(r, w)
+    top = r.w64[w, RW_NODE_OFF]
+    ps = r.w64[w, RW_PAGE_SIZE]
+    x = start
+    while x != NO_NODE:
+        _touch(r, w, x, now)
+        x = r.nd[x, RN_PARENT]
+    cur = start
+    i = 0
+    while i < n_keys:
+        if cur != top and r.nd[cur, RN_CHILDREN] == 0 and \
+                (r.nd[cur, RN_LOCK] == 0 or (cur == start and r.nd[cur, RN_LOCK] == 1)):
+            count = n_keys - i
+            _link_new_pages(r, w, cur, pages, p0 + i, count, keys, k0 + i)
+            if r.nd[cur, RN_LOCK] == 0:
+                r.w64[w, RW_EVICTABLE] += count * ps
+            else:
+                r.w64[w, RW_PROTECTED] += count * ps
+            _touch(r, w, cur, now)
+            return cur
+        c = child_find(r, w, cur, keys[k0 + i])
+        if c == NO_NODE:
+            return _new_child(r, w, cur, keys, k0 + i, pages, p0 + i, n_keys - i)
+        m = _common(r, c, keys, k0 + i, n_keys - i)
+        if m == r.nd[c, RN_LEN]:
+            i += m
+            _touch(r, w, c, now)
+            cur = c
+            continue
+        u = _split(r, w, c, m)
+        if u == NO_NODE:
+            return NO_NODE
+        i += m
+        if i < n_keys:
+            return _new_child(r, w, u, keys, k0 + i, pages, p0 + i, n_keys - i)
+        return u
+    return cur
+
+
+@njit(cache=True, _nrt=False)
+def path_pages(r, w, n, out, o0):
+    """The pages of n's root path in position order, written to out[o0 :]; returns
+    how many (the path's depth in pages)."""
+    top = r.w64[w, RW_NODE_OFF]
+    depth = 0
+    x = n
+    while x != top and x != NO_NODE:
+        depth += r.nd[x, RN_LEN]
+        x = r.nd[x, RN_PARENT]
+    end = depth
+    x = n
+    while x != top and x != NO_NODE:
+        b = r.nd[x, RN_TAIL]
+        for _ in range(r.nd[x, RN_LEN]):
+            end -= 1
+            out[o0 + end] = b
+            b = r.pg32[b, RP_PREV]
+        x = r.nd[x, RN_PARENT]
+    return depth
+
+
+# ---------------------------------------------------------------------------------
+# eviction
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False)
+def evict(r, w, n_tokens):
+    """Free at least ``n_tokens`` from unlocked leaves, oldest access first, cutting
+    a leaf's newest pages when it has more than needed (sglang.md §3.5). Returns the
+    tokens freed (fewer when nothing more is evictable)."""
+    ps = r.w64[w, RW_PAGE_SIZE]
+    top = r.w64[w, RW_NODE_OFF]
+    evicted = 0
+    while evicted < n_tokens:
+        leaf = _oldest_leaf(r, w)
+        if leaf == NO_NODE:
+            break
+        need = (n_tokens - evicted + ps - 1) // ps
+        length = r.nd[leaf, RN_LEN]
+        if length > need:
+            tail = r.nd[leaf, RN_TAIL]
+            for _ in range(need):
+                prev = r.pg32[tail, RP_PREV]
+                page_free(r, w, tail)
+                tail = prev
+            r.pg32[tail, RP_NEXT] = NO_PAGE
+            r.nd[leaf, RN_TAIL] = tail
+            r.nd[leaf, RN_LEN] = length - need
+            r.w64[w, RW_EVICTABLE] -= need * ps
+            evicted += need * ps
+            continue
+        parent = r.nd[leaf, RN_PARENT]
+        _child_delete(r, w, parent, _first_key(r, leaf))
+        b = r.nd[leaf, RN_HEAD]
+        while b != NO_PAGE:
+            nxt = r.pg32[b, RP_NEXT]
+            page_free(r, w, b)
+            b = nxt
+        r.w64[w, RW_EVICTABLE] -= length * ps
+        evicted += length * ps
+        _node_free(r, w, leaf)
+        r.nd[parent, RN_CHILDREN] -= 1
+        if parent != top:
+            _note_leaf(r, w, parent)
+    return evicted
+
+
+# ---------------------------------------------------------------------------------
+# state
+# ---------------------------------------------------------------------------------
+def make_radix(pages_per_worker, nodes_per_worker, page_size=1) -> Radix:
+    """Empty radix caches for workers with the given page pools (``num_gpu_blocks``
+    pages each) and node slots (a worker never holds more nodes than pages + 1)."""
+    pages = np.asarray(pages_per_worker, np.int64)
+    nodes = np.asarray(nodes_per_worker, np.int64) + 1  # the root
+    n_workers = len(pages)
+    w64 = RADIX_W.new(n_workers)
+    page_off = np.concatenate(([0], np.cumsum(pages)[:-1])) if n_workers else pages
+    node_off = np.concatenate(([0], np.cumsum(nodes)[:-1])) if n_workers else nodes
+    tab_sizes = np.array([1 << max(4, int(2 * n - 1).bit_length()) for n in nodes], np.int64)
+    tab_off = np.concatenate(([0], np.cumsum(tab_sizes)[:-1])) if n_workers else tab_sizes
+    heap_caps = 2 * nodes + 16
+    heap_off = np.concatenate(([0], np.cumsum(heap_caps)[:-1])) if n_workers else heap_caps
+    w64[:, RW_PAGE_OFF] = page_off
+    w64[:, RW_PAGE_LEN] = pages
+    w64[:, RW_NODE_OFF] = node_off
+    w64[:, RW_NODE_LEN] = nodes
+    w64[:, RW_TAB_OFF] = tab_off
+    w64[:, RW_TAB_MASK] = tab_sizes - 1
+    w64[:, RW_HEAP_OFF] = heap_off
+    w64[:, RW_HEAP_CAP] = heap_caps
+    w64[:, RW_PAGE_SIZE] = page_size
+    nd = RADIX_N.new(int(nodes.sum()))
+    return Radix(w64=w64, pg32=RADIX_P.new(int(pages.sum())), pg_key=np.zeros(int(pages.sum()), np.uint64),
+                 nd=nd, tab=np.full(int(tab_sizes.sum()), -1, np.int32),
+                 heap_time=np.zeros(int(heap_caps.sum()), np.int64),
+                 heap_node=np.zeros(int(heap_caps.sum()), np.int64))
