@@ -419,6 +419,11 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
             rq.i64[tail, RQ_LINK] = q
         wk.i64[wd, WK_PEND_TAIL] = q
         wk.i64[wd, WK_PEND_LEN] += 1
+        if wk.i64[wd, WK_PEND_LEN] == 1:
+            # a pending destination changes the waiting rule (only activated requests
+            # are admitted while one is pending): a worker stalled behind a preempted
+            # head may now admit them, as the reference's retry of it at every drive does
+            wake(wk, wd)
         if wk.i64[wd, WK_BUSY] == 0:
             _, full = _retry_and_report(cfg, p, rq, wk, sims, s, wd, now_ms, hits, fresh)
             return not full
