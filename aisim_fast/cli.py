@@ -6,7 +6,7 @@ Two ways to describe a replay:
   execution payload (``{"spec": ..., "traffic": ...}``); ``--trace`` replaces
   ``traffic.trace_path``, and a relative trace path in the spec resolves against the spec
   file's folder.
-* ``aisim-fast replay [TRACE] --backend vllm|trtllm --workers N [--engine-args JSON] ...
+* ``aisim-fast replay [TRACE] --backend vllm|trtllm|sglang --workers N [--engine-args JSON] ...
   --out DIR`` for a Mooncake trace without a spec (no TRACE = the bundled default trace).
   ``--engine-args`` holds reference rank fields, e.g. ``'{"num_gpu_blocks": 4096}'``.
 * ``aisim-fast replay [TRACE] --backend vllm|trtllm --prefill-workers P --decode-workers D
@@ -120,10 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="reference execution payload {\"spec\": ..., \"traffic\": ...}")
     replay.add_argument("--trace", dest="trace_flag", metavar="PATH",
                         help="trace file; with --spec it replaces traffic.trace_path")
-    replay.add_argument("--backend", choices=SIMULATED_BACKENDS, help="rank scheduler")
+    replay.add_argument("--backend", choices=SIMULATED_BACKENDS,
+                        help="rank scheduler (sglang: aggregated; its num_gpu_blocks counts pages "
+                             "of block_size tokens, default 1, so it is a token count)")
     replay.add_argument("--workers", type=int, metavar="N", help="aggregated workers")
     replay.add_argument("--engine-args", metavar="JSON",
-                        help="JSON object of reference rank fields, merged over {\"backend\": ...}")
+                        help="JSON object of reference rank fields, merged over {\"backend\": ...}; "
+                             "SGLang knobs in its \"sglang\" block (schedule_policy, max_prefill_tokens, "
+                             "chunked_prefill_size, clip_max_new_tokens, schedule_conservativeness)")
     disagg = replay.add_argument_group(
         "disaggregated prefill/decode (instead of --workers / --engine-args)")
     disagg.add_argument("--prefill-workers", type=int, metavar="P", help="prefill pool size")
@@ -499,11 +503,7 @@ def _setup_from_flag_payload(args, disaggregated: bool) -> tuple[ReplaySetup, in
     setup, _, source = _setup_from_flags(plain)
 
     def block(rank, tp):
-        raw = {k: v for k, v in rank.to_json().items()
-               if k not in ("aic", "num_gpu_blocks_estimated", "fixed_prefill_ms", "fixed_decode_ms")
-               and v is not None}
-        raw["timing_model"] = rank.timing_json()
-        return {"tensor_parallel_size": tp, "rank": raw}
+        return {"tensor_parallel_size": tp, "rank": rank.payload()}
 
     explicit_blocks = "num_gpu_blocks" in json.dumps([args.engine_args, args.prefill_engine_args,
                                                       args.decode_engine_args])

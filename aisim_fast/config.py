@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 BACKENDS = ("vllm", "trtllm", "sglang")
-SIMULATED_BACKENDS = ("vllm", "trtllm")
+SIMULATED_BACKENDS = ("vllm", "trtllm", "sglang")
 NATIVE_BLOCK_SIZE = {"vllm": 64, "sglang": 1, "trtllm": 32}
 TIMING_TYPES = ("polynomial", "fixed", "external")
 TIMING_PROVIDERS = ("aic",)  # external providers (the reference's only one)
@@ -93,6 +93,12 @@ class RankConfig:
     kv_transfer_bandwidth: float | None = None
     kv_transfer_bytes_per_token: int | None = None
     kv_transfer_timing_mode: str = "full_prompt"
+    # SGLang (backend sglang): the rank's ``sglang`` block
+    sglang_schedule_policy: str = "fifo"
+    sglang_max_prefill_tokens: int = 16384
+    sglang_chunked_prefill_size: int = 8192
+    sglang_clip_max_new_tokens: int = 4096
+    sglang_schedule_conservativeness: float = 1.0
     # timing_model "aic" (the payload's external provider): its resolved config
     aic: Any = None                      # aisim_fast.aic.AicConfig
     num_gpu_blocks_estimated: bool = False  # num_gpu_blocks from the AIC memory model
@@ -101,6 +107,17 @@ class RankConfig:
         d = asdict(self)
         d["aic"] = None if self.aic is None else self.aic.to_json()
         return d
+
+    def payload(self) -> dict:
+        """The rank as a spec payload gives it (the reference's field names; unset
+        fields left out)."""
+        raw = {k: v for k, v in asdict(self).items()
+               if k not in ("aic", "num_gpu_blocks_estimated", "fixed_prefill_ms", "fixed_decode_ms")
+               and not k.startswith("sglang_") and v is not None}
+        raw["timing_model"] = self.timing_json()
+        if self.backend == "sglang":
+            raw["sglang"] = {key: getattr(self, "sglang_" + key) for key in SGLANG_KEYS}
+        return raw
 
     def timing_json(self) -> dict:
         """The rank's ``timing_model`` as a spec payload gives it."""
@@ -140,7 +157,7 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1) -> 
             _fail(f"{path}.kv_bytes_per_token", "duplicate field (alias of kv_transfer_bytes_per_token)")
         raw["kv_transfer_bytes_per_token"] = raw.pop("kv_bytes_per_token")
     known = {f for f in RankConfig.__dataclass_fields__
-             if not f.startswith("fixed_") and f not in ("aic", "num_gpu_blocks_estimated")}
+             if not f.startswith(("fixed_", "sglang_")) and f not in ("aic", "num_gpu_blocks_estimated")}
     known |= set(_UNSIMULATED) | {"sglang", "trtllm"}
     for key in raw:
         if key not in known:
@@ -157,7 +174,9 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1) -> 
     if "num_gpu_blocks" in raw and raw["num_gpu_blocks"] is None:
         _fail(f"{path}.num_gpu_blocks", "explicit null is not allowed; give an integer >= 1")
     out["num_gpu_blocks"] = _int(f"{path}.num_gpu_blocks", raw.get("num_gpu_blocks", 16384), 1)
-    out["block_size"] = _int(f"{path}.block_size", raw.get("block_size", NATIVE_BLOCK_SIZE[backend]), 2)
+    # SGLang's page may be a single token; vLLM and TRT-LLM blocks hold 2 at least
+    out["block_size"] = _int(f"{path}.block_size", raw.get("block_size", NATIVE_BLOCK_SIZE[backend]),
+                             1 if backend == "sglang" else 2)
     out["max_num_seqs"] = _int(f"{path}.max_num_seqs", raw.get("max_num_seqs", 256), 1)
     out["max_num_batched_tokens"] = _int(
         f"{path}.max_num_batched_tokens", raw.get("max_num_batched_tokens", 8192), 1)
@@ -221,7 +240,49 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1) -> 
                 trt.get("capacity_scheduler_policy", "guaranteed_no_evict"), ("guaranteed_no_evict",))
     if raw.get("sglang") is not None and backend != "sglang":
         _fail(f"{path}.sglang", "only valid with backend sglang")
+    if backend == "sglang":
+        out.update(_parse_sglang(raw, path, out))
+        if out["timing_model"] == "aic":
+            _fail(f"{path}.timing_model", "AIC timing is not simulated for SGLang ranks yet; use "
+                                          "polynomial or fixed")
     return RankConfig(**out)
+
+
+SGLANG_KEYS = ("schedule_policy", "max_prefill_tokens", "chunked_prefill_size", "clip_max_new_tokens",
+               "schedule_conservativeness")
+
+
+def _parse_sglang(raw: dict, path: str, out: dict) -> dict:
+    """The ``sglang`` block of an SGLang rank, checked as the reference checks it."""
+    if not out["enable_chunked_prefill"]:
+        _fail(f"{path}.enable_chunked_prefill", "SGLang requires chunked prefill (true)")
+    if out.get("max_model_len") is not None:
+        _fail(f"{path}.max_model_len", "not simulated by aisim_fast for SGLang yet")
+    if not out["enable_prefix_caching"]:
+        _fail(f"{path}.enable_prefix_caching", "false is not simulated by aisim_fast for SGLang yet")
+    sg = raw.get("sglang") or {}
+    if not isinstance(sg, dict):
+        _fail(f"{path}.sglang", f"must be an object, got {type(sg).__name__}")
+    for key in sg:
+        if key not in SGLANG_KEYS:
+            _fail(f"{path}.sglang.{key}", "unknown or not simulated field; allowed: " + ", ".join(SGLANG_KEYS))
+    policy = sg.get("schedule_policy", "fifo")
+    if policy == "fcfs":
+        policy = "fifo"
+    policy = _choice(f"{path}.sglang.schedule_policy", policy, ("fifo", "lpm"))
+    res = {"sglang_schedule_policy": policy}
+    for key, default in (("max_prefill_tokens", 16384), ("chunked_prefill_size", 8192),
+                         ("clip_max_new_tokens", 4096)):
+        value = sg.get(key, default)
+        res[f"sglang_{key}"] = _int(f"{path}.sglang.{key}", value, 1)
+    if res["sglang_chunked_prefill_size"] % out["block_size"] != 0:
+        _fail(f"{path}.sglang.chunked_prefill_size",
+              f"must be divisible by block_size ({out['block_size']}), as the reference requires")
+    cons = _float(f"{path}.sglang.schedule_conservativeness", sg.get("schedule_conservativeness", 1.0))
+    if not (cons >= 0.0 and cons != float("inf")):
+        _fail(f"{path}.sglang.schedule_conservativeness", f"must be finite and >= 0, got {cons}")
+    res["sglang_schedule_conservativeness"] = cons
+    return res
 
 
 @dataclass(frozen=True)
@@ -282,6 +343,9 @@ def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str)
     if prefill.backend != decode.backend:
         _fail(f"{path}.backend", f"prefill and decode backends must match; got prefill "
                                  f"{prefill.backend!r} and decode {decode.backend!r}")
+    if decode.backend == "sglang":
+        _fail(f"{path}.backend", "disaggregated SGLang (the DestinationFirst handoff) is not "
+                                 "simulated by aisim_fast yet; SGLang runs aggregated")
 
 
 _PAYLOAD_KEYS = {"spec", "traffic", "determinism"}
@@ -443,14 +507,10 @@ def check_rank(rank: RankConfig, path: str = "rank") -> None:
     one place they are written): raises ConfigError naming the field."""
     if not isinstance(rank, RankConfig):
         _fail(path, f"must be a RankConfig, got {type(rank).__name__}")
-    raw = asdict(rank)
-    for key in ("timing_model", "fixed_prefill_ms", "fixed_decode_ms", "aic", "num_gpu_blocks_estimated"):
-        raw.pop(key)
     if rank.timing_model == "aic" and rank.aic is None:
         _fail(f"{path}.aic", "timing_model 'aic' needs its config (aisim_fast.aic.parse_config)")
-    raw["timing_model"] = rank.timing_json()
     tp = rank.aic.tp if rank.aic is not None else 1
-    parse_rank({k: v for k, v in raw.items() if v is not None}, path, tp)
+    parse_rank(rank.payload(), path, tp)
 
 
 def _pool_workers(path: str, raw: Any) -> int:

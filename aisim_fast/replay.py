@@ -21,7 +21,7 @@ from aisim_fast.config import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup,
                                check_rank)
 from aisim_fast.kernels import compile_notice
 from aisim_fast.kernels import layout as L
-from aisim_fast.kernels import sketch
+from aisim_fast.kernels import sglang_radix, sketch
 from aisim_fast.report import sketch_merge_rows
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
 from aisim_fast.kernels.event_loop import replay_batch
@@ -149,6 +149,9 @@ def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
     if sim.placement == "kv_router":
         if sim.disaggregated:
             raise ConfigError("placement: kv_router is simulated for aggregated topologies only so far")
+        if sim.rank.backend == "sglang":
+            raise ConfigError("placement: kv_router is not simulated over SGLang ranks yet "
+                              "(its overlap reads the vLLM block pool); use round_robin or random")
         if _router(sim).pin_to_trace_worker:
             worker = sim.workload.worker
             missing = np.flatnonzero(worker < 0) if worker is not None else np.arange(sim.workload.num_requests)
@@ -468,6 +471,15 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     rq = L.Requests(i64=rq_i, f64=rq_f, lease=np.full(n_k, L.NO_BLOCK, np.int32),
                     seq_hash=np.zeros(n_k, np.uint64))
 
+    # SGLang workers keep their KV in a radix cache (kernels.sglang_radix), sized like
+    # the block arena it replaces: a page slot per resident page, a node per page
+    sglang = cfg_i[:, L.CFG_POLICY] == L.POLICY_SGLANG
+    radix = {}
+    if sglang.any():
+        radix = dict(radix=sglang_radix.make_radix(
+            np.where(sglang, cfg_i[:, L.CFG_NUM_GPU_BLOCKS], 0), np.where(sglang, arena, 0),
+            page_size=np.where(sglang, cfg_i[:, L.CFG_BLOCK_SIZE], 1), page_slots=np.where(sglang, arena, 0)))
+        arena = np.where(sglang, 1, arena)
     tab_size = np.array([_pow2_at_least(2 * a) for a in arena], np.int64)
     pool_w = L.POOL_W.new(n_w)
     pool_w[:, L.PW_BLK_OFF] = np.concatenate([[0], np.cumsum(arena)[:-1]])
@@ -485,7 +497,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         event_log = dict(event_log=np.zeros((n_sims, 1 + event_rows, L.EV_NUM_COLUMNS), np.int64))
         event_log["event_log"][:, 0, L.EVH_OUTPUTS] = 1 if log_outputs else 0
     pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=np.empty(int(tab_size.sum()), np.int32),
-                  **event_log)
+                  **event_log, **radix)
     _reset_pools(pool)
 
     wk_i = L.WORKER.new(n_w)
@@ -495,6 +507,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     wk_i[:, L.WK_WAIT_OFF] = np.concatenate([[0], np.cumsum(wait_cap)[:-1]])
     wk_i[:, L.WK_WAIT_CAP] = wait_cap
     wk_i[:, L.WK_RUN_CAP] = run_cap
+    wk_i[sglang, L.WK_SG_RATIO_BITS] = cfg_f[sglang, L.CFGF_SG_INIT_RATIO].view(np.int64)
     routed = [s for s, sim in enumerate(sims) if sim.placement == "kv_router"]
     router_state = {}
     if routed:
@@ -605,7 +618,8 @@ def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConf
     cfg_i[ws, L.CFG_PREFIX_CACHING] = rank.enable_prefix_caching
     cfg_i[ws, L.CFG_CHUNKED_PREFILL] = rank.enable_chunked_prefill
     cfg_i[ws, L.CFG_PREEMPTION_FIFO] = rank.preemption_mode == "fifo"
-    cfg_i[ws, L.CFG_POLICY] = L.POLICY_TRTLLM if rank.backend == "trtllm" else L.POLICY_VLLM
+    cfg_i[ws, L.CFG_POLICY] = {"trtllm": L.POLICY_TRTLLM, "sglang": L.POLICY_SGLANG}.get(
+        rank.backend, L.POLICY_VLLM)
     cfg_i[ws, L.CFG_ROLE] = {"aggregated": L.ROLE_AGGREGATED, "prefill": L.ROLE_PREFILL,
                              "decode": L.ROLE_DECODE}[rank.worker_type]
     cfg_i[ws, L.CFG_TIMING] = {"fixed": L.TIMING_FIXED, "aic": L.TIMING_AIC}.get(
@@ -624,6 +638,17 @@ def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConf
     cfg_f[ws, L.CFGF_KV_BYTES_PER_TOKEN] = (np.nan if rank.kv_transfer_bytes_per_token is None
                                             else rank.kv_transfer_bytes_per_token)
     cfg_f[ws, L.CFGF_HANDOFF_LATENCY_MS] = handoff_latency_ms
+    if rank.backend == "sglang":
+        cfg_i[ws, L.CFG_SG_MAX_PREFILL_TOKENS] = rank.sglang_max_prefill_tokens
+        cfg_i[ws, L.CFG_SG_CHUNK_SIZE] = rank.sglang_chunked_prefill_size
+        cfg_i[ws, L.CFG_SG_CLIP] = rank.sglang_clip_max_new_tokens
+        cfg_i[ws, L.CFG_SG_LPM] = rank.sglang_schedule_policy == "lpm"
+        # the reference's f64 sequence: init, its floor, the decay step in this order
+        init = 0.7 * rank.sglang_schedule_conservativeness
+        floor = init * 0.14
+        cfg_f[ws, L.CFGF_SG_INIT_RATIO] = init
+        cfg_f[ws, L.CFGF_SG_MIN_RATIO] = floor
+        cfg_f[ws, L.CFGF_SG_DECAY_STEP] = (init - floor) / 600.0
 
 
 ROUTING_COLUMNS = ("request_id", "turn_index", "worker", "cost", "costs", "overlap_blocks",
@@ -1443,8 +1468,13 @@ def warm_kernels(topologies=("aggregated", "disaggregated")) -> dict:
         start_s = time.perf_counter()
         sims = []
         for backend in SIMULATED_BACKENDS:
+            if topology == "disaggregated" and backend == "sglang":
+                continue  # SGLang runs aggregated only
             if topology == "aggregated":
-                sims.append(Simulation(workload, parse_rank({"backend": backend}), workers=2))
+                # an SGLang pool counts tokens: the default 16384 holds fewer than some
+                # prompts of the trace (which would never be admitted)
+                extra = {"num_gpu_blocks": 1 << 20} if backend == "sglang" else {}
+                sims.append(Simulation(workload, parse_rank({"backend": backend, **extra}), workers=2))
             else:
                 sims.append(Simulation(
                     workload, parse_rank({"backend": backend, "worker_type": "decode"}), workers=1,

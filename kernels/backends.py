@@ -5,8 +5,10 @@ batch may mix backends.
 * ``POLICY_VLLM`` and ``POLICY_TRTLLM`` run the vLLM scheduler core
   (``vllm_core``), each with its own capacity policy over the shared block pool
   (``vllm_policy``, ``trtllm_policy``);
+* ``POLICY_SGLANG`` runs the SGLang scheduler over its radix cache
+  (``sglang_core``, ``sglang_radix``);
 * a new backend is a module with a ``run_pass`` of the same signature, a policy
-  code, and one line here (SGLang's radix cache comes next).
+  code, and one line here.
 
 Runs of decode passes (``decode_run``) are an optimization of the vLLM core: for
 any other backend ``decode_run`` runs nothing and the loop takes ``run_pass``.
@@ -15,15 +17,16 @@ any other backend ``decode_run`` runs nothing and the loop takes ``run_pass``.
 from numba import njit
 
 from . import decode_run as vllm_decode_run
-from . import vllm_core
-from .layout import CFG_POLICY, POLICY_TRTLLM, POLICY_VLLM
+from . import sglang_core, vllm_core
+from .layout import CFG_POLICY, POLICY_SGLANG, POLICY_TRTLLM, POLICY_VLLM
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
     """One forward pass of worker w from ``now_ms``: ``(end_ms, had_effect, arena_full)``."""
-    # vLLM and TRT-LLM, the policy codes so far, run the vLLM core; another backend
-    # goes here as ``if cfg.i64[w, CFG_POLICY] == POLICY_X: return x.run_pass(...)``
+    if cfg.i64[w, CFG_POLICY] == POLICY_SGLANG:
+        return sglang_core.run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh,
+                                    scratch_tokens)
     return vllm_core.run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh,
                               scratch_tokens)
 

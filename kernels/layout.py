@@ -57,6 +57,7 @@ CMD_APPLIED = 1
 # Scheduling policy of a rank (``cfg.i64[w, CFG_POLICY]``).
 POLICY_VLLM = 0
 POLICY_TRTLLM = 1     # vLLM core with GUARANTEED_NO_EVICT capacity policy
+POLICY_SGLANG = 2     # SGLang scheduler over a radix cache (kernels.sglang_core)
 
 # Worker role (``cfg.i64[w, CFG_ROLE]``).
 ROLE_AGGREGATED = 0
@@ -223,6 +224,10 @@ RANK_CONFIG_I = _declare(FieldTable("CFG_", "cfg.i64", np.int64, [
     ("AIC_SHARED", -1, "", "AIC timing: table of every key known before the run (read only); -1 = none"),
     ("AIC_LOCAL", -1, "", "AIC timing: the simulation's table of keys met in the run"),
     ("ROUTER_PIN", 0, "", "kv_router: 1 = place on the trace row's worker (costs still computed)"),
+    ("SG_MAX_PREFILL_TOKENS", 16384, "", "SGLang: prefill tokens of a pass at most"),
+    ("SG_CHUNK_SIZE", 8192, "", "SGLang: chunked_prefill_size (a multiple of the page size)"),
+    ("SG_CLIP", 4096, "", "SGLang: clip_max_new_tokens (the output reserve of a request at most)"),
+    ("SG_LPM", 0, "", "SGLang: 1 = longest-prefix-match scheduling, 0 = fifo"),
 ]))
 # CFGF_KV_BANDWIDTH_GBS / CFGF_KV_BYTES_PER_TOKEN are NaN when not configured (the
 # transfer then takes CFGF_HANDOFF_LATENCY_MS, the topology's fallback).
@@ -237,6 +242,9 @@ RANK_CONFIG_F = _declare(FieldTable("CFGF_", "cfg.f64", np.float64, [
     ("ROUTER_CREDIT", 1.0, "", "kv_router: overlap_score_credit (blocks of prefill credited per cached block)"),
     ("ROUTER_LOAD_SCALE", 1.0, "", "kv_router: prefill_load_scale"),
     ("ROUTER_TEMPERATURE", 0.0, "", "kv_router: softmax temperature (0 = the lowest cost)"),
+    ("SG_INIT_RATIO", 0.7, "", "SGLang: initial new-token ratio (0.7 x schedule_conservativeness)"),
+    ("SG_MIN_RATIO", 0.098, "", "SGLang: its floor (init x 0.14)"),
+    ("SG_DECAY_STEP", 0.001001, "", "SGLang: its decay per decode pass ((init - min) / 600)"),
 ]))
 CFG_I_FIELDS = RANK_CONFIG_I.width
 CFG_F_FIELDS = RANK_CONFIG_F.width
@@ -328,6 +336,11 @@ REQUEST_I = _declare(FieldTable("RQ_", "rq.i64", np.int64, [
     ("RT_PENDING", 0, "", "kv_router: its share of the worker's P_w until its first token"),
     ("RT_ACTIVE", 0, "", "kv_router: 1 while its prompt blocks count in the worker's D_w"),
     ("PIN_WORKER", -1, "", "kv_router pin_to_trace_worker: the trace row's worker in the pool"),
+    ("SG_CACHED", 0, "", "SGLang: page-aligned tokens of its prefix in the radix tree, locked "
+                         "through SG_LAST"),
+    ("SG_LAST", -1, "n", "SGLang: the locked tree node ending at SG_CACHED; -1 = no active lease"),
+    ("SG_LPM_KEY", 0, "", "SGLang lpm: its sort key in the latest scan (deprioritized, -prefix)"),
+    ("SG_LPM_RECORDED", 0, "", "SGLang lpm: 1 = its leading pages were recorded in the latest scan"),
 ]))
 REQUEST_F = _declare(FieldTable("RQF_", "rq.f64", np.float64, [
     ("DELAY_MS", np.nan, "", "think time after the previous turn's terminal"),
@@ -383,6 +396,7 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
     ("RT_ACTIVE_BLOCKS", 0, "", "D_w: distinct complete prompt blocks of requests active here"),
     ("RT_OFF", 0, "", "first slot of its active-block multiset in wk.rt_key / rt_count"),
     ("RT_MASK", -1, "", "multiset slots - 1 (a power of two); -1 = none"),
+    ("SG_RATIO_BITS", 0, "", "SGLang: the new-token ratio (float64 bits)"),
 ]))
 WK_FIELDS = WORKER.width
 
@@ -496,7 +510,8 @@ _NO_EVENT_LOG = np.zeros((0, 0, EV_NUM_COLUMNS), np.int64)
 # newest position), so splits, appends and tail evictions move no keys.
 RADIX_W = _declare(FieldTable("RW_", "radix.w64", np.int64, [
     ("PAGE_OFF", 0, "b", "first page slot of the worker"),
-    ("PAGE_LEN", 0, "", "page slots of the worker (its pool: num_gpu_blocks pages)"),
+    ("PAGE_LEN", 0, "", "page slots of the worker (resident pages at most)"),
+    ("PAGE_CAP", 0, "", "the pool: num_gpu_blocks pages (free = PAGE_CAP - PAGES_USED)"),
     ("PAGE_FREE_TOP", 0, "", "pages given back: a stack in the RP_FREE_STACK column"),
     ("PAGE_BUMP", 0, "", "page slots handed out so far (the rest never used)"),
     ("PAGES_USED", 0, "", "pages in use (tree or leases)"),
@@ -559,6 +574,7 @@ class Pool(NamedTuple):
     blk_hash: np.ndarray  # uint64[b] sequence hash of a cached copy
     tab: np.ndarray       # int32[t] primary copy of a hash, NO_BLOCK = empty slot
     event_log: np.ndarray = _NO_EVENT_LOG     # int64[s, 1 + rows, EV_NUM_COLUMNS]; 1 row = off
+    radix: Radix = Radix()                    # SGLang workers' radix caches (empty otherwise)
 
 
 class Requests(NamedTuple):

@@ -37,7 +37,7 @@ from .layout import (
     RN_CHILDREN, RN_FIELDS, RN_FREE_STACK, RN_HEAD, RN_LEN, RN_LOCK, RN_PARENT, RN_TAIL, RN_TIME,
     RP_FIELDS, RP_FREE_STACK, RP_IN_TREE, RP_NEXT, RP_PREV, RW_CLOCK, RW_EVICTABLE, RW_FIELDS,
     RW_HEAP_CAP, RW_HEAP_LEN, RW_HEAP_OFF, RW_NODE_BUMP, RW_NODE_FREE_TOP, RW_NODE_LEN,
-    RW_NODE_OFF, RW_PAGE_BUMP, RW_PAGE_FREE_TOP, RW_PAGE_LEN, RW_PAGE_OFF, RW_PAGES_USED,
+    RW_NODE_OFF, RW_PAGE_BUMP, RW_PAGE_CAP, RW_PAGE_FREE_TOP, RW_PAGE_LEN, RW_PAGE_OFF, RW_PAGES_USED,
     RW_PAGE_SIZE, RW_PROTECTED, RW_TAB_MASK, RW_TAB_OFF, RADIX_N, RADIX_P, RADIX_W, Radix,
 )
 
@@ -57,7 +57,7 @@ def clock(r, w):
 
 @njit(cache=True, _nrt=False, inline="always")
 def free_pages(r, w):
-    return r.w64[w, RW_PAGE_LEN] - r.w64[w, RW_PAGES_USED]
+    return r.w64[w, RW_PAGE_CAP] - r.w64[w, RW_PAGES_USED]
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -68,7 +68,8 @@ def available_tokens(r, w):
 
 @njit(cache=True, _nrt=False)
 def page_alloc(r, w):
-    """A free page (not in the tree, unlinked), or NO_PAGE when the pool is full."""
+    """A free page (not in the tree, unlinked), or NO_PAGE when the worker's page
+    slots are exhausted (callers check the pool's free pages first)."""
     top = r.w64[w, RW_PAGE_FREE_TOP]
     if top > 0:
         top -= 1
@@ -596,10 +597,12 @@ def evict(r, w, n_tokens):
 # ---------------------------------------------------------------------------------
 # state
 # ---------------------------------------------------------------------------------
-def make_radix(pages_per_worker, nodes_per_worker, page_size=1) -> Radix:
+def make_radix(pages_per_worker, nodes_per_worker, page_size=1, page_slots=None) -> Radix:
     """Empty radix caches for workers with the given page pools (``num_gpu_blocks``
-    pages each) and node slots (a worker never holds more nodes than pages + 1)."""
-    pages = np.asarray(pages_per_worker, np.int64)
+    pages each), page slots (resident pages at most; default the pool) and node slots
+    (a worker never holds more nodes than resident pages + 1)."""
+    cap = np.asarray(pages_per_worker, np.int64)
+    pages = cap if page_slots is None else np.minimum(cap, np.asarray(page_slots, np.int64))
     nodes = np.asarray(nodes_per_worker, np.int64) + 1  # the root
     n_workers = len(pages)
     w64 = RADIX_W.new(n_workers)
@@ -611,13 +614,14 @@ def make_radix(pages_per_worker, nodes_per_worker, page_size=1) -> Radix:
     heap_off = np.concatenate(([0], np.cumsum(heap_caps)[:-1])) if n_workers else heap_caps
     w64[:, RW_PAGE_OFF] = page_off
     w64[:, RW_PAGE_LEN] = pages
+    w64[:, RW_PAGE_CAP] = cap
     w64[:, RW_NODE_OFF] = node_off
     w64[:, RW_NODE_LEN] = nodes
     w64[:, RW_TAB_OFF] = tab_off
     w64[:, RW_TAB_MASK] = tab_sizes - 1
     w64[:, RW_HEAP_OFF] = heap_off
     w64[:, RW_HEAP_CAP] = heap_caps
-    w64[:, RW_PAGE_SIZE] = page_size
+    w64[:, RW_PAGE_SIZE] = np.broadcast_to(np.asarray(page_size, np.int64), (n_workers,))
     nd = RADIX_N.new(int(nodes.sum()))
     return Radix(w64=w64, pg32=RADIX_P.new(int(pages.sum())), pg_key=np.zeros(int(pages.sum()), np.uint64),
                  nd=nd, tab=np.full(int(tab_sizes.sum()), -1, np.int32),

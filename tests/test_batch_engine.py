@@ -87,7 +87,10 @@ def test_rejected_config_names_the_field():
         good = _simulation(ROWS[:3], {"backend": "vllm"}, tmp)
     bad = [
         (dataclasses.replace(good, workers=0), "workers"),
-        (dataclasses.replace(good, rank=RankConfig(backend="sglang")), "rank.backend"),
+        (dataclasses.replace(good, rank=RankConfig(backend="tensorrt")), "rank.backend"),
+        (dataclasses.replace(good, rank=RankConfig(backend="sglang", block_size=16,
+                                                   sglang_chunked_prefill_size=100)),
+         "rank.sglang.chunked_prefill_size"),
         (dataclasses.replace(good, rank=dataclasses.replace(good.rank, preemption_mode="x")),
          "rank.preemption_mode"),
         (dataclasses.replace(good, placement="least_loaded"), "placement"),

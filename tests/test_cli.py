@@ -378,7 +378,7 @@ def test_bad_engine_args(tmp_path, capsys, engine_args, fragments):
     (["--arrival-speedup-ratio", "0"], ["--arrival-speedup-ratio", "> 0"]),
     (["--arrival-speedup-ratio", "nan"], ["--arrival-speedup-ratio", "> 0"]),
     (["--workers", "two"], ["--workers", "invalid int value"]),
-    (["--backend", "sglang"], ["--backend", "invalid choice"]),
+    (["--backend", "tensorrt"], ["--backend", "invalid choice"]),
 ])
 def test_bad_flag_values(tmp_path, capsys, extra, fragments):
     code, _, err = run_cli(_flags(tmp_path, *extra), capsys)

@@ -1,12 +1,14 @@
-"""Disaggregated corners against reference runs, on every column the reference writes.
+"""Small reference runs, on every column the reference writes.
 
 Each case folder holds the execution payload exactly as the reference ran it
 (``spec.json``), its trace, and the reference's per-request CSV (``ref.csv``):
 
 * ``tests/data/differential/*`` - divergences found by ``benchmarks/differential.py``
-  on random configurations;
-* ``tests/data/disagg_corners/*`` - small runs made to isolate one rule each (their
-  README says which).
+  on random configurations (all topologies and backends);
+* ``tests/data/disagg_corners/*`` - small disaggregated runs made to isolate one rule
+  each (their README says which);
+* ``tests/data/golden_sglang/*`` - SGLang runs that exercise eviction, retraction,
+  lpm, chunk budgets and page size 16 (README there).
 
 A case either matches the reference on every row and column (times within the
 parity tolerance, counts and workers exact, empty only where the reference leaves it
@@ -29,18 +31,11 @@ from aisim_fast.replay import run_batch, simulation_from_setup
 from parity_rules import as_key_part, row_differences, same_stop, values_outside_run
 
 DATA = Path(__file__).resolve().parent / "data"
-CASES = sorted([*DATA.glob("differential/seed*"), *DATA.glob("disagg_corners/*/")])
+CASES = sorted([*DATA.glob("differential/seed*"), *DATA.glob("disagg_corners/*/"),
+                *DATA.glob("golden_sglang/sx-*/")])
 
 # case name -> what still differs (strict xfail)
-OPEN: dict[str, str] = {
-    # vLLM P/D, tight decode pool: aisim_fast dead-ends earlier than the reference
-    **{name: "early dead end (vLLM decode side)" for name in (
-        "seed12_case0075", "seed12_case0100", "seed12_case0211", "seed12_case0270",
-        "seed13_case0297")},
-    # vLLM P/D, tight decode pool: aisim_fast dead-ends, the reference completes
-    **{name: "false dead end (vLLM decode side)" for name in (
-        "seed13_case0080", "seed13_case0218", "seed13_case0272")},
-}
+OPEN: dict[str, str] = {}
 
 
 def _run(case: Path):

@@ -1,0 +1,654 @@
+"""The SGLang scheduler rank: one forward pass (spec/sglang.md §4-§8, verified rule
+by rule against the released reference; aggregated, ``dp_size`` 1).
+
+A pass admits waiting requests into a prefill batch under the new-token-ratio
+budgets (§5); if it admitted any it is a prefill-only pass whose newly prefilled
+requests emit their first token (§6.2) while the running ones wait; otherwise it is
+a decode pass over every running request, retracting requests under memory pressure
+(§6.3). The KV cache is the worker's radix tree (``sglang_radix``): a request's
+lease is its pages (``rq.lease`` at RQ_LEASE_OFF, one per page of its allocated
+footprint), the prefix it has in the tree (RQ_SG_CACHED tokens) and the tree node
+that ends it (RQ_SG_LAST, locked).
+
+Page keys are the chained sequence hashes of the request's pages at the page size
+(``rq.seq_hash``, prompt pages loaded at arrival, generated pages hashed when
+needed): matching from the root compares whole prefixes, so chained keys match
+exactly where the reference's per-page keys do.
+
+Same signature as ``vllm_core.run_pass``; ``backends`` dispatches on the policy code.
+"""
+
+import numpy as np
+from numba import njit
+
+from . import sglang_radix as rx
+from .block_pool import event_log_on, note_event, note_event_at, outputs_logged
+from .kv_lease import hash_block
+from .kv_router import first_token_seen
+from .pass_log import append_pass_row
+from .rank_queues import push_terminal, run_push_back, run_remove_at, wait_at, wait_push_back, \
+    wait_push_front, wait_remove_at
+from .request_state import ceil_div
+from .sketch import fold_gap_run
+from .timing import decode_ns, ns_to_ms, prefill_ns
+from .layout import (
+    CFGF_SG_DECAY_STEP, CFGF_SG_MIN_RATIO, CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS,
+    CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM, CFG_SG_MAX_PREFILL_TOKENS,
+    EV_ADMITTED, EV_FINISHED, EV_OUTPUT, EV_PREEMPTED, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
+    RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS, RQF_TERMINAL_MS,
+    RQ_ADMISSIONS, RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FIRST_CACHED, RQ_GENERATED,
+    RQ_LEASE_OFF, RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PREEMPTIONS,
+    RQ_PROMPT_LEN, RQ_RT_PENDING, RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
+    RS_DONE, RS_PREEMPTED, RS_RUNNING, RW_EVICTABLE, RW_PAGES_USED, RW_PAGE_SIZE, SM_PASS_LOG_LEN,
+    TERM_COMPLETED, TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
+    WK_RUN_OFF, WK_SG_RATIO_BITS, WK_TERM_HEAD, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
+)
+
+RETRACT_STEPS = 20  # tokens of headroom per surviving request after a retraction
+
+
+# ---------------------------------------------------------------------------------
+# request helpers
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False, inline="always")
+def _seq(rq, q):
+    return rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_GENERATED]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _remaining(rq, q):
+    return max(0, rq.i64[q, RQ_MAX_OUTPUT] - rq.i64[q, RQ_GENERATED])
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _ratio(wk, w):
+    return np.int64(wk.i64[w, WK_SG_RATIO_BITS]).view(np.float64)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _set_ratio(wk, w, x):
+    wk.i64[w, WK_SG_RATIO_BITS] = np.float64(x).view(np.int64)
+
+
+@njit(cache=True, _nrt=False)
+def _ensure_keys(rq, wl, q, n_pages, ps, scratch_tokens):
+    """Page keys of q's first n_pages pages (generated ones hashed on demand)."""
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    i = rq.i64[q, RQ_NUM_HASHED]
+    while i < n_pages:
+        rq.seq_hash[k0 + i] = hash_block(rq, wl, q, i, ps, scratch_tokens)
+        i += 1
+    if n_pages > rq.i64[q, RQ_NUM_HASHED]:
+        rq.i64[q, RQ_NUM_HASHED] = n_pages
+
+
+@njit(cache=True, _nrt=False)
+def _evict_for(r, w, tokens):
+    """Make ``tokens`` available if the tree can (evicting only the deficit)."""
+    have = rx.available_tokens(r, w)
+    if tokens > have:
+        rx.evict(r, w, tokens - have)
+
+
+@njit(cache=True, _nrt=False)
+def _take_pages(r, rq, w, q, first, count):
+    """count fresh pages into q's lease at page index ``first``; False when the
+    worker's page slots ran out (the caller checked the pool)."""
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    for j in range(count):
+        b = rx.page_alloc(r, w)
+        if b < 0:
+            return False
+        rq.lease[k0 + first + j] = b
+    return True
+
+
+# ---------------------------------------------------------------------------------
+# KV operations on a request (§4)
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False)
+def first_allocation(cfg, r, rq, wl, w, q, chunk_end, cap, path, scratch_tokens):
+    """§4.1: lock the cached prefix (matched up to ``cap``), take pages for the rest
+    of the chunk. Returns the prefix tokens matched, -1 when it does not fit, -2
+    when the page slots ran out."""
+    ps = r.w64[w, RW_PAGE_SIZE]
+    n_lock = min(cap, chunk_end) // ps
+    _ensure_keys(rq, wl, q, n_lock, ps, scratch_tokens)
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    if cfg.i64[w, CFG_PREFIX_CACHING] != 0:
+        matched, last = rx.match_lock(r, w, rq.seq_hash, k0, n_lock)
+        if last < 0:
+            return -2
+    else:
+        matched, last = 0, rx.root(r, w)
+    prefix = matched * ps
+    req_pages = ceil_div(chunk_end, ps) - matched
+    if req_pages * ps > rx.available_tokens(r, w) + r.w64[w, RW_EVICTABLE]:
+        rx.dec_lock(r, w, last)
+        return -1
+    _evict_for(r, w, req_pages * ps)
+    depth = rx.path_pages(r, w, last, path, 0)
+    for j in range(depth):
+        rq.lease[k0 + j] = path[j]
+    if not _take_pages(r, rq, w, q, matched, req_pages):
+        return -2
+    rq.i64[q, RQ_SG_CACHED] = prefix
+    rq.i64[q, RQ_SG_LAST] = last
+    return prefix
+
+
+@njit(cache=True, _nrt=False)
+def extend_allocation(r, rq, w, q, chunk_end):
+    """§4.2: pages for a chunk continuation. 0 ok, -1 does not fit, -2 no slots."""
+    ps = r.w64[w, RW_PAGE_SIZE]
+    have = rq.i64[q, RQ_ALLOCATED] // ps
+    new_pages = ceil_div(chunk_end, ps) - have
+    if new_pages <= 0:
+        return 0
+    if new_pages * ps > rx.available_tokens(r, w) + r.w64[w, RW_EVICTABLE]:
+        return -1
+    _evict_for(r, w, new_pages * ps)
+    if not _take_pages(r, rq, w, q, have, new_pages):
+        return -2
+    return 0
+
+
+@njit(cache=True, _nrt=False)
+def _adopt_tree_pages(r, rq, w, q, node, lo, hi, path):
+    """Where the tree's page on ``node``'s path differs from q's lease page in page
+    positions [lo, hi), free q's page and take the tree's (canonicalize)."""
+    depth = rx.path_pages(r, w, node, path, 0)
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    for j in range(lo, min(hi, depth)):
+        if path[j] != rq.lease[k0 + j]:
+            rx.page_free(r, w, rq.lease[k0 + j])
+            rq.lease[k0 + j] = path[j]
+
+
+@njit(cache=True, _nrt=False)
+def cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens):
+    """§4.3: the materialized complete pages beyond the cached prefix enter the tree."""
+    if cfg.i64[w, CFG_PREFIX_CACHING] == 0:
+        return
+    ps = r.w64[w, RW_PAGE_SIZE]
+    aligned = (rq.i64[q, RQ_NUM_COMPUTED] // ps) * ps
+    cached = rq.i64[q, RQ_SG_CACHED]
+    if aligned == 0 or aligned <= cached:
+        return
+    lo, hi = cached // ps, aligned // ps
+    _ensure_keys(rq, wl, q, hi, ps, scratch_tokens)
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    last = rq.i64[q, RQ_SG_LAST]
+    new_last = rx.insert(r, w, last, rq.seq_hash, k0 + lo, hi - lo, rq.lease, k0 + lo)
+    if new_last != last:
+        rx.inc_lock(r, w, new_last)
+        _adopt_tree_pages(r, rq, w, q, new_last, lo, hi, path)
+        rx.dec_lock(r, w, last)
+    rq.i64[q, RQ_SG_LAST] = new_last
+    rq.i64[q, RQ_SG_CACHED] = aligned
+
+
+@njit(cache=True, _nrt=False)
+def finish_kv(cfg, r, rq, wl, w, q, path, scratch_tokens):
+    """§4.4: a finished request's complete pages enter the tree, the rest of its
+    lease goes back to the pool, its lock is released."""
+    ps = r.w64[w, RW_PAGE_SIZE]
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    n_pages = rq.i64[q, RQ_ALLOCATED] // ps
+    last = rq.i64[q, RQ_SG_LAST]
+    if cfg.i64[w, CFG_PREFIX_CACHING] == 0:
+        for j in range(n_pages):
+            rx.page_free(r, w, rq.lease[k0 + j])
+        rx.dec_lock(r, w, last)
+    else:
+        seq_aligned = (_seq(rq, q) // ps) * ps
+        complete = (min(seq_aligned, rq.i64[q, RQ_NUM_COMPUTED]) // ps) * ps
+        c_pages = complete // ps
+        for j in range(c_pages, n_pages):
+            rx.page_free(r, w, rq.lease[k0 + j])
+        if complete == 0:
+            rx.dec_lock(r, w, last)
+        else:
+            lo = rq.i64[q, RQ_SG_CACHED] // ps
+            _ensure_keys(rq, wl, q, c_pages, ps, scratch_tokens)
+            new_last = rx.insert(r, w, last, rq.seq_hash, k0 + lo, c_pages - lo, rq.lease, k0 + lo)
+            # lease pages the tree did not take are duplicates: back to the pool
+            depth = rx.path_pages(r, w, new_last, path, 0)
+            for j in range(lo, min(c_pages, depth)):
+                if path[j] != rq.lease[k0 + j]:
+                    rx.page_free(r, w, rq.lease[k0 + j])
+            rx.dec_lock(r, w, last)
+    rq.i64[q, RQ_SG_LAST] = -1
+    rq.i64[q, RQ_SG_CACHED] = 0
+
+
+@njit(cache=True, _nrt=False)
+def release_on_retraction(r, rq, w, q):
+    """§4.5: the pages beyond the cached prefix go back, the lock is released; the
+    request keeps its keys and generated tokens and is recomputed later."""
+    ps = r.w64[w, RW_PAGE_SIZE]
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    for j in range(rq.i64[q, RQ_SG_CACHED] // ps, rq.i64[q, RQ_ALLOCATED] // ps):
+        rx.page_free(r, w, rq.lease[k0 + j])
+    rx.dec_lock(r, w, rq.i64[q, RQ_SG_LAST])
+    rq.i64[q, RQ_SG_LAST] = -1
+    rq.i64[q, RQ_SG_CACHED] = 0
+    rq.i64[q, RQ_NUM_COMPUTED] = 0
+    rq.i64[q, RQ_ALLOCATED] = 0
+
+
+# ---------------------------------------------------------------------------------
+# outputs
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False)
+def _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens):
+    finish_kv(cfg, p.radix, rq, wl, w, q, path, scratch_tokens)
+    wk.i64[w, WK_CAP_GEN] += 1
+    rq.i64[q, RQ_STATUS] = RS_DONE
+    rq.i64[q, RQ_TERMINAL] = TERM_COMPLETED
+    if event_log_on(p):
+        note_event(p, w, EV_FINISHED, q, np.int64(TERM_COMPLETED), rq.i64[q, RQ_GENERATED])
+    push_terminal(rq, wk, w, q)
+
+
+@njit(cache=True, _nrt=False)
+def _emit(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count):
+    """One output token of q at ``end_ms``. (run_gap, run_count): the current run of
+    equal token gaps, folded into the token statistics when the gap changes; returns
+    it updated."""
+    g = rq.i64[q, RQ_GENERATED] + 1
+    rq.i64[q, RQ_GENERATED] = g
+    if g == 1:
+        rq.f64[q, RQF_FIRST_TOKEN_MS] = end_ms
+        if rq.i64[q, RQ_RT_PENDING] != 0:
+            first_token_seen(rq, wk, w, q)
+    else:
+        if g == 2:
+            rq.f64[q, RQF_SECOND_TOKEN_MS] = end_ms
+        gap_ms = end_ms - rq.f64[q, RQF_LAST_TOKEN_MS]
+        if gap_ms != run_gap:
+            fold_gap_run(sims.token_stat, sims.token_hist, s, run_gap, run_count)
+            run_gap = gap_ms
+            run_count = 0
+        run_count += 1
+    rq.f64[q, RQF_LAST_TOKEN_MS] = end_ms
+    if outputs_logged(p, s):
+        note_event_at(p, w, EV_OUTPUT, q, g, np.int64(1 if _remaining(rq, q) == 0 else 0),
+                      np.float64(end_ms).view(np.int64))
+    return run_gap, run_count
+
+
+# ---------------------------------------------------------------------------------
+# longest-prefix-match order (§7)
+# ---------------------------------------------------------------------------------
+LPM_MAX_WAITING = 128    # longer queues keep their fifo order
+LPM_SHORT_PREFIX = 32    # tokens: a request matching at most this much ...
+LPM_DUP_TOKENS = 32      # ... whose leading pages an earlier one shares goes last
+
+
+@njit(cache=True, _nrt=False)
+def lpm_order(cfg, r, rq, wl, wk, w, scratch_tokens):
+    """Reorder the waiting queue by the longest cached prefix (read-only matches of
+    every complete page of each sequence), stable; a request with a short match whose
+    leading pages an earlier request in the scan already showed is deprioritized."""
+    n = wk.i64[w, WK_WAIT_LEN]
+    if n < 2 or n > LPM_MAX_WAITING or cfg.i64[w, CFG_PREFIX_CACHING] == 0:
+        return
+    ps = r.w64[w, RW_PAGE_SIZE]
+    dup_pages = ceil_div(LPM_DUP_TOKENS, ps)
+    for i in range(n):
+        q = wait_at(wk, w, i)
+        seq = _seq(rq, q)
+        n_keys = seq // ps
+        _ensure_keys(rq, wl, q, n_keys, ps, scratch_tokens)
+        k0 = rq.i64[q, RQ_LEASE_OFF]
+        prefix = rx.match_readonly(r, w, rq.seq_hash, k0, n_keys) * ps
+        deprioritized = 0
+        rq.i64[q, RQ_SG_LPM_RECORDED] = 0
+        if prefix <= LPM_SHORT_PREFIX and seq >= dup_pages * ps:
+            # chained keys: the key of page dup_pages - 1 names the leading pages
+            lead = rq.seq_hash[k0 + dup_pages - 1]
+            for j in range(i):
+                e = wait_at(wk, w, j)
+                if rq.i64[e, RQ_SG_LPM_RECORDED] == 1 and \
+                        rq.seq_hash[rq.i64[e, RQ_LEASE_OFF] + dup_pages - 1] == lead:
+                    deprioritized = 1
+                    break
+            if deprioritized == 0:
+                rq.i64[q, RQ_SG_LPM_RECORDED] = 1
+        rq.i64[q, RQ_SG_LPM_KEY] = deprioritized * (np.int64(1) << 40) - prefix
+    # stable insertion sort of the ring by key
+    for i in range(1, n):
+        x = wait_at(wk, w, i)
+        key = rq.i64[x, RQ_SG_LPM_KEY]
+        j = i - 1
+        while j >= 0 and rq.i64[wait_at(wk, w, j), RQ_SG_LPM_KEY] > key:
+            _wait_set(wk, w, j + 1, wait_at(wk, w, j))
+            j -= 1
+        _wait_set(wk, w, j + 1, x)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _wait_set(wk, w, i, q):
+    wk.wait_q[wk.i64[w, WK_WAIT_OFF] + (wk.i64[w, WK_WAIT_HEAD] + i) % wk.i64[w, WK_WAIT_CAP]] = q
+
+
+# ---------------------------------------------------------------------------------
+# the pass
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False)
+def _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
+    """§5: the prefill batch. Admitted requests are appended to the running list (the
+    one whose chunk stops short goes back to the waiting front); acc[1] batch size,
+    acc[2] total isl, acc[3] total prefix, acc[5] first admissions. Returns False
+    when the page slots ran out."""
+    r = p.radix
+    ps = r.w64[w, RW_PAGE_SIZE]
+    ratio = _ratio(wk, w)
+    clip = cfg.i64[w, CFG_SG_CLIP]
+    off = wk.i64[w, WK_RUN_OFF]
+    reserved = 0.0
+    for j in range(wk.i64[w, WK_RUN_LEN]):
+        reserved += float(min(_remaining(rq, wk.run_q[off + j]), clip)) * ratio
+    rem_total = float(rx.available_tokens(r, w) + r.w64[w, RW_EVICTABLE]) - reserved
+    rem_input = float(cfg.i64[w, CFG_SG_MAX_PREFILL_TOKENS])
+    rem_chunk = float(cfg.i64[w, CFG_SG_CHUNK_SIZE])
+    slots = max(0, cfg.i64[w, CFG_MAX_NUM_SEQS] - wk.i64[w, WK_RUN_LEN])
+    caching = cfg.i64[w, CFG_PREFIX_CACHING] != 0
+    partial = -1
+    while acc[1] < slots and wk.i64[w, WK_WAIT_LEN] > 0:
+        q = wait_at(wk, w, 0)
+        seq = _seq(rq, q)
+        mat = rq.i64[q, RQ_NUM_COMPUTED]
+        cached_prefix = 0
+        if mat == 0 and caching:
+            cap_len = seq if rq.i64[q, RQ_MAX_OUTPUT] == 0 else seq - 1
+            n_keys = cap_len // ps
+            _ensure_keys(rq, wl, q, n_keys, ps, scratch_tokens)
+            cached_prefix = rx.match_readonly(r, w, rq.seq_hash, rq.i64[q, RQ_LEASE_OFF], n_keys) * ps
+        start = max(mat, cached_prefix)
+        extend = seq - start
+        if extend == 0 and mat > 0:
+            break
+        if float(ceil_div(extend, ps) * ps) <= rem_chunk:
+            chunk = extend
+        else:
+            chunk = (np.int64(rem_chunk) // ps) * ps
+            if chunk == 0:
+                break
+            chunk = min(chunk, extend)
+        charged = float(ceil_div(chunk, ps) * ps)
+        out_res = 0.0 if chunk < extend else float(min(_remaining(rq, q), clip))
+        if charged + out_res >= rem_total or charged > rem_input or charged > rem_chunk:
+            break
+        chunk_end = start + chunk
+        if mat == 0:
+            prefix = first_allocation(cfg, r, rq, wl, w, q, chunk_end, start, path, scratch_tokens)
+            if prefix == -2:
+                return False
+            if prefix < 0:
+                break
+        else:
+            res = extend_allocation(r, rq, w, q, chunk_end)
+            if res == -2:
+                return False
+            if res < 0:
+                break
+            prefix = mat
+        wait_remove_at(wk, w, 0)
+        rq.i64[q, RQ_NUM_COMPUTED] = chunk_end
+        rq.i64[q, RQ_ALLOCATED] = ceil_div(chunk_end, ps) * ps
+        rq.i64[q, RQ_COMMITTED_PREFILL] += chunk_end - prefix
+        if mat == 0:  # an admission (a re-admission after a retraction too)
+            rq.i64[q, RQ_ADMISSIONS] += 1
+            if rq.i64[q, RQ_FIRST_CACHED] < 0:
+                rq.i64[q, RQ_FIRST_CACHED] = prefix
+                rq.f64[q, RQF_FIRST_ADMIT_MS] = now_ms
+            rq.i64[q, RQ_MAX_CACHED] = max(rq.i64[q, RQ_MAX_CACHED], prefix)
+            acc[5] += 1
+            if event_log_on(p):
+                note_event(p, w, EV_ADMITTED, q, prefix, rq.i64[q, RQ_ADMISSIONS])
+        rq.i64[q, RQ_STATUS] = RS_RUNNING
+        acc[1] += 1
+        acc[2] += chunk_end
+        acc[3] += prefix
+        rem_total -= charged + out_res
+        rem_input -= charged
+        rem_chunk -= charged
+        if chunk < extend:
+            partial = q
+            break
+        run_push_back(wk, w, q)
+        if rem_chunk <= 0.0:
+            break
+    if partial >= 0:
+        cache_prefix(cfg, r, rq, wl, w, partial, path, scratch_tokens)
+        wait_push_front(wk, w, partial)
+    return True
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _retract_before(rq, a, b):
+    """a sorts before b for retraction: more generated tokens, then a shorter prompt
+    (victims come off the end)."""
+    ga, gb = rq.i64[a, RQ_GENERATED], rq.i64[b, RQ_GENERATED]
+    return ga > gb or (ga == gb and rq.i64[a, RQ_PROMPT_LEN] < rq.i64[b, RQ_PROMPT_LEN])
+
+
+@njit(cache=True, _nrt=False)
+def _sort_for_retraction(rq, wk, w):
+    """The reference's retract_decode: the running batch sorted (stable) so that the
+    victims - fewest generated tokens, then the longest prompt, then the last such -
+    come off its end; the survivors keep the sorted order afterwards."""
+    off = wk.i64[w, WK_RUN_OFF]
+    for i in range(1, wk.i64[w, WK_RUN_LEN]):
+        x = wk.run_q[off + i]
+        j = i - 1
+        while j >= 0 and _retract_before(rq, x, wk.run_q[off + j]):
+            wk.run_q[off + j + 1] = wk.run_q[off + j]
+            j -= 1
+        wk.run_q[off + j + 1] = x
+
+
+@njit(cache=True, _nrt=False)
+def _decode_need(r, rq, wk, w):
+    ps = r.w64[w, RW_PAGE_SIZE]
+    off = wk.i64[w, WK_RUN_OFF]
+    need = 0
+    for j in range(wk.i64[w, WK_RUN_LEN]):
+        q = wk.run_q[off + j]
+        grow = ceil_div(_seq(rq, q) + min(1, _remaining(rq, q)), ps) * ps - rq.i64[q, RQ_ALLOCATED]
+        need += max(0, grow)
+    return need
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _add_token_slot(r, rq, w, q):
+    """Room for q's next token: a page when its pages are full. False: no slot left."""
+    ps = r.w64[w, RW_PAGE_SIZE]
+    mat = rq.i64[q, RQ_NUM_COMPUTED]
+    if mat % ps == 0:
+        b = rx.page_alloc(r, w)
+        if b < 0:
+            return False
+        rq.lease[rq.i64[q, RQ_LEASE_OFF] + mat // ps] = b
+    if _seq(rq, q) + 1 > rq.i64[q, RQ_ALLOCATED]:
+        rq.i64[q, RQ_ALLOCATED] += ps
+    return True
+
+
+@njit(cache=True, _nrt=False)
+def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
+    """One pass of SGLang worker w from ``now_ms``: ``(end_ms, had_effect, arena_full)``."""
+    r = p.radix
+    wk.i64[w, WK_PASS_STAMP] += 1
+    ps = r.w64[w, RW_PAGE_SIZE]
+    for i in range(acc.shape[0]):
+        acc[i] = 0
+    limit = cfg.i64[w, CFG_MAX_MODEL_LEN]
+    path = hits
+    n_rejected = 0
+    # 1. prompts at or past max_model_len are rejected (their outputs at the pass end)
+    if limit >= 0:
+        j = 0
+        while j < wk.i64[w, WK_WAIT_LEN]:
+            q = wait_at(wk, w, j)
+            if rq.i64[q, RQ_PROMPT_LEN] >= limit and rq.i64[q, RQ_NUM_COMPUTED] == 0:
+                wait_remove_at(wk, w, j)
+                rq.i64[q, RQ_STATUS] = RS_DONE
+                rq.i64[q, RQ_TERMINAL] = TERM_REJECTED
+                if event_log_on(p):
+                    note_event(p, w, EV_FINISHED, q, np.int64(TERM_REJECTED), rq.i64[q, RQ_GENERATED])
+                push_terminal(rq, wk, w, q)
+                n_rejected += 1
+                continue
+            j += 1
+    if cfg.i64[w, CFG_SG_LPM] != 0:
+        lpm_order(cfg, r, rq, wl, wk, w, scratch_tokens)
+    prev = wk.i64[w, WK_RUN_LEN]
+    if not _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
+        return now_ms, True, True
+    b = acc[1]
+    run_gap = 0.0
+    run_count = 0
+    n_tokens = 0
+    n_retracted = 0
+    off = wk.i64[w, WK_RUN_OFF]
+    dc_n = 0
+    dc_kv = 0
+    if b > 0:
+        # prefill-only pass: the running requests before the new ones wait
+        end_ms = now_ms + ns_to_ms(prefill_ns(cfg, w, b, acc[2], acc[3]))
+        n_run = wk.i64[w, WK_RUN_LEN]
+        # §6.2 first tokens of the newly prefilled requests, in order
+        need = 0
+        for j in range(prev, n_run):
+            q = wk.run_q[off + j]
+            if _remaining(rq, q) > 1:
+                need += ceil_div(_seq(rq, q) + 1, ps) * ps - rq.i64[q, RQ_ALLOCATED]
+        _evict_for(r, w, need)
+        reserved_ok = rx.available_tokens(r, w) >= need
+        for j in range(prev, n_run):
+            q = wk.run_q[off + j]
+            rem = _remaining(rq, q)
+            if rem == 0:
+                continue  # terminal without a token
+            if rem == 1:  # its only token is its last: no KV slot for it
+                run_gap, run_count = _emit(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count)
+                n_tokens += 1
+                continue
+            if reserved_ok:
+                if not _add_token_slot(r, rq, w, q):
+                    return now_ms, True, True
+                # the prefilled sequence enters the tree before the token is appended
+                cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
+                rq.i64[q, RQ_NUM_COMPUTED] += 1
+                run_gap, run_count = _emit(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count)
+                n_tokens += 1
+            else:
+                cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
+        # then the completed ones finish, in completion order; the rest run on
+        keep = prev
+        for j in range(prev, n_run):
+            q = wk.run_q[off + j]
+            if _remaining(rq, q) == 0:
+                _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens)
+            else:
+                wk.run_q[off + keep] = q
+                keep += 1
+        wk.i64[w, WK_RUN_LEN] = keep
+    elif wk.i64[w, WK_RUN_LEN] > 0:
+        # §6.3 decode pass over every running request
+        n_run = wk.i64[w, WK_RUN_LEN]
+        keep = 0
+        for j in range(n_run):
+            q = wk.run_q[off + j]
+            if _remaining(rq, q) == 0:
+                _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens)
+            else:
+                wk.run_q[off + keep] = q
+                keep += 1
+        wk.i64[w, WK_RUN_LEN] = keep
+        # memory check and retraction
+        retracted_head = -1
+        while True:
+            need = _decode_need(r, rq, wk, w)
+            if rx.available_tokens(r, w) + r.w64[w, RW_EVICTABLE] >= need or wk.i64[w, WK_RUN_LEN] <= 1:
+                break
+            if n_retracted == 0:
+                _sort_for_retraction(rq, wk, w)
+            idx = wk.i64[w, WK_RUN_LEN] - 1
+            v = wk.run_q[off + idx]
+            if event_log_on(p):
+                note_event(p, w, EV_PREEMPTED, v, wk.i64[w, WK_RUN_LEN], r.w64[w, RW_PAGES_USED])
+            run_remove_at(wk, w, idx)
+            release_on_retraction(r, rq, w, v)
+            rq.i64[v, RQ_STATUS] = RS_PREEMPTED
+            rq.i64[v, RQ_PREEMPTIONS] += 1
+            wk.i64[w, WK_PREEMPTIONS_TOTAL] += 1
+            wk.i64[w, WK_CAP_GEN] += 1
+            # to the waiting back in retraction order (nothing reads the queue before
+            # the pass ends)
+            wait_push_back(wk, w, v)
+            n_retracted += 1
+            floor_tokens = RETRACT_STEPS * wk.i64[w, WK_RUN_LEN]
+            if rx.available_tokens(r, w) < floor_tokens:
+                rx.evict(r, w, floor_tokens - rx.available_tokens(r, w))
+        need = _decode_need(r, rq, wk, w)
+        _evict_for(r, w, need)
+        n_run = wk.i64[w, WK_RUN_LEN]
+        if n_retracted > 0:
+            out_sum = 0.0
+            max_sum = 0.0
+            for j in range(n_run):
+                q = wk.run_q[off + j]
+                out_sum += float(rq.i64[q, RQ_GENERATED])
+                max_sum += float(rq.i64[q, RQ_MAX_OUTPUT])
+            _set_ratio(wk, w, min(1.0, (out_sum + float(RETRACT_STEPS) * float(n_run)) / (max_sum + 1.0)))
+        for j in range(n_run):
+            dc_kv += _seq(rq, wk.run_q[off + j])
+        dc_n = n_run
+        total_kv = cfg.i64[w, CFG_NUM_GPU_BLOCKS] * ps
+        end_ms = (now_ms + 0.0 + 0.0) + ns_to_ms(decode_ns(cfg, w, dc_n, dc_kv, total_kv))
+        reserved_ok = rx.available_tokens(r, w) >= need
+        if reserved_ok:
+            keep = 0
+            for j in range(n_run):
+                q = wk.run_q[off + j]
+                if not _add_token_slot(r, rq, w, q):
+                    return now_ms, True, True
+                rq.i64[q, RQ_NUM_COMPUTED] += 1
+                run_gap, run_count = _emit(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count)
+                n_tokens += 1
+                if rq.i64[q, RQ_GENERATED] >= rq.i64[q, RQ_MAX_OUTPUT]:
+                    _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens)
+                else:
+                    wk.run_q[off + keep] = q
+                    keep += 1
+            wk.i64[w, WK_RUN_LEN] = keep
+        else:
+            end_ms = now_ms + 0.0 + 0.0
+        if n_retracted == 0:
+            _set_ratio(wk, w, max(_ratio(wk, w) - cfg.f64[w, CFGF_SG_DECAY_STEP],
+                                  cfg.f64[w, CFGF_SG_MIN_RATIO]))
+    else:
+        end_ms = now_ms
+    fold_gap_run(sims.token_stat, sims.token_hist, s, run_gap, run_count)
+
+    # every terminal of this pass becomes visible at its end
+    q = wk.i64[w, WK_TERM_HEAD]
+    while q >= 0:
+        rq.f64[q, RQF_TERMINAL_MS] = end_ms
+        q = rq.i64[q, RQ_TERM_NEXT]
+    had_effect = b > 0 or n_tokens > 0 or n_rejected > 0 or n_retracted > 0 \
+        or wk.i64[w, WK_TERM_HEAD] >= 0
+    if sims.i64[s, SM_PASS_LOG_LEN] < sims.pass_log.shape[1]:
+        row = sims.i64[s, SM_PASS_LOG_LEN]
+        pf_kv = acc[3]
+        append_pass_row(p, wk, sims, s, w, now_ms, end_ms, b, acc[2] - pf_kv, pf_kv, acc[2] - pf_kv,
+                        np.int64(dc_n), np.int64(dc_kv), acc[5], np.int64(n_retracted),
+                        np.int64(n_tokens), np.int64(dc_n), np.int64(dc_kv))
+        evictable_pages = r.w64[w, RW_EVICTABLE] // ps
+        sims.pass_log[s, row, PL_ACTIVE_BLOCKS] = r.w64[w, RW_PAGES_USED] - evictable_pages
+        sims.pass_log[s, row, PL_INACTIVE_BLOCKS] = evictable_pages
+    return end_ms, had_effect, False
