@@ -258,8 +258,6 @@ def _parse_sglang(raw: dict, path: str, out: dict) -> dict:
         _fail(f"{path}.enable_chunked_prefill", "SGLang requires chunked prefill (true)")
     if out.get("max_model_len") is not None:
         _fail(f"{path}.max_model_len", "not simulated by aisim_fast for SGLang yet")
-    if not out["enable_prefix_caching"]:
-        _fail(f"{path}.enable_prefix_caching", "false is not simulated by aisim_fast for SGLang yet")
     sg = raw.get("sglang") or {}
     if not isinstance(sg, dict):
         _fail(f"{path}.sglang", f"must be an object, got {type(sg).__name__}")

@@ -1282,10 +1282,15 @@ class RequestRecord:
 # ================================================================================================
 # Aggregated replay event loop (replay.md 1.3, 1.4)
 # ================================================================================================
+def make_rank(config):
+    """Rank factory: a config may name its own rank class (tests/oracle_sglang.py)."""
+    return getattr(config, "rank_class", Rank)(config)
+
+
 class Worker:
     def __init__(self, worker_id, config):
         self.worker_id = worker_id
-        self.rank = Rank(config)
+        self.rank = make_rank(config)
         self.pending_end_ms = None  # end time of the pass in flight
         self.pending_result = None
         self.pass_count = 0
@@ -1483,7 +1488,12 @@ def run(spec, trace_path):
     if provider not in ("round_robin", "random"):
         raise ValueError("placement: round_robin (the reference's) or random only")
     seed = int((placement.get("config") or {}).get("seed", 0))
-    rank_config = RankConfig.from_rank_json(engine.get("rank", {}))
+    rank_json = engine.get("rank", {})
+    if rank_json.get("backend") == "sglang":
+        import oracle_sglang  # the SGLang rank model (tests/oracle_sglang.py)
+        rank_config = oracle_sglang.SglangConfig.from_rank_json(rank_json)
+    else:
+        rank_config = RankConfig.from_rank_json(rank_json)
     if traffic.get("trace_format", "mooncake") != "mooncake":
         raise ValueError("oracle loads Mooncake traces only")
     trace_block_size = int(traffic.get("trace_block_size", 512))
