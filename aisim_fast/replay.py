@@ -205,6 +205,7 @@ class _PoolTemplate:
     wait_cap: int   # waiting-ring capacity per worker
     cfg_i: np.ndarray
     cfg_f: np.ndarray
+    nodes: int = 0  # SGLang: radix-tree node slots per worker
 
 
 @dataclass(frozen=True)
@@ -226,13 +227,20 @@ class _SimTemplate:
 _SIM_SETTINGS = tuple(f for f in dataclasses.fields(Simulation) if f.name != "workload")
 
 
+def _table_key(wl: Workload, rank: RankConfig) -> tuple[int, int]:
+    """The workload table of a pool: its prompt block hashes at the pool's block size.
+    An SGLang pool keys its radix tree by page contents computed in the kernel, so it
+    needs no hashes (block size 0: no table rows)."""
+    return (id(wl), 0 if rank.backend == "sglang" else rank.block_size)
+
+
 def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dict) -> _SimTemplate:
     wl, rank = sim.workload, sim.rank
     n = len(wl.input_len)
     bs = rank.block_size
     out = _effective_max_output(sim)
     blocks = -(-(wl.input_len + out) // bs)
-    rq_i = _unplaced_rows(wl, table_rows[(id(wl), bs)], out, blocks)
+    rq_i = _unplaced_rows(wl, table_rows[_table_key(wl, rank)], out, blocks)
     if sim.placement == "kv_router" and wl.worker is not None:
         rq_i[:, L.RQ_PIN_WORKER] = wl.worker
     rq_f = L.REQUEST_F.new(n)
@@ -245,7 +253,7 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
         prank = sim.prefill_rank
         pblocks = -(-(wl.input_len + 1) // prank.block_size)
         # the source computes the prompt and one hidden token
-        prefill_rq_i = _unplaced_rows(wl, table_rows[(id(wl), prank.block_size)], 1, pblocks)
+        prefill_rq_i = _unplaced_rows(wl, table_rows[_table_key(wl, prank)], 1, pblocks)
         prefill_rq_i[:, L.RQ_NEXT_TURN] = -1
         pools.append((0, sim.prefill_workers, prank, pblocks))
     pool_templates = []
@@ -260,7 +268,7 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
             # serves; a run that does is rerun with the full pool (SIM_ARENA_FULL)
             largest = np.sort(pool_blocks)[::-1][:per_worker]
             worker_arena = int(largest.sum()) + 16
-            if not sim.disaggregated:
+            if not sim.disaggregated and pool_rank.backend != "sglang":
                 # an aggregated worker's resident copies are at most one per
                 # distinct full prompt block plus every request's private blocks
                 # (partial prompt block and output), give or take duplicates of
@@ -272,10 +280,14 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
         cfg_i = np.zeros((1, L.CFG_I_FIELDS), np.int64)
         cfg_f = np.zeros((1, L.CFG_F_FIELDS), np.float64)
         _rank_config(cfg_i, cfg_f, slice(0, 1), pool_rank, sim.handoff_latency_ms)
+        arena = min(pool_rank.num_gpu_blocks, worker_arena)
+        # a request adds at most two tree nodes per insert (a split and a leaf) and
+        # inserts a few times (chunks, first token, finish); a run that needs more is
+        # rerun with a node per page (SIM_ARENA_FULL)
+        nodes = arena if sim.arena_blocks is not None else min(arena, 8 * per_worker + 64)
         pool_templates.append((first, n_workers, _PoolTemplate(
-            arena=min(pool_rank.num_gpu_blocks, worker_arena),
-            run_cap=min(pool_rank.max_num_seqs, queued) + 1, wait_cap=queued + 1,
-            cfg_i=cfg_i[0], cfg_f=cfg_f[0])))
+            arena=arena, run_cap=min(pool_rank.max_num_seqs, queued) + 1, wait_cap=queued + 1,
+            cfg_i=cfg_i[0], cfg_f=cfg_f[0], nodes=nodes)))
     firsts = wl.order if sim.concurrency == 0 else np.flatnonzero(wl.turn_index == 0)
     return _SimTemplate(rq_i=rq_i, rq_f=rq_f, lease_entries=int(blocks.sum()),
                         prefill_rq_i=prefill_rq_i, prefill_lease_entries=int(pblocks.sum()),
@@ -374,23 +386,26 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     tables = []
     n_rows = 0
     for sim in sims:
-        sizes = [sim.rank.block_size] + ([sim.prefill_rank.block_size] if sim.disaggregated else [])
-        for bs in sizes:
-            key = (id(sim.workload), bs)
+        for rank in [sim.rank] + ([sim.prefill_rank] if sim.disaggregated else []):
+            key = _table_key(sim.workload, rank)
             if key not in table_rows:
                 table_rows[key] = n_rows
-                tables.append((sim.workload, bs))
+                tables.append((sim.workload, key[1]))
                 n_rows += len(sim.workload.input_len)
     hash_indptr_parts, hash_id_parts, tbs_parts, phash_indptr_parts, phash_parts = [], [], [], [], []
     distinct_prompt_blocks: dict[tuple[int, int], int] = {}
     hash_base = 0
     phash_base = 0
     for wl, bs in tables:
-        indptr = count_prompt_blocks(wl.input_len.astype(np.int64), bs)
-        phash = np.empty(indptr[-1], np.uint64)
-        hash_prompt_blocks(wl.hash_indptr, wl.hash_ids, wl.input_len.astype(np.int64),
-                           wl.trace_block_size, bs, indptr, phash)
-        distinct_prompt_blocks[(id(wl), bs)] = len(np.unique(phash))
+        if bs == 0:  # an SGLang pool's rows: no hashes
+            indptr = np.zeros(len(wl.input_len) + 1, np.int64)
+            phash = np.zeros(0, np.uint64)
+        else:
+            indptr = count_prompt_blocks(wl.input_len.astype(np.int64), bs)
+            phash = np.empty(indptr[-1], np.uint64)
+            hash_prompt_blocks(wl.hash_indptr, wl.hash_ids, wl.input_len.astype(np.int64),
+                               wl.trace_block_size, bs, indptr, phash)
+            distinct_prompt_blocks[(id(wl), bs)] = len(np.unique(phash))
         hash_indptr_parts.append(wl.hash_indptr[:-1] + hash_base)
         hash_id_parts.append(wl.hash_ids)
         tbs_parts.append(np.full(len(wl.input_len), wl.trace_block_size, np.int64))
@@ -438,6 +453,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     cfg_f = np.zeros((n_w, L.CFG_F_FIELDS), np.float64)
     sm_i = L.SIMULATION.new(n_sims)
     arena = np.empty(n_w, np.int64)
+    nodes = np.zeros(n_w, np.int64)
     run_cap = np.empty(n_w, np.int64)
     wait_cap = np.empty(n_w, np.int64)
     for s, sim in enumerate(sims):
@@ -464,6 +480,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         for first, n_workers, pool in tpl.pools:
             ws = slice(int(w_off[s]) + first, int(w_off[s]) + first + n_workers)
             arena[ws], run_cap[ws], wait_cap[ws] = pool.arena, pool.run_cap, pool.wait_cap
+            nodes[ws] = pool.nodes
             cfg_i[ws] = pool.cfg_i
             cfg_f[ws] = pool.cfg_f
     cfg = _with_aic_tables(L.RankConfig(i64=cfg_i, f64=cfg_f), sims, w_off)
@@ -477,7 +494,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     radix = {}
     if sglang.any():
         radix = dict(radix=sglang_radix.make_radix(
-            np.where(sglang, cfg_i[:, L.CFG_NUM_GPU_BLOCKS], 0), np.where(sglang, arena, 0),
+            np.where(sglang, cfg_i[:, L.CFG_NUM_GPU_BLOCKS], 0), np.where(sglang, nodes, 0),
             page_size=np.where(sglang, cfg_i[:, L.CFG_BLOCK_SIZE], 1), page_slots=np.where(sglang, arena, 0)))
         arena = np.where(sglang, 1, arena)
     tab_size = np.array([_pow2_at_least(2 * a) for a in arena], np.int64)

@@ -58,7 +58,31 @@ def random_trace(rng: random.Random, path: Path) -> None:
             fh.write(json.dumps(row) + "\n")
 
 
-def random_config(rng: random.Random, disagg_fraction: float = 0.3) -> list[str]:
+def random_sglang_config(rng: random.Random) -> list[str]:
+    """An aggregated SGLang rank: page size 1 or 16, a pool in tokens from tight to roomy,
+    fifo or lpm, chunk and prefill budgets, clipped output reserve, conservativeness."""
+    ps = rng.choice([1, 1, 16])
+    pool_tokens = rng.choice([2000, 3000, 6000, 20000, 1 << 20])
+    chunk = ps * rng.choice([13, 64, 512])
+    args = ["--backend", "sglang", "--block-size", str(ps), "--num-gpu-blocks", str(pool_tokens // ps),
+            "--workers", str(rng.randint(1, 3)), "--max-num-seqs", str(rng.choice([4, 16, 256])),
+            "--sglang-schedule-policy", rng.choice(["fifo", "lpm"]),
+            "--sglang-chunked-prefill-size", str(chunk),
+            "--sglang-max-prefill-tokens", str(chunk + rng.choice([0, 300, 8192])),
+            "--sglang-clip-max-new-tokens", str(rng.choice([20, 4096])),
+            "--sglang-schedule-conservativeness", str(rng.choice([1.0, 0.5, 0.1]))]
+    if rng.random() < 0.2:
+        args.append("--no-prefix-caching")
+    if rng.random() < 0.3:
+        args += ["--concurrency", str(rng.choice([1, 8, 32]))]
+    if rng.random() < 0.3:
+        args += ["--timing", "fixed", "--fixed-prefill-ms", "5", "--fixed-decode-ms", "2"]
+    return args
+
+
+def random_config(rng: random.Random, disagg_fraction: float = 0.3, sglang_fraction: float = 0.0) -> list[str]:
+    if sglang_fraction > 0 and rng.random() < sglang_fraction:
+        return random_sglang_config(rng)
     backend = rng.choice(["vllm", "vllm", "trtllm"])
     bs = rng.choice([16, 32, 64])
     args = ["--backend", backend, "--block-size", str(bs),
@@ -109,6 +133,9 @@ def main() -> int:
     p.add_argument("--keep", type=Path, default=None, help="folder for divergent cases")
     p.add_argument("--disagg-fraction", type=float, default=0.3,
                    help="share of disaggregated configurations (0.3 keeps earlier seeds' draws)")
+    p.add_argument("--ref-timeout", type=float, default=120.0, help="seconds per reference run")
+    p.add_argument("--sglang-fraction", type=float, default=0.0,
+                   help="share of aggregated SGLang configurations (0 keeps earlier seeds' draws)")
     args = p.parse_args()
     tally = Counter()
     kinds = Counter()
@@ -119,13 +146,20 @@ def main() -> int:
             case.mkdir()
             trace = case / "trace.jsonl"
             random_trace(rng, trace)
-            cfg = random_config(rng, args.disagg_fraction)
+            cfg = random_config(rng, args.disagg_fraction, args.sglang_fraction)
             kind = ("disagg" if "--prefill-workers" in cfg else "agg") + "/" + cfg[1]
             kinds[kind] += 1
-            ref = subprocess.run([args.ref_python, str(REF_DIR / "ref_replay.py"), "--trace", str(trace),
-                                  *cfg, "--csv", str(case / "ref.csv"), "--report", str(case / "ref.report.json"),
-                                  "--dump-spec", str(case / "spec.json")],
-                                 capture_output=True, text=True)
+            try:
+                ref = subprocess.run([args.ref_python, str(REF_DIR / "ref_replay.py"), "--trace", str(trace),
+                                      *cfg, "--csv", str(case / "ref.csv"), "--report",
+                                      str(case / "ref.report.json"), "--dump-spec", str(case / "spec.json")],
+                                     capture_output=True, text=True, timeout=args.ref_timeout)
+            except subprocess.TimeoutExpired:
+                # the reference spins on some SGLang livelocks (a lone request that can
+                # neither grow nor be retracted) instead of aborting
+                tally["reference timed out"] += 1
+                print(f"{i:4d} {kind:12s} ref timed out after {args.ref_timeout:.0f} s", flush=True)
+                continue
             ref_failed = ref.returncode != 0 or not (case / "ref.csv").exists()
             if not (case / "spec.json").exists():
                 tally["reference refused the config"] += 1

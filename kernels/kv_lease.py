@@ -12,7 +12,7 @@ from numba import njit
 
 from .block_pool import cache_copy, event_log_on, note_event, release_ref, reserve, table_find
 from .request_state import ceil_div, seq_len
-from .xxh3 import XXH3_SEED, hash_chain, synthetic_output_token, xxh3_64_u32
+from .xxh3 import hash_chain, synthetic_output_token, xxh3_64_u32_seed1337
 from .layout import (
     CFG_BLOCK_SIZE, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_ROLE, EV_KV_STORED, NO_BLOCK,
     PB_CACHED, PB_PIN, PB_REF, ROLE_DECODE, RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_LEASE_OFF,
@@ -22,7 +22,16 @@ from .layout import (
 
 @njit(cache=True, _nrt=False)
 def hash_block(rq, wl, q, i, bs, scratch_tokens):
-    """Sequence hash of block i of request q (block i-1 must already be hashed).
+    """Sequence hash of block i of request q (block i-1 must already be hashed)."""
+    local = local_block_hash(rq, wl, q, i, bs, scratch_tokens)
+    if i == 0:
+        return local
+    return hash_chain(rq.seq_hash[rq.i64[q, RQ_LEASE_OFF] + i - 1], local)
+
+
+@njit(cache=True, _nrt=False)
+def local_block_hash(rq, wl, q, i, bs, scratch_tokens):
+    """The tokens-only hash of block i of request q (XXH3 of its tokens).
 
     Tokens: prompt positions hold the interned trace hash id of their trace block
     (filled run by run, a trace block is many engine tokens); generated positions
@@ -47,10 +56,7 @@ def hash_block(rq, wl, q, i, bs, scratch_tokens):
         scratch_tokens[j] = synthetic_output_token(np.uint64(0), uuid, np.uint64(pos - prompt))
         j += 1
         pos += 1
-    local = xxh3_64_u32(scratch_tokens, 0, bs, XXH3_SEED)
-    if i == 0:
-        return local
-    return hash_chain(rq.seq_hash[rq.i64[q, RQ_LEASE_OFF] + i - 1], local)
+    return xxh3_64_u32_seed1337(scratch_tokens, 0, bs)
 
 
 @njit(cache=True, _nrt=False)

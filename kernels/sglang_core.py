@@ -10,10 +10,8 @@ lease is its pages (``rq.lease`` at RQ_LEASE_OFF, one per page of its allocated
 footprint), the prefix it has in the tree (RQ_SG_CACHED tokens) and the tree node
 that ends it (RQ_SG_LAST, locked).
 
-Page keys are the chained sequence hashes of the request's pages at the page size
-(``rq.seq_hash``, prompt pages loaded at arrival, generated pages hashed when
-needed): matching from the root compares whole prefixes, so chained keys match
-exactly where the reference's per-page keys do.
+Page keys are the contents of the request's pages (``rq.seq_hash``, computed when
+first needed, see ``_ensure_keys``), as the reference keys its tree.
 
 Same signature as ``vllm_core.run_pass``; ``backends`` dispatches on the policy code.
 """
@@ -23,7 +21,8 @@ from numba import njit
 
 from . import sglang_radix as rx
 from .block_pool import event_log_on, note_event, note_event_at, outputs_logged
-from .kv_lease import hash_block
+from .kv_lease import local_block_hash
+from .xxh3 import synthetic_output_token
 from .kv_router import first_token_seen
 from .pass_log import append_pass_row
 from .rank_queues import push_terminal, run_push_back, run_remove_at, wait_at, wait_push_back, \
@@ -38,7 +37,7 @@ from .layout import (
     RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS, RQF_TERMINAL_MS,
     RQ_ADMISSIONS, RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FIRST_CACHED, RQ_GENERATED,
     RQ_LEASE_OFF, RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PREEMPTIONS,
-    RQ_PROMPT_LEN, RQ_RT_PENDING, RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
+    RQ_PROMPT_LEN, RQ_RT_PENDING, RQ_SRC_ROW, RQ_UUID, RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
     RS_DONE, RS_PREEMPTED, RS_RUNNING, RW_EVICTABLE, RW_PAGES_USED, RW_PAGE_SIZE, SM_PASS_LOG_LEN,
     TERM_COMPLETED, TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
     WK_RUN_OFF, WK_SG_RATIO_BITS, WK_TERM_HEAD, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
@@ -70,16 +69,39 @@ def _set_ratio(wk, w, x):
     wk.i64[w, WK_SG_RATIO_BITS] = np.float64(x).view(np.int64)
 
 
+GENERATED_KEY = np.uint64(1) << np.uint64(32)  # keeps generated tokens apart from prompt ids
+
+
 @njit(cache=True, _nrt=False)
 def _ensure_keys(rq, wl, q, n_pages, ps, scratch_tokens):
-    """Page keys of q's first n_pages pages (generated ones hashed on demand)."""
+    """Page keys of q's first n_pages pages, computed once (kept across retraction).
+
+    A page's key is its content: with one-token pages the token itself (a prompt
+    token is its trace block's interned id, a generated one the synthetic output
+    token, tagged), else the tokens-only hash of the page. The tree's edges hold
+    keys in path order, so content keys match exactly the prefixes tokens would."""
     k0 = rq.i64[q, RQ_LEASE_OFF]
     i = rq.i64[q, RQ_NUM_HASHED]
-    while i < n_pages:
-        rq.seq_hash[k0 + i] = hash_block(rq, wl, q, i, ps, scratch_tokens)
-        i += 1
-    if n_pages > rq.i64[q, RQ_NUM_HASHED]:
-        rq.i64[q, RQ_NUM_HASHED] = n_pages
+    if i >= n_pages:
+        return
+    if ps == 1:
+        prompt = rq.i64[q, RQ_PROMPT_LEN]
+        row = rq.i64[q, RQ_SRC_ROW]
+        tbs = wl.trace_block_size[row]
+        h0 = wl.hash_indptr[row]
+        uuid = np.uint64(rq.i64[q, RQ_UUID])
+        while i < n_pages:
+            if i < prompt:
+                rq.seq_hash[k0 + i] = np.uint64(wl.hash_ids[h0 + i // tbs])
+            else:
+                rq.seq_hash[k0 + i] = GENERATED_KEY | synthetic_output_token(
+                    np.uint64(0), uuid, np.uint64(i - prompt))
+            i += 1
+    else:
+        while i < n_pages:
+            rq.seq_hash[k0 + i] = local_block_hash(rq, wl, q, i, ps, scratch_tokens)
+            i += 1
+    rq.i64[q, RQ_NUM_HASHED] = n_pages
 
 
 @njit(cache=True, _nrt=False)
@@ -127,9 +149,8 @@ def first_allocation(cfg, r, rq, wl, w, q, chunk_end, cap, path, scratch_tokens)
         rx.dec_lock(r, w, last)
         return -1
     _evict_for(r, w, req_pages * ps)
-    depth = rx.path_pages(r, w, last, path, 0)
-    for j in range(depth):
-        rq.lease[k0 + j] = path[j]
+    # the lease's first ``matched`` entries are the tree's pages on last's path: never
+    # read (everything below SG_CACHED is the tree's business), so not written
     if not _take_pages(r, rq, w, q, matched, req_pages):
         return -2
     rq.i64[q, RQ_SG_CACHED] = prefix
@@ -157,7 +178,7 @@ def extend_allocation(r, rq, w, q, chunk_end):
 def _adopt_tree_pages(r, rq, w, q, node, lo, hi, path):
     """Where the tree's page on ``node``'s path differs from q's lease page in page
     positions [lo, hi), free q's page and take the tree's (canonicalize)."""
-    depth = rx.path_pages(r, w, node, path, 0)
+    depth = rx.path_pages(r, w, node, path, 0, lo)
     k0 = rq.i64[q, RQ_LEASE_OFF]
     for j in range(lo, min(hi, depth)):
         if path[j] != rq.lease[k0 + j]:
@@ -213,7 +234,7 @@ def finish_kv(cfg, r, rq, wl, w, q, path, scratch_tokens):
             _ensure_keys(rq, wl, q, c_pages, ps, scratch_tokens)
             new_last = rx.insert(r, w, last, rq.seq_hash, k0 + lo, c_pages - lo, rq.lease, k0 + lo)
             # lease pages the tree did not take are duplicates: back to the pool
-            depth = rx.path_pages(r, w, new_last, path, 0)
+            depth = rx.path_pages(r, w, new_last, path, 0, lo)
             for j in range(lo, min(c_pages, depth)):
                 if path[j] != rq.lease[k0 + j]:
                     rx.page_free(r, w, rq.lease[k0 + j])
@@ -306,14 +327,18 @@ def lpm_order(cfg, r, rq, wl, wk, w, scratch_tokens):
         deprioritized = 0
         rq.i64[q, RQ_SG_LPM_RECORDED] = 0
         if prefix <= LPM_SHORT_PREFIX and seq >= dup_pages * ps:
-            # chained keys: the key of page dup_pages - 1 names the leading pages
-            lead = rq.seq_hash[k0 + dup_pages - 1]
             for j in range(i):
                 e = wait_at(wk, w, j)
-                if rq.i64[e, RQ_SG_LPM_RECORDED] == 1 and \
-                        rq.seq_hash[rq.i64[e, RQ_LEASE_OFF] + dup_pages - 1] == lead:
-                    deprioritized = 1
-                    break
+                if rq.i64[e, RQ_SG_LPM_RECORDED] == 1:
+                    e0 = rq.i64[e, RQ_LEASE_OFF]
+                    same = True
+                    for k in range(dup_pages):
+                        if rq.seq_hash[e0 + k] != rq.seq_hash[k0 + k]:
+                            same = False
+                            break
+                    if same:
+                        deprioritized = 1
+                        break
             if deprioritized == 0:
                 rq.i64[q, RQ_SG_LPM_RECORDED] = 1
         rq.i64[q, RQ_SG_LPM_KEY] = deprioritized * (np.int64(1) << 40) - prefix

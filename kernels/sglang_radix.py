@@ -528,9 +528,10 @@ def insert(r, w, start, keys, k0, n_keys, pages, p0):
 
 
 @njit(cache=True, _nrt=False)
-def path_pages(r, w, n, out, o0):
-    """The pages of n's root path in position order, written to out[o0 :]; returns
-    how many (the path's depth in pages)."""
+def path_pages(r, w, n, out, o0, lo=0):
+    """The pages of n's root path at positions [lo, depth), written to out[o0 + pos];
+    returns the path's depth in pages. Only the part from ``lo`` on is walked (the
+    node chain above it is read, its pages are not)."""
     top = r.w64[w, RW_NODE_OFF]
     depth = 0
     x = n
@@ -539,12 +540,15 @@ def path_pages(r, w, n, out, o0):
         x = r.nd[x, RN_PARENT]
     end = depth
     x = n
-    while x != top and x != NO_NODE:
+    while x != top and x != NO_NODE and end > lo:
+        start = end - r.nd[x, RN_LEN]
         b = r.nd[x, RN_TAIL]
-        for _ in range(r.nd[x, RN_LEN]):
-            end -= 1
-            out[o0 + end] = b
+        pos = end
+        while pos > max(start, lo):
+            pos -= 1
+            out[o0 + pos] = b
             b = r.pg32[b, RP_PREV]
+        end = start
         x = r.nd[x, RN_PARENT]
     return depth
 
@@ -622,8 +626,12 @@ def make_radix(pages_per_worker, nodes_per_worker, page_size=1, page_slots=None)
     w64[:, RW_HEAP_OFF] = heap_off
     w64[:, RW_HEAP_CAP] = heap_caps
     w64[:, RW_PAGE_SIZE] = np.broadcast_to(np.asarray(page_size, np.int64), (n_workers,))
-    nd = RADIX_N.new(int(nodes.sum()))
-    return Radix(w64=w64, pg32=RADIX_P.new(int(pages.sum())), pg_key=np.zeros(int(pages.sum()), np.uint64),
+    # slots are initialized when first handed out (page_alloc, _node_new), so only the
+    # roots need it now: an arena costs memory only as far as it is used
+    nd = np.empty((int(nodes.sum()), RN_FIELDS), np.int64)
+    nd[node_off] = RADIX_N.new(1)[0]
+    return Radix(w64=w64, pg32=np.empty((int(pages.sum()), RP_FIELDS), np.int32),
+                 pg_key=np.empty(int(pages.sum()), np.uint64),
                  nd=nd, tab=np.full(int(tab_sizes.sum()), -1, np.int32),
-                 heap_time=np.zeros(int(heap_caps.sum()), np.int64),
-                 heap_node=np.zeros(int(heap_caps.sum()), np.int64))
+                 heap_time=np.empty(int(heap_caps.sum()), np.int64),
+                 heap_node=np.empty(int(heap_caps.sum()), np.int64))

@@ -477,6 +477,25 @@ def _xxh3_64_at(data, length, seed):
 # ---------------------------------------------------------------------------
 
 
+@njit(cache=True, _nrt=False)
+def xxh3_64_u32_seed1337(tokens, start, count):
+    """``xxh3_64_u32(tokens, start, count, XXH3_SEED)`` for the engine's block hashes:
+    the reference's seed has a precomputed secret, so this has no allocating path and
+    compiles the same under any caller (the general entry's uncommon-seed branch
+    allocates, which a caller compiled without Numba's runtime cannot type). The
+    caller guarantees the range."""
+    address = _address_of_words(tokens) + np.intp(4) * np.intp(start)
+    length = np.intp(4) * np.intp(count)
+    if length <= 16:
+        return _hash_len_0to16(address, length, XXH3_SEED)
+    if length <= 128:
+        return _hash_len_17to128(address, length, XXH3_SEED)
+    if length <= 240:
+        return _hash_len_129to240(address, length, XXH3_SEED)
+    return _hash_long(address, length, _address_of_bytes(SECRET_1337))
+
+
+
 @njit(cache=True)
 def _xxh3_64_checked(address, size, start, length, item_size, seed):
     """_xxh3_64_at for items [start, start+length) of a buffer of `size`
