@@ -20,24 +20,24 @@ import numpy as np
 from numba import njit
 
 from . import sglang_radix as rx
-from .block_pool import event_log_on, note_event, note_event_at, outputs_logged
+from .block_pool import event_log_on, note_event, outputs_logged
 from .kv_lease import local_block_hash
 from .xxh3 import synthetic_output_token
-from .kv_router import first_token_seen
 from .pass_log import append_pass_row
 from .rank_queues import push_terminal, run_push_back, run_remove_at, wait_at, wait_push_back, \
     wait_push_front, wait_remove_at
 from .request_state import ceil_div
 from .sketch import fold_gap_run
+from .token_output import emit_token
 from .timing import decode_ns, ns_to_ms, prefill_ns
 from .layout import (
-    CFGF_SG_DECAY_STEP, CFGF_SG_MIN_RATIO, CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS,
+    CFGF_SG_DECAY_STEP, CFGF_SG_MIN_RATIO, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS,
     CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM, CFG_SG_MAX_PREFILL_TOKENS,
-    EV_ADMITTED, EV_FINISHED, EV_OUTPUT, EV_PREEMPTED, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
-    RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS, RQF_TERMINAL_MS,
+    EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
+    RQF_FIRST_ADMIT_MS, RQF_TERMINAL_MS,
     RQ_ADMISSIONS, RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FIRST_CACHED, RQ_GENERATED,
     RQ_LEASE_OFF, RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PREEMPTIONS,
-    RQ_PROMPT_LEN, RQ_RT_PENDING, RQ_SRC_ROW, RQ_UUID, RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
+    RQ_PROMPT_LEN, RQ_SRC_ROW, RQ_UUID, RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
     RS_DONE, RS_PREEMPTED, RS_RUNNING, RW_EVICTABLE, RW_PAGES_USED, RW_PAGE_SIZE, SM_PASS_LOG_LEN,
     TERM_COMPLETED, TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
     WK_RUN_OFF, WK_SG_RATIO_BITS, WK_TERM_HEAD, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
@@ -270,33 +270,6 @@ def _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens):
     if event_log_on(p):
         note_event(p, w, EV_FINISHED, q, np.int64(TERM_COMPLETED), rq.i64[q, RQ_GENERATED])
     push_terminal(rq, wk, w, q)
-
-
-@njit(cache=True, _nrt=False)
-def _emit(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count):
-    """One output token of q at ``end_ms``. (run_gap, run_count): the current run of
-    equal token gaps, folded into the token statistics when the gap changes; returns
-    it updated."""
-    g = rq.i64[q, RQ_GENERATED] + 1
-    rq.i64[q, RQ_GENERATED] = g
-    if g == 1:
-        rq.f64[q, RQF_FIRST_TOKEN_MS] = end_ms
-        if rq.i64[q, RQ_RT_PENDING] != 0:
-            first_token_seen(rq, wk, w, q)
-    else:
-        if g == 2:
-            rq.f64[q, RQF_SECOND_TOKEN_MS] = end_ms
-        gap_ms = end_ms - rq.f64[q, RQF_LAST_TOKEN_MS]
-        if gap_ms != run_gap:
-            fold_gap_run(sims.token_stat, sims.token_hist, s, run_gap, run_count)
-            run_gap = gap_ms
-            run_count = 0
-        run_count += 1
-    rq.f64[q, RQF_LAST_TOKEN_MS] = end_ms
-    if outputs_logged(p, s):
-        note_event_at(p, w, EV_OUTPUT, q, g, np.int64(1 if _remaining(rq, q) == 0 else 0),
-                      np.float64(end_ms).view(np.int64))
-    return run_gap, run_count
 
 
 # ---------------------------------------------------------------------------------
@@ -536,6 +509,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     b = acc[1]
     run_gap = 0.0
     run_count = 0
+    log_outputs = outputs_logged(p, s)
     n_tokens = 0
     n_retracted = 0
     off = wk.i64[w, WK_RUN_OFF]
@@ -559,7 +533,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             if rem == 0:
                 continue  # terminal without a token
             if rem == 1:  # its only token is its last: no KV slot for it
-                run_gap, run_count = _emit(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count)
+                run_gap, run_count, _ = emit_token(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
+                                                 log_outputs, _remaining(rq, q) == 1)
                 n_tokens += 1
                 continue
             if reserved_ok:
@@ -568,7 +543,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 # the prefilled sequence enters the tree before the token is appended
                 cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
                 rq.i64[q, RQ_NUM_COMPUTED] += 1
-                run_gap, run_count = _emit(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count)
+                run_gap, run_count, _ = emit_token(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
+                                                 log_outputs, _remaining(rq, q) == 1)
                 n_tokens += 1
             else:
                 cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
@@ -595,7 +571,6 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 keep += 1
         wk.i64[w, WK_RUN_LEN] = keep
         # memory check and retraction
-        retracted_head = -1
         while True:
             need = _decode_need(r, rq, wk, w)
             if rx.available_tokens(r, w) + r.w64[w, RW_EVICTABLE] >= need or wk.i64[w, WK_RUN_LEN] <= 1:
@@ -643,7 +618,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 if not _add_token_slot(r, rq, w, q):
                     return now_ms, True, True
                 rq.i64[q, RQ_NUM_COMPUTED] += 1
-                run_gap, run_count = _emit(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count)
+                run_gap, run_count, _ = emit_token(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
+                                                 log_outputs, _remaining(rq, q) == 1)
                 n_tokens += 1
                 if rq.i64[q, RQ_GENERATED] >= rq.i64[q, RQ_MAX_OUTPUT]:
                     _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens)

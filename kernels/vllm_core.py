@@ -18,20 +18,20 @@ import numpy as np
 from numba import njit
 
 from . import capacity_policy
-from .block_pool import event_log_on, note_event, note_event_at, num_active, outputs_logged
+from .block_pool import event_log_on, note_event, num_active, outputs_logged
 from .decode_step import CLASS_COMPLETE, CLASS_DECODE, classify, fast_decode_step, stamp_scheduled
 from .kv_lease import allocate, finalize, prefix_cost, release_lease
-from .kv_router import first_token_seen
 from .pass_log import append_pass_row
 from .rank_queues import push_terminal, run_push_back, run_remove_at, wait_at, wait_push_front, \
     wait_remove_at
 from .request_state import ceil_div, remaining_generation, remaining_tokens, seq_len
 from .sketch import fold_gap_run
+from .token_output import emit_token
 from .timing import decode_ns, ns_to_ms, prefill_ns
 from .layout import (
     CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS,
-    PW_PASS_NUM, RQ_RT_PENDING, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_ROLE, EV_ADMITTED, EV_FINISHED, EV_OUTPUT, EV_PREEMPTED, ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS,
-    RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS, RQF_TERMINAL_MS, RQ_ADMISSIONS,
+    PW_PASS_NUM, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_ROLE, EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS,
+    RQF_TERMINAL_MS, RQ_ADMISSIONS,
     RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FAST_LIMIT, RQ_FIRST_CACHED, RQ_GENERATED,
     RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PREEMPTIONS, RQ_PROMPT_LEN,
     RQ_SCHED_CLASS, RQ_SCHED_LEN, RQ_SCHED_PREFIX, RQ_SCHED_PROMPT, RQ_SCHED_STAMP,
@@ -206,7 +206,6 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     n_complete = acc[10]
     # the per-request loops below index the field matrices directly (hoisted once)
     rq_i = rq.i64
-    rq_f = rq.f64
     cfg_i = cfg.i64
     run_q = wk.run_q
     off = wk.i64[w, WK_RUN_OFF]
@@ -227,7 +226,6 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     run_count = 0
     n_no_token = 0
     log_outputs = outputs_logged(p, s)
-    end_bits = np.float64(end_ms).view(np.int64)
     for j in range(n_run if n_complete > 0 else 0):
         q = run_q[off + j]
         prompt = rq_i[q, RQ_PROMPT_LEN]
@@ -245,26 +243,10 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         generated = rq_i[q, RQ_GENERATED]
         prompt = rq_i[q, RQ_PROMPT_LEN]
         if rq_i[q, RQ_NUM_COMPUTED] >= prompt + generated:
-            g = generated + 1
-            rq_i[q, RQ_GENERATED] = g
+            done = remaining_tokens(rq_i[q, RQ_MAX_OUTPUT], generated + 1, prompt, limit) <= 0
+            run_gap_ms, run_count, _ = emit_token(p, rq, wk, sims, s, w, q, end_ms, run_gap_ms,
+                                                  run_count, log_outputs, done)
             n_tokens += 1
-            if g == 1:
-                rq_f[q, RQF_FIRST_TOKEN_MS] = end_ms
-                if rq_i[q, RQ_RT_PENDING] != 0:
-                    first_token_seen(rq, wk, w, q)
-            else:
-                if g == 2:
-                    rq_f[q, RQF_SECOND_TOKEN_MS] = end_ms
-                gap_ms = end_ms - rq_f[q, RQF_LAST_TOKEN_MS]
-                if gap_ms != run_gap_ms:
-                    fold_gap_run(token_stat, token_hist, s, run_gap_ms, run_count)
-                    run_gap_ms = gap_ms
-                    run_count = 0
-                run_count += 1
-            rq_f[q, RQF_LAST_TOKEN_MS] = end_ms
-            done = remaining_tokens(rq_i[q, RQ_MAX_OUTPUT], g, prompt, limit) <= 0
-            if log_outputs:
-                note_event_at(p, w, EV_OUTPUT, q, g, np.int64(1 if done else 0), end_bits)
         if done:
             finish_request(cfg, p, rq, wk, w, q)
         else:
