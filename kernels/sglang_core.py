@@ -130,15 +130,17 @@ def _take_pages(r, rq, w, q, first, count):
 # ---------------------------------------------------------------------------------
 @njit(cache=True, _nrt=False)
 def first_allocation(cfg, r, rq, wl, w, q, chunk_end, cap, path, scratch_tokens):
-    """§4.1: lock the cached prefix (matched up to ``cap``), take pages for the rest
-    of the chunk. Returns the prefix tokens matched, -1 when it does not fit, -2
-    when the page slots ran out."""
+    """§4.1: lock the cached prefix (matched up to ``cap``, the read-only match the
+    admission step just made), take pages for the rest of the chunk. Returns the
+    prefix tokens matched, -1 when it does not fit, -2 when the page slots ran out."""
     ps = r.w64[w, RW_PAGE_SIZE]
     n_lock = min(cap, chunk_end) // ps
     _ensure_keys(rq, wl, q, n_lock, ps, scratch_tokens)
     k0 = rq.i64[q, RQ_LEASE_OFF]
     if cfg.i64[w, CFG_PREFIX_CACHING] != 0:
-        matched, last = rx.match_lock(r, w, rq.seq_hash, k0, n_lock)
+        # every one of the n_lock pages is in the tree: the admission step matched
+        # them (cap = that match) and nothing changed the tree since
+        matched, last = rx.match_lock_known(r, w, rq.seq_hash, k0, n_lock)
         if last < 0:
             return -2
     else:

@@ -449,6 +449,29 @@ def match_lock(r, w, keys, k0, n_keys):
 
 
 @njit(cache=True, _nrt=False)
+def match_lock_known(r, w, keys, k0, n_keys):
+    """``match_lock`` of keys[k0 : k0 + n_keys] that a read-only match just found in
+    full (nothing changed the tree since): the same times, split and locks, reached
+    node by node without comparing the pages again."""
+    now = clock(r, w)
+    node = r.w64[w, RW_NODE_OFF]
+    i = 0
+    while i < n_keys:
+        c = child_find(r, w, node, keys[k0 + i])
+        length = r.nd[c, RN_LEN]
+        if i + length > n_keys:
+            node = _split(r, w, c, n_keys - i)
+            if node == NO_NODE:
+                return n_keys, NO_NODE
+            break
+        i += length
+        _touch(r, w, c, now)
+        node = c
+    inc_lock(r, w, node)
+    return n_keys, node
+
+
+@njit(cache=True, _nrt=False)
 def _link_new_pages(r, w, n, pages, p0, count, keys, k0):
     """Append pages[p0 : p0 + count] (keys keys[k0 :]) to the tail of n's edge."""
     tail = r.nd[n, RN_TAIL]
