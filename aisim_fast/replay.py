@@ -827,6 +827,10 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     for s, sim in enumerate(sims):
         try:
             check_simulation(sim)
+            if (record_events or record_outputs) and any(r.backend == "sglang" for _, r in _pools(sim, 0)):
+                # the radix cache logs no KV Stored / Removed facts yet
+                raise ConfigError("record_events: the engine event log is not written for SGLang "
+                                  "ranks yet")
         except ConfigError as exc:
             status[s] = STATUS_REJECTED_CONFIG
             error[s] = f"simulation {s}: invalid config: {exc}"

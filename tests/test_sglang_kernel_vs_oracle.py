@@ -50,3 +50,17 @@ def test_kernels_match_the_oracle(seed):
         key = (str(gold["request_id"]), as_key_part(gold["turn_index"]))
         bad += [(key, col, g, c) for col, g, c in row_differences(gold, cand[key])]
     assert not bad, f"{len(bad)} cells differ, first: {bad[:5]}"
+
+
+def test_the_event_log_is_refused_for_sglang_ranks():
+    """The radix cache logs no KV facts yet: asking for them is a config error, not an
+    empty log."""
+    rows, spec = _random_case(1)
+    path = _write_trace(rows)
+    try:
+        setup = parse_payload(spec, Path(path).parent, trace_override=path)
+        res = run_batch([simulation_from_setup(setup)], record_events=True)
+    finally:
+        os.unlink(path)
+    assert res.status[0] == "rejected_config"
+    assert "record_events" in res.error[0] and "SGLang" in res.error[0]
