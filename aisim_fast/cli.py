@@ -756,7 +756,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if argv is not None or output_module.COMMITTED[0] is None:
+            signal.signal(signal.SIGTERM, previous)
+        # else: the process's own command line wrote its run and exits now; a SIGTERM
+        # in that last moment must not turn the written run into a killed process
 
 
 def _main(argv: list[str] | None) -> int:
