@@ -382,3 +382,29 @@ def test_a_batch_too_large_for_memory_is_split_and_an_oversized_point_recorded(m
     assert "of simulator state" in got["error"].iloc[3]
     cols = ["mean_ttft_ms", "p90_itl_ms", "completed_requests"]
     pd.testing.assert_frame_equal(got[cols].iloc[:3], want[cols].iloc[:3], check_exact=True)
+
+
+def test_a_sweep_over_sglang_knobs_and_a_mixed_backend_batch(tmp_path):
+    """A sweep on an SGLang base varies its sglang block like any field, and a batch may
+    mix backends: every point equals its replay alone."""
+    spec = {"base": {"spec": str(DATA / "golden" / "1k_sglang_agg2.spec.json"),
+                     "trace": str(DATA / "traces" / "mooncake_tiny20.jsonl")},
+            "grid": {"spec.engine.rank.sglang.schedule_policy": ["fifo", "lpm"],
+                     "spec.engine.rank.num_gpu_blocks": [6000, 1048576]}}
+    frame = run_sweep(spec, tmp_path / "s", quiet=True)
+    assert list(frame["status"]) == ["ok"] * 4
+    sweep = load_sweep(spec)
+    sims = []
+    for i in range(4):
+        payload, trace = sweep.payload(i)
+        sims.append(simulation_from_setup(parse_payload(payload, sweep.base_dir, trace)))
+        alone = run_batch([sims[-1]], record_passes=False).check().requests[0]
+        assert frame.iloc[i]["completed_requests"] == (alone["terminal_status"] == "completed").sum()
+        assert frame.iloc[i]["mean_ttft_ms"] == alone["ttft_ms"].mean()
+    vllm_sweep = load_sweep(_spec(workers=[2]))
+    payload, trace = vllm_sweep.payload(0)
+    mixed = run_batch(sims + [simulation_from_setup(parse_payload(payload, vllm_sweep.base_dir, trace))],
+                      record_passes=False).check()
+    for i, sim in enumerate(sims):
+        alone = run_batch([sim], record_passes=False).check()
+        pd.testing.assert_frame_equal(mixed.requests[i], alone.requests[0], check_exact=True)
