@@ -64,7 +64,7 @@ from aisim_fast.kernels import compile_notice
 from aisim_fast.plots import PlotError
 from aisim_fast.progress import Progress
 from aisim_fast.sweeps import SweepError
-from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup, warm_kernels
+from aisim_fast.replay import SimulationError, kernel_set, run_batch, simulation_from_setup, warm_kernels
 from aisim_fast.workload import TraceError, default_trace_path, load_mooncake
 
 PROG = "aisim-fast"
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile (or load from the cache) the kernels a replay uses, by running "
                     "a few requests of the bundled trace on every backend, so that later runs "
                     "start at once.")
-    warmup.add_argument("--topology", choices=("aggregated", "disaggregated", "all"), default="all",
+    warmup.add_argument("--topology", choices=("aggregated", "disaggregated", "sglang", "all"), default="all",
                         help="which replay kernels (default all)")
     sweep = commands.add_parser(
         "sweep", help="run many configurations of one base payload (grid, zip, random axes)",
@@ -322,7 +322,7 @@ def run_sweep_command(args) -> str:
 
 def run_warmup(args) -> None:
     """Compile the chosen topologies' kernels: a tiny batch with every simulated backend."""
-    topologies = ("aggregated", "disaggregated") if args.topology == "all" else (args.topology,)
+    topologies = ("aggregated", "disaggregated", "sglang") if args.topology == "all" else (args.topology,)
     for topology, seconds in warm_kernels(topologies).items():
         print(f"{topology:14s} ready ({seconds:.1f} s)")
 
@@ -573,7 +573,7 @@ def run_replay(args) -> dict:
         setup, gpus_per_worker, source = _setup_from_flags(args)
     # refuse a bad --out before spending time on the simulation (checked again at write)
     check_out_dir(args.out, args.overwrite, probe=True)
-    compile_notice(["trace", "disaggregated" if setup.disaggregated else "aggregated"])
+    compile_notice(["trace", kernel_set(setup)])
     workload = _load_trace(setup)
 
     compile_start_s = time.perf_counter()

@@ -113,6 +113,13 @@ class BatchResult:
         return self
 
 
+def kernel_set(sim) -> str:
+    """The compiled event loop a simulation (or setup) runs in (kernels.COMPILE_PARTS)."""
+    if sim.disaggregated:
+        return "disaggregated"
+    return "sglang" if sim.rank.backend == "sglang" else "aggregated"
+
+
 def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) -> Simulation:
     if workload is None:
         workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
@@ -1136,7 +1143,7 @@ class BatchRun:
         self.sim_names = list(range(len(sims))) if sim_names is None else list(sim_names)
         self.event_rows = event_rows
         # before build_state, whose prompt hashing compiles too
-        compile_notice(sorted({"disaggregated" if sim.disaggregated else "aggregated" for sim in sims}))
+        compile_notice(sorted({kernel_set(sim) for sim in sims}))
         # the pass log is a buffer the driver drains whenever it fills: a batch of many
         # simulations (or worker units) shares one budget instead of 64k rows each
         rows = min(pass_log_rows, max(MIN_PASS_LOG_ROWS, PASS_LOG_BUDGET_ROWS // max(1, len(sims))))
@@ -1476,9 +1483,10 @@ def _merge_leftovers(parts: list[dict]) -> dict:
                   else sum(p[key] for p in parts)) for key in parts[0]}
 
 
-def warm_kernels(topologies=("aggregated", "disaggregated")) -> dict:
-    """Compile (or load from the cache) the kernels of the given topologies: a tiny batch
-    of the bundled trace with every simulated backend. Returns seconds per topology."""
+def warm_kernels(topologies=("aggregated", "disaggregated", "sglang")) -> dict:
+    """Compile (or load from the cache) the kernel sets given (kernels.COMPILE_PARTS): a
+    tiny batch of the bundled trace with every backend of the set. Returns seconds per
+    set."""
     from aisim_fast.config import SIMULATED_BACKENDS, parse_rank
     from aisim_fast.workload import default_trace_path
 
@@ -1489,9 +1497,9 @@ def warm_kernels(topologies=("aggregated", "disaggregated")) -> dict:
         start_s = time.perf_counter()
         sims = []
         for backend in SIMULATED_BACKENDS:
-            if topology == "disaggregated" and backend == "sglang":
-                continue  # SGLang runs aggregated only
-            if topology == "aggregated":
+            if (backend == "sglang") != (topology == "sglang"):
+                continue  # SGLang runs aggregated only, in a loop of its own
+            if topology in ("aggregated", "sglang"):
                 # an SGLang pool counts tokens: the default 16384 holds fewer than some
                 # prompts of the trace (which would never be admitted)
                 extra = {"num_gpu_blocks": 1 << 20} if backend == "sglang" else {}

@@ -4,7 +4,7 @@ Every measurement runs in its own Python process whose Numba cache points at an
 empty folder, so it compiles from scratch:
 
 * ``trace``: loading the bundled trace (the compiled trace scanner);
-* ``aggregated`` / ``disaggregated``: one tiny replay of that topology with every
+* ``aggregated`` / ``disaggregated`` / ``sglang``: one tiny replay of that kernel set with every
   simulated backend in one batch (the topology's entry kernel and all it calls, the
   prompt hashing and the sketch merge), after the trace kernels are warm;
 * ``default run``: the README's first command (``aisim-fast replay --backend vllm
@@ -95,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     best: dict[str, dict] = {}
     for _ in range(args.rounds):
-        results = {part: measure_part(part) for part in ("trace", "aggregated", "disaggregated")}
+        results = {part: measure_part(part) for part in ("trace", "aggregated", "disaggregated", "sglang")}
         results["default run"] = measure_default_run()
         for name, figures in results.items():
             kept = best.setdefault(name, figures)

@@ -46,9 +46,10 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
 # Kernel sets compiled on first use: name -> (what it is, cold CPU-seconds measured
 # on the development machine, see benchmarks/bench_compile.py)
 COMPILE_PARTS = {
-    "trace": ("the trace loader", 4),
-    "aggregated": ("aggregated replay", 47),
-    "disaggregated": ("disaggregated replay", 56),
+    "trace": ("the trace loader", 5),
+    "aggregated": ("aggregated replay", 78),
+    "disaggregated": ("disaggregated replay", 75),
+    "sglang": ("SGLang replay", 70),
 }
 _ANNOUNCED: set[str] = set()
 

@@ -6,9 +6,10 @@ batch may mix backends.
   (``vllm_core``), each with its own capacity policy over the shared block pool
   (``vllm_policy``, ``trtllm_policy``);
 * ``POLICY_SGLANG`` runs the SGLang scheduler over its radix cache
-  (``sglang_core``, ``sglang_radix``);
+  (``sglang_core``, ``sglang_radix``); its simulations run in an event loop of their
+  own (``event_loop``), so a batch without SGLang never compiles it;
 * a new backend is a module with a ``run_pass`` of the same signature, a policy
-  code, and one line here.
+  code, and an entry here.
 
 Runs of decode passes (``decode_run``) are an optimization of the vLLM core: for
 any other backend ``decode_run`` runs nothing and the loop takes ``run_pass``.
@@ -18,17 +19,22 @@ from numba import njit
 
 from . import decode_run as vllm_decode_run
 from . import sglang_core, vllm_core
-from .layout import CFG_POLICY, POLICY_SGLANG, POLICY_TRTLLM, POLICY_VLLM
+from .layout import CFG_POLICY, POLICY_TRTLLM, POLICY_VLLM
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
-    """One forward pass of worker w from ``now_ms``: ``(end_ms, had_effect, arena_full)``."""
-    if cfg.i64[w, CFG_POLICY] == POLICY_SGLANG:
-        return sglang_core.run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh,
-                                    scratch_tokens)
+    """One forward pass of vLLM or TRT-LLM worker w from ``now_ms``:
+    ``(end_ms, had_effect, arena_full)``."""
     return vllm_core.run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh,
                               scratch_tokens)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def sglang_run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
+    """One forward pass of SGLang worker w (the same contract)."""
+    return sglang_core.run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh,
+                                scratch_tokens)
 
 
 @njit(cache=True, _nrt=False, inline="always")

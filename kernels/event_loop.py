@@ -18,8 +18,9 @@ pass log is full (``SIM_NEED_FLUSH``, resumed mid-drive) or the simulation ends
 (done, dead end, arena or queue capacity exceeded).
 
 The topology is a compile-time constant of each compiled loop (a closure
-variable, so Numba prunes the other topology's branches before typing them): one
-source, two specializations, and a run compiles only the one it uses.
+variable, so Numba prunes the other topology's branches before typing them), and so
+is the backend family (vLLM / TRT-LLM, or SGLang): one source, three
+specializations, and a run compiles only the ones it uses.
 
 Only the batch entries use Numba's runtime (NRT): they allocate the scratch
 arrays. Everything they call is compiled with ``_nrt=False``. A Numba call
@@ -38,11 +39,11 @@ from numba import njit
 from . import compile_notice, mark_compiled
 from .block_pool import event_log_on, event_set_clock, outputs_logged
 from .arrivals import admit_arrivals, arrivals_due, complete_pass, next_release_ms
-from .backends import decode_run, run_pass
+from .backends import decode_run, run_pass, sglang_run_pass
 from .decode_run import quiet_until_ms
 from .disagg_handoff import complete_disagg_pass, drain_actions, drain_transfers, next_transfer_ms
 from .layout import (
-    SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END, SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH,
+    CFG_POLICY, POLICY_SGLANG, SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END, SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH,
     SIM_PAUSED, SIM_RUNNING,
     EVH_LEN, SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
     SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_OVERFLOW, WK_RUN_LEN,
@@ -54,8 +55,10 @@ from .vllm_core import ACC_SIZE
 
 
 
-def _event_loop(disaggregated):
-    """The event loop compiled for one topology (``disaggregated`` is a constant)."""
+def _event_loop(disaggregated, sglang=False):
+    """The event loop compiled for one topology (``disaggregated`` is a constant) and
+    backend family (``sglang``: SGLang workers, aggregated; else vLLM / TRT-LLM)."""
+    pass_kernel = sglang_run_pass if sglang else run_pass
 
     @njit(cache=True, _nrt=False)
     def run_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh, scratch_tokens):
@@ -128,7 +131,7 @@ def _event_loop(disaggregated):
                             sims.i64[s, SM_RESUME_WORKER] = w
                             sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
                             return
-                        if not disaggregated and decode_runs:
+                        if not disaggregated and not sglang and decode_runs:
                             # decode passes up to the next event, without walking the
                             # running list per pass (kernels.decode_run)
                             end_ms, n_passes, arena_full = decode_run(
@@ -146,7 +149,7 @@ def _event_loop(disaggregated):
                                 busy_push(wk, sims, s, w)  # a decode run ends after now
                                 changed = True
                                 break
-                        end_ms, had_effect, arena_full = run_pass(
+                        end_ms, had_effect, arena_full = pass_kernel(
                             cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
                         if arena_full:
                             sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
@@ -216,9 +219,10 @@ def _event_loop(disaggregated):
 
 run_aggregated_simulation = _event_loop(False)
 run_disaggregated_simulation = _event_loop(True)
+run_sglang_simulation = _event_loop(False, sglang=True)
 
 
-def _batch_entry(disaggregated):
+def _batch_entry(disaggregated, sglang=False):
     """The batch entry kernel of one topology: a serial loop over simulations that
     releases the GIL, so the driver runs chunks of a batch on parallel threads
     (``replay_batch``). A ``parallel=True`` loop would cost ~8 CPU-seconds more to
@@ -239,7 +243,10 @@ def _batch_entry(disaggregated):
             status = sims.i64[s, SM_STATUS]
             if status != SIM_RUNNING and status != SIM_NEED_FLUSH and status != SIM_PAUSED:
                 continue
-            if disaggregated:
+            if sglang:
+                run_sglang_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh,
+                                      scratch_tokens)
+            elif disaggregated:
                 run_disaggregated_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits,
                                              fresh, scratch_tokens)
             else:
@@ -251,6 +258,7 @@ def _batch_entry(disaggregated):
 
 replay_aggregated_batch = _batch_entry(False)
 replay_disaggregated_batch = _batch_entry(True)
+replay_sglang_batch = _batch_entry(False, sglang=True)
 
 
 _THREADS = [0]  # set_kernel_threads: 0 = NUMBA_NUM_THREADS
@@ -287,11 +295,14 @@ def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_
     Chunks of the batch run on ``kernel_threads()`` threads, longest first."""
     sim_ids = np.asarray(sim_ids, np.int64)
     disagg = sims.i64[sim_ids, SM_PREFILL_LEN] > 0
+    # a simulation runs one backend (SGLang only aggregated): its first worker's
+    sglang = cfg.i64[sims.i64[sim_ids, SM_W_OFF], CFG_POLICY] == POLICY_SGLANG
     jobs = []
     n_threads = kernel_threads()
     parts = []
-    for part, entry, ids in (("aggregated", replay_aggregated_batch, sim_ids[~disagg]),
-                             ("disaggregated", replay_disaggregated_batch, sim_ids[disagg])):
+    for part, entry, ids in (("aggregated", replay_aggregated_batch, sim_ids[~disagg & ~sglang]),
+                             ("disaggregated", replay_disaggregated_batch, sim_ids[disagg]),
+                             ("sglang", replay_sglang_batch, sim_ids[sglang & ~disagg])):
         if len(ids) == 0:
             continue
         parts.append(part)
