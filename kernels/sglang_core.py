@@ -274,6 +274,22 @@ def _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens):
     push_terminal(rq, wk, w, q)
 
 
+@njit(cache=True, _nrt=False)
+def _finish_done(cfg, p, rq, wl, wk, w, first, path, scratch_tokens):
+    """Finish, in running order, the requests from running index ``first`` on that have
+    nothing left to generate; the others keep their order."""
+    off = wk.i64[w, WK_RUN_OFF]
+    keep = first
+    for j in range(first, wk.i64[w, WK_RUN_LEN]):
+        q = wk.run_q[off + j]
+        if _remaining(rq, q) == 0:
+            _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens)
+        else:
+            wk.run_q[off + keep] = q
+            keep += 1
+    wk.i64[w, WK_RUN_LEN] = keep
+
+
 # ---------------------------------------------------------------------------------
 # longest-prefix-match order (§7)
 # ---------------------------------------------------------------------------------
@@ -551,27 +567,10 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             else:
                 cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
         # then the completed ones finish, in completion order; the rest run on
-        keep = prev
-        for j in range(prev, n_run):
-            q = wk.run_q[off + j]
-            if _remaining(rq, q) == 0:
-                _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens)
-            else:
-                wk.run_q[off + keep] = q
-                keep += 1
-        wk.i64[w, WK_RUN_LEN] = keep
+        _finish_done(cfg, p, rq, wl, wk, w, prev, path, scratch_tokens)
     elif wk.i64[w, WK_RUN_LEN] > 0:
         # §6.3 decode pass over every running request
-        n_run = wk.i64[w, WK_RUN_LEN]
-        keep = 0
-        for j in range(n_run):
-            q = wk.run_q[off + j]
-            if _remaining(rq, q) == 0:
-                _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens)
-            else:
-                wk.run_q[off + keep] = q
-                keep += 1
-        wk.i64[w, WK_RUN_LEN] = keep
+        _finish_done(cfg, p, rq, wl, wk, w, np.int64(0), path, scratch_tokens)
         # memory check and retraction
         while True:
             need = _decode_need(r, rq, wk, w)
