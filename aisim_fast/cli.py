@@ -741,8 +741,8 @@ class _Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame):
-    if output_module.COMMITTED[0] is not None:
-        return  # the run folder is written: finish (printing the summary) and exit 0
+    if output_module.COMMITTED[0] is not None or output_module.COMMITTING[0]:
+        return  # the run folder is (being) written: finish, print the summary, exit 0
     raise _Terminated()
 
 
@@ -758,8 +758,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if argv is not None or output_module.COMMITTED[0] is None:
             signal.signal(signal.SIGTERM, previous)
-        # else: the process's own command line wrote its run and exits now; a SIGTERM
-        # in that last moment must not turn the written run into a killed process
+        else:
+            # the process's own command line wrote its run and exits now. Ignored, not
+            # handled: the interpreter's shutdown resets handled signals to the default
+            # action, so a SIGTERM then would kill a process whose run is written
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -18,13 +18,10 @@ new one is complete.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import shutil
-import signal
-import threading
 import uuid
 from pathlib import Path
 
@@ -410,28 +407,22 @@ def write_run(out_dir, requests_df: pd.DataFrame, passes_df: pd.DataFrame | None
 
 
 # the last run folder moved into place in this process: from that moment the run is
-# written, and a SIGTERM that arrives afterwards no longer undoes it (cli._on_sigterm)
+# written, and a SIGTERM that arrives afterwards no longer undoes it (cli._on_sigterm).
 COMMITTED: list = [None]
-
-
-@contextlib.contextmanager
-def _sigterm_held():
-    """SIGTERM held back (delivered on exit) around the commit, so a signal cannot land
-    between the rename and the record of it."""
-    held = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
-    if held:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        yield
-    finally:
-        if held:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+# True while the rename runs: a SIGTERM then is let through (the run completes) rather
+# than raised between the rename and the record of it. A flag the handler reads, not a
+# signal mask: the mask is per thread, and the process's other threads (BLAS, Arrow)
+# would take the signal and the handler would still run in the main thread.
+COMMITTING: list = [False]
 
 
 def _move_into_place(staging: Path, out: Path, overwrite: bool) -> None:
-    with _sigterm_held():
+    COMMITTING[0] = True
+    try:
         _rename_into_place(staging, out, overwrite)
         COMMITTED[0] = out
+    finally:
+        COMMITTING[0] = False
 
 
 def _rename_into_place(staging: Path, out: Path, overwrite: bool) -> None:

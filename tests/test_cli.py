@@ -677,6 +677,34 @@ def test_sigterm_during_a_replay_leaves_nothing_half_written(tmp_path):
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def test_sigterm_at_the_commit_completes_the_run(tmp_path):
+    """A SIGTERM that lands while the run folder is renamed into place (sent from inside
+    the rename, so it lands there every time): the run completes and exits 0; it is
+    neither half-removed nor reported as interrupted. After the run is written the
+    process ignores SIGTERM: the interpreter's shutdown would otherwise reset the
+    handler and a late signal would kill a process whose run is complete."""
+    out = tmp_path / "run"
+    script = f"""
+import os, signal, sys
+from aisim_fast import cli, output
+rename = output._rename_into_place
+def rename_then_sigterm(*args):
+    rename(*args)
+    os.kill(os.getpid(), signal.SIGTERM)
+    sum(range(100000))  # bytecode, where a Python handler runs
+output._rename_into_place = rename_then_sigterm
+sys.argv = ["aisim-fast", "replay", {str(TINY_TRACE)!r}, "--backend", "vllm", "--workers", "1",
+            "--out", {str(out)!r}]
+code = cli.main()
+assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+sys.exit(code)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert output.read_requests(out).shape[0] == 20
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
 def test_a_run_that_completes_nothing_is_an_error(tmp_path, capsys):
     """Every request rejected: exit 2 with the rejections by cause, nothing written
     (not a summary of zero latencies)."""
