@@ -15,7 +15,8 @@ Two ways to describe a replay:
   prefill/decode pools with the KV handoff between them.
 
 Outputs: DIR/requests.parquet, DIR/passes.parquet, DIR/summary.json, and with --events
-DIR/kv_events.parquet and DIR/engine_events.parquet, with --output-events
+DIR/kv_events.parquet, DIR/engine_events.parquet and DIR/pressure_events.parquet, with
+--pressure-events DIR/pressure_events.parquet alone, with --output-events
 DIR/output_events.parquet (see output.py).
 Every user error (bad config, bad trace, refused output folder, a simulation that cannot
 finish) ends with one line ``aisim-fast: error: ...`` on stderr and exit code 2, and
@@ -161,8 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--no-passes", action="store_true",
                         help="do not record forward passes (no passes.parquet)")
     replay.add_argument("--events", action="store_true",
-                        help="also write kv_events.parquet (KV Stored / Removed facts) and "
-                             "engine_events.parquet (admissions, preemptions, finishes)")
+                        help="also write kv_events.parquet (KV Stored / Removed facts), "
+                             "engine_events.parquet (admissions, preemptions, finishes) and "
+                             "pressure_events.parquet (vLLM/TRT-LLM only: SGLang logs no KV "
+                             "facts yet)")
+    replay.add_argument("--pressure-events", action="store_true",
+                        help="also write pressure_events.parquet: one row per vLLM preemption "
+                             "or SGLang retraction (worker, request, running / waiting requests "
+                             "and active blocks before and after; any backend)")
     replay.add_argument("--quiet", action="store_true",
                         help="no progress line (shown on stderr for runs longer than a few seconds)")
     replay.add_argument("--output-events", action="store_true",
@@ -571,6 +578,9 @@ def run_replay(args) -> dict:
         setup, gpus_per_worker, source = _setup_from_spec(args)
     else:
         setup, gpus_per_worker, source = _setup_from_flags(args)
+    if args.events and setup.rank.backend == "sglang":
+        raise UsageError("--events: SGLang ranks log no KV Stored / Removed facts yet; "
+                         "--pressure-events writes their retractions")
     # refuse a bad --out before spending time on the simulation (checked again at write)
     check_out_dir(args.out, args.overwrite, probe=True)
     compile_notice(["trace", kernel_set(setup)])
@@ -592,7 +602,8 @@ def run_replay(args) -> dict:
 
     try:
         result = run_batch([simulation], record_passes=record_passes, record_events=args.events,
-                           record_outputs=args.output_events, progress=report).check()
+                           record_outputs=args.output_events, progress=report,
+                           record_pressure=args.pressure_events).check()
     finally:
         progress.close()
     # floored so the per-wall-second rates stay finite on a clock with coarse ticks
@@ -614,6 +625,7 @@ def run_replay(args) -> dict:
         "gpus_per_worker": gpus_per_worker,
         "record_passes": record_passes,
         "record_events": args.events,
+        "record_pressure": args.pressure_events,
         "record_outputs": args.output_events,
         **setup.to_json(),
         "trace_path": str(Path(setup.trace_path).resolve()),
@@ -622,6 +634,7 @@ def run_replay(args) -> dict:
         routing = result.routing[0]
         summary.update(routing_summary(routing))
     summary["rejected_by_cause"] = rejection_causes(setup, requests)
+    summary.update(pressure_counts(setup, requests))
     summary["prediction_provenance"] = prediction_provenance(setup)
     summary["kv_capacity"] = kv_capacity(setup)
     passes = None
@@ -637,6 +650,8 @@ def run_replay(args) -> dict:
     events = {}
     if args.events:
         events.update(kv_events=result.kv_events[0], engine_events=result.engine_events[0])
+    if args.events or args.pressure_events:
+        events["pressure_events"] = result.pressure_events[0]
     if args.output_events:
         events["output_events"] = result.output_events[0]
     if setup.placement == "kv_router":
@@ -645,6 +660,16 @@ def run_replay(args) -> dict:
                         events=events)
     return {"setup": setup, "summary": summary, "requests": requests, "written": written,
             "compile_ms": compile_ms}
+
+
+def pressure_counts(setup: ReplaySetup, requests) -> dict:
+    """The run's pressure actions by kind (the reference's ``vllm_preemptions_total`` /
+    ``sglang_retractions_total``): every preemption of every request, both pools of a
+    disaggregated run (one backend there)."""
+    total = int(requests["preemptions"].sum())
+    sglang = setup.rank.backend == "sglang"
+    return {"vllm_preemptions_total": 0 if sglang else total,
+            "sglang_retractions_total": total if sglang else 0}
 
 
 def rejection_causes(setup: ReplaySetup, requests) -> dict:
@@ -718,6 +743,10 @@ def format_summary(setup: ReplaySetup, summary: dict, requests, written: dict,
                      f"{_fmt(summary['median_' + key]):>12}{_fmt(summary['p99_' + key]):>12}")
     lines += [
         f"  prefix reuse        {100.0 * summary['prefix_cache_reused_ratio']:.2f} % of input tokens",
+        *([f"  KV pressure         {summary['vllm_preemptions_total']} preemptions"]
+          if summary.get("vllm_preemptions_total") else []),
+        *([f"  KV pressure         {summary['sglang_retractions_total']} retractions"]
+          if summary.get("sglang_retractions_total") else []),
         f"  wall time           {_fmt(summary['wall_time_ms'], 1)} ms "
         f"(kernels + driver; JIT compile / cache load {_fmt(compile_ms / MS_PER_S, 1)} s not counted)",
         f"  simulated speed     {_fmt(simulated_rps, 0)} requests per wall second",

@@ -38,11 +38,13 @@ PASSES_FILE = "passes.parquet"
 SUMMARY_FILE = "summary.json"
 KV_EVENTS_FILE = "kv_events.parquet"
 ENGINE_EVENTS_FILE = "engine_events.parquet"
+PRESSURE_EVENTS_FILE = "pressure_events.parquet"
 OUTPUT_EVENTS_FILE = "output_events.parquet"
 ROUTING_FILE = "routing.parquet"
 # the optional event tables of a run: result key -> file
 EVENT_FILES = {"kv_events": KV_EVENTS_FILE, "engine_events": ENGINE_EVENTS_FILE,
-               "output_events": OUTPUT_EVENTS_FILE, "routing": ROUTING_FILE}
+               "pressure_events": PRESSURE_EVENTS_FILE, "output_events": OUTPUT_EVENTS_FILE,
+               "routing": ROUTING_FILE}
 RUN_FILES = (REQUESTS_FILE, PASSES_FILE, SUMMARY_FILE, *EVENT_FILES.values())
 
 META_VERSION_KEY = "aisim_fast.version"

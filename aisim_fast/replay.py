@@ -104,6 +104,9 @@ class BatchResult:
     output_events: Sequence[pd.DataFrame] = ()
     # one frame per simulation, one row per kv_router decision (empty for other placements)
     routing: Sequence[pd.DataFrame] = ()
+    # one frame per simulation, one row per vLLM preemption or SGLang retraction
+    # (record_pressure=True or record_events=True)
+    pressure_events: Sequence[pd.DataFrame] = ()
 
     def check(self) -> "BatchResult":
         """Raise SimulationError for the first simulation that did not finish."""
@@ -383,10 +386,11 @@ def _unplaced_rows(wl: Workload, first_src_row: int, max_output, blocks: np.ndar
 
 
 def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
-                record_handoffs: bool = False, event_rows: int = 0, log_outputs: bool = False):
+                record_handoffs: bool = False, event_rows: int = 0, log_outputs: bool = False,
+                log_kv: bool = True):
     """Allocate and initialise the kernel state of a batch (``event_rows`` > 0: an engine
     event log of that many rows per simulation; ``log_outputs``: every output token in
-    it too)."""
+    it too; ``log_kv``: the KV Stored / Removed facts too, else engine facts only)."""
     n_sims = len(sims)
     # workload tables: one block of rows per distinct (trace, engine block size)
     table_rows: dict[tuple[int, int], int] = {}
@@ -520,6 +524,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     if event_rows > 0:  # row 0 of each simulation is its header (len, clock)
         event_log = dict(event_log=np.zeros((n_sims, 1 + event_rows, L.EV_NUM_COLUMNS), np.int64))
         event_log["event_log"][:, 0, L.EVH_OUTPUTS] = 1 if log_outputs else 0
+        event_log["event_log"][:, 0, L.EVH_KV] = 1 if log_kv else 0
     pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=np.empty(int(tab_size.sum()), np.int32),
                   **event_log, **radix)
     _reset_pools(pool)
@@ -805,7 +810,7 @@ def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
 def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
               record_passes: bool = True, record_handoffs: bool = False,
               record_events: bool = False, record_outputs: bool = False,
-              progress=None) -> BatchResult:
+              progress=None, record_pressure: bool = False) -> BatchResult:
     """Run every simulation to completion; ``status[s]`` / ``error[s]`` of the result say
     how each ended (a failed one does not affect the others). Raises only for
     programming errors.
@@ -819,8 +824,11 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     threads. Results are merged back per simulation (token-gap statistics with Chan's
     merge). ``record_events``: every KV Stored / Removed fact of every worker in
     ``result.kv_events[s]``, every admission, preemption and finish in
-    ``result.engine_events[s]``; ``record_outputs`` (with or without them): every output
-    token in ``result.output_events[s]``. ``progress``: called as ``progress(sim_ms,
+    ``result.engine_events[s]``, every vLLM preemption and SGLang retraction in
+    ``result.pressure_events[s]``; ``record_pressure``: the engine facts without the KV
+    facts (admissions, preemptions, finishes, pressure events; SGLang too);
+    ``record_outputs`` (with or without them): every output token in
+    ``result.output_events[s]``. ``progress``: called as ``progress(sim_ms,
     done, total)`` (the least virtual clock of the live simulations, requests finished,
     requests) after each slice of about ``PROGRESS_SLICE_S`` wall seconds: the batch
     then advances in virtual-time slices (``BatchRun.advance`` to growing horizons,
@@ -834,10 +842,10 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     for s, sim in enumerate(sims):
         try:
             check_simulation(sim)
-            if (record_events or record_outputs) and any(r.backend == "sglang" for _, r in _pools(sim, 0)):
+            if record_events and any(r.backend == "sglang" for _, r in _pools(sim, 0)):
                 # the radix cache logs no KV Stored / Removed facts yet
-                raise ConfigError("record_events: the engine event log is not written for SGLang "
-                                  "ranks yet")
+                raise ConfigError("record_events: KV events are not written for SGLang ranks yet "
+                                  "(record_pressure gives their engine and pressure events)")
         except ConfigError as exc:
             status[s] = STATUS_REJECTED_CONFIG
             error[s] = f"simulation {s}: invalid config: {exc}"
@@ -845,7 +853,8 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         # a worker unit numbers its requests from 1, so the hashes of generated blocks
         # (the reference's synthetic tokens use the request's number) would differ
         # from the whole run's: KV events are recorded on whole runs only
-        shards = None if record_events or record_outputs else _worker_shards(sim)
+        logged = record_events or record_outputs or record_pressure
+        shards = None if logged else _worker_shards(sim)
         if shards is None:
             units.append(sim)
             owner.append((s, -1, None))
@@ -853,9 +862,10 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
             for w, (rows, unit) in enumerate(shards):
                 units.append(unit)
                 owner.append((s, w, rows))
+    logged = record_events or record_outputs or record_pressure
     res = _run_units_resized(units, pass_log_rows, record_passes, [s for s, _, _ in owner],
-                             record_handoffs, DEFAULT_EVENT_ROWS if record_events or record_outputs else 0,
-                             record_outputs, progress)
+                             record_handoffs, DEFAULT_EVENT_ROWS if logged else 0,
+                             record_outputs, progress, log_kv=record_events)
     parts: list[list[int]] = [[] for _ in sims]
     for u, (s, _, _) in enumerate(owner):
         parts[s].append(u)
@@ -947,6 +957,10 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         failed(s)
         return res.engine_events[parts[s][0]]
 
+    def pressure_events(s):
+        failed(s)
+        return res.pressure_events[parts[s][0]]
+
     def output_events(s):
         failed(s)
         return res.output_events[parts[s][0]]
@@ -962,7 +976,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
                        stat, hist, res.kernel_calls, end_ms, _LazyFrames(n_sims, handoffs),
                        leftovers, status, error, _LazyFrames(n_sims, kv_events),
                        _LazyFrames(n_sims, engine_events), _LazyFrames(n_sims, output_events),
-                       _LazyFrames(n_sims, routing))
+                       _LazyFrames(n_sims, routing), _LazyFrames(n_sims, pressure_events))
 
 
 def _worker_shards(sim: Simulation):
@@ -1011,6 +1025,7 @@ class _UnitResults:
     handoffs: Sequence
     kv_events: Sequence
     engine_events: Sequence
+    pressure_events: Sequence
     output_events: Sequence
     routing: Sequence
     sources: list         # per unit: (the BatchRun that ran it, its index there)
@@ -1023,13 +1038,14 @@ class _UnitResults:
 
 def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
                        sim_names: list[int], record_handoffs: bool,
-                       event_rows: int = 0, log_outputs: bool = False, progress=None) -> _UnitResults:
+                       event_rows: int = 0, log_outputs: bool = False, progress=None,
+                       log_kv: bool = True) -> _UnitResults:
     """``_run_units``, then the units that outgrew their block arena estimate or their
     queue sizing rerun alone with room for everything; their results replace the
     failed ones. A unit with a fixed ``queue_slots`` that overflowed keeps the
     ``capacity`` status."""
     res = _run_units(units, pass_log_rows, record_passes, sim_names, record_handoffs, event_rows,
-                     log_outputs, progress)
+                     log_outputs, progress, log_kv)
     redo: list[int] = []
     more_event_rows = False
     fixed: list[Simulation] = []
@@ -1050,7 +1066,7 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
     # a rerun can need more room still (an arena, then more events): resize again
     again = _run_units_resized(fixed, pass_log_rows, record_passes, [sim_names[u] for u in redo],
                                record_handoffs, 4 * event_rows if more_event_rows else event_rows,
-                               log_outputs, progress)
+                               log_outputs, progress, log_kv)
     where = {u: i for i, u in enumerate(redo)}
     for u, i in where.items():
         res.status[u] = again.status[i] if again.status[i] != "arena_full" else STATUS_CAPACITY
@@ -1068,6 +1084,7 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
         res, requests=pick(res.requests, again.requests), passes=pick(res.passes, again.passes),
         handoffs=pick(res.handoffs, again.handoffs), kv_events=pick(res.kv_events, again.kv_events),
         engine_events=pick(res.engine_events, again.engine_events),
+        pressure_events=pick(res.pressure_events, again.pressure_events),
         output_events=pick(res.output_events, again.output_events),
         routing=pick(res.routing, again.routing),
         kernel_calls=res.kernel_calls + again.kernel_calls)
@@ -1075,14 +1092,15 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
 
 def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
                sim_names: list[int], record_handoffs: bool = False,
-               event_rows: int = 0, log_outputs: bool = False, progress=None) -> _UnitResults:
+               event_rows: int = 0, log_outputs: bool = False, progress=None,
+               log_kv: bool = True) -> _UnitResults:
     """Run independent units in one batch, each until it ends (done or failed)."""
     if not sims:
         with _small_pages():
             stat, hist = sketch.token_stats_new(0)
-        return _UnitResults([], [], [], [], [], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
+        return _UnitResults([], [], [], [], [], [], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
     run = BatchRun(sims, pass_log_rows, record_passes, record_handoffs, event_rows, log_outputs,
-                   sim_names=sim_names)
+                   sim_names=sim_names, log_kv=log_kv)
     if progress is None:
         run.advance()
     else:
@@ -1093,6 +1111,7 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
     return _UnitResults(status, list(run.error), _LazyFrames(n, run.requests),
                         _LazyFrames(n, run.passes), _LazyFrames(n, run.handoffs),
                         _LazyFrames(n, run.kv_events), _LazyFrames(n, run.engine_events),
+                        _LazyFrames(n, run.pressure_events),
                         _LazyFrames(n, run.output_events), _LazyFrames(n, run.routing),
                         [(run, s) for s in range(n)],
                         [run.leftovers(s) for s in range(n)], st.token_stat, st.token_hist,
@@ -1124,7 +1143,7 @@ class BatchRun:
 
     def __init__(self, sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
                  record_passes: bool = True, record_handoffs: bool = False, event_rows: int = 0,
-                 log_outputs: bool = False, growable: bool = False, sim_names=None):
+                 log_outputs: bool = False, growable: bool = False, sim_names=None, log_kv: bool = True):
         self.growable = growable
         self._fixed_queues = [sim.queue_slots is not None for sim in sims]
         if growable:
@@ -1148,7 +1167,7 @@ class BatchRun:
         # simulations (or worker units) shares one budget instead of 64k rows each
         rows = min(pass_log_rows, max(MIN_PASS_LOG_ROWS, PASS_LOG_BUDGET_ROWS // max(1, len(sims))))
         self.state = KernelState(*build_state(self.sims, rows if record_passes else 0,
-                                              record_handoffs, event_rows, log_outputs))
+                                              record_handoffs, event_rows, log_outputs, log_kv))
         self._pass_chunks: list[list[np.ndarray]] = [[] for _ in sims]
         self._event_chunks: list[list[np.ndarray]] = [[] for _ in sims]
         self._advanced = np.zeros(len(sims), bool)
@@ -1206,7 +1225,8 @@ class BatchRun:
         event_len = pool.event_log[:, 0, L.EVH_LEN]
         for s in np.flatnonzero((event_len > 0) & (event_len <= self.event_rows)):
             rows = pool.event_log[s, 1:1 + event_len[s]].copy()
-            about_request = rows[:, L.EV_KIND] >= L.EV_ADMITTED
+            # the kinds whose EV_A is a request row (not the pressure detail rows)
+            about_request = (rows[:, L.EV_KIND] >= L.EV_ADMITTED) & (rows[:, L.EV_KIND] <= L.EV_OUTPUT)
             q = rows[about_request, L.EV_A]
             q_off, n = st.i64[s, L.SM_Q_OFF], st.i64[s, L.SM_Q_LEN]
             logical = np.where((q >= q_off) & (q < q_off + n), q, rq.i64[q, L.RQ_PEER])
@@ -1326,6 +1346,10 @@ class BatchRun:
         return _engine_event_frame(self.sims[s], _event_rows(self._event_chunks[s]),
                                    int(self.state.st.i64[s, L.SM_W_OFF]))
 
+    def pressure_events(self, s: int) -> pd.DataFrame:
+        return _pressure_event_frame(self.sims[s], _event_rows(self._event_chunks[s]),
+                                     int(self.state.st.i64[s, L.SM_W_OFF]))
+
     def output_events(self, s: int) -> pd.DataFrame:
         return _output_event_frame(self.sims[s], _event_rows(self._event_chunks[s]),
                                    int(self.state.st.i64[s, L.SM_W_OFF]))
@@ -1371,6 +1395,54 @@ def _engine_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.D
         "active_blocks_before": only(rows[:, L.EV_C], preempted),
         "terminal_status": status,
         "output_tokens": only(rows[:, L.EV_C], finished),
+    })
+
+
+def _pressure_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataFrame:
+    """One simulation's pressure events (the seed's PressureEvent), in the order the
+    engines took them: ``at_ms`` (the pass start), ``kind`` ``vllm_preemption`` /
+    ``sglang_retraction``, ``worker`` and ``rank`` (attention-DP rank; dp 1), the
+    request, the worker's running / waiting requests and active blocks before and
+    after, the request's active blocks before, and for SGLang the logically available
+    and the required blocks of the decision (null for vLLM; waiting counts null for
+    SGLang, whose scheduler exposes none). Built from each event's consecutive
+    PREEMPTED, PRESSURE (and PRESSURE_SGLANG) rows."""
+    kind = rows[:, L.EV_KIND]
+    at = np.flatnonzero(kind == L.EV_PREEMPTED)
+    if len(at) and (at[-1] + 1 >= len(rows) or np.any(kind[at + 1] != L.EV_PRESSURE)):
+        raise AssertionError("a PREEMPTED event row without its PRESSURE row")
+    head, detail = rows[at], rows[at + 1]
+    retraction = np.zeros(len(at), bool)
+    if len(at):
+        nxt = np.minimum(at + 2, len(rows) - 1)
+        retraction = (at + 2 < len(rows)) & (kind[nxt] == L.EV_PRESSURE_SGLANG)
+    sglang = rows[np.where(retraction, at + 2, at)]
+    logical = head[:, L.EV_A]
+    running_before = head[:, L.EV_B]
+    waiting_before = detail[:, L.EV_C]
+
+    def optional(values, present):
+        out = pd.array(values, dtype="Int64")
+        out[~present] = pd.NA
+        return out
+
+    has_waiting = waiting_before >= 0
+    return pd.DataFrame({
+        "at_ms": np.ascontiguousarray(head[:, L.EV_TIME_BITS]).view(np.float64),
+        "kind": np.where(retraction, "sglang_retraction", "vllm_preemption").astype(object),
+        "worker": head[:, L.EV_WORKER] - w_first,
+        "rank": np.zeros(len(at), np.int64),
+        "request_id": sim.workload.request_name[logical],
+        "turn_index": sim.workload.turn_index[logical].astype(np.int64),
+        "running_before": running_before,
+        "running_after": running_before - 1,
+        "waiting_before": optional(waiting_before, has_waiting),
+        "waiting_after": optional(waiting_before + 1, has_waiting),
+        "active_blocks_before": head[:, L.EV_C],
+        "active_blocks_after": detail[:, L.EV_B],
+        "request_active_blocks_before": detail[:, L.EV_A],
+        "logical_available_blocks_before": optional(sglang[:, L.EV_A], retraction),
+        "required_blocks_before": optional(sglang[:, L.EV_B], retraction),
     })
 
 

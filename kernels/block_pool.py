@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from .layout import (
-    EVH_CLOCK_BITS, EVH_LEN, EVH_OUTPUTS, EV_A, EV_B, EV_C, EV_KIND, EV_KV_REMOVED, EV_TIME_BITS, EV_WORKER,
+    EVH_CLOCK_BITS, EVH_KV, EVH_LEN, EVH_OUTPUTS, EV_A, EV_B, EV_C, EV_KIND, EV_KV_REMOVED, EV_TIME_BITS, EV_WORKER,
     NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN,
     PB_PREV, PB_PUB_PASS, PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN,
     PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED, PW_PASS_NUM, PW_SIM, PW_TAB_MASK, PW_TAB_OFF,
@@ -192,6 +192,13 @@ def outputs_logged(p, s):
     return p.event_log.shape[1] > 1 and p.event_log[s, 0, EVH_OUTPUTS] != 0
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def kv_events_logged(p, w):
+    """Whether worker w's simulation logs KV Stored / Removed facts (a log of engine
+    facts only, e.g. pressure events, leaves them out)."""
+    return p.event_log.shape[1] > 1 and p.event_log[p.w64[w, PW_SIM], 0, EVH_KV] != 0
+
+
 @njit(cache=True, _nrt=False)
 def note_event_at(p, w, kind, a, b, c, time_bits):
     """Append an engine event of worker w (``EV_*`` of layout, int64 values, the time as
@@ -248,7 +255,7 @@ def _evict_head(p, w):
             p.b32[nxt, PB_DUP_PREV] = prv
     p.w64[w, PW_NUM_COPIES] -= 1
     _give_slot(p, w, b)
-    if last_copy and event_log_on(p):
+    if last_copy and kv_events_logged(p, w):
         note_event(p, w, EV_KV_REMOVED, np.int64(h), np.int64(0), np.int64(0))
     return last_copy
 

@@ -10,7 +10,7 @@ reference's XXH3 sequence hashes.
 import numpy as np
 from numba import njit
 
-from .block_pool import cache_copy, event_log_on, note_event, release_ref, reserve, table_find
+from .block_pool import cache_copy, kv_events_logged, note_event, release_ref, reserve, table_find
 from .request_state import ceil_div, seq_len
 from .xxh3 import hash_chain, synthetic_output_token, xxh3_64_u32_seed1337
 from .layout import (
@@ -148,7 +148,7 @@ def publish_block(p, rq, w, q, i, b):
     k0 = rq.i64[q, RQ_LEASE_OFF]
     if not cache_copy(p, w, b, rq.seq_hash[k0 + i]):
         return False
-    if not event_log_on(p):
+    if not kv_events_logged(p, w):
         return True
     if i > 0:
         note_event(p, w, EV_KV_STORED, np.int64(rq.seq_hash[k0 + i]), np.int64(rq.seq_hash[k0 + i - 1]),

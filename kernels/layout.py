@@ -483,6 +483,15 @@ class RankConfig(NamedTuple):
 #   PREEMPTED       request row         running before          active blocks before
 #   FINISHED        request row         TERM_* (0 = source held) tokens generated
 #   OUTPUT          request row         token ordinal (from 1)  1 = its last token
+#   PRESSURE        request's blocks    active blocks after     waiting before (-1: none)
+#   PRESSURE_SGLANG logical available   required blocks         -
+#
+# A preemption (vLLM) or retraction (SGLang) is one pressure event of the seed's
+# PressureEvent: its PREEMPTED row, then a PRESSURE row (the request's active blocks
+# before, the worker's active blocks after, the waiting requests before; SGLang's
+# scheduler exposes no waiting count), then on SGLang a PRESSURE_SGLANG row (the
+# logically available and the required blocks of the retraction decision). The rows
+# of one event are consecutive: an event's rows are written in one kernel step.
 #
 # KV_STORED: a block hash became visible on a worker (its first resident copy was
 # published); KV_REMOVED: the last resident copy of a hash was evicted - the facts the
@@ -495,12 +504,16 @@ EV_ADMITTED = 2
 EV_PREEMPTED = 3
 EV_FINISHED = 4
 EV_OUTPUT = 5
-EV_KIND_NAMES = ("stored", "removed", "admitted", "preempted", "finished", "output")
+EV_PRESSURE = 6
+EV_PRESSURE_SGLANG = 7
+EV_KIND_NAMES = ("stored", "removed", "admitted", "preempted", "finished", "output", "pressure",
+                 "pressure_sglang")
 (EV_KIND, EV_WORKER, EV_A, EV_B, EV_C, EV_TIME_BITS) = range(6)
 EV_NUM_COLUMNS = 6
 EVH_LEN = 0            # header row: events so far
 EVH_CLOCK_BITS = 1     # header row: time of the events now (float64 bits)
 EVH_OUTPUTS = 2        # header row: 1 = log every output token too (EV_OUTPUT)
+EVH_KV = 3             # header row: 1 = log KV Stored / Removed facts (0: engine facts only)
 _NO_EVENT_LOG = np.zeros((0, 0, EV_NUM_COLUMNS), np.int64)
 
 

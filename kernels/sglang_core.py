@@ -33,7 +33,7 @@ from .timing import decode_ns, ns_to_ms, prefill_ns
 from .layout import (
     CFGF_SG_DECAY_STEP, CFGF_SG_MIN_RATIO, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS,
     CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM, CFG_SG_MAX_PREFILL_TOKENS,
-    EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
+    EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE, EV_PRESSURE_SGLANG, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
     RQF_FIRST_ADMIT_MS, RQF_TERMINAL_MS,
     RQ_ADMISSIONS, RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FIRST_CACHED, RQ_GENERATED,
     RQ_LEASE_OFF, RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PREEMPTIONS,
@@ -580,10 +580,20 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 _sort_for_retraction(rq, wk, w)
             idx = wk.i64[w, WK_RUN_LEN] - 1
             v = wk.run_q[off + idx]
-            if event_log_on(p):
+            # the pressure event (layout: PREEMPTED, PRESSURE, PRESSURE_SGLANG rows);
+            # active blocks are the pages in use, cached ones included
+            ps = r.w64[w, RW_PAGE_SIZE]
+            logged = event_log_on(p)
+            request_blocks = ceil_div(rq.i64[v, RQ_ALLOCATED], ps)
+            logical_available = (rx.available_tokens(r, w) + r.w64[w, RW_EVICTABLE]) // ps
+            required = ceil_div(need, ps)
+            if logged:
                 note_event(p, w, EV_PREEMPTED, v, wk.i64[w, WK_RUN_LEN], r.w64[w, RW_PAGES_USED])
             run_remove_at(wk, w, idx)
             release_on_retraction(r, rq, w, v)
+            if logged:
+                note_event(p, w, EV_PRESSURE, request_blocks, r.w64[w, RW_PAGES_USED], np.int64(-1))
+                note_event(p, w, EV_PRESSURE_SGLANG, logical_available, required, np.int64(0))
             rq.i64[v, RQ_STATUS] = RS_PREEMPTED
             rq.i64[v, RQ_PREEMPTIONS] += 1
             wk.i64[w, WK_PREEMPTIONS_TOTAL] += 1

@@ -30,7 +30,7 @@ from .token_output import emit_token
 from .timing import decode_ns, ns_to_ms, prefill_ns
 from .layout import (
     CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS,
-    PW_PASS_NUM, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_ROLE, EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS,
+    PW_PASS_NUM, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_ROLE, EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE, ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS,
     RQF_TERMINAL_MS, RQ_ADMISSIONS,
     RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FAST_LIMIT, RQ_FIRST_CACHED, RQ_GENERATED,
     RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PREEMPTIONS, RQ_PROMPT_LEN,
@@ -72,7 +72,11 @@ def preempt(cfg, p, rq, wk, w):
         return -1
     idx = 0 if cfg.i64[w, CFG_PREEMPTION_FIFO] != 0 else n - 1
     v = wk.run_q[wk.i64[w, WK_RUN_OFF] + idx]
-    if event_log_on(p):
+    logged = event_log_on(p)
+    # the pressure event's state before (layout: its PREEMPTED and PRESSURE rows)
+    waiting_before = wk.i64[w, WK_WAIT_LEN]
+    request_blocks = ceil_div(rq.i64[v, RQ_ALLOCATED], cfg.i64[w, CFG_BLOCK_SIZE])
+    if logged:
         note_event(p, w, EV_PREEMPTED, v, n, num_active(p, w))
     run_remove_at(wk, w, idx)
     rq.i64[v, RQ_STATUS] = RS_PREEMPTED
@@ -82,6 +86,8 @@ def preempt(cfg, p, rq, wk, w):
     wk.i64[w, WK_CAP_GEN] += 1
     wait_push_front(wk, w, v)
     release_lease(cfg, p, rq, w, v)
+    if logged:
+        note_event(p, w, EV_PRESSURE, request_blocks, num_active(p, w), waiting_before)
     return v
 
 

@@ -831,6 +831,7 @@ class Rank:
             "waiting_before": before[1], "waiting_after": len(self.waiting),
             "active_blocks_before": before[2], "active_blocks_after": self.pool.num_active(),
             "request_active_blocks_before": victim_blocks,
+            "logical_available_blocks_before": None, "required_blocks_before": None,
         })
         return victim
 
@@ -1412,6 +1413,9 @@ class Replay:
             "emitted": [label[o.request_id] for o in result.outputs if o.token_id is not None],
             "terminated": [label[o.request_id] for o in result.outputs if o.completed],
             "preempted": [label[rid] for rid in result.preempted],
+            # the seed's PressureEvent of each preemption / retraction, request as its key
+            "pressure": [dict(event, request_id=label[event["request_id"]])
+                         for event in result.pressure_events],
             # Every output in emission order: (key, token emitted, completed, rejected).
             "outputs": [(label[o.request_id], o.token_id is not None, o.completed, o.rejected)
                         for o in result.outputs],

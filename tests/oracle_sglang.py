@@ -416,6 +416,7 @@ class SglangPassResult:
         self.end_ms = start_ms
         self.admissions = []  # (request_id, reused tokens), admission order
         self.preempted = []  # retracted request ids, retraction order
+        self.pressure_events = []  # one dict per retraction (the seed's PressureEvent)
         self.outputs = []  # oracle.Output, emission order
         self.prefill_ms = 0.0
         self.decode_ms = 0.0
@@ -806,8 +807,21 @@ class SglangRank:
                 # the longest prompt, then the last such in running order -- and the running
                 # order itself changes (not in sglang.md; proven by sx-ol1 / sx-lpm2).
                 self.running.sort(key=lambda q: (q.out_len, -q.prompt_len), reverse=True)
-            victim = self.running.pop()
+            before = (len(self.running), cache.num_pages - cache.available_pages)
+            victim = self.running[-1]
+            event = {
+                "at_ms": now_ms, "request_id": victim.request_id,
+                "running_before": before[0], "waiting_before": None,
+                "active_blocks_before": before[1],
+                "request_active_blocks_before": ceil_div(victim.allocated_tokens, ps),
+                "logical_available_blocks_before": (cache.available_tokens + cache.evictable_tokens) // ps,
+                "required_blocks_before": ceil_div(need, ps),
+            }
+            self.running.pop()
             self.release_on_retraction(victim)
+            event.update(running_after=len(self.running), waiting_after=None,
+                         active_blocks_after=cache.num_pages - cache.available_pages)
+            result.pressure_events.append(event)
             victim.retractions += 1
             self.retractions_total += 1
             retracted.append(victim)

@@ -312,30 +312,45 @@ def test_add_requests_refuses_what_it_cannot_take():
                                 tempfile.mkdtemp()).workload, [1, 2])
 
 
-def test_output_events_are_the_request_records():
-    """One output event per emitted token, numbered from 1 per request, the last one
-    marked, at the times the request records give (first, second, last token)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        sim = _simulation(ROWS, {"backend": "vllm", "num_gpu_blocks": 40, "block_size": 16}, tmp,
-                          workers=2)
+def _assert_output_events_are_the_request_records(sim):
     res = run_batch([sim], record_outputs=True).check()
-    out, req = res.output_events[0], res.requests[0].set_index("request_id")
+    out, req = res.output_events[0], res.requests[0].set_index(["request_id", "turn_index"])
     assert len(out) == req["output_tokens"].sum()
-    g = out.groupby("request_id")
+    g = out.groupby(["request_id", "turn_index"])
     np.testing.assert_array_equal(g.size().reindex(req.index, fill_value=0).to_numpy(),
                                   req["output_tokens"])
-    assert (req["terminal_status"] == "rejected").any()  # the pool rejects a few: no tokens
     req = req[req["output_tokens"] > 0]
     assert (g["token_index"].apply(lambda t: list(t) == list(range(1, len(t) + 1)))).all()
     assert (g["last"].apply(lambda f: f.iloc[-1] and not f.iloc[:-1].any())).all()
-    firsts = out[out["token_index"] == 1].set_index("request_id")["time_ms"]
-    lasts = out[out["last"]].set_index("request_id")["time_ms"]
+    firsts = out[out["token_index"] == 1].set_index(["request_id", "turn_index"])["time_ms"]
+    lasts = out[out["last"]].set_index(["request_id", "turn_index"])["time_ms"]
     np.testing.assert_array_equal(firsts.reindex(req.index), req["first_token_ms"])
     np.testing.assert_array_equal(lasts.reindex(req.index), req["last_token_ms"])
     # logging every token turns decode runs off and changes nothing else
     plain = run_batch([sim]).check()
     pd.testing.assert_frame_equal(plain.requests[0], res.requests[0], check_exact=True)
     pd.testing.assert_frame_equal(plain.passes[0], res.passes[0], check_exact=True)
+    return res
+
+
+def test_output_events_are_the_request_records():
+    """One output event per emitted token, numbered from 1 per request, the last one
+    marked, at the times the request records give (first, second, last token)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = _simulation(ROWS, {"backend": "vllm", "num_gpu_blocks": 40, "block_size": 16}, tmp,
+                          workers=2)
+    res = _assert_output_events_are_the_request_records(sim)
+    assert (res.requests[0]["terminal_status"] == "rejected").any()  # a few: no tokens
+
+
+def test_sglang_output_events_are_the_request_records():
+    """The same on an SGLang reference run with retractions (sx-r1): its tokens are
+    logged by the same emitter."""
+    folder = Path(__file__).parent / "data" / "golden_sglang" / "sx-r1"
+    setup = parse_payload(json.loads((folder / "spec.json").read_text()), folder,
+                          trace_override=str(folder / "trace.jsonl"))
+    res = _assert_output_events_are_the_request_records(simulation_from_setup(setup))
+    assert res.requests[0]["preemptions"].sum() > 0
 
 
 def _mkdir(tmp, i):

@@ -590,6 +590,44 @@ def test_events_flag_writes_both_event_tables(tmp_path, capsys):
     assert code == 0, err
 
 
+def test_pressure_events_flag_writes_every_retraction(tmp_path, capsys):
+    """--pressure-events on an SGLang reference run (sx-r1, 11 re-admissions in the
+    reference): one row per retraction, counted in summary.json and the printout;
+    --events, which SGLang cannot fill (no KV facts), is refused naming the flag."""
+    folder = Path(__file__).parent / "data" / "golden_sglang" / "sx-r1"
+    argv = ["replay", "--spec", folder / "spec.json", "--trace", folder / "trace.jsonl",
+            "--out", tmp_path / "run", "--no-passes"]
+    code, out, err = run_cli([*argv, "--pressure-events"], capsys)
+    assert code == 0, err
+    run = tmp_path / "run"
+    pressure = pd.read_parquet(run / "pressure_events.parquet")
+    summary = json.loads((run / "summary.json").read_text())
+    assert len(pressure) == 11 and set(pressure["kind"]) == {"sglang_retraction"}
+    assert summary["sglang_retractions_total"] == 11 and summary["vllm_preemptions_total"] == 0
+    assert "KV pressure         11 retractions" in out and "pressure_events.parquet" in out
+    assert sorted(p.name for p in run.iterdir()) == ["pressure_events.parquet", "requests.parquet",
+                                                     "summary.json"]
+    code, _, err = run_cli([*argv, "--overwrite", "--events"], capsys)
+    assert_user_error(code, err, "--events", "SGLang", "--pressure-events")
+
+
+def test_events_flag_writes_pressure_events_of_a_tight_pool(tmp_path, capsys):
+    """--events on a vLLM run that preempts: pressure_events.parquet has one row per
+    preemption of the request records, with the states around it."""
+    code, out, err = run_cli(_flags(tmp_path, "--events", "--engine-args",
+                                    '{"num_gpu_blocks": 40, "max_num_seqs": 8}'), capsys)
+    assert code == 0, err
+    run = tmp_path / "run"
+    pressure = pd.read_parquet(run / "pressure_events.parquet")
+    requests = pd.read_parquet(run / "requests.parquet")
+    summary = json.loads((run / "summary.json").read_text())
+    assert len(pressure) == requests["preemptions"].sum() == summary["vllm_preemptions_total"] > 0
+    assert set(pressure["kind"]) == {"vllm_preemption"}
+    assert (pressure["waiting_after"] == pressure["waiting_before"] + 1).all()
+    assert pressure["required_blocks_before"].isna().all()
+    assert f"KV pressure         {len(pressure)} preemptions" in out
+
+
 def test_output_events_flag_writes_every_token(tmp_path, capsys):
     """--output-events: output_events.parquet with one row per output token of the
     request records, and no other event table."""
