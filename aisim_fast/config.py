@@ -99,6 +99,8 @@ class RankConfig:
     sglang_chunked_prefill_size: int = 8192
     sglang_clip_max_new_tokens: int = 4096
     sglang_schedule_conservativeness: float = 1.0
+    # SGLang: passes without prefill after one that prefilled (a top-level rank field)
+    prefill_decode_interval: int = 0
     # timing_model "aic" (the payload's external provider): its resolved config
     aic: Any = None                      # aisim_fast.aic.AicConfig
     num_gpu_blocks_estimated: bool = False  # num_gpu_blocks from the AIC memory model
@@ -131,7 +133,6 @@ class RankConfig:
 # Reference fields accepted only at their default (or absent): value = default.
 _UNSIMULATED = {
     "prefill_schedule_interval": 1,
-    "prefill_decode_interval": 0,
     "emit_kv_events": False,
     "emit_kv_token_ids": False,
     "aic_nextn": None,
@@ -240,6 +241,12 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1) -> 
                 trt.get("capacity_scheduler_policy", "guaranteed_no_evict"), ("guaranteed_no_evict",))
     if raw.get("sglang") is not None and backend != "sglang":
         _fail(f"{path}.sglang", "only valid with backend sglang")
+    interval = raw.get("prefill_decode_interval")
+    out["prefill_decode_interval"] = 0 if interval is None else _int(
+        f"{path}.prefill_decode_interval", interval, 0)
+    if out["prefill_decode_interval"] != 0 and backend != "sglang":
+        _fail(f"{path}.prefill_decode_interval", f"SGLang only (the reference refuses it for {backend} "
+                                                 "unless 0)")
     if backend == "sglang":
         out.update(_parse_sglang(raw, path, out))
         if out["timing_model"] == "aic":

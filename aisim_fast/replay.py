@@ -672,6 +672,7 @@ def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConf
         cfg_i[ws, L.CFG_SG_CHUNK_SIZE] = rank.sglang_chunked_prefill_size
         cfg_i[ws, L.CFG_SG_CLIP] = rank.sglang_clip_max_new_tokens
         cfg_i[ws, L.CFG_SG_LPM] = rank.sglang_schedule_policy == "lpm"
+        cfg_i[ws, L.CFG_SG_PD_INTERVAL] = rank.prefill_decode_interval
         # the reference's f64 sequence: init, its floor, the decay step in this order
         init = 0.7 * rank.sglang_schedule_conservativeness
         floor = init * 0.14

@@ -60,7 +60,8 @@ def random_trace(rng: random.Random, path: Path) -> None:
 
 def random_sglang_config(rng: random.Random) -> list[str]:
     """An aggregated SGLang rank: page size 1 or 16, a pool in tokens from tight to roomy,
-    fifo or lpm, chunk and prefill budgets, clipped output reserve, conservativeness."""
+    fifo or lpm, chunk and prefill budgets, clipped output reserve, conservativeness,
+    sometimes a prefill_decode_interval."""
     ps = rng.choice([1, 1, 16])
     pool_tokens = rng.choice([2000, 3000, 6000, 20000, 1 << 20])
     chunk = ps * rng.choice([13, 64, 512])
@@ -77,6 +78,8 @@ def random_sglang_config(rng: random.Random) -> list[str]:
         args += ["--concurrency", str(rng.choice([1, 8, 32]))]
     if rng.random() < 0.3:
         args += ["--timing", "fixed", "--fixed-prefill-ms", "5", "--fixed-decode-ms", "2"]
+    if rng.random() < 0.25:
+        args += ["--engine-json", json.dumps({"prefill_decode_interval": rng.randint(1, 4)})]
     return args
 
 

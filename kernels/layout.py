@@ -228,6 +228,7 @@ RANK_CONFIG_I = _declare(FieldTable("CFG_", "cfg.i64", np.int64, [
     ("SG_CHUNK_SIZE", 8192, "", "SGLang: chunked_prefill_size (a multiple of the page size)"),
     ("SG_CLIP", 4096, "", "SGLang: clip_max_new_tokens (the output reserve of a request at most)"),
     ("SG_LPM", 0, "", "SGLang: 1 = longest-prefix-match scheduling, 0 = fifo"),
+    ("SG_PD_INTERVAL", 0, "", "SGLang: prefill_decode_interval (passes without prefill after one)"),
 ]))
 # CFGF_KV_BANDWIDTH_GBS / CFGF_KV_BYTES_PER_TOKEN are NaN when not configured (the
 # transfer then takes CFGF_HANDOFF_LATENCY_MS, the topology's fallback).
@@ -397,6 +398,7 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
     ("RT_OFF", 0, "", "first slot of its active-block multiset in wk.rt_key / rt_count"),
     ("RT_MASK", -1, "", "multiset slots - 1 (a power of two); -1 = none"),
     ("SG_RATIO_BITS", 0, "", "SGLang: the new-token ratio (float64 bits)"),
+    ("SG_PREFILL_ROUNDS", 0, "", "SGLang: passes left before prefill may run again (the interval)"),
 ]))
 WK_FIELDS = WORKER.width
 

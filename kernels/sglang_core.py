@@ -31,7 +31,8 @@ from .sketch import fold_gap_run
 from .token_output import emit_token
 from .timing import decode_ns, ns_to_ms, prefill_ns
 from .layout import (
-    CFGF_SG_DECAY_STEP, CFGF_SG_MIN_RATIO, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS,
+    CFGF_SG_DECAY_STEP, CFGF_SG_INIT_RATIO, CFGF_SG_MIN_RATIO, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS,
+    CFG_SG_PD_INTERVAL, WK_SG_PREFILL_ROUNDS,
     CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM, CFG_SG_MAX_PREFILL_TOKENS,
     EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE, EV_PRESSURE_SGLANG, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
     RQF_FIRST_ADMIT_MS, RQF_TERMINAL_MS,
@@ -522,9 +523,22 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     if cfg.i64[w, CFG_SG_LPM] != 0:
         lpm_order(cfg, r, rq, wl, wk, w, scratch_tokens)
     prev = wk.i64[w, WK_RUN_LEN]
-    if not _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
+    # prefill_decode_interval (engine.md 7.8): after a pass that computed prefill tokens,
+    # the next `interval` passes form no prefill batch, chunk continuations included
+    rounds = wk.i64[w, WK_SG_PREFILL_ROUNDS]
+    defer_prefill = rounds > 0
+    if not defer_prefill and not _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
         return now_ms, True, True
     b = acc[1]
+    # a deferred pass with nothing to decode is idle: it does not decay the ratio, and
+    # (no model work) resets it to its initial value
+    interval_idle = False
+    if defer_prefill:
+        interval_idle = True
+        for j in range(wk.i64[w, WK_RUN_LEN]):
+            if _remaining(rq, wk.run_q[wk.i64[w, WK_RUN_OFF] + j]) > 0:
+                interval_idle = False
+                break
     run_gap = 0.0
     run_count = 0
     log_outputs = outputs_logged(p, s)
@@ -640,7 +654,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             wk.i64[w, WK_RUN_LEN] = keep
         else:
             end_ms = now_ms + 0.0 + 0.0
-        if n_retracted == 0:
+        if n_retracted == 0 and not interval_idle:
             _set_ratio(wk, w, max(_ratio(wk, w) - cfg.f64[w, CFGF_SG_DECAY_STEP],
                                   cfg.f64[w, CFGF_SG_MIN_RATIO]))
     else:
@@ -654,6 +668,14 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         q = rq.i64[q, RQ_TERM_NEXT]
     had_effect = b > 0 or n_tokens > 0 or n_rejected > 0 or n_retracted > 0 \
         or wk.i64[w, WK_TERM_HEAD] >= 0
+    prefilled = acc[2] - acc[3] > 0  # a fully cached zero-output admission is no prefill
+    if interval_idle and not (prefilled or (b == 0 and n_tokens > 0)):
+        _set_ratio(wk, w, cfg.f64[w, CFGF_SG_INIT_RATIO])
+    interval = cfg.i64[w, CFG_SG_PD_INTERVAL]
+    wk.i64[w, WK_SG_PREFILL_ROUNDS] = interval if prefilled else max(rounds - 1, 0)
+    if not had_effect:
+        # a pass of the countdown only: it changed the worker, logs no forward
+        return end_ms, rounds > 0, False
     if sims.i64[s, SM_PASS_LOG_LEN] < sims.pass_log.shape[1]:
         row = sims.i64[s, SM_PASS_LOG_LEN]
         pf_kv = acc[3]

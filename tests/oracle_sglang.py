@@ -56,7 +56,7 @@ class SglangConfig:
                  enable_prefix_caching=True, max_model_len=None, timing_model=None,
                  speedup_ratio=1.0, decode_speedup_ratio=1.0, schedule_policy="fifo",
                  max_prefill_tokens=16384, chunked_prefill_size=8192, clip_max_new_tokens=4096,
-                 schedule_conservativeness=1.0):
+                 schedule_conservativeness=1.0, prefill_decode_interval=0):
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
         if chunked_prefill_size % block_size != 0:
@@ -78,6 +78,7 @@ class SglangConfig:
         self.max_prefill_tokens = max_prefill_tokens
         self.chunked_prefill_size = chunked_prefill_size
         self.clip_max_new_tokens = clip_max_new_tokens
+        self.prefill_decode_interval = prefill_decode_interval
         # New-token ratio constants (§1, §8), f64 in the reference's order.
         self.init_new_token_ratio = 0.7 * schedule_conservativeness
         self.min_new_token_ratio = self.init_new_token_ratio * 0.14
@@ -94,7 +95,7 @@ class SglangConfig:
                  "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill",
                  "preemption_mode", "max_model_len", "timing_model", "speedup_ratio",
                  "decode_speedup_ratio", "worker_type", "prefill_schedule_interval", "sglang",
-                 "emit_kv_events"}
+                 "emit_kv_events", "prefill_decode_interval"}
         unknown = set(rank) - known
         if unknown:
             raise ValueError("rank fields not modeled by the SGLang oracle: %s" % sorted(unknown))
@@ -114,7 +115,8 @@ class SglangConfig:
         # max_num_batched_tokens and preemption_mode are ignored by SGLang (§1).
         kwargs = {k: rank[k] for k in ("block_size", "num_gpu_blocks", "max_num_seqs",
                                        "enable_prefix_caching", "max_model_len", "timing_model",
-                                       "speedup_ratio", "decode_speedup_ratio") if k in rank}
+                                       "speedup_ratio", "decode_speedup_ratio",
+                                       "prefill_decode_interval") if k in rank}
         kwargs.update(sg)
         return cls(**kwargs)
 
@@ -453,6 +455,7 @@ class SglangRank:
         self.running = []
         self.new_token_ratio = config.init_new_token_ratio
         self.retractions_total = 0
+        self.prefill_rounds = 0  # passes left without prefill (engine.md 7.8)
         self.next_output_token = 0
 
     # ------------------------------------------------------------------------------------------
@@ -678,8 +681,18 @@ class SglangRank:
     # One pass (§6)
     # ------------------------------------------------------------------------------------------
     def execute_pass(self, now_ms):
+        """One pass. A pass that only counted down the prefill interval changes nothing
+        anyone sees: the reference runs the rank again at once (a same-instant retry)."""
+        while True:
+            result, countdown_only = self._execute_pass(now_ms)
+            if not countdown_only or not self.is_ready():
+                return result
+
+    def _execute_pass(self, now_ms):
         cfg = self.config
         result = SglangPassResult(now_ms)
+        rounds = self.prefill_rounds
+        defer_prefill = rounds > 0
 
         # 1. max_model_len rejections (outputs at the pass end)
         rejected = []
@@ -691,8 +704,11 @@ class SglangRank:
                     rejected.append(r.request_id)
         # 2. LPM
         self.apply_lpm()
-        # 3. admission
-        admitted, total_isl, total_prefix = self.admit(result)
+        # 3. admission (none while the prefill interval counts down, chunks included)
+        admitted, total_isl, total_prefix = self.admit(result) if not defer_prefill else ([], 0, 0)
+        # a deferred pass with nothing to decode is idle: no ratio decay; with no
+        # model work it resets the ratio
+        interval_idle = defer_prefill and not any(r.remaining > 0 for r in self.running)
         b = len(admitted)
         result.prefill_batch_size = b
         # 4. prefill duration from the floored means
@@ -736,11 +752,16 @@ class SglangRank:
         # 9. new-token ratio (§8)
         if retracted:
             self.new_token_ratio = ratio_estimate
-        elif b == 0 and result.decode_batch:
+        elif b == 0 and result.decode_batch and not interval_idle:
             self.new_token_ratio = max(self.new_token_ratio - cfg.new_token_ratio_decay,
                                        cfg.min_new_token_ratio)
+        prefilled = total_isl - total_prefix > 0
+        emitted = any(o.token_id is not None for o in result.outputs)
+        if interval_idle and not (prefilled or (b == 0 and emitted)):
+            self.new_token_ratio = cfg.init_new_token_ratio
+        self.prefill_rounds = cfg.prefill_decode_interval if prefilled else max(rounds - 1, 0)
         result.end_ms = end_ms
-        return result
+        return result, rounds > 0 and not result.has_effects()
 
     def first_tokens(self, new_prefills, result, completed):
         """§6.2: first tokens of the newly completed prefills; returns those that keep

@@ -364,6 +364,8 @@ def _flags(tmp_path, *extra, trace=TINY_TRACE):
     ('{"backend": "trtllm"}', ["--engine-args.backend", "contradicts --backend vllm"]),
     ('[1, 2]', ["--engine-args", "JSON object"]),
     ('{"max_num_seqs": 8', ["--engine-args", "not valid JSON"]),
+    ('{"prefill_decode_interval": 2}', ["--engine-args.prefill_decode_interval", "SGLang only"]),
+    ('{"prefill_decode_interval": -1}', ["--engine-args.prefill_decode_interval", ">= 0"]),
 ])
 def test_bad_engine_args(tmp_path, capsys, engine_args, fragments):
     code, _, err = run_cli(_flags(tmp_path, "--engine-args", engine_args), capsys)

@@ -271,6 +271,9 @@ def _random_case(seed):
                                               "startup_delay_ms": 0.0}},
                      "engine": {"dp_size": 1, "rank": rank}},
             "traffic": traffic}
+    # drawn last, so the draws above (and the cases they made) stay as they were
+    if rng.random() < 0.3:
+        rank["prefill_decode_interval"] = rng.randint(1, 4)
     return rows, spec
 
 
