@@ -90,13 +90,21 @@ def _ensure_keys(rq, wl, q, n_pages, ps, scratch_tokens):
         row = rq.i64[q, RQ_SRC_ROW]
         tbs = wl.trace_block_size[row]
         h0 = wl.hash_indptr[row]
+        # prompt tokens: a trace block's id over its run of tokens (one division per
+        # call, not per token: this fills millions of keys)
+        end = min(n_pages, prompt)
+        block = i // tbs
+        while i < end:
+            stop = min((block + 1) * tbs, end)
+            key = np.uint64(wl.hash_ids[h0 + block])
+            for t in range(k0 + i, k0 + stop):
+                rq.seq_hash[t] = key
+            i = stop
+            block += 1
         uuid = np.uint64(rq.i64[q, RQ_UUID])
         while i < n_pages:
-            if i < prompt:
-                rq.seq_hash[k0 + i] = np.uint64(wl.hash_ids[h0 + i // tbs])
-            else:
-                rq.seq_hash[k0 + i] = GENERATED_KEY | synthetic_output_token(
-                    np.uint64(0), uuid, np.uint64(i - prompt))
+            rq.seq_hash[k0 + i] = GENERATED_KEY | synthetic_output_token(
+                np.uint64(0), uuid, np.uint64(i - prompt))
             i += 1
     else:
         while i < n_pages:
@@ -472,6 +480,11 @@ def _decode_need(r, rq, wk, w):
     ps = r.w64[w, RW_PAGE_SIZE]
     off = wk.i64[w, WK_RUN_OFF]
     need = 0
+    if ps == 1:  # no page rounding (and no division per request and pass)
+        for j in range(wk.i64[w, WK_RUN_LEN]):
+            q = wk.run_q[off + j]
+            need += max(0, _seq(rq, q) + min(1, _remaining(rq, q)) - rq.i64[q, RQ_ALLOCATED])
+        return need
     for j in range(wk.i64[w, WK_RUN_LEN]):
         q = wk.run_q[off + j]
         grow = ceil_div(_seq(rq, q) + min(1, _remaining(rq, q)), ps) * ps - rq.i64[q, RQ_ALLOCATED]
@@ -484,7 +497,12 @@ def _add_token_slot(r, rq, w, q):
     """Room for q's next token: a page when its pages are full. False: no slot left."""
     ps = r.w64[w, RW_PAGE_SIZE]
     mat = rq.i64[q, RQ_NUM_COMPUTED]
-    if mat % ps == 0:
+    if ps == 1:  # every token its page (no division per emitted token)
+        b = rx.page_alloc(r, w)
+        if b < 0:
+            return False
+        rq.lease[rq.i64[q, RQ_LEASE_OFF] + mat] = b
+    elif mat % ps == 0:
         b = rx.page_alloc(r, w)
         if b < 0:
             return False
