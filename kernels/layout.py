@@ -543,6 +543,7 @@ RADIX_W = _declare(FieldTable("RW_", "radix.w64", np.int64, [
     ("EVICTABLE", 0, "", "tokens in unlocked tree nodes"),
     ("PROTECTED", 0, "", "tokens in locked tree nodes (root excluded)"),
     ("PAGE_SIZE", 1, "", "tokens per page"),
+    ("INSERT_SHARED", 0, "", "keys the last insert found in the tree already (their pages not taken)"),
 ]))
 RW_FIELDS = RADIX_W.width
 RADIX_P = _declare(FieldTable("RP_", "radix.pg32", np.int32, [

@@ -39,7 +39,7 @@ from .layout import (
     RQ_ADMISSIONS, RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FIRST_CACHED, RQ_GENERATED,
     RQ_LEASE_OFF, RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PREEMPTIONS,
     RQ_PROMPT_LEN, RQ_SRC_ROW, RQ_UUID, RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
-    RS_DONE, RS_PREEMPTED, RS_RUNNING, RW_EVICTABLE, RW_PAGES_USED, RW_PAGE_SIZE, SM_PASS_LOG_LEN,
+    RS_DONE, RS_PREEMPTED, RS_RUNNING, RW_EVICTABLE, RW_INSERT_SHARED, RW_PAGES_USED, RW_PAGE_SIZE, SM_PASS_LOG_LEN,
     TERM_COMPLETED, TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
     WK_RUN_OFF, WK_SG_RATIO_BITS, WK_TERM_HEAD, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
 )
@@ -214,7 +214,8 @@ def cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens):
     new_last = rx.insert(r, w, last, rq.seq_hash, k0 + lo, hi - lo, rq.lease, k0 + lo)
     if new_last != last:
         rx.inc_lock(r, w, new_last)
-        _adopt_tree_pages(r, rq, w, q, new_last, lo, hi, path)
+        if r.w64[w, RW_INSERT_SHARED] > 0:  # else the tree took every page given
+            _adopt_tree_pages(r, rq, w, q, new_last, lo, hi, path)
         rx.dec_lock(r, w, last)
     rq.i64[q, RQ_SG_LAST] = new_last
     rq.i64[q, RQ_SG_CACHED] = aligned
@@ -244,11 +245,12 @@ def finish_kv(cfg, r, rq, wl, w, q, path, scratch_tokens):
             lo = rq.i64[q, RQ_SG_CACHED] // ps
             _ensure_keys(rq, wl, q, c_pages, ps, scratch_tokens)
             new_last = rx.insert(r, w, last, rq.seq_hash, k0 + lo, c_pages - lo, rq.lease, k0 + lo)
-            # lease pages the tree did not take are duplicates: back to the pool
-            depth = rx.path_pages(r, w, new_last, path, 0, lo)
-            for j in range(lo, min(c_pages, depth)):
-                if path[j] != rq.lease[k0 + j]:
-                    rx.page_free(r, w, rq.lease[k0 + j])
+            if r.w64[w, RW_INSERT_SHARED] > 0:
+                # lease pages the tree did not take are duplicates: back to the pool
+                depth = rx.path_pages(r, w, new_last, path, 0, lo)
+                for j in range(lo, min(c_pages, depth)):
+                    if path[j] != rq.lease[k0 + j]:
+                        rx.page_free(r, w, rq.lease[k0 + j])
             rx.dec_lock(r, w, last)
     rq.i64[q, RQ_SG_LAST] = -1
     rq.i64[q, RQ_SG_CACHED] = 0

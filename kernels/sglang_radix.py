@@ -38,7 +38,7 @@ from .layout import (
     RP_FIELDS, RP_FREE_STACK, RP_IN_TREE, RP_NEXT, RP_PREV, RW_CLOCK, RW_EVICTABLE, RW_FIELDS,
     RW_HEAP_CAP, RW_HEAP_LEN, RW_HEAP_OFF, RW_NODE_BUMP, RW_NODE_FREE_TOP, RW_NODE_LEN,
     RW_NODE_OFF, RW_PAGE_BUMP, RW_PAGE_CAP, RW_PAGE_FREE_TOP, RW_PAGE_LEN, RW_PAGE_OFF, RW_PAGES_USED,
-    RW_PAGE_SIZE, RW_PROTECTED, RW_TAB_MASK, RW_TAB_OFF, RADIX_N, RADIX_P, RADIX_W, Radix,
+    RW_INSERT_SHARED, RW_PAGE_SIZE, RW_PROTECTED, RW_TAB_MASK, RW_TAB_OFF, RADIX_N, RADIX_P, RADIX_W, Radix,
 )
 
 NO_NODE = -1
@@ -510,8 +510,11 @@ def insert(r, w, start, keys, k0, n_keys, pages, p0):
     """Insert the page keys that follow ``start``'s path (sglang.md §3.3): keys
     keys[k0 : k0 + n_keys] with the caller's pages pages[p0 : p0 + n_keys]. Pages
     covering keys already in the tree are not taken (the tree keeps its own).
-    Returns the node where the inserted sequence ends (NO_NODE: no node slot)."""
+    Returns the node where the inserted sequence ends (NO_NODE: no node slot), and
+    leaves in RW_INSERT_SHARED how many keys were in the tree already (0: every page
+    given was taken, so the caller has no duplicate to give back)."""
     now = clock(r, w)
+    r.w64[w, RW_INSERT_SHARED] = 0
     top = r.w64[w, RW_NODE_OFF]
     ps = r.w64[w, RW_PAGE_SIZE]
     x = start
@@ -535,6 +538,7 @@ def insert(r, w, start, keys, k0, n_keys, pages, p0):
         if c == NO_NODE:
             return _new_child(r, w, cur, keys, k0 + i, pages, p0 + i, n_keys - i)
         m = _common(r, c, keys, k0 + i, n_keys - i)
+        r.w64[w, RW_INSERT_SHARED] += m
         if m == r.nd[c, RN_LEN]:
             i += m
             _touch(r, w, c, now)
