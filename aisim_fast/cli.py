@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +67,7 @@ from aisim_fast.plots import PlotError
 from aisim_fast.progress import Progress
 from aisim_fast.sweeps import SweepError
 from aisim_fast.replay import SimulationError, kernel_set, run_batch, simulation_from_setup, warm_kernels
-from aisim_fast.workload import TraceError, default_trace_path, load_mooncake
+from aisim_fast.workload import TraceError, TraceWarning, default_trace_path, load_mooncake
 
 PROG = "aisim-fast"
 EXIT_OK = 0
@@ -553,7 +554,8 @@ def _load_trace(setup: ReplaySetup, max_rows: int | None = None):
         raise TraceError(str(path), None, "is a folder, not a trace file")
     try:
         return load_mooncake(path, trace_block_size=setup.trace_block_size,
-                             arrival_speedup_ratio=setup.arrival_speedup_ratio, max_rows=max_rows)
+                             arrival_speedup_ratio=setup.arrival_speedup_ratio, max_rows=max_rows,
+                             closed_loop=setup.concurrency > 0)
     except OSError as exc:
         raise TraceError(str(path), None, f"cannot read ({exc.strerror or exc})") from None
 
@@ -565,7 +567,9 @@ def _load_trace(setup: ReplaySetup, max_rows: int | None = None):
 def _warm_up(setup: ReplaySetup) -> None:
     """Run the first trace row alone so the JIT compile (or cache load) of the kernels is
     not counted in wall_time_ms, which measures simulation speed (spec replay.md 12.8)."""
-    first_row = _load_trace(setup, max_rows=1)
+    with warnings.catch_warnings():  # the full load below says it, with its counts
+        warnings.simplefilter("ignore", TraceWarning)
+        first_row = _load_trace(setup, max_rows=1)
     try:
         run_batch([simulation_from_setup(setup, first_row)], record_passes=False)
     except SimulationError:
@@ -769,6 +773,14 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is, so that a run being written cleans up."""
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Trace warnings as one line each (``aisim-fast: warning: FILE:LINE: ...``)."""
+    if issubclass(category, TraceWarning):
+        print(f"{PROG}: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def _on_sigterm(signum, frame):
     if output_module.COMMITTED[0] is not None or output_module.COMMITTING[0]:
         return  # the run folder is (being) written: finish, print the summary, exit 0
@@ -782,9 +794,12 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     output_module.COMMITTED[0] = None
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    shown = warnings.showwarning
+    warnings.showwarning = _show_warning
     try:
         return _main(argv)
     finally:
+        warnings.showwarning = shown
         if argv is not None or output_module.COMMITTED[0] is None:
             signal.signal(signal.SIGTERM, previous)
         else:

@@ -26,6 +26,7 @@ import importlib.resources
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -53,6 +54,52 @@ _U32_END = 1 << 32
 _I32_MIN, _I32_END = -(1 << 31), 1 << 31
 # Lengths are stored as int64; anything at or above 2**63 cannot be a real token count.
 _I64_END = 1 << 63
+
+
+class TraceWarning(UserWarning):
+    """A trace the loader reads as the reference does, but whose rows look like a
+    mistake (a field left out, a misspelt key). The message is ``<path>:<line>: ...``
+    with the first such row and how many there are; the CLI prints it as one line."""
+
+
+# the row fields the reference's Mooncake loader knows (with their aliases), and the
+# trace's own worker for kv_router's pin_to_trace_worker
+ROW_KEYS = frozenset({
+    "timestamp", "created_time", "input_length", "input_tokens", "output_length", "output_tokens",
+    "hash_ids", "session_id", "delay", "delay_ms", "request_id", "output_token_ids", "priority",
+    "strict_priority", "policy_class", "worker"})
+
+
+def _encoding_guess(raw: bytes) -> str:
+    """What a line that is not UTF-8 looks like, for the error message."""
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in raw:
+        return "it looks like UTF-16 or UTF-32 (byte order mark or NUL bytes); save it as UTF-8"
+    try:
+        raw.decode("cp1252")
+    except UnicodeDecodeError:
+        return "its encoding is unknown; save it as UTF-8"
+    return "it looks like Latin-1 / Windows-1252; save it as UTF-8"
+
+
+def _warn_rows(path: str, line_no: int, count: int, what: str) -> None:
+    rows = "this row" if count == 1 else f"{count:,} rows like this one"
+    warnings.warn(f"{path}:{line_no}: {what} ({rows})", TraceWarning, stacklevel=3)
+
+
+def _warn_lenient_rows(path: str, no_timestamp: list, derived: list, unknown: dict) -> None:
+    """One warning per kind of lenient row: (first line, count) lists, and the first
+    line of each unknown key."""
+    if no_timestamp:
+        _warn_rows(path, no_timestamp[0], len(no_timestamp),
+                   'no "timestamp": the session starts at 0 ms (before re-basing), as in the '
+                   "reference; give one for an open-loop replay")
+    if derived:
+        _warn_rows(path, derived[0], len(derived),
+                   'no "input_length": taken as its hash_ids x trace_block_size tokens, as the '
+                   "reference does")
+    for key, (line_no, count) in unknown.items():
+        _warn_rows(path, line_no, count, f"unknown field {key!r} ignored, as the reference does "
+                                         "(known: " + ", ".join(sorted(ROW_KEYS)) + ")")
 
 
 class TraceError(ValueError):
@@ -250,6 +297,7 @@ def load_mooncake(
     trace_block_size: int = 512,
     arrival_speedup_ratio: float = 1.0,
     max_rows: int | None = None,
+    closed_loop: bool = False,
 ) -> Workload:
     """Load a Mooncake JSONL trace into a ``Workload``.
 
@@ -257,6 +305,11 @@ def load_mooncake(
     block size the trace was produced with; 512 for the public Mooncake traces).
     ``arrival_speedup_ratio`` divides session starts and inter-turn delays.
     ``max_rows`` keeps only the first that many rows (non-blank lines).
+    ``closed_loop``: timestamps do not matter (no warning for sessions without one).
+
+    Rows the reference accepts but that look like mistakes (a session without a
+    timestamp, a row without ``input_length``, a field nobody reads) load as in the
+    reference, with one ``TraceWarning`` per kind naming the first such line.
 
     Raises ``TraceError`` (a ValueError) naming the file and line for malformed rows and
     ``ValueError`` for invalid arguments.
@@ -276,7 +329,7 @@ def load_mooncake(
 
     path_str = os.fspath(path)
     block = trace_block_size
-    simple = _load_simple(path_str, block, ratio, max_rows)
+    simple = _load_simple(path_str, block, ratio, max_rows, closed_loop)
     if simple is not None:
         return simple
 
@@ -295,6 +348,9 @@ def load_mooncake(
     session_turns: list[int] = []  # turns seen so far, per session
     session_last_ts: list[float | None] = []  # last timestamp seen, per session
     session_first_ts: list[float | None] = []  # first turn's timestamp, per session
+    no_timestamp: list[int] = []  # lines of first turns without a timestamp
+    derived: list[int] = []  # lines whose input length comes from their hash ids
+    unknown: dict[str, tuple[int, int]] = {}  # unknown key -> (first line, rows)
 
     for line_no, raw_line, obj in _rows(path_str, max_rows):
         try:
@@ -303,9 +359,13 @@ def load_mooncake(
                 try:
                     obj = json.loads(raw_line)
                 except json.JSONDecodeError as exc:
-                    raise _RowError(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+                    hint = ""
+                    if raw_line[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in raw_line:
+                        hint = "; " + _encoding_guess(raw_line)  # json decoded it as UTF-16/32
+                    raise _RowError(f"invalid JSON: {exc.msg} (column {exc.colno}){hint}") from None
                 except UnicodeDecodeError as exc:
-                    raise _RowError(f"invalid JSON: not UTF-8 ({exc.reason})") from None
+                    raise _RowError(f"invalid JSON: not UTF-8 ({exc.reason}); "
+                                    f"{_encoding_guess(raw_line)}") from None
             if type(obj) is not dict:
                 raise _RowError(f"a row must be a JSON object, got {_show(obj)}")
 
@@ -315,6 +375,7 @@ def load_mooncake(
             key, v = _field(obj, "input_length", "input_tokens")
             if v is None:
                 input_len = capacity
+                derived.append(line_no)
             else:
                 input_len = _count(key, v)
                 if input_len == 0:
@@ -354,6 +415,10 @@ def load_mooncake(
                 raise _RowError(f'"session_id" must be a string, got {_show(sid)}')
 
             _check_extras(obj, output_len)
+            if not ROW_KEYS.issuperset(obj):
+                for extra in obj.keys() - ROW_KEYS:
+                    first, count = unknown.get(extra, (line_no, 0))
+                    unknown[extra] = (first, count + 1)
 
             s = session_of.get(name)
             if s is None:
@@ -363,6 +428,8 @@ def load_mooncake(
                         f'"{delay_key}", got {_show(delay_raw)}'
                     )
                 s = len(session_turns)
+                if ts is None and not closed_loop:
+                    no_timestamp.append(line_no)
                 session_of[name] = s
                 session_turns.append(0)
                 session_last_ts.append(ts)
@@ -406,6 +473,7 @@ def load_mooncake(
 
     if not line_nos:
         raise TraceError(path_str, None, "no requests (the file is empty or has only blank lines)")
+    _warn_lenient_rows(path_str, no_timestamp, derived, unknown)
 
     n = len(line_nos)
     session = np.array(sessions, dtype=np.int32)
@@ -451,7 +519,8 @@ def load_mooncake(
     )
 
 
-def _load_simple(path_str: str, block: int, ratio: float, max_rows: int | None) -> Workload | None:
+def _load_simple(path_str: str, block: int, ratio: float, max_rows: int | None,
+                 closed_loop: bool = False) -> Workload | None:
     """The trace in its common shape (flat rows of integer timestamp, lengths and
     hash ids: every row its own single-turn session), read by the compiled scanner;
     None when any row is not that simple or breaks a rule, so that the general
@@ -471,9 +540,12 @@ def _load_simple(path_str: str, block: int, ratio: float, max_rows: int | None) 
     if status != SCAN_OK or n == 0 or np.any(output_len < 0):
         return None
     capacity = np.diff(indptr) * block
-    input_len = np.where(input_len < 0, capacity, input_len)
+    derived = input_len < 0
+    input_len = np.where(derived, capacity, input_len)
     if np.any(input_len == 0) or np.any(input_len > capacity):
         return None
+    no_timestamp = np.isnan(ts) & (not closed_loop)
+    _warn_lenient_rows(path_str, line_no[no_timestamp].tolist(), line_no[derived].tolist(), {})
     start_ms = np.where(np.isnan(ts), 0.0, ts)  # a row without a timestamp starts at 0
     start_ms -= start_ms.min()
     start_ms /= ratio

@@ -766,3 +766,19 @@ def test_partial_rejections_are_counted_by_cause(tmp_path, capsys):
     assert causes["max_model_len"] > 0 and causes["kv_pool"] == 0
     assert summary["completed_requests"] == summary["num_requests"] - causes["max_model_len"]
     assert f"rejected            {causes['max_model_len']} with a prompt of max_model_len (1000)" in out
+
+
+def test_lenient_trace_rows_are_one_warning_line_each(tmp_path, capsys):
+    """A trace the reference accepts but that looks wrong (rows without input_length, a
+    misspelt field) runs as the reference runs it, with one warning line per kind on
+    stderr naming the first such line; nothing else is printed there."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "output_length": 3, "hash_ids": [1], "ouput_length": 3}\n'
+                     '{"timestamp": 5, "output_length": 2, "hash_ids": [2]}\n')
+    code, _, err = run_cli(_flags(tmp_path, trace=trace), capsys)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "compiling" not in line]
+    assert len(lines) == 2, err
+    assert lines[0].startswith(f'aisim-fast: warning: {trace}:1: no "input_length"')
+    assert "2 rows like this one" in lines[0]
+    assert lines[1].startswith(f"aisim-fast: warning: {trace}:1: unknown field 'ouput_length' ignored")

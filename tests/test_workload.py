@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import tempfile
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from aisim_fast.workload import (
     DEFAULT_TRACE_NAME,
     TraceError,
+    TraceWarning,
     Workload,
     default_trace_path,
     load_default_trace,
@@ -698,3 +700,45 @@ def test_gzip_traces_read_transparently(tmp_path, name):
     broken.write_bytes(packed.read_bytes()[:200])
     with pytest.raises(TraceError, match=r"broken.jsonl.gz: not a readable gzip file"):
         load_mooncake(broken)
+
+
+def test_lenient_rows_load_as_the_reference_does_with_one_warning_per_kind(tmp_path):
+    """A session without a timestamp, rows without input_length and a field nobody reads
+    load as before (the reference accepts them), each kind with one TraceWarning that
+    names the first such line and counts the rows; closed loop does not warn about
+    timestamps, and a clean trace gives no warning."""
+    rows = [{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]},
+            {"output_length": 2, "hash_ids": [2], "colour": "red"},
+            {"timestamp": 5, "output_length": 2, "hash_ids": [3], "colour": "blue"}]
+    p = write_trace(tmp_path / "t.jsonl", rows)
+    with pytest.warns(TraceWarning) as caught:
+        w = load_mooncake(p)
+    messages = sorted(str(c.message) for c in caught)
+    assert len(messages) == 3
+    assert messages[0].startswith(f'{p}:2: no "input_length"') and "2 rows like this one" in messages[0]
+    assert messages[1].startswith(f'{p}:2: no "timestamp"') and "(this row)" in messages[1]
+    assert messages[2].startswith(f"{p}:2: unknown field 'colour' ignored") and "2 rows" in messages[2]
+    assert w.input_len.tolist() == [10, 512, 512]
+    with pytest.warns(TraceWarning) as caught:
+        load_mooncake(p, closed_loop=True)
+    assert not any('no "timestamp"' in str(c.message) for c in caught)
+    # the compiled scanner's rows (no unknown key) warn the same way
+    simple = write_trace(tmp_path / "s.jsonl", [rows[0], {"output_length": 2, "hash_ids": [2]}])
+    with pytest.warns(TraceWarning) as caught:
+        load_mooncake(simple)
+    assert sorted(str(c.message).split(": ")[1] for c in caught) == ['no "input_length"', 'no "timestamp"']
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_mooncake(TINY20)
+
+
+@pytest.mark.parametrize("raw, guess", [
+    (b'\xff\xfe{\x00"\x00}\x00\n', "UTF-16 or UTF-32"),
+    (b'{"timestamp": 0, "output_length": 1, "hash_ids": [1], "session_id": "caf\xe9"}\n',
+     "Latin-1 / Windows-1252"),
+])
+def test_a_trace_not_in_utf8_says_what_it_looks_like(tmp_path, raw, guess):
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(raw)
+    with pytest.raises(TraceError, match=rf"{p}:1: invalid JSON: .*{guess}.*save it as UTF-8"):
+        load_mooncake(p)
