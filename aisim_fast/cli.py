@@ -589,9 +589,11 @@ def run_replay(args) -> dict:
     check_out_dir(args.out, args.overwrite, probe=True)
     compile_notice(["trace", kernel_set(setup)])
     workload = _load_trace(setup)
+    _raise_pending_sigterm()
 
     compile_start_s = time.perf_counter()
     _warm_up(setup)
+    _raise_pending_sigterm()
     compile_ms = (time.perf_counter() - compile_start_s) * MS_PER_S
 
     record_passes = not args.no_passes
@@ -601,6 +603,7 @@ def run_replay(args) -> dict:
                         delay_s=PROGRESS_DELAY_S)
 
     def report(sim_ms: float, done: int, total: int) -> None:
+        _raise_pending_sigterm()
         rate = done / max(time.perf_counter() - run_start_s, 1e-9)
         progress.update(done, f"t={sim_ms / MS_PER_S:,.0f} s simulated, {rate:,.0f} requests/s")
 
@@ -643,14 +646,14 @@ def run_replay(args) -> dict:
     summary["kv_capacity"] = kv_capacity(setup)
     passes = None
     if record_passes:
-        passes = result.passes[0]
-        from aisim_fast import aic
-        evidence = aic.op_latency_evidence(setup, passes)
-        if evidence is not None:
-            summary["op_latency_evidence"] = evidence
-        if "rank" not in passes.columns:
-            # ForwardPassMetrics name the attention-DP rank; only dp_size 1 is simulated
-            passes.insert(passes.columns.get_loc("worker") + 1, "rank", 0)
+        if any(rank.aic is not None for _, rank in setup.pools):
+            from aisim_fast import aic
+            evidence = aic.op_latency_evidence(setup, result.passes[0])
+            if evidence is not None:
+                summary["op_latency_evidence"] = evidence
+        # the pass log as it was drained, part by part (a million-request run has tens
+        # of millions of passes: never one frame, never sorted in memory)
+        passes = _with_rank(result.pass_parts(0))
     events = {}
     if args.events:
         events.update(kv_events=result.kv_events[0], engine_events=result.engine_events[0])
@@ -660,10 +663,20 @@ def run_replay(args) -> dict:
         events["output_events"] = result.output_events[0]
     if setup.placement == "kv_router":
         events["routing"] = routing
+    _raise_pending_sigterm()
     written = write_run(args.out, requests, passes, summary, resolved, overwrite=args.overwrite,
                         events=events)
     return {"setup": setup, "summary": summary, "requests": requests, "written": written,
             "compile_ms": compile_ms}
+
+
+def _with_rank(parts):
+    """Pass-log parts with the attention-DP ``rank`` after ``worker`` (ForwardPassMetrics
+    name it; only dp_size 1 is simulated)."""
+    for part in parts:
+        if "rank" not in part.columns:
+            part.insert(part.columns.get_loc("worker") + 1, "rank", 0)
+        yield part
 
 
 def pressure_counts(setup: ReplaySetup, requests) -> dict:
@@ -781,10 +794,28 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+# a SIGTERM that came while llvmlite ran Python code from a native callback (loading
+# or compiling a kernel): raised there, the exception would be printed and lost, so it
+# is raised at the next check (_raise_pending_sigterm) instead
+_PENDING_SIGTERM = [False]
+
+
 def _on_sigterm(signum, frame):
     if output_module.COMMITTED[0] is not None or output_module.COMMITTING[0]:
         return  # the run folder is (being) written: finish, print the summary, exit 0
+    f = frame
+    while f is not None:
+        if "llvmlite" in f.f_code.co_filename:
+            _PENDING_SIGTERM[0] = True
+            return
+        f = f.f_back
     raise _Terminated()
+
+
+def _raise_pending_sigterm() -> None:
+    if _PENDING_SIGTERM[0]:
+        _PENDING_SIGTERM[0] = False
+        raise _Terminated()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -793,6 +824,7 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is not threading.main_thread():
         return _main(argv)
     output_module.COMMITTED[0] = None
+    _PENDING_SIGTERM[0] = False
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     shown = warnings.showwarning
     warnings.showwarning = _show_warning
@@ -843,7 +875,13 @@ def _main(argv: list[str] | None) -> int:
     except OSError as exc:  # e.g. the output folder's parent is not writable
         where = f" ({exc.filename})" if exc.filename else ""
         return _fail(f"{exc.strerror or exc}{where}")
-    except KeyboardInterrupt as exc:
+    except (KeyboardInterrupt, SystemError) as exc:
+        if isinstance(exc, SystemError):
+            # a native caller (a Numba dispatcher) that got the signal's exception from
+            # a Python callback reports it as a SystemError caused by it
+            if not isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
+                raise
+            exc = exc.__cause__ or exc.__context__
         code = EXIT_TERMINATED if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
         if args.command == "sweep":
             print(f"{PROG}: interrupted; every finished point is kept in {args.out}, "

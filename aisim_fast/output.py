@@ -3,7 +3,9 @@
 A run folder holds
 
 * ``requests.parquet`` -- one row per request, in request-id (uuid) order;
-* ``passes.parquet``   -- one row per forward pass (left out when passes were not recorded);
+* ``passes.parquet``   -- one row per forward pass (left out when passes were not recorded),
+  written part by part as the pass log was drained: a run split per worker has its
+  rows by worker, each in time order (sort by ``start_ms`` for one timeline);
 * ``summary.json``     -- the reference summary keys (``report.summarize``).
 
 Both parquet files carry the schema metadata keys ``aisim_fast.version`` and
@@ -325,12 +327,52 @@ def _config_json(resolved_config: dict) -> str:
     return json.dumps(_json_safe(resolved_config), sort_keys=True, allow_nan=False)
 
 
-def _write_parquet(frame: pd.DataFrame, path: Path, config_json: str) -> None:
-    table = pa.Table.from_pandas(frame, preserve_index=False)
+def _with_run_metadata(table: pa.Table, config_json: str) -> pa.Table:
     metadata = dict(table.schema.metadata or {})
     metadata[META_VERSION_KEY.encode()] = __version__.encode()
     metadata[META_CONFIG_KEY.encode()] = config_json.encode()
-    pq.write_table(table.replace_schema_metadata(metadata), path)
+    return table.replace_schema_metadata(metadata)
+
+
+# rows per row group when a table is written from parts
+ROW_GROUP_ROWS = 1 << 20
+
+
+def _write_parquet(frame, path: Path, config_json: str) -> None:
+    """A DataFrame, or an iterable of DataFrames with the same columns written as
+    consecutive row groups of about ROW_GROUP_ROWS rows (so a table too big to hold
+    twice is never joined in memory)."""
+    if isinstance(frame, pd.DataFrame):
+        pq.write_table(_with_run_metadata(pa.Table.from_pandas(frame, preserve_index=False),
+                                          config_json), path)
+        return
+    writer = None
+    pending: list[pd.DataFrame] = []
+    pending_rows = 0
+
+    def flush():
+        nonlocal writer, pending, pending_rows
+        table = pa.Table.from_pandas(pd.concat(pending, ignore_index=True) if len(pending) > 1
+                                     else pending[0], preserve_index=False)
+        if writer is None:
+            table = _with_run_metadata(table, config_json)
+            writer = pq.ParquetWriter(path, table.schema)
+        writer.write_table(table.replace_schema_metadata(writer.schema.metadata))
+        pending, pending_rows = [], 0
+
+    try:
+        for part in frame:
+            pending.append(part)
+            pending_rows += len(part)
+            if pending_rows >= ROW_GROUP_ROWS:
+                flush()
+        if pending or writer is None:
+            if not pending:
+                raise ValueError("a table written from parts needs at least one part")
+            flush()
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def _make_parents(path: Path, created: list[Path]) -> None:

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -107,6 +107,10 @@ class BatchResult:
     # one frame per simulation, one row per vLLM preemption or SGLang retraction
     # (record_pressure=True or record_events=True)
     pressure_events: Sequence[pd.DataFrame] = ()
+    # pass_parts(s): simulation s's passes as consecutive frames, never joined - the
+    # rows of ``passes[s]`` grouped by worker unit (a run split per worker: by worker,
+    # each in time order) and in drain order within one; for writing big runs
+    pass_parts: Callable[[int], Iterator[pd.DataFrame]] | None = None
 
     def check(self) -> "BatchResult":
         """Raise SimulationError for the first simulation that did not finish."""
@@ -943,6 +947,17 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         merged = pd.concat(frames, ignore_index=True)
         return merged.sort_values(["start_ms", "worker"], kind="stable", ignore_index=True)
 
+    def pass_parts(s):
+        failed(s)
+        for u in parts[s]:
+            run, i = res.sources[u]
+            w = owner[u][1]
+            for chunk in run.pass_chunks(i):
+                frame = _pass_frame([chunk])
+                if w >= 0:  # a worker unit of a split run: its worker in the simulation
+                    frame["worker"] = w
+                yield frame
+
     def handoffs(s):
         failed(s)
         if len(parts[s]) == 1 and owner[parts[s][0]][1] < 0:
@@ -977,7 +992,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
                        stat, hist, res.kernel_calls, end_ms, _LazyFrames(n_sims, handoffs),
                        leftovers, status, error, _LazyFrames(n_sims, kv_events),
                        _LazyFrames(n_sims, engine_events), _LazyFrames(n_sims, output_events),
-                       _LazyFrames(n_sims, routing), _LazyFrames(n_sims, pressure_events))
+                       _LazyFrames(n_sims, routing), _LazyFrames(n_sims, pressure_events), pass_parts)
 
 
 def _worker_shards(sim: Simulation):
@@ -1328,6 +1343,10 @@ class BatchRun:
 
     def passes(self, s: int) -> pd.DataFrame:
         return _pass_frame(self._pass_chunks[s])
+
+    def pass_chunks(self, s: int) -> list[np.ndarray]:
+        """Simulation s's drained pass-log rows (raw PL_* columns), in drain order."""
+        return self._pass_chunks[s]
 
     def handoffs(self, s: int) -> pd.DataFrame:
         st = self.state.st
