@@ -610,7 +610,7 @@ def run_replay(args) -> dict:
     try:
         result = run_batch([simulation], record_passes=record_passes, record_events=args.events,
                            record_outputs=args.output_events, progress=report,
-                           record_pressure=args.pressure_events).check()
+                           record_pressure=args.pressure_events, spill_passes=record_passes).check()
     finally:
         progress.close()
     # floored so the per-wall-second rates stay finite on a clock with coarse ticks

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import tempfile
 import time
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Sequence
@@ -815,7 +817,7 @@ def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
 def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
               record_passes: bool = True, record_handoffs: bool = False,
               record_events: bool = False, record_outputs: bool = False,
-              progress=None, record_pressure: bool = False) -> BatchResult:
+              progress=None, record_pressure: bool = False, spill_passes: bool = False) -> BatchResult:
     """Run every simulation to completion; ``status[s]`` / ``error[s]`` of the result say
     how each ended (a failed one does not affect the others). Raises only for
     programming errors.
@@ -838,7 +840,8 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     requests) after each slice of about ``PROGRESS_SLICE_S`` wall seconds: the batch
     then advances in virtual-time slices (``BatchRun.advance`` to growing horizons,
     exactly as one call), so the driver regains control, and Ctrl-C works, within
-    about a second even in a long run."""
+    about a second even in a long run. ``spill_passes``: the drained pass log waits in
+    a temporary file, not in memory, until ``passes`` / ``pass_parts`` read it."""
     n_sims = len(sims)
     status = [STATUS_OK] * n_sims
     error = [""] * n_sims
@@ -870,7 +873,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     logged = record_events or record_outputs or record_pressure
     res = _run_units_resized(units, pass_log_rows, record_passes, [s for s, _, _ in owner],
                              record_handoffs, DEFAULT_EVENT_ROWS if logged else 0,
-                             record_outputs, progress, log_kv=record_events)
+                             record_outputs, progress, log_kv=record_events, spill_passes=spill_passes)
     parts: list[list[int]] = [[] for _ in sims]
     for u, (s, _, _) in enumerate(owner):
         parts[s].append(u)
@@ -1055,13 +1058,13 @@ class _UnitResults:
 def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
                        sim_names: list[int], record_handoffs: bool,
                        event_rows: int = 0, log_outputs: bool = False, progress=None,
-                       log_kv: bool = True) -> _UnitResults:
+                       log_kv: bool = True, spill_passes: bool = False) -> _UnitResults:
     """``_run_units``, then the units that outgrew their block arena estimate or their
     queue sizing rerun alone with room for everything; their results replace the
     failed ones. A unit with a fixed ``queue_slots`` that overflowed keeps the
     ``capacity`` status."""
     res = _run_units(units, pass_log_rows, record_passes, sim_names, record_handoffs, event_rows,
-                     log_outputs, progress, log_kv)
+                     log_outputs, progress, log_kv, spill_passes)
     redo: list[int] = []
     more_event_rows = False
     fixed: list[Simulation] = []
@@ -1082,7 +1085,7 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
     # a rerun can need more room still (an arena, then more events): resize again
     again = _run_units_resized(fixed, pass_log_rows, record_passes, [sim_names[u] for u in redo],
                                record_handoffs, 4 * event_rows if more_event_rows else event_rows,
-                               log_outputs, progress, log_kv)
+                               log_outputs, progress, log_kv, spill_passes)
     where = {u: i for i, u in enumerate(redo)}
     for u, i in where.items():
         res.status[u] = again.status[i] if again.status[i] != "arena_full" else STATUS_CAPACITY
@@ -1109,14 +1112,14 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
 def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bool,
                sim_names: list[int], record_handoffs: bool = False,
                event_rows: int = 0, log_outputs: bool = False, progress=None,
-               log_kv: bool = True) -> _UnitResults:
+               log_kv: bool = True, spill_passes: bool = False) -> _UnitResults:
     """Run independent units in one batch, each until it ends (done or failed)."""
     if not sims:
         with _small_pages():
             stat, hist = sketch.token_stats_new(0)
         return _UnitResults([], [], [], [], [], [], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
     run = BatchRun(sims, pass_log_rows, record_passes, record_handoffs, event_rows, log_outputs,
-                   sim_names=sim_names, log_kv=log_kv)
+                   sim_names=sim_names, log_kv=log_kv, spill_passes=spill_passes)
     if progress is None:
         run.advance()
     else:
@@ -1159,7 +1162,8 @@ class BatchRun:
 
     def __init__(self, sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
                  record_passes: bool = True, record_handoffs: bool = False, event_rows: int = 0,
-                 log_outputs: bool = False, growable: bool = False, sim_names=None, log_kv: bool = True):
+                 log_outputs: bool = False, growable: bool = False, sim_names=None, log_kv: bool = True,
+                 spill_passes: bool = False):
         self.growable = growable
         self._fixed_queues = [sim.queue_slots is not None for sim in sims]
         if growable:
@@ -1185,6 +1189,11 @@ class BatchRun:
         self.state = KernelState(*build_state(self.sims, rows if record_passes else 0,
                                               record_handoffs, event_rows, log_outputs, log_kv))
         self._pass_chunks: list[list[np.ndarray]] = [[] for _ in sims]
+        # spill_passes: drained pass-log rows go to an unnamed temporary file (removed
+        # with it) instead of memory, indexed by (byte offset, rows) per simulation: a
+        # million-request run drains gigabytes of them
+        self._spill = tempfile.TemporaryFile() if spill_passes else None
+        self._spill_index: list[list[tuple[int, int]]] = [[] for _ in sims]
         self._event_chunks: list[list[np.ndarray]] = [[] for _ in sims]
         self._advanced = np.zeros(len(sims), bool)
         self.kernel_calls = 0
@@ -1234,7 +1243,12 @@ class BatchRun:
         st, pool, rq = self.state.st, self.state.pool, self.state.rq
         log_len = st.i64[:, L.SM_PASS_LOG_LEN]
         for s in np.flatnonzero(log_len):
-            self._pass_chunks[s].append(st.pass_log[s, :log_len[s]].copy())
+            if self._spill is None:
+                self._pass_chunks[s].append(st.pass_log[s, :log_len[s]].copy())
+            else:
+                self._spill.seek(0, os.SEEK_END)
+                self._spill_index[s].append((self._spill.tell(), int(log_len[s])))
+                self._spill.write(np.ascontiguousarray(st.pass_log[s, :log_len[s]]).tobytes())
             log_len[s] = 0
         if not self.event_rows:
             return
@@ -1342,11 +1356,20 @@ class BatchRun:
                               int(st.i64[s, L.SM_W_OFF]))
 
     def passes(self, s: int) -> pd.DataFrame:
-        return _pass_frame(self._pass_chunks[s])
+        return _pass_frame(list(self.pass_chunks(s)))
 
-    def pass_chunks(self, s: int) -> list[np.ndarray]:
-        """Simulation s's drained pass-log rows (raw PL_* columns), in drain order."""
-        return self._pass_chunks[s]
+    def pass_chunks(self, s: int) -> Iterator[np.ndarray]:
+        """Simulation s's drained pass-log rows (raw PL_* columns), in drain order (read
+        back one by one when they were spilled)."""
+        if self._spill is None:
+            yield from self._pass_chunks[s]
+            return
+        dtype = self.state.st.pass_log.dtype
+        width = self.state.st.pass_log.shape[2]
+        for offset, rows in self._spill_index[s]:
+            self._spill.seek(offset)
+            data = self._spill.read(rows * width * dtype.itemsize)
+            yield np.frombuffer(data, dtype).reshape(rows, width)
 
     def handoffs(self, s: int) -> pd.DataFrame:
         st = self.state.st

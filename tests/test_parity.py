@@ -261,6 +261,20 @@ def test_pass_log_flushes_are_transparent(case):
     _assert_same_result(case, got, solo(case))
 
 
+@pytest.mark.parametrize("case", ["sess200_vllm_agg2_conc6", "1k_vllm_agg2", "1k_vllm_disagg1p2d"])
+def test_spilled_pass_log_is_the_same_table(case):
+    """A pass log spilled to a temporary file as it drains (spill_passes, the CLI's
+    way) reads back as the same table, whole or part by part."""
+    res = run_batch([simulation(case)], pass_log_rows=7, spill_passes=True)
+    got = (res.requests[0], res.passes[0], res.token_stat[0], res.token_hist[0])
+    _assert_same_result(case, got, solo(case))
+    parts = list(res.pass_parts(0))
+    assert len(parts) > 1
+    joined = pd.concat(parts, ignore_index=True).sort_values(["start_ms", "worker"], kind="stable",
+                                                             ignore_index=True)
+    pd.testing.assert_frame_equal(joined, res.passes[0], check_exact=True)
+
+
 @pytest.mark.parametrize("case", ["tiny20_vllm_agg1", "1k_vllm_agg1_kvpressure",
                                   "sess200_vllm_agg2", "1k_vllm_disagg1p2d_bw"])
 def test_arena_size_does_not_change_results(case):
