@@ -951,15 +951,25 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         return merged.sort_values(["start_ms", "worker"], kind="stable", ignore_index=True)
 
     def pass_parts(s):
+        # raw drained chunks gathered into parts of about PASS_PART_ROWS rows: a frame
+        # per drained chunk would cost more in pandas than the rows themselves
         failed(s)
+        worker_col = L.PASS_LOG_COLUMNS.index("worker")
+        buffered, n_rows = [], 0
         for u in parts[s]:
             run, i = res.sources[u]
             w = owner[u][1]
             for chunk in run.pass_chunks(i):
-                frame = _pass_frame([chunk])
                 if w >= 0:  # a worker unit of a split run: its worker in the simulation
-                    frame["worker"] = w
-                yield frame
+                    chunk = chunk.copy()
+                    chunk[:, worker_col] = w
+                buffered.append(chunk)
+                n_rows += len(chunk)
+                if n_rows >= PASS_PART_ROWS:
+                    yield _pass_frame(buffered)
+                    buffered, n_rows = [], 0
+        if buffered or not parts[s]:
+            yield _pass_frame(buffered)
 
     def handoffs(s):
         failed(s)
@@ -1543,6 +1553,9 @@ class _LazyFrames(Sequence):
         if self._built[s] is None:
             self._built[s] = self._build(s)
         return self._built[s]
+
+
+PASS_PART_ROWS = 1 << 19  # rows of a pass_parts frame at least (but the last)
 
 
 def _pass_frame(chunks: list[np.ndarray]) -> pd.DataFrame:

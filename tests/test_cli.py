@@ -791,7 +791,9 @@ def test_passes_file_is_the_pass_log_written_in_parts(tmp_path, capsys, monkeypa
     the same file content."""
     import pyarrow.parquet as pq
     from aisim_fast.replay import run_batch, simulation_from_setup
+    import aisim_fast.replay as replay_module
     monkeypatch.setattr(output, "ROW_GROUP_ROWS", 50)
+    monkeypatch.setattr(replay_module, "PASS_PART_ROWS", 20)
     code, _, err = run_cli(_flags(tmp_path, "--workers", "3"), capsys)
     assert code == 0, err
     written = output.read_passes(tmp_path / "run")

@@ -262,9 +262,11 @@ def test_pass_log_flushes_are_transparent(case):
 
 
 @pytest.mark.parametrize("case", ["sess200_vllm_agg2_conc6", "1k_vllm_agg2", "1k_vllm_disagg1p2d"])
-def test_spilled_pass_log_is_the_same_table(case):
+def test_spilled_pass_log_is_the_same_table(case, monkeypatch):
     """A pass log spilled to a temporary file as it drains (spill_passes, the CLI's
     way) reads back as the same table, whole or part by part."""
+    import aisim_fast.replay as replay_module
+    monkeypatch.setattr(replay_module, "PASS_PART_ROWS", 100)
     res = run_batch([simulation(case)], pass_log_rows=7, spill_passes=True)
     got = (res.requests[0], res.passes[0], res.token_stat[0], res.token_hist[0])
     _assert_same_result(case, got, solo(case))
