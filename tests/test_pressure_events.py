@@ -175,3 +175,18 @@ def test_random_vllm_cases_preempt():
         res, _ = _kernel_and_oracle(rows, spec, test_oracle_parity._write_trace)
         preempting += res is not None and len(res.pressure_events[0]) > 0
     assert preempting >= 4
+
+
+@pytest.mark.parametrize("case", ["tiny35", "tiny40"])
+def test_decode_side_preemptions_of_disaggregated_runs(case):
+    """Disaggregated runs whose decode workers preempt (reference runs tiny35 and tiny40):
+    one event per preemption of the request records, on decode workers only, each a
+    vLLM preemption whose waiting count grows by one."""
+    sim = simulation(case)
+    res = run_batch([sim], record_pressure=True).check()
+    frame = res.pressure_events[0]
+    assert len(frame) == int(res.requests[0]["preemptions"].sum()) > 0
+    assert set(frame["kind"]) == {"vllm_preemption"}
+    assert frame["worker"].min() >= sim.prefill_workers  # prefill workers come first
+    assert (frame["waiting_after"] == frame["waiting_before"] + 1).all()
+    assert (frame["active_blocks_after"] <= frame["active_blocks_before"]).all()
