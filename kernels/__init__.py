@@ -55,7 +55,10 @@ _ANNOUNCED: set[str] = set()
 
 
 def _marker(part: str) -> Path:
-    return Path(numba.config.CACHE_DIR or _cache_dir()) / f"compiled-{part}"
+    # Numba keys its cache files by the source files' location too: a second checkout
+    # of the same sources compiles anew, so its marker must be its own
+    where = hashlib.sha256(str(_HERE.resolve()).encode()).hexdigest()[:12]
+    return Path(numba.config.CACHE_DIR or _cache_dir()) / f"compiled-{part}-{where}"
 
 
 def compile_notice(parts) -> None:

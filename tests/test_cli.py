@@ -571,6 +571,12 @@ def test_compile_notice_once_per_missing_kernel_set(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(kernels, "_ANNOUNCED", set())
     kernels.compile_notice(["disaggregated"])
     assert capsys.readouterr().err == ""
+    # another checkout of the same sources compiles anew (Numba keys its cache by the
+    # sources' location): the first one's marker does not silence its notice
+    monkeypatch.setattr(kernels, "_HERE", tmp_path / "another_checkout" / "kernels")
+    monkeypatch.setattr(kernels, "_ANNOUNCED", set())
+    kernels.compile_notice(["disaggregated"])
+    assert "compiling kernels for disaggregated replay" in capsys.readouterr().err
 
 
 def test_events_flag_writes_both_event_tables(tmp_path, capsys):
