@@ -723,6 +723,48 @@ def test_sigterm_during_a_replay_leaves_nothing_half_written(tmp_path):
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def test_sigkill_during_a_replay_leaves_out_absent_or_complete(tmp_path):
+    """SIGKILL (no handler can run) during the simulation at a few moments, and once in
+    the middle of writing (sent from inside the writer, after its first file): --out is
+    absent or a complete, readable run, and the staging folder the killed writer left
+    is removed by the next run that writes there."""
+    trace = str(Path(__file__).parent / "data" / "traces" / "mooncake_10k.jsonl")
+    for delay_s in (0.8, 1.2, 1.6):
+        out = tmp_path / f"run{delay_s}"
+        proc = subprocess.Popen([sys.executable, "-m", "aisim_fast", "replay", trace, "--backend", "vllm",
+                                 "--workers", "2", "--events", "--out", str(out), "--quiet"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay_s)
+        proc.kill()
+        proc.wait(timeout=60)
+        if out.exists():
+            assert output.read_requests(out).shape[0] == 10000
+            assert (out / "summary.json").exists() and (out / "kv_events.parquet").exists()
+    killed = tmp_path / "killed_while_writing"
+    script = f"""
+import os, signal, sys
+from aisim_fast import cli, output
+write = output._write_parquet
+def write_then_die(*args):
+    write(*args)
+    os.kill(os.getpid(), signal.SIGKILL)
+output._write_parquet = write_then_die
+sys.argv = ["aisim-fast", "replay", {str(TINY_TRACE)!r}, "--backend", "vllm", "--workers", "1",
+            "--out", {str(killed)!r}]
+cli.main()
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    assert not killed.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".killed_while_writing.partial-")]
+    # the next run to each folder clears the staging folders of the dead processes
+    for out in [killed, *(tmp_path / f"run{d}" for d in (0.8, 1.2, 1.6))]:
+        code = cli.main(["replay", str(TINY_TRACE), "--backend", "vllm", "--workers", "1", "--out",
+                         str(out), "--overwrite", "--quiet"])
+        assert code == 0 and output.read_requests(out).shape[0] == 20
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
 def test_sigterm_at_the_commit_completes_the_run(tmp_path):
     """A SIGTERM that lands while the run folder is renamed into place (sent from inside
     the rename, so it lands there every time): the run completes and exits 0; it is
