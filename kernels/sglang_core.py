@@ -616,7 +616,6 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             v = wk.run_q[off + idx]
             # the pressure event (layout: PREEMPTED, PRESSURE, PRESSURE_SGLANG rows);
             # active blocks are the pages in use, cached ones included
-            ps = r.w64[w, RW_PAGE_SIZE]
             logged = event_log_on(p)
             request_blocks = ceil_div(rq.i64[v, RQ_ALLOCATED], ps)
             logical_available = (rx.available_tokens(r, w) + r.w64[w, RW_EVICTABLE]) // ps

@@ -723,6 +723,28 @@ def test_sigterm_during_a_replay_leaves_nothing_half_written(tmp_path):
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def _replay_signalled_inside(function: str, sig: str, out: Path, after: str = ""):
+    """A tiny replay to ``out`` in a child process that sends itself ``sig`` from inside
+    ``output.<function>``, right after that function did its work (so the signal lands
+    there every time); ``after`` runs once the CLI returned. Returns the finished child."""
+    script = f"""
+import os, signal, sys
+from aisim_fast import cli, output
+original = output.{function}
+def then_signal(*args):
+    original(*args)
+    os.kill(os.getpid(), signal.{sig})
+    sum(range(100000))  # bytecode, where a Python handler runs
+output.{function} = then_signal
+sys.argv = ["aisim-fast", "replay", {str(TINY_TRACE)!r}, "--backend", "vllm", "--workers", "1",
+            "--out", {str(out)!r}]
+code = cli.main()
+{after}
+sys.exit(code)
+"""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)
+
+
 def test_sigkill_during_a_replay_leaves_out_absent_or_complete(tmp_path):
     """SIGKILL (no handler can run) during the simulation at a few moments, and once in
     the middle of writing (sent from inside the writer, after its first file): --out is
@@ -741,19 +763,7 @@ def test_sigkill_during_a_replay_leaves_out_absent_or_complete(tmp_path):
             assert output.read_requests(out).shape[0] == 10000
             assert (out / "summary.json").exists() and (out / "kv_events.parquet").exists()
     killed = tmp_path / "killed_while_writing"
-    script = f"""
-import os, signal, sys
-from aisim_fast import cli, output
-write = output._write_parquet
-def write_then_die(*args):
-    write(*args)
-    os.kill(os.getpid(), signal.SIGKILL)
-output._write_parquet = write_then_die
-sys.argv = ["aisim-fast", "replay", {str(TINY_TRACE)!r}, "--backend", "vllm", "--workers", "1",
-            "--out", {str(killed)!r}]
-cli.main()
-"""
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)
+    proc = _replay_signalled_inside("_write_parquet", "SIGKILL", killed)
     assert proc.returncode == -signal.SIGKILL
     assert not killed.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".killed_while_writing.partial-")]
@@ -772,22 +782,8 @@ def test_sigterm_at_the_commit_completes_the_run(tmp_path):
     process ignores SIGTERM: the interpreter's shutdown would otherwise reset the
     handler and a late signal would kill a process whose run is complete."""
     out = tmp_path / "run"
-    script = f"""
-import os, signal, sys
-from aisim_fast import cli, output
-rename = output._rename_into_place
-def rename_then_sigterm(*args):
-    rename(*args)
-    os.kill(os.getpid(), signal.SIGTERM)
-    sum(range(100000))  # bytecode, where a Python handler runs
-output._rename_into_place = rename_then_sigterm
-sys.argv = ["aisim-fast", "replay", {str(TINY_TRACE)!r}, "--backend", "vllm", "--workers", "1",
-            "--out", {str(out)!r}]
-code = cli.main()
-assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
-sys.exit(code)
-"""
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)
+    proc = _replay_signalled_inside("_rename_into_place", "SIGTERM", out,
+                                    after="assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN")
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     assert output.read_requests(out).shape[0] == 20
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
