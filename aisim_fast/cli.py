@@ -16,6 +16,7 @@ Two ways to describe a replay:
 
 Outputs: DIR/requests.parquet, DIR/passes.parquet, DIR/summary.json, and with --events
 DIR/kv_events.parquet, DIR/engine_events.parquet and DIR/pressure_events.parquet, with
+--kv-events (or emit_kv_events in the spec) DIR/kv_events.parquet, with
 --pressure-events DIR/pressure_events.parquet alone, with --output-events
 DIR/output_events.parquet (see output.py).
 Every user error (bad config, bad trace, refused output folder, a simulation that cannot
@@ -167,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "engine_events.parquet (admissions, preemptions, finishes) and "
                              "pressure_events.parquet (vLLM/TRT-LLM only: SGLang logs no KV "
                              "facts yet)")
+    replay.add_argument("--kv-events", action="store_true",
+                        help="also write kv_events.parquet: the KV events each worker emits "
+                             "(Stored / Removed, one row per block: event id, visibility time, "
+                             "block, parent and tokens hashes; the reference's event stream, "
+                             "vLLM/TRT-LLM); emit_kv_events: true in a spec's rank does the same")
     replay.add_argument("--pressure-events", action="store_true",
                         help="also write pressure_events.parquet: one row per vLLM preemption "
                              "or SGLang retraction (worker, request, running / waiting requests "
@@ -582,8 +588,11 @@ def run_replay(args) -> dict:
         setup, gpus_per_worker, source = _setup_from_spec(args)
     else:
         setup, gpus_per_worker, source = _setup_from_flags(args)
-    if args.events and setup.rank.backend == "sglang":
-        raise UsageError("--events: SGLang ranks log no KV Stored / Removed facts yet; "
+    ranks = [setup.rank] + ([setup.prefill_rank] if setup.prefill_rank is not None else [])
+    kv_events = args.kv_events or args.events or any(r.emit_kv_events for r in ranks)
+    if (args.events or args.kv_events) and setup.rank.backend == "sglang":
+        flag = "--events" if args.events else "--kv-events"
+        raise UsageError(f"{flag}: SGLang ranks log no KV Stored / Removed facts yet; "
                          "--pressure-events writes their retractions")
     # refuse a bad --out before spending time on the simulation (checked again at write)
     check_out_dir(args.out, args.overwrite, probe=True)
@@ -608,7 +617,7 @@ def run_replay(args) -> dict:
         progress.update(done, f"t={sim_ms / MS_PER_S:,.0f} s simulated, {rate:,.0f} requests/s")
 
     try:
-        result = run_batch([simulation], record_passes=record_passes, record_events=args.events,
+        result = run_batch([simulation], record_passes=record_passes, record_events=kv_events,
                            record_outputs=args.output_events, progress=report,
                            record_pressure=args.pressure_events, spill_passes=record_passes).check()
     finally:
@@ -632,6 +641,7 @@ def run_replay(args) -> dict:
         "gpus_per_worker": gpus_per_worker,
         "record_passes": record_passes,
         "record_events": args.events,
+        "record_kv_events": kv_events,
         "record_pressure": args.pressure_events,
         "record_outputs": args.output_events,
         **setup.to_json(),
@@ -655,8 +665,10 @@ def run_replay(args) -> dict:
         # of millions of passes: never one frame, never sorted in memory)
         passes = _with_rank(result.pass_parts(0))
     events = {}
+    if kv_events:
+        events["kv_events"] = result.kv_events[0]
     if args.events:
-        events.update(kv_events=result.kv_events[0], engine_events=result.engine_events[0])
+        events["engine_events"] = result.engine_events[0]
     if args.events or args.pressure_events:
         events["pressure_events"] = result.pressure_events[0]
     if args.output_events:

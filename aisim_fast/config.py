@@ -101,6 +101,10 @@ class RankConfig:
     sglang_schedule_conservativeness: float = 1.0
     # SGLang: passes without prefill after one that prefilled (a top-level rank field)
     prefill_decode_interval: int = 0
+    # KV events (vLLM / TRT-LLM): a replay writes them (kv_events.parquet), with each
+    # stored block's token ids too
+    emit_kv_events: bool = False
+    emit_kv_token_ids: bool = False
     # timing_model "aic" (the payload's external provider): its resolved config
     aic: Any = None                      # aisim_fast.aic.AicConfig
     num_gpu_blocks_estimated: bool = False  # num_gpu_blocks from the AIC memory model
@@ -133,8 +137,6 @@ class RankConfig:
 # Reference fields accepted only at their default (or absent): value = default.
 _UNSIMULATED = {
     "prefill_schedule_interval": 1,
-    "emit_kv_events": False,
-    "emit_kv_token_ids": False,
     "aic_nextn": None,
     "aic_nextn_accept_rates": None,
     "aic_mtp_seed": 42,
@@ -185,6 +187,11 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1) -> 
         out["max_model_len"] = _int(f"{path}.max_model_len", raw["max_model_len"], 1)
     out["enable_prefix_caching"] = _bool(
         f"{path}.enable_prefix_caching", raw.get("enable_prefix_caching", True))
+    for key in ("emit_kv_events", "emit_kv_token_ids"):
+        out[key] = _bool(f"{path}.{key}", raw.get(key, False))
+    if out["emit_kv_events"] and backend == "sglang":
+        _fail(f"{path}.emit_kv_events", "the KV events of SGLang's radix cache are not simulated yet "
+                                        "(vllm and trtllm emit them)")
     out["enable_chunked_prefill"] = _bool(
         f"{path}.enable_chunked_prefill", raw.get("enable_chunked_prefill", True))
     out["preemption_mode"] = _choice(

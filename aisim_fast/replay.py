@@ -27,8 +27,10 @@ from aisim_fast.kernels import sglang_radix, sketch
 from aisim_fast.report import sketch_merge_rows
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
 from aisim_fast.kernels.event_loop import replay_batch
-from aisim_fast.state_growth import KernelState, add_rows, append_workload_rows
-from aisim_fast.workload import Workload, concat_workloads, load_mooncake, select_rows
+from aisim_fast.kernels.kv_lease import kv_tokens_hashes
+from aisim_fast.kernels.output_plan import output_tokens_at
+from aisim_fast.state_growth import KernelState, add_rows, append_workload_rows, kernel_output_plan
+from aisim_fast.workload import Workload, concat_workloads, load_mooncake, select_rows, sequence_tokens
 
 try:
     from numpy._core.multiarray import _set_madvise_hugepage
@@ -410,6 +412,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
                 tables.append((sim.workload, key[1]))
                 n_rows += len(sim.workload.input_len)
     hash_indptr_parts, hash_id_parts, tbs_parts, phash_indptr_parts, phash_parts = [], [], [], [], []
+    plan_parts, authored_parts = [], []
+    authored_base = 0
     distinct_prompt_blocks: dict[tuple[int, int], int] = {}
     hash_base = 0
     phash_base = 0
@@ -430,12 +434,18 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         phash_parts.append(phash)
         hash_base += len(wl.hash_ids)
         phash_base += len(phash)
+        plan, authored = kernel_output_plan(wl, authored_base)
+        plan_parts.append(plan)
+        authored_parts.append(authored)
+        authored_base += len(authored)
     workload = L.Workload(
         hash_indptr=np.concatenate(hash_indptr_parts + [np.array([hash_base], np.int64)]),
         hash_ids=np.concatenate(hash_id_parts),
         trace_block_size=np.concatenate(tbs_parts),
         phash_indptr=np.concatenate(phash_indptr_parts + [np.array([phash_base], np.int64)]),
         phash=np.concatenate(phash_parts),
+        out_plan=np.concatenate(plan_parts),
+        out_authored=np.concatenate(authored_parts),
     )
 
     q_len = np.array([len(s.workload.input_len) for s in sims], np.int64)
@@ -1250,7 +1260,7 @@ class BatchRun:
         """Move the pass logs and engine event logs out of the kernel state. A request
         in an event is kept as its simulation's logical row (the one ``requests(s)``
         numbers): kernel rows move when the batch grows."""
-        st, pool, rq = self.state.st, self.state.pool, self.state.rq
+        st, pool = self.state.st, self.state.pool
         log_len = st.i64[:, L.SM_PASS_LOG_LEN]
         for s in np.flatnonzero(log_len):
             if self._spill is None:
@@ -1264,14 +1274,7 @@ class BatchRun:
             return
         event_len = pool.event_log[:, 0, L.EVH_LEN]
         for s in np.flatnonzero((event_len > 0) & (event_len <= self.event_rows)):
-            rows = pool.event_log[s, 1:1 + event_len[s]].copy()
-            # the kinds whose EV_A is a request row (not the pressure detail rows)
-            about_request = (rows[:, L.EV_KIND] >= L.EV_ADMITTED) & (rows[:, L.EV_KIND] <= L.EV_OUTPUT)
-            q = rows[about_request, L.EV_A]
-            q_off, n = st.i64[s, L.SM_Q_OFF], st.i64[s, L.SM_Q_LEN]
-            logical = np.where((q >= q_off) & (q < q_off + n), q, rq.i64[q, L.RQ_PEER])
-            rows[about_request, L.EV_A] = logical - q_off
-            self._event_chunks[s].append(rows)
+            self._event_chunks[s].append(drained_event_rows(self.state, s, event_len[s]))
             event_len[s] = 0
 
     def add_requests(self, s: int, workload: Workload) -> None:
@@ -1393,7 +1396,8 @@ class BatchRun:
                               st.rt_costs[s, :n, :self.sims[s].workers] if n else np.zeros((0, 0)))
 
     def kv_events(self, s: int) -> pd.DataFrame:
-        return _kv_event_frame(_event_rows(self._event_chunks[s]), int(self.state.st.i64[s, L.SM_W_OFF]))
+        return _kv_event_frame(self.sims[s], _event_rows(self._event_chunks[s]),
+                               int(self.state.st.i64[s, L.SM_W_OFF]))
 
     def engine_events(self, s: int) -> pd.DataFrame:
         return _engine_event_frame(self.sims[s], _event_rows(self._event_chunks[s]),
@@ -1409,6 +1413,28 @@ class BatchRun:
 
     def leftovers(self, s: int) -> dict:
         return _leftovers(self.state.pool, self.state.wk, self.state.st, s)
+
+
+def drained_event_rows(state: KernelState, s: int, n: int) -> np.ndarray:
+    """The first ``n`` rows of simulation s's engine event log, copied out as the
+    frames read them: a request is its simulation's logical row (the one
+    ``requests(s)`` numbers; kernel rows move when the batch grows), and a KV Stored
+    row gets its block's tokens-only hash."""
+    st, rq = state.st, state.rq
+    rows = state.pool.event_log[s, 1:1 + n].copy()
+    q_off, n_q = st.i64[s, L.SM_Q_OFF], st.i64[s, L.SM_Q_LEN]
+
+    def logical(q):
+        return np.where((q >= q_off) & (q < q_off + n_q), q, rq.i64[q, L.RQ_PEER]) - q_off
+
+    # the kinds whose EV_A is a request row (not the pressure detail rows)
+    about_request = (rows[:, L.EV_KIND] >= L.EV_ADMITTED) & (rows[:, L.EV_KIND] <= L.EV_OUTPUT)
+    rows[about_request, L.EV_A] = logical(rows[about_request, L.EV_A])
+    stored = rows[:, L.EV_KIND] == L.EV_KV_STORED
+    if stored.any():
+        kv_tokens_hashes(state.cfg, rq, state.wl, rows, np.empty(max(1, state.max_bs), np.uint32))
+        rows[stored, L.EV_REQUEST] = logical(rows[stored, L.EV_REQUEST])
+    return rows
 
 
 def _event_rows(chunks: list) -> np.ndarray:
@@ -1502,38 +1528,81 @@ def _pressure_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd
 def _output_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataFrame:
     """One simulation's output tokens (``record_outputs``), one row per token, in the
     order each worker emitted them: ``time_ms`` the pass end that emitted it,
-    ``token_index`` from 1, ``last`` its request's final token. A disaggregated
-    request's hidden prefill token is a row of its prefill worker."""
+    ``token_index`` from 1, ``token_id`` the token (the trace's authored id, else the
+    output plan's, as the reference emits), ``last`` its request's final token. A
+    disaggregated request's hidden prefill token is a row of its prefill worker."""
     rows = rows[rows[:, L.EV_KIND] == L.EV_OUTPUT]
     logical = rows[:, L.EV_A]
+    out_plan, authored = sim.workload.output_plan()
+    token_id = np.empty(len(rows), np.uint32)
+    output_tokens_at(out_plan, authored, np.ascontiguousarray(logical),
+                     np.ascontiguousarray(rows[:, L.EV_B] - 1), token_id)
     return pd.DataFrame({
         "worker": rows[:, L.EV_WORKER] - w_first,
         "time_ms": np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64),
         "request_id": sim.workload.request_name[logical],
         "turn_index": sim.workload.turn_index[logical].astype(np.int64),
         "token_index": rows[:, L.EV_B],
+        "token_id": token_id,
         "last": rows[:, L.EV_C] != 0,
     })
 
 
-def _kv_event_frame(rows: np.ndarray, w_first: int) -> pd.DataFrame:
-    """One simulation's KV events in the order they happened: ``event_id`` counts per
-    worker (rank-local, from 0), ``worker`` as in the pass log (prefill pool first),
-    ``block_hash`` / ``parent_hash`` the uint64 sequence hashes (no parent: <NA>)."""
+def _kv_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataFrame:
+    """One simulation's KV events as the reference emits them, one row per block, in
+    the order they happened. ``event_id`` numbers a worker's events (rank-local, from
+    0); the blocks of one event share it and ``position`` orders them. ``at_ms`` is
+    when the event becomes visible (its pass's end). ``parent_hash`` is the event's
+    (Stored: the block before its first one; <NA> at block 0 and for Removed) on each
+    of its rows; ``tokens_hash`` the block's tokens-only hash (Stored). With the rank's
+    ``emit_kv_token_ids``, ``token_ids`` lists each Stored block's tokens."""
     rows = rows[rows[:, L.EV_KIND] <= L.EV_KV_REMOVED]
-    times = np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64)
     worker = rows[:, L.EV_WORKER] - w_first
-    parent = pd.array(rows[:, L.EV_B].view(np.uint64), dtype="UInt64")
-    parent[rows[:, L.EV_C] == 0] = pd.NA
+    group = rows[:, L.EV_C]
+    first = group != L.KV_NEXT
+    index = np.arange(len(rows))
+    head = np.maximum.accumulate(np.where(first, index, 0)) if len(rows) else index
+    stored = rows[:, L.EV_KIND] == L.EV_KV_STORED
+    parent = pd.array(rows[head, L.EV_B].view(np.uint64), dtype="UInt64")
+    parent[group[head] != L.KV_FIRST_WITH_PARENT] = pd.NA
+    tokens_hash = pd.array(rows[:, L.EV_TOKENS_HASH].view(np.uint64), dtype="UInt64")
+    tokens_hash[~stored] = pd.NA
+    event_id = pd.Series(first.astype(np.int64)).groupby(worker).cumsum().to_numpy() - 1
     frame = pd.DataFrame({
         "worker": worker,
-        "time_ms": times,
+        "dp_rank": np.zeros(len(rows), np.int64),  # one attention-DP rank per worker
+        "event_id": event_id,
+        "at_ms": np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64),
         "kind": np.array(L.EV_KIND_NAMES, dtype=object)[rows[:, L.EV_KIND]],
+        "position": index - head,
         "block_hash": rows[:, L.EV_A].view(np.uint64),
         "parent_hash": parent,
+        "tokens_hash": tokens_hash,
     })
-    frame.insert(0, "event_id", frame.groupby("worker").cumcount().astype(np.int64))
+    if _kv_token_ids_wanted(sim):
+        frame["token_ids"] = _kv_block_tokens(sim, rows, worker, stored)
     return frame
+
+
+def _kv_token_ids_wanted(sim: Simulation) -> bool:
+    ranks = [sim.rank] + ([sim.prefill_rank] if sim.disaggregated else [])
+    return any(r.emit_kv_token_ids for r in ranks)
+
+
+def _kv_block_tokens(sim: Simulation, rows: np.ndarray, worker: np.ndarray, stored: np.ndarray):
+    """The tokens of each Stored row's block (None for Removed rows and for workers
+    whose rank does not emit token ids)."""
+    n_prefill = sim.prefill_workers if sim.disaggregated else 0
+    out = [None] * len(rows)
+    for r in np.flatnonzero(stored):
+        rank = sim.prefill_rank if worker[r] < n_prefill else sim.rank
+        if rank.emit_kv_token_ids:
+            bs = rank.block_size
+            out[r] = sequence_tokens(sim.workload, int(rows[r, L.EV_REQUEST]),
+                                     int(rows[r, L.EV_BLOCK]) * bs, bs)
+    column = np.empty(len(rows), dtype=object)  # uint32 arrays: Parquet list<uint32>
+    column[:] = out
+    return column
 
 
 class _LazyFrames(Sequence):

@@ -39,6 +39,14 @@ class KernelState:
     max_bs: int      # largest block size
 
 
+def kernel_output_plan(workload, authored_base: int) -> tuple[np.ndarray, np.ndarray]:
+    """The output plan of ``workload``'s rows as a table of the kernel workload takes it:
+    (``out_plan`` rows, authored ids to append) when the table's authored ids start at
+    ``authored_base`` of ``out_authored``."""
+    plan, authored = workload.output_plan()
+    return np.where(plan < 0, plan - authored_base, plan), authored
+
+
 def append_workload_rows(state: KernelState, workload, block_sizes) -> dict:
     """Append the trace rows of ``workload`` once per engine block size (prompt tokens
     and prompt block hashes); returns {(id(workload), block size): first table row}."""
@@ -46,7 +54,7 @@ def append_workload_rows(state: KernelState, workload, block_sizes) -> dict:
     rows = {}
     parts = dict(hash_indptr=[wl.hash_indptr[:-1]], hash_ids=[wl.hash_ids],
                  trace_block_size=[wl.trace_block_size], phash_indptr=[wl.phash_indptr[:-1]],
-                 phash=[wl.phash])
+                 phash=[wl.phash], out_plan=[wl.out_plan], out_authored=[wl.out_authored])
     n_rows = len(wl.trace_block_size)
     hash_end = int(wl.hash_indptr[-1])
     phash_end = int(wl.phash_indptr[-1])
@@ -62,6 +70,9 @@ def append_workload_rows(state: KernelState, workload, block_sizes) -> dict:
         parts["trace_block_size"].append(np.full(len(input_len), workload.trace_block_size, np.int64))
         parts["phash_indptr"].append(indptr[:-1] + phash_end)
         parts["phash"].append(phash)
+        plan, authored = kernel_output_plan(workload, sum(len(a) for a in parts["out_authored"]))
+        parts["out_plan"].append(plan)
+        parts["out_authored"].append(authored)
         n_rows += len(input_len)
         hash_end += len(workload.hash_ids)
         phash_end += len(phash)

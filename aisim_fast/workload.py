@@ -37,6 +37,7 @@ __all__ = [
     "TraceError",
     "Workload",
     "concat_workloads",
+    "sequence_tokens",
     "default_trace_path",
     "load_default_trace",
     "load_mooncake",
@@ -141,6 +142,15 @@ class Workload(NamedTuple):
     # int64[q], the row's optional integer "worker" (a recorded routing decision), -1
     # where absent; None when no row has one
     worker: np.ndarray | None = None
+    # the rows' authored output_token_ids, concatenated in row order (uint32), and
+    # int64[q] the start of each row's ids there, -1 for a row without (its tokens are
+    # the output plan's); None when no row has any
+    authored_tokens: np.ndarray | None = None
+    authored_start: np.ndarray | None = None
+    # int64[q] the plan of every row as ``output_plan`` gives it, kept by a workload cut
+    # from another (``select_rows``): its rows emit the tokens they emit in the whole
+    # trace. None: computed from the rows.
+    out_plan: np.ndarray | None = None
 
     @property
     def num_requests(self) -> int:
@@ -149,6 +159,25 @@ class Workload(NamedTuple):
     @property
     def num_sessions(self) -> int:
         return int(self.order.shape[0])
+
+    def output_plan(self) -> tuple[np.ndarray, np.ndarray]:
+        """(int64[q], uint32[nnz]) the output token ids of every row, as the kernels
+        read them (``kernels.output_plan.output_token_ids``): row q's first token is
+        word ``out_plan[q]`` of the workload's plan stream, or for ``out_plan[q] < 0``
+        authored id ``-1 - out_plan[q]`` of the second array. The stream is the
+        reference's: rows draw session-major, authored rows draw nothing."""
+        from aisim_fast.kernels.output_plan import plan_offsets
+
+        if self.out_plan is not None:
+            return self.out_plan, (np.zeros(0, np.uint32) if self.authored_tokens is None
+                                   else self.authored_tokens)
+        authored = np.zeros(self.num_requests, bool) if self.authored_start is None \
+            else self.authored_start >= 0
+        out_plan = plan_offsets(self.session, self.output_len, authored)
+        if self.authored_start is None:
+            return out_plan, np.zeros(0, np.uint32)
+        out_plan[authored] = -1 - self.authored_start[authored]
+        return out_plan, self.authored_tokens
 
 
 class _RowError(Exception):
@@ -343,6 +372,8 @@ def load_mooncake(
     hash_counts: list[int] = []
     flat_hashes: list[int] = []
     workers: list[int] = []
+    authored_start: list[int] = []
+    authored_tokens: list[int] = []
 
     session_of: dict[str, int] = {}
     session_turns: list[int] = []  # turns seen so far, per session
@@ -470,6 +501,12 @@ def load_mooncake(
         hash_counts.append(len(hashes))
         flat_hashes.extend(hashes)
         workers.append(worker)
+        ids = obj.get("output_token_ids")
+        if ids is None:
+            authored_start.append(-1)
+        else:
+            authored_start.append(len(authored_tokens))
+            authored_tokens.extend(ids)
 
     if not line_nos:
         raise TraceError(path_str, None, "no requests (the file is empty or has only blank lines)")
@@ -516,6 +553,9 @@ def load_mooncake(
         hash_ids=_intern(flat_hashes),
         order=order,
         worker=np.array(workers, np.int64) if any(w >= 0 for w in workers) else None,
+        **({} if all(a < 0 for a in authored_start) else dict(
+            authored_tokens=np.array(authored_tokens, np.uint32),
+            authored_start=np.array(authored_start, np.int64))),
     )
 
 
@@ -601,7 +641,9 @@ def select_rows(w: Workload, rows) -> Workload:
     take = np.concatenate([np.arange(w.hash_indptr[r], w.hash_indptr[r + 1]) for r in rows]) \
         if len(rows) else np.zeros(0, np.int64)
     start_ms = w.start_ms[rows]
+    out_plan, authored_tokens = w.output_plan()
     return w._replace(
+        out_plan=out_plan[rows], authored_tokens=authored_tokens, authored_start=None,
         line_no=w.line_no[rows], request_name=w.request_name[rows],
         session=session.astype(w.session.dtype), turn_index=turn, start_ms=start_ms,
         delay_ms=w.delay_ms[rows], input_len=w.input_len[rows], output_len=w.output_len[rows],
@@ -619,7 +661,11 @@ def concat_workloads(a: Workload, b: Workload) -> Workload:
     n_sessions = int(a.session.max(initial=-1)) + 1
     turn = np.concatenate([a.turn_index, b.turn_index])
     start_ms = np.concatenate([a.start_ms, b.start_ms])
+    plan_a, authored_a = a.output_plan()
+    plan_b, authored_b = b.output_plan()
     return a._replace(
+        out_plan=np.concatenate([plan_a, np.where(plan_b < 0, plan_b - len(authored_a), plan_b)]),
+        authored_tokens=np.concatenate([authored_a, authored_b]), authored_start=None,
         line_no=np.concatenate([a.line_no, b.line_no]),
         request_name=np.concatenate([a.request_name, b.request_name]),
         session=np.concatenate([a.session, b.session + n_sessions]).astype(a.session.dtype),
@@ -647,6 +693,22 @@ def prompt_tokens(w: Workload, q: int) -> np.ndarray:
     lo = int(w.hash_indptr[q])
     n_blocks = -(-n_tokens // block)
     return np.repeat(w.hash_ids[lo : lo + n_blocks], block)[:n_tokens]
+
+
+def sequence_tokens(w: Workload, q: int, start: int, n: int) -> np.ndarray:
+    """Tokens ``start`` .. ``start + n - 1`` of row ``q``'s sequence (uint32[n]): its
+    prompt (``prompt_tokens``), then its output token ids (authored, or its slice of
+    the output plan)."""
+    from aisim_fast.kernels.output_plan import output_token_ids
+
+    out = np.empty(n, np.uint32)
+    prompt = prompt_tokens(w, q)
+    k = max(0, min(n, len(prompt) - start))
+    out[:k] = prompt[start:start + k]
+    if k < n:
+        out_plan, authored = w.output_plan()
+        output_token_ids(out_plan, authored, q, start + k - len(prompt), n - k, out, k)
+    return out
 
 
 def default_trace_path() -> Path:

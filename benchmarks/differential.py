@@ -11,12 +11,17 @@ kept as a golden (payload, trace, reference CSV, both outcomes) under ``--keep``
 
     python benchmarks/differential.py --ref-python /tmp/refvenv/bin/python --cases 300 \\
         --keep tests/data/differential
+
+With ``--kv-artifacts`` every case is one aggregated vLLM / TRT-LLM worker (the only
+shape the reference's per-token artifacts cover) and its KV event stream and output
+token ids are compared too, exactly (``tests/kv_artifacts.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import random
 import shutil
@@ -29,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from kv_artifacts import kv_event_rows, reference_kv_events, reference_tokens, token_rows  # noqa: E402
 from parity_rules import as_key_part, row_differences, same_stop  # noqa: E402
 
 from aisim_fast.config import parse_payload  # noqa: E402
@@ -139,6 +145,9 @@ def main() -> int:
     p.add_argument("--ref-timeout", type=float, default=120.0, help="seconds per reference run")
     p.add_argument("--sglang-fraction", type=float, default=0.0,
                    help="share of aggregated SGLang configurations (0 keeps earlier seeds' draws)")
+    p.add_argument("--kv-artifacts", action="store_true",
+                   help="one aggregated vLLM/TRT-LLM worker per case; compare KV events and "
+                        "output token ids with the reference's artifacts too")
     args = p.parse_args()
     tally = Counter()
     kinds = Counter()
@@ -149,7 +158,11 @@ def main() -> int:
             case.mkdir()
             trace = case / "trace.jsonl"
             random_trace(rng, trace)
-            cfg = random_config(rng, args.disagg_fraction, args.sglang_fraction)
+            cfg = random_config(rng, 0.0 if args.kv_artifacts else args.disagg_fraction,
+                                0.0 if args.kv_artifacts else args.sglang_fraction)
+            if args.kv_artifacts:
+                cfg[cfg.index("--workers") + 1] = "1"
+                cfg += ["--artifacts", str(case / "ref.artifacts.json")]
             kind = ("disagg" if "--prefill-workers" in cfg else "agg") + "/" + cfg[1]
             kinds[kind] += 1
             try:
@@ -175,7 +188,10 @@ def main() -> int:
                 outcome = f"refused: {exc}"
                 ok = False
             else:
-                res = run_batch([simulation_from_setup(setup)])
+                sim = simulation_from_setup(setup)
+                if args.kv_artifacts:
+                    sim = dataclasses.replace(sim, rank=dataclasses.replace(sim.rank, emit_kv_events=True))
+                res = run_batch([sim], record_events=args.kv_artifacts, record_outputs=args.kv_artifacts)
                 if res.status[0] != "ok" or ref_failed:
                     ok = res.status[0] != "ok" and ref_failed and same_stop(ref.stderr, res.error[0])
                     outcome = f"aisim_fast {res.status[0]} ({res.error[0]}); reference " \
@@ -186,6 +202,13 @@ def main() -> int:
                     bad = compare(gold, res.requests[0])
                     if len(gold) != len(res.requests[0]):  # kept as a divergence, not a crash
                         bad.insert(0, ("rows", f"reference {len(gold)}, aisim_fast {len(res.requests[0])}"))
+                    if args.kv_artifacts and not bad:
+                        artifacts = json.loads((case / "ref.artifacts.json").read_text())
+                        if kv_event_rows(res.kv_events[0]) != reference_kv_events(artifacts):
+                            bad.append(("kv_events", len(res.kv_events[0]), len(artifacts["kv_events"])))
+                        if token_rows(res.output_events[0], sim.workload) != \
+                                reference_tokens(artifacts, sim.workload):
+                            bad.append(("output token ids",))
                     ok = not bad
                     outcome = "match" if ok else f"{len(bad)} differences, first {bad[:3]}"
                     tally["match" if ok else "divergent"] += 1

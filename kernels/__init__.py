@@ -12,6 +12,8 @@ prints one line on stderr naming the kernel sets that are not in the cache yet
 a marker file in the cache folder.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import sys
@@ -71,6 +73,32 @@ def compile_notice(parts) -> None:
         seconds = sum(COMPILE_PARTS[p][1] for p in missing)
         print(f"aisim-fast: compiling kernels for {what} (first run only, about {seconds} s)",
               file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def cache_lock():
+    """Hold the kernel cache folder's lock (exclusive, across processes) while a kernel
+    compiles or loads. Numba names a function's cached versions by their number in its
+    index: two processes compiling different versions of one function at once (two
+    kernel sets share the event-loop closures) both write version 1, and a later run
+    loads the wrong code for one of them. An unlockable folder goes unlocked."""
+    try:
+        fh = open(Path(numba.config.CACHE_DIR or _cache_dir()) / "compile.lock", "a")
+    except OSError:
+        yield
+        return
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        try:
+            yield
+        finally:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+            except OSError:
+                pass
 
 
 def mark_compiled(part: str) -> None:

@@ -22,7 +22,8 @@ import numpy as np
 from numba import njit
 
 from .layout import (
-    EVH_CLOCK_BITS, EVH_KV, EVH_LEN, EVH_OUTPUTS, EV_A, EV_B, EV_C, EV_KIND, EV_KV_REMOVED, EV_TIME_BITS, EV_WORKER,
+    EVH_CLOCK_BITS, EVH_KV, EVH_LEN, EVH_OUTPUTS, EV_A, EV_B, EV_BLOCK, EV_C, EV_KIND, EV_KV_REMOVED,
+    EV_KV_STORED, EV_REQUEST, EV_TIME_BITS, EV_TOKENS_HASH, EV_WORKER, KV_FIRST, KV_NEXT,
     NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN,
     PB_PREV, PB_PUB_PASS, PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN,
     PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED, PW_PASS_NUM, PW_SIM, PW_TAB_MASK, PW_TAB_OFF,
@@ -218,6 +219,9 @@ def note_event_at(p, w, kind, a, b, c, time_bits):
         row[EV_B] = b
         row[EV_C] = c
         row[EV_TIME_BITS] = time_bits
+        row[EV_TOKENS_HASH] = 0
+        row[EV_REQUEST] = 0
+        row[EV_BLOCK] = 0
 
 
 @njit(cache=True, _nrt=False)
@@ -228,9 +232,35 @@ def note_event(p, w, kind, a, b, c):
 
 
 @njit(cache=True, _nrt=False)
-def _evict_head(p, w):
+def note_kv_stored(p, w, block_hash, parent_hash, group, tokens_hash, q, i):
+    """A KV_STORED row (layout): block i of request q became visible on worker w;
+    ``group`` is KV_FIRST / KV_FIRST_WITH_PARENT / KV_NEXT."""
+    s = p.w64[w, PW_SIM]
+    n = p.event_log[s, 0, EVH_LEN]
+    note_event(p, w, EV_KV_STORED, block_hash, parent_hash, group)
+    if n + 1 < p.event_log.shape[1]:
+        row = p.event_log[s, n + 1]
+        row[EV_TOKENS_HASH] = tokens_hash
+        row[EV_REQUEST] = q
+        row[EV_BLOCK] = i
+
+
+@njit(cache=True, _nrt=False)
+def kv_events_visible_at(p, s, first_row, t_ms):
+    """The KV rows of simulation s logged since ``first_row`` (a value of its log length)
+    become visible at ``t_ms``: the end of the pass that logged them."""
+    n = min(p.event_log[s, 0, EVH_LEN], p.event_log.shape[1] - 1)
+    bits = np.float64(t_ms).view(np.int64)
+    for r in range(first_row + 1, n + 1):
+        if p.event_log[s, r, EV_KIND] <= EV_KV_REMOVED:
+            p.event_log[s, r, EV_TIME_BITS] = bits
+
+
+@njit(cache=True, _nrt=False)
+def _evict_head(p, w, group):
     """Evict the LRU head. Returns True if it was the last copy of its hash
-    (the reference reports a ``Removed`` event only then)."""
+    (the reference reports a ``Removed`` event only then; ``group``: the row's
+    KV_FIRST / KV_NEXT)."""
     b = p.w64[w, PW_LRU_HEAD]
     _lru_unlink(p, w, b)
     h = p.blk_hash[b]
@@ -256,7 +286,7 @@ def _evict_head(p, w):
     p.w64[w, PW_NUM_COPIES] -= 1
     _give_slot(p, w, b)
     if last_copy and kv_events_logged(p, w):
-        note_event(p, w, EV_KV_REMOVED, np.int64(h), np.int64(0), np.int64(0))
+        note_event(p, w, EV_KV_REMOVED, np.int64(h), np.int64(0), group)
     return last_copy
 
 
@@ -328,8 +358,10 @@ def reserve(p, w, capacity, hits, n_hits, n_fresh, out_fresh):
         if p.b32[b, PB_REF] == 0 and p.b32[b, PB_PIN] == 0:
             _lru_unlink(p, w, b)
         p.b32[b, PB_REF] += 1
+    group = np.int64(KV_FIRST)  # a reservation's evictions are one Removed event
     for _ in range(needed_evictions):
-        _evict_head(p, w)
+        if _evict_head(p, w, group):
+            group = np.int64(KV_NEXT)
     for i in range(n_fresh):
         b = _take_slot(p, w)
         if b == NO_BLOCK:

@@ -23,9 +23,9 @@ ending by then.
 import numpy as np
 from numba import njit
 
-from .block_pool import event_log_on, event_set_clock, num_free
+from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, num_free
 from .layout import (
-    CFG_BLOCK_SIZE,
+    CFG_BLOCK_SIZE, EVH_LEN,
     CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
     CFG_ROLE, PW_LRU_LEN, PW_PASS_NUM, ROLE_AGGREGATED, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS,
     RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PROMPT_LEN,
@@ -122,6 +122,7 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
         dc_ns = decode_ns(cfg, w, n, kv_tokens, total_kv_tokens)
         if dc_ns <= 0:
             break  # a zero-length pass completes inside the drive: leave it to run_pass
+        first_event = np.int64(-1)  # the step's first KV row, when it schedules requests
         if pass_k == next_event:
             # requests leaving the fast path in this pass take the full schedule
             # step, in running order. A lease that must grow takes one fresh block
@@ -140,6 +141,8 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
                     break
             stamp = (wk.i64[w, WK_PASS_STAMP] + pass_k) * 65536 + (w % 65536) + 1
             next_event = k_last + 1
+            if event_log_on(p):
+                first_event = p.event_log[s, 0, EVH_LEN]
             for j in range(n):
                 q = wk.run_q[off + j]
                 base_computed = rq_i[q, RQ_NUM_COMPUTED]
@@ -153,6 +156,8 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
                 next_event = min(next_event, rq_i[q, RQ_FAST_LIMIT] - base_computed + 1)
         # the pass's prefill part is empty: start + 0 ms, then the decode batch
         end_ms = (start_ms + 0.0) + ns_to_ms(dc_ns)
+        if first_event >= 0:
+            kv_events_visible_at(p, s, first_event, end_ms)  # this step's KV events: at its end
         fold_gap_run(sims.token_stat, sims.token_hist, s, end_ms - start_ms, n)
         if log_on:
             # a decode pass: n decode requests, n tokens, nothing else

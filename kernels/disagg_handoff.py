@@ -244,10 +244,12 @@ def _activate(cfg, p, rq, wk, w, q):
     visible_before = 0
     published = 0
     if cfg.i64[w, CFG_PREFIX_CACHING] != 0:
+        continues = False  # consecutive blocks made visible are one Stored event
         for i in range(rq.i64[q, RQ_RESERVED_HITS], rq.i64[q, RQ_NUM_HASHED]):
             if table_find(p, w, rq.seq_hash[k0 + i]) != NO_BLOCK:
                 visible_before += 1
-            if publish_block(p, rq, w, q, i, rq.lease[k0 + i]):
+            continues = publish_block(p, rq, w, q, i, rq.lease[k0 + i], continues)
+            if continues:
                 published += 1
     rq.i64[q, RQ_ALLOCATED] = prompt
     rq.i64[q, RQ_NUM_COMPUTED] = prompt

@@ -36,8 +36,8 @@ import numba
 import numpy as np
 from numba import njit
 
-from . import compile_notice, mark_compiled
-from .block_pool import event_log_on, event_set_clock, outputs_logged
+from . import cache_lock, compile_notice, mark_compiled
+from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, outputs_logged
 from .arrivals import admit_arrivals, arrivals_due, complete_pass, next_release_ms
 from .backends import decode_run, run_pass, sglang_run_pass
 from .decode_run import quiet_until_ms
@@ -149,11 +149,14 @@ def _event_loop(disaggregated, sglang=False):
                                 busy_push(wk, sims, s, w)  # a decode run ends after now
                                 changed = True
                                 break
+                        first_event = p.event_log[s, 0, EVH_LEN] if events_on else 0
                         end_ms, had_effect, arena_full = pass_kernel(
                             cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
                         if arena_full:
                             sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                             return
+                        if events_on:
+                            kv_events_visible_at(p, s, first_event, end_ms)  # at the pass end
                         wk.i64[w, WK_BUSY] = 1
                         wk.pass_end_ms[w] = end_ms
                         if end_ms != now_ms:
@@ -316,6 +319,13 @@ def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_
         jobs.extend((entry, order[c::n_chunks]) for c in range(n_chunks))
     horizon_ms = float(horizon_ms)
     compile_notice(parts)
+    for entry, ids in jobs:
+        # compile (or load) each version first, under the cache lock; then run unlocked
+        sig = tuple(numba.typeof(a) for a in (cfg, p, rq, wl, wk, sims, ids, horizon_ms,
+                                               max_lease_blocks, max_block_size))
+        if sig not in entry.overloads:
+            with cache_lock():
+                entry.compile(sig)
     if n_threads == 1 or len(jobs) == 1:
         for entry, ids in jobs:
             entry(cfg, p, rq, wl, wk, sims, ids, horizon_ms, max_lease_blocks, max_block_size)

@@ -3,20 +3,22 @@ lookup, growth, release, and the identities of blocks as they complete
 (``cache/vllm_block_pool.rs`` and the lease handling of ``scheduler/vllm/core.rs``).
 
 Prompt tokens are the interned trace hash ids of their trace block; generated
-tokens are the reference's synthetic output tokens, so block hashes match the
-reference's XXH3 sequence hashes.
+tokens are the replay's output plan (``output_plan``), so block hashes, generated
+blocks included, are the reference's XXH3 sequence hashes.
 """
 
 import numpy as np
 from numba import njit
 
-from .block_pool import cache_copy, kv_events_logged, note_event, release_ref, reserve, table_find
+from .block_pool import cache_copy, kv_events_logged, note_kv_stored, release_ref, reserve, table_find
 from .request_state import ceil_div, seq_len
-from .xxh3 import hash_chain, synthetic_output_token, xxh3_64_u32_seed1337
+from .output_plan import output_token_ids
+from .xxh3 import hash_chain, xxh3_64_u32_seed1337
 from .layout import (
-    CFG_BLOCK_SIZE, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_ROLE, EV_KV_STORED, NO_BLOCK,
+    CFG_BLOCK_SIZE, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_ROLE, EV_BLOCK, EV_KIND, EV_KV_STORED,
+    EV_REQUEST, EV_TOKENS_HASH, EV_WORKER, KV_FIRST, KV_FIRST_WITH_PARENT, KV_NEXT, NO_BLOCK,
     PB_CACHED, PB_PIN, PB_REF, ROLE_DECODE, RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_LEASE_OFF,
-    RQ_NUM_HASHED, RQ_PROMPT_LEN, RQ_REPUBLISHED, RQ_SRC_ROW, RQ_UUID,
+    RQ_NUM_HASHED, RQ_PROMPT_LEN, RQ_REPUBLISHED, RQ_SRC_ROW,
 )
 
 
@@ -35,7 +37,7 @@ def local_block_hash(rq, wl, q, i, bs, scratch_tokens):
 
     Tokens: prompt positions hold the interned trace hash id of their trace block
     (filled run by run, a trace block is many engine tokens); generated positions
-    hold the reference's synthetic output token of (request uuid, ordinal)."""
+    hold the row's output token ids (its output plan, as the reference's replay)."""
     prompt = rq.i64[q, RQ_PROMPT_LEN]
     pos = i * bs
     end = pos + bs
@@ -51,11 +53,9 @@ def local_block_hash(rq, wl, q, i, bs, scratch_tokens):
                 scratch_tokens[j] = token
                 j += 1
                 pos += 1
-    uuid = np.uint64(rq.i64[q, RQ_UUID])
-    while pos < end:
-        scratch_tokens[j] = synthetic_output_token(np.uint64(0), uuid, np.uint64(pos - prompt))
-        j += 1
-        pos += 1
+    if pos < end:
+        output_token_ids(wl.out_plan, wl.out_authored, rq.i64[q, RQ_SRC_ROW], pos - prompt, end - pos,
+                         scratch_tokens, j)
     return xxh3_64_u32_seed1337(scratch_tokens, 0, bs)
 
 
@@ -129,30 +129,45 @@ def finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens):
         return
     bs = cfg.i64[w, CFG_BLOCK_SIZE]
     k0 = rq.i64[q, RQ_LEASE_OFF]
+    continues = False  # the block before became visible here too: same Stored event
     for i in range(before // bs, after // bs):
         if i >= rq.i64[q, RQ_NUM_HASHED]:
             rq.seq_hash[k0 + i] = hash_block(rq, wl, q, i, bs, scratch_tokens)
             rq.i64[q, RQ_NUM_HASHED] = i + 1
         b = rq.lease[k0 + i]
-        if p.b32[b, PB_CACHED] == 0:
-            if publish_block(p, rq, w, q, i, b) and cfg.i64[w, CFG_ROLE] == ROLE_DECODE \
-                    and i < rq.i64[q, RQ_PROMPT_LEN] // bs:
+        if p.b32[b, PB_CACHED] == 0 and publish_block(p, rq, w, q, i, b, continues):
+            continues = True
+            if cfg.i64[w, CFG_ROLE] == ROLE_DECODE and i < rq.i64[q, RQ_PROMPT_LEN] // bs:
                 rq.i64[q, RQ_REPUBLISHED] += 1
+        else:
+            continues = False
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def publish_block(p, rq, w, q, i, b):
+def publish_block(p, rq, w, q, i, b, continues):
     """Make q's private copy ``b`` of its block i visible under the block's hash;
-    True (and a KV Stored event, with the parent block's hash) when the hash was not
-    visible on the worker before."""
+    True (and a KV Stored row) when the hash was not visible on the worker before.
+    ``continues``: block i-1 became visible in the same step, so the row joins its
+    event; else it starts one, with block i-1's hash as the parent."""
     k0 = rq.i64[q, RQ_LEASE_OFF]
     if not cache_copy(p, w, b, rq.seq_hash[k0 + i]):
         return False
     if not kv_events_logged(p, w):
         return True
-    if i > 0:
-        note_event(p, w, EV_KV_STORED, np.int64(rq.seq_hash[k0 + i]), np.int64(rq.seq_hash[k0 + i - 1]),
-                   np.int64(1))
-    else:
-        note_event(p, w, EV_KV_STORED, np.int64(rq.seq_hash[k0 + i]), np.int64(0), np.int64(0))
+    parent = np.int64(rq.seq_hash[k0 + i - 1]) if i > 0 else np.int64(0)
+    group = KV_NEXT if continues else (KV_FIRST_WITH_PARENT if i > 0 else KV_FIRST)
+    # the tokens-only hash is filled in when the log is drained (kv_tokens_hashes)
+    note_kv_stored(p, w, np.int64(rq.seq_hash[k0 + i]), parent, np.int64(group), np.int64(0), q,
+                   np.int64(i))
     return True
+
+
+@njit(cache=True, _nrt=False)
+def kv_tokens_hashes(cfg, rq, wl, rows, scratch_tokens):
+    """Fill EV_TOKENS_HASH of the KV Stored rows of a drained event log: the
+    tokens-only hash of block EV_BLOCK of request EV_REQUEST (a kernel row)."""
+    for r in range(rows.shape[0]):
+        if rows[r, EV_KIND] == EV_KV_STORED:
+            bs = cfg.i64[rows[r, EV_WORKER], CFG_BLOCK_SIZE]
+            rows[r, EV_TOKENS_HASH] = np.int64(local_block_hash(
+                rq, wl, rows[r, EV_REQUEST], rows[r, EV_BLOCK], bs, scratch_tokens))

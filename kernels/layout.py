@@ -479,8 +479,8 @@ class RankConfig(NamedTuple):
 # bundle, and its size shows.
 #
 #   kind            EV_A                EV_B                    EV_C
-#   KV_STORED       block hash          parent block hash       1 = has a parent
-#   KV_REMOVED      block hash          -                       -
+#   KV_STORED       block hash          parent block hash       KV_FIRST / KV_FIRST_WITH_PARENT / KV_NEXT
+#   KV_REMOVED      block hash          -                       KV_FIRST / KV_NEXT
 #   ADMITTED        request row         cached prompt tokens    admissions so far
 #   PREEMPTED       request row         running before          active blocks before
 #   FINISHED        request row         TERM_* (0 = source held) tokens generated
@@ -497,7 +497,16 @@ class RankConfig(NamedTuple):
 #
 # KV_STORED: a block hash became visible on a worker (its first resident copy was
 # published); KV_REMOVED: the last resident copy of a hash was evicted - the facts the
-# reference reports as KV events. OUTPUT (opt-in on top, header EVH_OUTPUTS): one
+# reference reports as KV events, one row per block. EV_C groups the rows into the
+# reference's events: KV_NEXT continues the event of the row before (Stored:
+# consecutive blocks of one request that became visible in one step; Removed: the
+# evictions of one reservation), KV_FIRST starts one (Stored: at block 0, no parent),
+# KV_FIRST_WITH_PARENT starts a Stored event whose parent is EV_B. A Stored row also
+# holds the block's tokens-only hash (EV_TOKENS_HASH), its request (EV_REQUEST, a
+# kernel row) and block index (EV_BLOCK); other kinds leave those 0. The time of a KV
+# row is when the reference makes it visible: the end of the pass that caused it, or
+# of the pass in flight on its worker when a handoff command caused it, else the
+# command's time. OUTPUT (opt-in on top, header EVH_OUTPUTS): one
 # row per emitted token at its pass end (the time the outside world sees it; the
 # other kinds carry the pass start), so the log is time-ordered per worker only.
 EV_KV_STORED = 0
@@ -510,8 +519,9 @@ EV_PRESSURE = 6
 EV_PRESSURE_SGLANG = 7
 EV_KIND_NAMES = ("stored", "removed", "admitted", "preempted", "finished", "output", "pressure",
                  "pressure_sglang")
-(EV_KIND, EV_WORKER, EV_A, EV_B, EV_C, EV_TIME_BITS) = range(6)
-EV_NUM_COLUMNS = 6
+(EV_KIND, EV_WORKER, EV_A, EV_B, EV_C, EV_TIME_BITS, EV_TOKENS_HASH, EV_REQUEST, EV_BLOCK) = range(9)
+EV_NUM_COLUMNS = 9
+(KV_FIRST, KV_FIRST_WITH_PARENT, KV_NEXT) = range(3)  # EV_C of KV rows
 EVH_LEN = 0            # header row: events so far
 EVH_CLOCK_BITS = 1     # header row: time of the events now (float64 bits)
 EVH_OUTPUTS = 2        # header row: 1 = log every output token too (EV_OUTPUT)
@@ -604,12 +614,17 @@ class Requests(NamedTuple):
 
 class Workload(NamedTuple):
     """Trace rows shared by all simulations: prompt tokens as CSR of interned
-    hash ids, and prompt block hashes for the engine block size of the row."""
+    hash ids, prompt block hashes for the engine block size of the row, and where
+    its output token ids come from."""
     hash_indptr: np.ndarray       # int64[row+1]
     hash_ids: np.ndarray          # uint32[nnz] interned trace hash ids
     trace_block_size: np.ndarray  # int64[row]
     phash_indptr: np.ndarray      # int64[row+1]
     phash: np.ndarray             # uint64[nnz]
+    # the output token ids of each row (kernels.output_plan.output_token_ids): >= 0 the
+    # plan stream word of its first token, < 0 its authored ids at out_authored[-1 - x]
+    out_plan: np.ndarray          # int64[row]
+    out_authored: np.ndarray      # uint32[nnz]
 
 
 _NO_RT_KEY = np.zeros(0, np.uint64)

@@ -33,6 +33,7 @@ from aisim_fast.replay import (
     STATUS_CAPACITY, STATUS_DEAD_END, STATUS_OK, STATUS_REJECTED_CONFIG, Simulation,
     BatchRun, SimulationError, build_state, run_batch, simulation_from_setup,
 )
+from aisim_fast.state_growth import KernelState
 from aisim_fast.workload import select_rows
 from test_properties import (
     SETTINGS, Case, _examples, cases, check_case_against_oracle, frames_of, make_spec,
@@ -394,6 +395,7 @@ def _kv_run(sims, n_event_rows):
     """Run to completion with a KV event log; (state, per-simulation event frames)."""
     state = build_state(sims, 0, event_rows=n_event_rows)
     cfg, pool, rq, wl, wk, st_, max_lease, max_bs = state
+    kernel_state = KernelState(*state)
     ids = np.arange(len(sims), dtype=np.int64)
     chunks = [[] for _ in sims]
     while True:
@@ -401,11 +403,11 @@ def _kv_run(sims, n_event_rows):
         for s in range(len(sims)):
             n = pool.event_log[s, 0, L.EVH_LEN]
             if 0 < n <= n_event_rows:
-                chunks[s].append(pool.event_log[s, 1:1 + n].copy())
+                chunks[s].append(replay_module.drained_event_rows(kernel_state, s, n))
                 pool.event_log[s, 0, L.EVH_LEN] = 0
         if not np.any(st_.i64[:, L.SM_STATUS] == L.SIM_NEED_FLUSH):
             break
-    frames = [replay_module._kv_event_frame(replay_module._event_rows(chunks[s]),
+    frames = [replay_module._kv_event_frame(sims[s], replay_module._event_rows(chunks[s]),
                                             int(st_.i64[s, L.SM_W_OFF]))
               for s in range(len(sims))]
     return state, frames
@@ -431,9 +433,16 @@ def test_kv_events_account_for_every_visible_hash(case):
     for w, hashes in table.items():
         assert visible.get(w, set()) == hashes, f"worker {w}"
     events = frames[0]
-    assert np.all(np.diff(events["time_ms"].to_numpy()) >= 0) or len(events) < 2
+    for _, mine in events.groupby("worker"):
+        # a worker's events are visible in event order, numbered from 0, blocks by position
+        assert np.all(np.diff(mine["at_ms"].to_numpy()) >= 0)
+        ids = mine["event_id"].to_numpy()
+        assert ids[0] == 0 and np.all(np.diff(ids) >= 0) and np.all(np.diff(ids) <= 1)
+        np.testing.assert_array_equal(mine["position"].to_numpy(),
+                                      mine.groupby("event_id").cumcount().to_numpy())
     stored = events[events["kind"] == "stored"]
-    assert stored["parent_hash"].isna().sum() <= len(stored)
+    # every Stored block carries its tokens-only hash (filled when the log is drained)
+    assert (stored["tokens_hash"].notna()).all()
 
 
 def test_kv_events_through_run_batch(monkeypatch):

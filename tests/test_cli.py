@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 import aisim_fast
@@ -554,6 +555,26 @@ def test_warmup_compiles_and_reports(capsys):
     assert out.startswith("aggregated") and "ready" in out
 
 
+def test_cache_lock_is_exclusive_across_processes(tmp_path, monkeypatch):
+    """Kernels compile under the cache folder's lock: a process that holds it keeps
+    another from taking it until it lets go (two processes compiling versions of one
+    kernel at once corrupt Numba's cache index)."""
+    from aisim_fast import kernels
+
+    monkeypatch.setattr(kernels.numba.config, "CACHE_DIR", str(tmp_path))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time\n"
+         f"fh = open({str(tmp_path / 'compile.lock')!r}, 'a')\n"
+         "fcntl.flock(fh, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(1.0)\n"],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    start_s = time.perf_counter()
+    with kernels.cache_lock():
+        waited_s = time.perf_counter() - start_s  # until the holder's exit released it
+    holder.wait()
+    assert waited_s > 0.5
+
+
 def test_compile_notice_once_per_missing_kernel_set(tmp_path, capsys, monkeypatch):
     """One stderr line naming the kernel sets a cache does not hold, before compiling;
     nothing once they are marked compiled (or already announced)."""
@@ -596,6 +617,42 @@ def test_events_flag_writes_both_event_tables(tmp_path, capsys):
     assert json.loads((run / "summary.json").read_text())["aisim_fast.config"]["record_events"] is True
     code, _, err = run_cli(_flags(tmp_path, "--overwrite"), capsys)
     assert code == 0, err
+
+
+def test_kv_events_flag_and_spec_field_write_the_kv_event_stream(tmp_path, capsys):
+    """--kv-events writes kv_events.parquet alone (no engine events), as the reference's
+    stream: one row per block, events numbered per worker, Removed events of a tight
+    pool. ``emit_kv_events: true`` in a spec's rank does the same, and
+    ``emit_kv_token_ids`` adds each Stored block's tokens (list<uint32>)."""
+    folder = Path(__file__).parent / "data" / "kv_events" / "kvp16"
+    argv = ["replay", "--spec", folder / "spec.json", "--out", tmp_path / "run", "--no-passes"]
+    code, out, err = run_cli([*argv, "--kv-events"], capsys)
+    assert code == 0, err
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.iterdir()) == ["kv_events.parquet", "requests.parquet",
+                                                     "summary.json"]
+    kv = pd.read_parquet(run / "kv_events.parquet")
+    assert list(kv.columns) == ["worker", "dp_rank", "event_id", "at_ms", "kind", "position",
+                                "block_hash", "parent_hash", "tokens_hash"]
+    assert kv.groupby("kind")["event_id"].nunique().to_dict() == {"removed": 171, "stored": 190}
+    spec = json.loads((folder / "spec.json").read_text())
+    spec["traffic"]["trace_path"] = str(folder / "trace.jsonl")
+    spec["spec"]["engine"]["rank"].update(emit_kv_events=True, emit_kv_token_ids=True)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    code, _, err = run_cli(["replay", "--spec", tmp_path / "spec.json", "--out", tmp_path / "run2",
+                            "--no-passes"], capsys)
+    assert code == 0, err
+    with_ids = pd.read_parquet(tmp_path / "run2" / "kv_events.parquet")
+    pd.testing.assert_frame_equal(with_ids.drop(columns="token_ids"), kv)
+    assert str(pq.read_schema(tmp_path / "run2" / "kv_events.parquet").field("token_ids").type) \
+        == "list<element: uint32>"
+    stored = with_ids[with_ids["kind"] == "stored"]
+    assert all(len(ids) == 16 for ids in stored["token_ids"])
+    spec["spec"]["engine"]["rank"].update(backend="sglang", block_size=1, emit_kv_token_ids=False)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    code, _, err = run_cli(["replay", "--spec", tmp_path / "spec.json", "--out", tmp_path / "run3"],
+                           capsys)
+    assert_user_error(code, err, "emit_kv_events", "SGLang")
 
 
 def test_pressure_events_flag_writes_every_retraction(tmp_path, capsys):
@@ -833,7 +890,6 @@ def test_passes_file_is_the_pass_log_written_in_parts(tmp_path, capsys, monkeypa
     never one frame): a run split per worker has its rows grouped by worker, each in
     time order, and the same rows as the in-memory pass table; tiny row groups give
     the same file content."""
-    import pyarrow.parquet as pq
     from aisim_fast.replay import run_batch, simulation_from_setup
     import aisim_fast.replay as replay_module
     monkeypatch.setattr(output, "ROW_GROUP_ROWS", 50)

@@ -693,13 +693,13 @@ def test_pool_duplicate_copies_and_last_copy_eviction():
         release_ref(pool, 0, np.int32(blk))
     ok(pool, cap)
     assert lru(pool) == [b, a, c]
-    assert not _evict_head(pool, 0)           # b: a duplicate, hash still resident
+    assert not _evict_head(pool, 0, np.int64(L.KV_FIRST))           # b: a duplicate, hash still resident
     assert table_find(pool, 0, u64(42)) == a and pool.b32[a, L.PB_DUP] == c
     ok(pool, cap)
-    assert not _evict_head(pool, 0)           # a: the primary, c is promoted
+    assert not _evict_head(pool, 0, np.int64(L.KV_FIRST))           # a: the primary, c is promoted
     assert table_find(pool, 0, u64(42)) == c
     ok(pool, cap)
-    assert _evict_head(pool, 0)               # c: the last copy
+    assert _evict_head(pool, 0, np.int64(L.KV_FIRST))               # c: the last copy
     assert table_find(pool, 0, u64(42)) == L.NO_BLOCK
     ok(pool, cap)
     assert pool.w64[0, L.PW_NUM_COPIES] == 0 and num_free(pool, 0, cap) == cap
@@ -719,7 +719,7 @@ def test_pool_table_deletion_keeps_probe_clusters():
         release_ref(pool, 0, np.int32(b))
     for i in range(len(hashes)):
         evicted = lru(pool)[0]
-        assert _evict_head(pool, 0)
+        assert _evict_head(pool, 0, np.int64(L.KV_FIRST))
         ok(pool, cap)
         for b, h in zip(blocks[i + 1:], hashes[i + 1:]):
             assert table_find(pool, 0, u64(h)) == b
