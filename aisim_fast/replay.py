@@ -16,12 +16,13 @@ import time
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Sequence
 
+import numba
 import numpy as np
 import pandas as pd
 
 from aisim_fast.config import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, RouterConfig, check_disaggregated_pair,
                                check_rank)
-from aisim_fast.kernels import compile_notice
+from aisim_fast.kernels import cache_lock, compile_notice, mark_compiled
 from aisim_fast.kernels import layout as L
 from aisim_fast.kernels import sglang_radix, sketch
 from aisim_fast.report import sketch_merge_rows
@@ -1202,12 +1203,14 @@ class BatchRun:
         self.sim_names = list(range(len(sims))) if sim_names is None else list(sim_names)
         self.event_rows = event_rows
         # before build_state, whose prompt hashing compiles too
-        compile_notice(sorted({kernel_set(sim) for sim in sims}))
+        compile_notice(sorted({kernel_set(sim) for sim in sims}) + (["events"] if event_rows else []))
         # the pass log is a buffer the driver drains whenever it fills: a batch of many
         # simulations (or worker units) shares one budget instead of 64k rows each
         rows = min(pass_log_rows, max(MIN_PASS_LOG_ROWS, PASS_LOG_BUDGET_ROWS // max(1, len(sims))))
         self.state = KernelState(*build_state(self.sims, rows if record_passes else 0,
                                               record_handoffs, event_rows, log_outputs, log_kv))
+        if event_rows:
+            _compile_event_kernels(self.state)
         self._pass_chunks: list[list[np.ndarray]] = [[] for _ in sims]
         # spill_passes: drained pass-log rows go to an unnamed temporary file (removed
         # with it) instead of memory, indexed by (byte offset, rows) per simulation: a
@@ -1413,6 +1416,19 @@ class BatchRun:
 
     def leftovers(self, s: int) -> dict:
         return _leftovers(self.state.pool, self.state.wk, self.state.st, s)
+
+
+def _compile_event_kernels(state: KernelState) -> None:
+    """Compile (or load) the kernels that turn event logs into tables before the run,
+    under the cache lock, so that their first compile is announced (kernel set
+    "events") rather than a silent pause when the tables are built."""
+    uint32_1d = numba.typeof(np.zeros(1, np.uint32))
+    int64_1d = numba.typeof(np.zeros(1, np.int64))
+    with cache_lock():
+        kv_tokens_hashes.compile((numba.typeof(state.cfg), numba.typeof(state.rq), numba.typeof(state.wl),
+                                  numba.typeof(np.zeros((1, L.EV_NUM_COLUMNS), np.int64)), uint32_1d))
+        output_tokens_at.compile((int64_1d, uint32_1d, int64_1d, int64_1d, uint32_1d))
+    mark_compiled("events")
 
 
 def drained_event_rows(state: KernelState, s: int, n: int) -> np.ndarray:
