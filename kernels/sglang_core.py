@@ -22,7 +22,7 @@ from numba import njit
 from . import sglang_radix as rx
 from .block_pool import event_log_on, note_event, outputs_logged
 from .kv_lease import local_block_hash
-from .xxh3 import synthetic_output_token
+from .output_plan import output_token_ids
 from .pass_log import append_pass_row
 from .rank_queues import push_terminal, run_push_back, run_remove_at, wait_at, wait_push_back, \
     wait_push_front, wait_remove_at
@@ -38,7 +38,7 @@ from .layout import (
     RQF_FIRST_ADMIT_MS, RQF_TERMINAL_MS,
     RQ_ADMISSIONS, RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FIRST_CACHED, RQ_GENERATED,
     RQ_LEASE_OFF, RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PREEMPTIONS,
-    RQ_PROMPT_LEN, RQ_SRC_ROW, RQ_UUID, RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
+    RQ_PROMPT_LEN, RQ_SRC_ROW, RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
     RS_DONE, RS_PREEMPTED, RS_RUNNING, RW_EVICTABLE, RW_INSERT_SHARED, RW_PAGES_USED, RW_PAGE_SIZE, SM_PASS_LOG_LEN,
     TERM_COMPLETED, TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
     WK_RUN_OFF, WK_SG_RATIO_BITS, WK_TERM_HEAD, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
@@ -70,16 +70,14 @@ def _set_ratio(wk, w, x):
     wk.i64[w, WK_SG_RATIO_BITS] = np.float64(x).view(np.int64)
 
 
-GENERATED_KEY = np.uint64(1) << np.uint64(32)  # keeps generated tokens apart from prompt ids
-
 
 @njit(cache=True, _nrt=False)
 def _ensure_keys(rq, wl, q, n_pages, ps, scratch_tokens):
     """Page keys of q's first n_pages pages, computed once (kept across retraction).
 
     A page's key is its content: with one-token pages the token itself (a prompt
-    token is its trace block's interned id, a generated one the synthetic output
-    token, tagged), else the tokens-only hash of the page. The tree's edges hold
+    token is its trace block's interned id, a generated one the row's output token
+    id), else the tokens-only hash of the page. The tree's edges hold
     keys in path order, so content keys match exactly the prefixes tokens would."""
     k0 = rq.i64[q, RQ_LEASE_OFF]
     i = rq.i64[q, RQ_NUM_HASHED]
@@ -101,11 +99,18 @@ def _ensure_keys(rq, wl, q, n_pages, ps, scratch_tokens):
                 rq.seq_hash[t] = key
             i = stop
             block += 1
-        uuid = np.uint64(rq.i64[q, RQ_UUID])
-        while i < n_pages:
-            rq.seq_hash[k0 + i] = GENERATED_KEY | synthetic_output_token(
-                np.uint64(0), uuid, np.uint64(i - prompt))
-            i += 1
+        if i < n_pages:
+            # generated tokens: the row's output token ids, filled up to the end of the
+            # plan block (16 words) that holds the last one asked for, so that a decode
+            # step computes a block per 16 tokens, not one per token (the lease holds
+            # every token the request may generate)
+            off = wl.out_plan[row]
+            end = n_pages
+            if off >= 0:
+                end = max(n_pages, min(prompt + rq.i64[q, RQ_MAX_OUTPUT],
+                                       n_pages + 15 - (off + n_pages - 1 - prompt) % 16))
+            output_token_ids(wl.out_plan, wl.out_authored, row, i - prompt, end - i, rq.seq_hash, k0 + i)
+            n_pages = end
     else:
         while i < n_pages:
             rq.seq_hash[k0 + i] = local_block_hash(rq, wl, q, i, ps, scratch_tokens)
