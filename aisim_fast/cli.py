@@ -588,8 +588,7 @@ def run_replay(args) -> dict:
         setup, gpus_per_worker, source = _setup_from_spec(args)
     else:
         setup, gpus_per_worker, source = _setup_from_flags(args)
-    ranks = [setup.rank] + ([setup.prefill_rank] if setup.prefill_rank is not None else [])
-    kv_events = args.kv_events or args.events or any(r.emit_kv_events for r in ranks)
+    kv_events = args.kv_events or args.events or any(rank.emit_kv_events for _, rank in setup.pools)
     if (args.events or args.kv_events) and setup.rank.backend == "sglang":
         flag = "--events" if args.events else "--kv-events"
         raise UsageError(f"{flag}: SGLang ranks log no KV Stored / Removed facts yet; "

@@ -142,15 +142,14 @@ class Workload(NamedTuple):
     # int64[q], the row's optional integer "worker" (a recorded routing decision), -1
     # where absent; None when no row has one
     worker: np.ndarray | None = None
-    # the rows' authored output_token_ids, concatenated in row order (uint32), and
-    # int64[q] the start of each row's ids there, -1 for a row without (its tokens are
-    # the output plan's); None when no row has any
-    authored_tokens: np.ndarray | None = None
-    authored_start: np.ndarray | None = None
-    # int64[q] the plan of every row as ``output_plan`` gives it, kept by a workload cut
-    # from another (``select_rows``): its rows emit the tokens they emit in the whole
-    # trace. None: computed from the rows.
+    # where each row's output token ids come from, as ``output_plan`` returns them: the
+    # loaders set it once; a workload cut from another (``select_rows``) keeps its rows'
+    # entries, so they emit the tokens they emit in the whole trace. None: every row
+    # draws from the plan stream (computed from the rows).
     out_plan: np.ndarray | None = None
+    # the rows' authored output_token_ids, concatenated in row order (uint32); None
+    # when no row has any
+    authored_tokens: np.ndarray | None = None
 
     @property
     def num_requests(self) -> int:
@@ -166,18 +165,23 @@ class Workload(NamedTuple):
         word ``out_plan[q]`` of the workload's plan stream, or for ``out_plan[q] < 0``
         authored id ``-1 - out_plan[q]`` of the second array. The stream is the
         reference's: rows draw session-major, authored rows draw nothing."""
-        from aisim_fast.kernels.output_plan import plan_offsets
-
+        authored = np.zeros(0, np.uint32) if self.authored_tokens is None else self.authored_tokens
         if self.out_plan is not None:
-            return self.out_plan, (np.zeros(0, np.uint32) if self.authored_tokens is None
-                                   else self.authored_tokens)
-        authored = np.zeros(self.num_requests, bool) if self.authored_start is None \
-            else self.authored_start >= 0
-        out_plan = plan_offsets(self.session, self.output_len, authored)
-        if self.authored_start is None:
-            return out_plan, np.zeros(0, np.uint32)
-        out_plan[authored] = -1 - self.authored_start[authored]
-        return out_plan, self.authored_tokens
+            return self.out_plan, authored
+        return _plan(self.session, self.output_len, None), authored
+
+
+def _plan(session: np.ndarray, output_len: np.ndarray, authored_start) -> np.ndarray:
+    """``Workload.out_plan`` of rows whose authored ids start at ``authored_start[q]``
+    (-1: none; None: no row has any)."""
+    from aisim_fast.kernels.output_plan import plan_offsets
+
+    if authored_start is None:
+        return plan_offsets(session, output_len, np.zeros(len(session), bool))
+    authored = authored_start >= 0
+    out_plan = plan_offsets(session, output_len, authored)
+    out_plan[authored] = -1 - authored_start[authored]
+    return out_plan
 
 
 class _RowError(Exception):
@@ -553,9 +557,9 @@ def load_mooncake(
         hash_ids=_intern(flat_hashes),
         order=order,
         worker=np.array(workers, np.int64) if any(w >= 0 for w in workers) else None,
-        **({} if all(a < 0 for a in authored_start) else dict(
-            authored_tokens=np.array(authored_tokens, np.uint32),
-            authored_start=np.array(authored_start, np.int64))),
+        out_plan=_plan(session, np.array(output_lens, dtype=np.int64),
+                       None if not authored_tokens else np.array(authored_start, np.int64)),
+        authored_tokens=np.array(authored_tokens, np.uint32) if authored_tokens else None,
     )
 
 
@@ -597,6 +601,7 @@ def _load_simple(path_str: str, block: int, ratio: float, max_rows: int | None,
         line_no=line_no,
         request_name=request_name,
         session=np.arange(n, dtype=np.int32),
+        out_plan=_plan(np.arange(n, dtype=np.int32), output_len, None),
         turn_index=np.zeros(n, dtype=np.int32),
         start_ms=start_ms,
         delay_ms=np.zeros(n, dtype=np.float64),
@@ -643,7 +648,7 @@ def select_rows(w: Workload, rows) -> Workload:
     start_ms = w.start_ms[rows]
     out_plan, authored_tokens = w.output_plan()
     return w._replace(
-        out_plan=out_plan[rows], authored_tokens=authored_tokens, authored_start=None,
+        out_plan=out_plan[rows], authored_tokens=authored_tokens,
         line_no=w.line_no[rows], request_name=w.request_name[rows],
         session=session.astype(w.session.dtype), turn_index=turn, start_ms=start_ms,
         delay_ms=w.delay_ms[rows], input_len=w.input_len[rows], output_len=w.output_len[rows],
@@ -665,7 +670,7 @@ def concat_workloads(a: Workload, b: Workload) -> Workload:
     plan_b, authored_b = b.output_plan()
     return a._replace(
         out_plan=np.concatenate([plan_a, np.where(plan_b < 0, plan_b - len(authored_a), plan_b)]),
-        authored_tokens=np.concatenate([authored_a, authored_b]), authored_start=None,
+        authored_tokens=np.concatenate([authored_a, authored_b]),
         line_no=np.concatenate([a.line_no, b.line_no]),
         request_name=np.concatenate([a.request_name, b.request_name]),
         session=np.concatenate([a.session, b.session + n_sessions]).astype(a.session.dtype),

@@ -291,6 +291,9 @@ def _executor(n_threads: int) -> ThreadPoolExecutor:
     return pool
 
 
+_CHECKED: set = set()  # (batch entry, ids contiguous) compiled or loaded in this process
+
+
 def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_size,
                  horizon_ms=np.inf):
     """Advance the simulations ``sim_ids`` (see the entries above), each with the entry
@@ -320,12 +323,18 @@ def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_
     horizon_ms = float(horizon_ms)
     compile_notice(parts)
     for entry, ids in jobs:
-        # compile (or load) each version first, under the cache lock; then run unlocked
-        sig = tuple(numba.typeof(a) for a in (cfg, p, rq, wl, wk, sims, ids, horizon_ms,
-                                               max_lease_blocks, max_block_size))
-        if sig not in entry.overloads:
-            with cache_lock():
-                entry.compile(sig)
+        # compile (or load) each version first, under the cache lock; then run unlocked.
+        # The state's types are fixed by its layout: only the ids' layout varies (a
+        # chunk is a strided slice), and typing the whole state costs ~1 ms, so each
+        # (entry, ids layout) is checked once per process
+        key = (entry, ids.flags.c_contiguous)
+        if key not in _CHECKED:
+            sig = tuple(numba.typeof(a) for a in (cfg, p, rq, wl, wk, sims, ids, horizon_ms,
+                                                   max_lease_blocks, max_block_size))
+            if sig not in entry.overloads:
+                with cache_lock():
+                    entry.compile(sig)
+            _CHECKED.add(key)
     if n_threads == 1 or len(jobs) == 1:
         for entry, ids in jobs:
             entry(cfg, p, rq, wl, wk, sims, ids, horizon_ms, max_lease_blocks, max_block_size)

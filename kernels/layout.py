@@ -505,8 +505,8 @@ class RankConfig(NamedTuple):
 # holds the block's tokens-only hash (EV_TOKENS_HASH), its request (EV_REQUEST, a
 # kernel row) and block index (EV_BLOCK); other kinds leave those 0. The time of a KV
 # row is when the reference makes it visible: the end of the pass that caused it, or
-# of the pass in flight on its worker when a handoff command caused it, else the
-# command's time. OUTPUT (opt-in on top, header EVH_OUTPUTS): one
+# the time of the handoff command that caused it (commands run on idle workers only:
+# an action for a busy one waits for its pass end). OUTPUT (opt-in on top, header EVH_OUTPUTS): one
 # row per emitted token at its pass end (the time the outside world sees it; the
 # other kinds carry the pass start), so the log is time-ordered per worker only.
 EV_KV_STORED = 0
