@@ -9,7 +9,7 @@ Two ways to describe a replay:
 * ``aisim-fast replay [TRACE] --backend vllm|trtllm|sglang --workers N [--engine-args JSON] ...
   --out DIR`` for a Mooncake trace without a spec (no TRACE = the bundled default trace).
   ``--engine-args`` holds reference rank fields, e.g. ``'{"num_gpu_blocks": 4096}'``.
-* ``aisim-fast replay [TRACE] --backend vllm|trtllm --prefill-workers P --decode-workers D
+* ``aisim-fast replay [TRACE] --backend vllm|trtllm|sglang --prefill-workers P --decode-workers D
   [--prefill-engine-args JSON] [--decode-engine-args JSON] [--kv-transfer-bandwidth GBPS]
   [--kv-bytes-per-token N] [--handoff-latency-ms MS] --out DIR``: disaggregated
   prefill/decode pools with the KV handoff between them.
@@ -124,8 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--trace", dest="trace_flag", metavar="PATH",
                         help="trace file; with --spec it replaces traffic.trace_path")
     replay.add_argument("--backend", choices=SIMULATED_BACKENDS,
-                        help="rank scheduler (sglang: aggregated; its num_gpu_blocks counts pages "
-                             "of block_size tokens, default 1, so it is a token count)")
+                        help="rank scheduler (sglang: its num_gpu_blocks counts pages of block_size "
+                             "tokens, default 1, so it is a token count; disaggregated sglang reserves "
+                             "the decode slot before the prefill)")
     replay.add_argument("--workers", type=int, metavar="N", help="aggregated workers")
     replay.add_argument("--engine-args", metavar="JSON",
                         help="JSON object of reference rank fields, merged over {\"backend\": ...}; "
@@ -197,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile (or load from the cache) the kernels a replay uses, by running "
                     "a few requests of the bundled trace on every backend, so that later runs "
                     "start at once.")
-    warmup.add_argument("--topology", choices=("aggregated", "disaggregated", "sglang", "all"), default="all",
+    warmup.add_argument("--topology", choices=("aggregated", "disaggregated", "sglang", "sglang_disaggregated", "all"), default="all",
                         help="which replay kernels (default all)")
     sweep = commands.add_parser(
         "sweep", help="run many configurations of one base payload (grid, zip, random axes)",
@@ -336,7 +337,8 @@ def run_sweep_command(args) -> str:
 
 def run_warmup(args) -> None:
     """Compile the chosen topologies' kernels: a tiny batch with every simulated backend."""
-    topologies = ("aggregated", "disaggregated", "sglang") if args.topology == "all" else (args.topology,)
+    topologies = (("aggregated", "disaggregated", "sglang", "sglang_disaggregated") if args.topology == "all"
+                  else (args.topology,))
     for topology, seconds in warm_kernels(topologies).items():
         print(f"{topology:14s} ready ({seconds:.1f} s)")
 

@@ -355,9 +355,6 @@ def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str)
     if prefill.backend != decode.backend:
         _fail(f"{path}.backend", f"prefill and decode backends must match; got prefill "
                                  f"{prefill.backend!r} and decode {decode.backend!r}")
-    if decode.backend == "sglang":
-        _fail(f"{path}.backend", "disaggregated SGLang (the DestinationFirst handoff) is not "
-                                 "simulated by aisim_fast yet; SGLang runs aggregated")
 
 
 _PAYLOAD_KEYS = {"spec", "traffic", "determinism"}

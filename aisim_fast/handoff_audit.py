@@ -1,21 +1,24 @@
 """The coordinator's check of a finished disaggregated run.
 
-The kernels execute the SourceFirst handoff sequence inline (one compiled event
+The kernels execute the handoff sequence inline (SourceFirst for vLLM and TRT-LLM,
+DestinationFirst for SGLang) (one compiled event
 loop per simulation: a round trip to Python per action would cost more than the
 simulation). ``audit_handoffs`` then replays every handoff of a batch through the
 driver's ``HandoffCoordinatorCore`` (``aisim_fast.handoff``), all rows at once, one
 step per lifecycle fact or outcome, and checks that
 
 * at every step the coordinator issues exactly the action the kernel executed next
-  (SubmitPrefill, ReserveDestination, StartTransfer, ActivateDestination,
-  ReleaseSource, then Complete with Success): the ``NEXT_ON_*`` table of
-  ``kernels.layout``, which the kernels' handoff queues from;
+  (SourceFirst: SubmitPrefill, ReserveDestination, StartTransfer; DestinationFirst:
+  ReserveDestination, SubmitPrefill, StartTransfer; then ActivateDestination,
+  ReleaseSource, and Complete with Success): the ``NEXT_ON_*`` and ``DF_NEXT_ON_*``
+  tables of ``kernels.layout``, which the kernels' handoff queues from;
 * the transfer delay the coordinator derives from the timing frozen at SourceHeld
   and the reported ``transferable_prompt_tokens`` is the delay the kernel used
-  (``transfer_done_ms == destination_reserved_ms + delay_ms``, bit for bit);
-* the kernel's lifecycle timestamps are ordered as the actions are: held <=
-  reserved <= transfer done <= activated <= released, activated <= decode admission
-  <= first decode token.
+  (``transfer_done_ms`` = the later of held and reserved + delay, bit for bit);
+* the kernel's lifecycle timestamps are ordered as the actions are: held <= reserved
+  (SourceFirst) or reserved <= prefill admission (DestinationFirst), transfer start
+  <= transfer done <= activated <= released, activated <= decode admission <= first
+  decode token.
 
 Any disagreement raises ``HandoffAuditError`` naming the simulation and request.
 
@@ -132,11 +135,23 @@ def audit_handoffs(runs: Sequence[AuditedRun]) -> AuditSummary:
             _bytes=run.kv_bytes_per_token, _bw=run.bandwidth_gb_s, _fallback=run.handoff_latency_ms,
             _order=int(handoff_order_for_backend(run.backend))))
     req = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    total = AuditSummary(0, 0, 0)
+    if len(req) == 0:
+        return total
+    for order in (HandoffOrder.SOURCE_FIRST, HandoffOrder.DESTINATION_FIRST):
+        part = req[req["_order"].to_numpy() == order].reset_index(drop=True)
+        if len(part):
+            one = _audit_order(part, order)
+            total = AuditSummary(total.handoffs + one.handoffs,
+                                 total.transfers_with_delay + one.transfers_with_delay,
+                                 total.steps + one.steps)
+    return total
+
+
+def _audit_order(req: pd.DataFrame, order: HandoffOrder) -> AuditSummary:
+    """The audit of the completed handoffs ``req``, all of one order."""
     n = len(req)
-    if n == 0:
-        return AuditSummary(0, 0, 0)
-    if np.any(req["_order"].to_numpy() != HandoffOrder.SOURCE_FIRST):
-        raise HandoffAuditError("only the SourceFirst order (vLLM, TRT-LLM) is simulated")
+    dest_first = order == HandoffOrder.DESTINATION_FIRST
     names = np.array([f"simulation {s}, {r}" for s, r in zip(req["_sim"], req["request_id"])], object)
 
     def col(name):
@@ -145,10 +160,14 @@ def audit_handoffs(runs: Sequence[AuditedRun]) -> AuditSummary:
     held, reserved, done_ms = col("source_held_ms"), col("destination_reserved_ms"), col("transfer_done_ms")
     activated, released = col("destination_activated_ms"), col("source_released_ms")
     admitted, first_token = col("decode_admit_ms"), col("first_token_ms")
+    prefill_admitted = col("prefill_admit_ms")
     n_out = req["output_tokens"].to_numpy(np.int64)
+    # the transfer starts once both the source is held and the destination reserved
+    started = np.maximum(held, reserved)
     checks = [
-        ("source_held_ms <= destination_reserved_ms", held <= reserved),
-        ("destination_reserved_ms <= transfer_done_ms", reserved <= done_ms),
+        ("destination_reserved_ms <= prefill_admit_ms", reserved <= prefill_admitted) if dest_first
+        else ("source_held_ms <= destination_reserved_ms", held <= reserved),
+        ("transfer start <= transfer_done_ms", started <= done_ms),
         ("transfer_done_ms <= destination_activated_ms", done_ms <= activated),
         ("destination_activated_ms <= source_released_ms", activated <= released),
         ("destination_activated_ms <= decode_admit_ms", activated <= admitted),
@@ -174,28 +193,39 @@ def audit_handoffs(runs: Sequence[AuditedRun]) -> AuditSummary:
         steps += 1
         return apply_facts(state, rows, kind, **kw)
 
-    steps += 1
-    ids = _expect(apply_start(state, rows), rows, ActionKind(L.NEXT_ON_ARRIVAL), "start", names)
-    _expect_none(outcome(ids, OutcomeKind.SUBMITTED), "Submitted", names)
     timing = TransferTimingArrays(
         mode=req["_mode"].to_numpy(np.int64),
         full_prompt_tokens=req["input_tokens"].to_numpy(np.int64),
         kv_bytes_per_token=req["_bytes"].to_numpy(np.float64),
         bandwidth_gb_s=req["_bw"].to_numpy(np.float64))
-    ids = _expect(fact(FactKind.SOURCE_HELD, timing=timing), rows,
-                  ActionKind(L.NEXT_ON_SOURCE_HELD), "SourceHeld", names)
-    _expect_none(outcome(ids, OutcomeKind.ACCEPTED), "Accepted", names)
-    issued = fact(FactKind.DESTINATION_RESERVED,
-                  transferable_prompt_tokens=req["transferable_prompt_tokens"].to_numpy(np.int64))
-    ids = _expect(issued, rows, ActionKind(L.NEXT_ON_DESTINATION_RESERVED), "DestinationReserved", names)
+    transferable = req["transferable_prompt_tokens"].to_numpy(np.int64)
+    steps += 1
+    started_ids = apply_start(state, rows)
+    if dest_first:
+        # DestinationFirst: reserve, then submit the prefill, then transfer once held
+        ids = _expect(started_ids, rows, ActionKind(L.DF_NEXT_ON_ARRIVAL), "start", names)
+        _expect_none(outcome(ids, OutcomeKind.ACCEPTED), "Accepted", names)
+        ids = _expect(fact(FactKind.DESTINATION_RESERVED, transferable_prompt_tokens=transferable), rows,
+                      ActionKind(L.DF_NEXT_ON_DESTINATION_RESERVED), "DestinationReserved", names)
+        _expect_none(outcome(ids, OutcomeKind.SUBMITTED), "Submitted", names)
+        issued = fact(FactKind.SOURCE_HELD, timing=timing)
+        ids = _expect(issued, rows, ActionKind(L.DF_NEXT_ON_SOURCE_HELD), "SourceHeld", names)
+    else:
+        ids = _expect(started_ids, rows, ActionKind(L.NEXT_ON_ARRIVAL), "start", names)
+        _expect_none(outcome(ids, OutcomeKind.SUBMITTED), "Submitted", names)
+        ids = _expect(fact(FactKind.SOURCE_HELD, timing=timing), rows,
+                      ActionKind(L.NEXT_ON_SOURCE_HELD), "SourceHeld", names)
+        _expect_none(outcome(ids, OutcomeKind.ACCEPTED), "Accepted", names)
+        issued = fact(FactKind.DESTINATION_RESERVED, transferable_prompt_tokens=transferable)
+        ids = _expect(issued, rows, ActionKind(L.NEXT_ON_DESTINATION_RESERVED), "DestinationReserved", names)
     delay_ms = issued.delay_ms
-    same = done_ms == reserved + delay_ms
+    same = done_ms == started + delay_ms
     if not same.all():
         i = int(np.flatnonzero(~same)[0])
         raise HandoffAuditError(
             f"{names[i]}: the kernel's transfer ended at {done_ms[i]!r} ms, the coordinator's delay "
-            f"{delay_ms[i]!r} ms after the reservation at {reserved[i]!r} ms gives "
-            f"{reserved[i] + delay_ms[i]!r}")
+            f"{delay_ms[i]!r} ms after its start at {started[i]!r} ms gives "
+            f"{started[i] + delay_ms[i]!r}")
     _expect_none(outcome(ids, OutcomeKind.SCHEDULED), "Scheduled", names)
     ids = _expect(fact(FactKind.TRANSFER_COMPLETED), rows, ActionKind(L.NEXT_ON_TRANSFER_COMPLETED),
                   "TransferCompleted", names)

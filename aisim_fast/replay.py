@@ -127,9 +127,9 @@ class BatchResult:
 
 def kernel_set(sim) -> str:
     """The compiled event loop a simulation (or setup) runs in (kernels.COMPILE_PARTS)."""
-    if sim.disaggregated:
-        return "disaggregated"
-    return "sglang" if sim.rank.backend == "sglang" else "aggregated"
+    if sim.rank.backend == "sglang":
+        return "sglang_disaggregated" if sim.disaggregated else "sglang"
+    return "disaggregated" if sim.disaggregated else "aggregated"
 
 
 def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) -> Simulation:
@@ -585,6 +585,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     sm_i[:, L.SM_PLACEMENT] = [L.PLACEMENT_NAMES.index(sim.placement) for sim in sims]
     sm_i[:, L.SM_RNG_STATE] = [sim.placement_seed for sim in sims]
     sm_i[:, L.SM_PREFILL_Q_OFF] = np.where([s.disaggregated for s in sims], p_off, -1)
+    # the handoff order is the backend's (spec/replay.md 5.2): SGLang reserves first
+    sm_i[:, L.SM_DEST_FIRST] = [s.disaggregated and s.rank.backend == "sglang" for s in sims]
     with _small_pages():
         token_stat, token_hist = sketch.token_stats_new(n_sims)
     sim_state = L.Sims(
@@ -1341,6 +1343,8 @@ class BatchRun:
         if code == L.SIM_DEAD_END:
             in_flight = int(st.i64[s, L.SM_NUM_ARRIVED] - st.i64[s, L.SM_NUM_TERMINAL]
                             + st.i64[s, L.SM_NUM_NOT_SENT])
+            if st.i64[s, L.SM_DEAD_IN_FLIGHT] >= 0:  # the reference counts one worker's
+                in_flight = int(st.i64[s, L.SM_DEAD_IN_FLIGHT])
             return (f"simulation {name}: dead end at t={st.now_ms[s]:.6f} ms, an effect-free "
                     f"zero-duration pass with {in_flight} in-flight requests remaining, as the "
                     "reference reports it: they can never be scheduled (a request outgrows its KV "
@@ -1680,9 +1684,14 @@ def _leftovers(pool: L.Pool, wk: L.Workers, st: L.Sims, s: int) -> dict:
     ws = slice(int(st.i64[s, L.SM_W_OFF]), int(st.i64[s, L.SM_W_OFF] + st.i64[s, L.SM_W_LEN]))
     pw = pool.w64[ws]
     wi = wk.i64[ws]
+    active = pw[:, L.PW_NUM_COPIES] - pw[:, L.PW_LRU_LEN] + pw[:, L.PW_NUM_RESERVED]
+    if pool.radix.w64.shape[0] > ws.start:
+        # an SGLang worker's are the pages of its radix tree that some lease locks
+        rw = pool.radix.w64[ws]
+        active = active + rw[:, L.RW_PROTECTED] // np.maximum(rw[:, L.RW_PAGE_SIZE], 1)
     return {
-        "active_blocks": pw[:, L.PW_NUM_COPIES] - pw[:, L.PW_LRU_LEN] + pw[:, L.PW_NUM_RESERVED],
-        "queued_requests": wi[:, L.WK_RUN_LEN] + wi[:, L.WK_WAIT_LEN],
+        "active_blocks": active,
+        "queued_requests": wi[:, L.WK_RUN_LEN] + wi[:, L.WK_WAIT_LEN] + wi[:, L.WK_SG_READY_LEN],
         "pending_destinations": wi[:, L.WK_PEND_LEN].copy(),
         "open_handoffs": int(st.i64[s, L.SM_OPEN_HANDOFFS]),
         "queued_actions": int(st.i64[s, L.SM_ACTQ_LEN]),
@@ -1696,7 +1705,7 @@ def _merge_leftovers(parts: list[dict]) -> dict:
                   else sum(p[key] for p in parts)) for key in parts[0]}
 
 
-def warm_kernels(topologies=("aggregated", "disaggregated", "sglang")) -> dict:
+def warm_kernels(topologies=("aggregated", "disaggregated", "sglang", "sglang_disaggregated")) -> dict:
     """Compile (or load from the cache) the kernel sets given (kernels.COMPILE_PARTS): a
     tiny batch of the bundled trace with every backend of the set. Returns seconds per
     set."""
@@ -1710,17 +1719,17 @@ def warm_kernels(topologies=("aggregated", "disaggregated", "sglang")) -> dict:
         start_s = time.perf_counter()
         sims = []
         for backend in SIMULATED_BACKENDS:
-            if (backend == "sglang") != (topology == "sglang"):
-                continue  # SGLang runs aggregated only, in a loop of its own
+            if (backend == "sglang") != topology.startswith("sglang"):
+                continue  # SGLang runs in loops of its own
+            # an SGLang pool counts tokens: the default 16384 holds fewer than some
+            # prompts of the trace (which would never be admitted)
+            extra = {"num_gpu_blocks": 1 << 20} if backend == "sglang" else {}
             if topology in ("aggregated", "sglang"):
-                # an SGLang pool counts tokens: the default 16384 holds fewer than some
-                # prompts of the trace (which would never be admitted)
-                extra = {"num_gpu_blocks": 1 << 20} if backend == "sglang" else {}
                 sims.append(Simulation(workload, parse_rank({"backend": backend, **extra}), workers=2))
             else:
                 sims.append(Simulation(
-                    workload, parse_rank({"backend": backend, "worker_type": "decode"}), workers=1,
-                    prefill_rank=parse_rank({"backend": backend, "worker_type": "prefill"}),
+                    workload, parse_rank({"backend": backend, "worker_type": "decode", **extra}), workers=1,
+                    prefill_rank=parse_rank({"backend": backend, "worker_type": "prefill", **extra}),
                     prefill_workers=1))
         run_batch(sims, record_passes=True).check()
         seconds[topology] = time.perf_counter() - start_s

@@ -64,15 +64,25 @@ def random_trace(rng: random.Random, path: Path) -> None:
             fh.write(json.dumps(row) + "\n")
 
 
-def random_sglang_config(rng: random.Random) -> list[str]:
-    """An aggregated SGLang rank: page size 1 or 16, a pool in tokens from tight to roomy,
-    fifo or lpm, chunk and prefill budgets, clipped output reserve, conservativeness,
-    sometimes a prefill_decode_interval."""
+def random_sglang_config(rng: random.Random, disagg_fraction: float = 0.0) -> list[str]:
+    """An SGLang rank: page size 1 or 16, a pool in tokens from tight to roomy, fifo or
+    lpm, chunk and prefill budgets, clipped output reserve, conservativeness, sometimes
+    a prefill_decode_interval; aggregated, or (``disagg_fraction``) prefill and decode
+    pools with the DestinationFirst handoff, a tight decode pool and sometimes a
+    transfer model."""
     ps = rng.choice([1, 1, 16])
     pool_tokens = rng.choice([2000, 3000, 6000, 20000, 1 << 20])
     chunk = ps * rng.choice([13, 64, 512])
-    args = ["--backend", "sglang", "--block-size", str(ps), "--num-gpu-blocks", str(pool_tokens // ps),
-            "--workers", str(rng.randint(1, 3)), "--max-num-seqs", str(rng.choice([4, 16, 256])),
+    if rng.random() < disagg_fraction:
+        placement = ["--prefill-workers", str(rng.randint(1, 2)), "--decode-workers", str(rng.randint(1, 3)),
+                     "--prefill-num-gpu-blocks", str(max(pool_tokens, 6000) // ps),
+                     "--decode-num-gpu-blocks", str(pool_tokens // ps)]
+        if rng.random() < 0.5:
+            placement += ["--kv-transfer-bandwidth", "25", "--kv-transfer-bytes-per-token", "163840"]
+    else:
+        placement = ["--num-gpu-blocks", str(pool_tokens // ps), "--workers", str(rng.randint(1, 3))]
+    args = ["--backend", "sglang", "--block-size", str(ps), *placement,
+            "--max-num-seqs", str(rng.choice([4, 16, 256])),
             "--sglang-schedule-policy", rng.choice(["fifo", "lpm"]),
             "--sglang-chunked-prefill-size", str(chunk),
             "--sglang-max-prefill-tokens", str(chunk + rng.choice([0, 300, 8192])),
@@ -91,7 +101,7 @@ def random_sglang_config(rng: random.Random) -> list[str]:
 
 def random_config(rng: random.Random, disagg_fraction: float = 0.3, sglang_fraction: float = 0.0) -> list[str]:
     if sglang_fraction > 0 and rng.random() < sglang_fraction:
-        return random_sglang_config(rng)
+        return random_sglang_config(rng, disagg_fraction)
     backend = rng.choice(["vllm", "vllm", "trtllm"])
     bs = rng.choice([16, 32, 64])
     args = ["--backend", backend, "--block-size", str(bs),

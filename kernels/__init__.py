@@ -52,6 +52,7 @@ COMPILE_PARTS = {
     "aggregated": ("aggregated replay", 78),
     "disaggregated": ("disaggregated replay", 75),
     "sglang": ("SGLang replay", 70),
+    "sglang_disaggregated": ("disaggregated SGLang replay", 80),
     "events": ("the event tables", 5),
 }
 _ANNOUNCED: set[str] = set()

@@ -13,11 +13,11 @@ import numpy as np
 from numba import njit
 
 from .layout import (
-    NEXT_ON_ARRIVAL, PLACE_KV_ROUTER, RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS,
+    DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL, PLACE_KV_ROUTER, RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS,
     RQ_ACTION, RQ_LEASE_OFF, RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS,
     RQ_TERM_NEXT, RQ_TERMINAL, RQ_TURN, RQ_UUID, RQ_WORKER, RS_WAITING, TERM_CANCELED, TERM_FAILED, TERM_NOT_SENT, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD,
     SM_ACTQ_LEN, SM_CONCURRENCY, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_NOT_SENT, SM_NUM_STARTS, SM_NUM_TERMINAL,
-    SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_START_PTR, SM_UUID_NEXT, SM_W_LEN,
+    SM_DEST_FIRST, SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_START_PTR, SM_UUID_NEXT, SM_W_LEN,
     SM_W_OFF, WK_BUSY, WK_TERM_HEAD, WK_TERM_TAIL,
 )
 from .kv_router import pass_end, request_ended, route
@@ -97,14 +97,16 @@ def queue_action(rq, sims, s, q, kind):
 @njit(cache=True, _nrt=False)
 def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
     """A request enters the system. Aggregated: placement (kernels.placement), prompt
-    block hashes, waiting queue. Disaggregated: the handoff starts (SubmitPrefill queued)."""
+    block hashes, waiting queue. Disaggregated: the handoff starts (SubmitPrefill
+    queued; ReserveDestination in the DestinationFirst order)."""
     rq.f64[q, RQF_ARRIVAL_MS] = arrival_ms
     rq.i64[q, RQ_STATUS] = RS_WAITING
     rq.i64[q, RQ_UUID] = sims.i64[s, SM_UUID_NEXT]
     sims.i64[s, SM_UUID_NEXT] += 1
     sims.i64[s, SM_NUM_ARRIVED] += 1
     if sims.i64[s, SM_PREFILL_LEN] > 0:
-        queue_action(rq, sims, s, q, NEXT_ON_ARRIVAL)
+        queue_action(rq, sims, s, q,
+                     DF_NEXT_ON_ARRIVAL if sims.i64[s, SM_DEST_FIRST] else NEXT_ON_ARRIVAL)
         return
     if sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER:
         w = route(cfg, p, rq, wl, wk, sims, s, q, arrival_ms)

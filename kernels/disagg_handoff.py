@@ -1,5 +1,9 @@
 """The disaggregated (prefill -> decode) handoff inside the replay's event loop
-(``kernels.event_loop``), SourceFirst order (vLLM and TRT-LLM).
+(``kernels.event_loop``), in the SourceFirst order (vLLM and TRT-LLM) and the
+DestinationFirst order (SGLang, ``SM_DEST_FIRST``: ReserveDestination at arrival,
+SubmitPrefill once the reservation holds, StartTransfer once the source is held;
+the rest as below). What an SGLang rank does on each command is
+``sglang_handoff``'s.
 
 A logical request is served by two request rows (see ``layout``): its prefill row
 runs on a prefill worker with one output token; when that pass ends the source KV
@@ -30,6 +34,7 @@ from numba import njit
 from .block_pool import release_ref, table_find
 from .layout import (
     ACT_ACTIVATE, ACT_NONE, ACT_RELEASE, ACT_RESERVE, ACT_START_TRANSFER, ACT_SUBMIT_PREFILL,
+    CFG_POLICY, DF_NEXT_ON_DESTINATION_RESERVED, DF_NEXT_ON_SOURCE_HELD, POLICY_SGLANG, SM_DEST_FIRST,
     CFGF_HANDOFF_LATENCY_MS, CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN, CFG_BLOCK_SIZE,
     CFG_PREFIX_CACHING, CFG_TRANSFER_MODE, CMD_APPLIED, CMD_NOOP, HE_COMPLETED,
     HE_DESTINATION_ACCEPTED, HE_DESTINATION_ACTIVATED, HE_DESTINATION_RESERVED, HE_SOURCE_HELD,
@@ -49,7 +54,7 @@ from .layout import (
     WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD,
     WK_WAIT_LEN, WK_WAIT_OFF,
 )
-from . import capacity_policy
+from . import capacity_policy, sglang_handoff
 from .arrivals import logical_terminal, queue_action
 from .kv_lease import publish_block, release_lease
 from .placement import place
@@ -185,27 +190,35 @@ def _load_prompt_hashes(rq, wl, q):
 
 
 @njit(cache=True, _nrt=False)
-def _retry_destination(cfg, p, rq, wk, w, hits, fresh):
+def _retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens):
     """Try to reserve the head of worker w's pending-destination FIFO (at most one
     per call, at most one attempt per capacity generation). Returns the reserved
     row, -1 when nothing was reserved, -2 when the block arena is exhausted."""
     q = wk.i64[w, WK_PEND_HEAD]
     if q < 0 or rq.i64[q, RQ_ATTEMPT_GEN] == wk.i64[w, WK_CAP_GEN]:
         return -1
-    n_blocks = ceil_div(rq.i64[q, RQ_PROMPT_LEN], cfg.i64[w, CFG_BLOCK_SIZE])
-    k0 = rq.i64[q, RQ_LEASE_OFF]
-    res, n_hit = capacity_policy.reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh)
-    if res < 0:
-        return -2
-    if res == 0:
-        rq.i64[q, RQ_ATTEMPT_GEN] = wk.i64[w, WK_CAP_GEN]
-        return -1
-    for i in range(n_hit):
-        rq.lease[k0 + i] = hits[i]
-    for i in range(n_blocks - n_hit):
-        rq.lease[k0 + n_hit + i] = fresh[i]
-    rq.i64[q, RQ_RESERVED_HITS] = n_hit
-    rq.i64[q, RQ_RESERVED_FRESH] = n_blocks - n_hit
+    if cfg.i64[w, CFG_POLICY] == POLICY_SGLANG:
+        res = sglang_handoff.reserve_destination(cfg, p, rq, wl, w, q, scratch_tokens)
+        if res < 0:
+            return -2
+        if res == 0:
+            rq.i64[q, RQ_ATTEMPT_GEN] = wk.i64[w, WK_CAP_GEN]
+            return -1
+    else:
+        n_blocks = ceil_div(rq.i64[q, RQ_PROMPT_LEN], cfg.i64[w, CFG_BLOCK_SIZE])
+        k0 = rq.i64[q, RQ_LEASE_OFF]
+        res, n_hit = capacity_policy.reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh)
+        if res < 0:
+            return -2
+        if res == 0:
+            rq.i64[q, RQ_ATTEMPT_GEN] = wk.i64[w, WK_CAP_GEN]
+            return -1
+        for i in range(n_hit):
+            rq.lease[k0 + i] = hits[i]
+        for i in range(n_blocks - n_hit):
+            rq.lease[k0 + n_hit + i] = fresh[i]
+        rq.i64[q, RQ_RESERVED_HITS] = n_hit
+        rq.i64[q, RQ_RESERVED_FRESH] = n_blocks - n_hit
     rq.i64[q, RQ_STATUS] = RS_RESERVED
     wk.i64[w, WK_PEND_HEAD] = rq.i64[q, RQ_LINK]
     if rq.i64[q, RQ_LINK] < 0:
@@ -352,17 +365,19 @@ def cancel_destination(cfg, p, rq, wk, q):
 # actions
 # ---------------------------------------------------------------------------------
 @njit(cache=True, _nrt=False)
-def _retry_and_report(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
+def _retry_and_report(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens):
     """Retry worker w's pending head; a reservation is a DestinationReserved fact, on
-    which the coordinator starts the transfer. Returns (reserved, arena exhausted)."""
-    r = _retry_destination(cfg, p, rq, wk, w, hits, fresh)
+    which the coordinator starts the transfer (SourceFirst) or submits the prefill
+    (DestinationFirst). Returns (reserved, arena exhausted)."""
+    r = _retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens)
     if r == -2:
         return False, True
     if r < 0:
         return False, False
     rq.f64[r, RQF_DEST_RESERVED_MS] = now_ms
     _journal(sims, s, HE_DESTINATION_RESERVED, r, now_ms, rq.i64[r, RQ_RESERVED_FRESH], 0)
-    queue_action(rq, sims, s, r, NEXT_ON_DESTINATION_RESERVED)
+    queue_action(rq, sims, s, r, DF_NEXT_ON_DESTINATION_RESERVED if sims.i64[s, SM_DEST_FIRST]
+                 else NEXT_ON_DESTINATION_RESERVED)
     return True, False
 
 
@@ -376,11 +391,12 @@ def _fail_request(rq, sims, s, q, status, now_ms):
 
 
 @njit(cache=True, _nrt=False)
-def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
+def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tokens):
     """Execute the queued action of handoff q. Returns False when the block arena is
     exhausted."""
     kind = rq.i64[q, RQ_ACTION]
     rq.i64[q, RQ_ACTION] = ACT_NONE
+    dest_first = sims.i64[s, SM_DEST_FIRST] != 0
     w0 = sims.i64[s, SM_W_OFF]
     n_prefill = sims.i64[s, SM_PREFILL_LEN]
     qp = rq.i64[q, RQ_PEER]
@@ -390,15 +406,26 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
         rq.i64[qp, RQ_STATUS] = RS_WAITING
         rq.i64[qp, RQ_UUID] = rq.i64[q, RQ_UUID]
         rq.f64[qp, RQF_ARRIVAL_MS] = rq.f64[q, RQF_ARRIVAL_MS]
-        _load_prompt_hashes(rq, wl, qp)
+        if cfg.i64[wp, CFG_POLICY] != POLICY_SGLANG:  # SGLang keys its pages itself
+            _load_prompt_hashes(rq, wl, qp)
         wait_push_back(wk, wp, qp)
         wake(wk, wp)
-        sims.i64[s, SM_OPEN_HANDOFFS] += 1
+        if not dest_first:
+            sims.i64[s, SM_OPEN_HANDOFFS] += 1
     elif kind == ACT_RESERVE:
         n_decode = sims.i64[s, SM_W_LEN] - n_prefill
         wd = place(sims, s, w0 + n_prefill, n_decode, SM_DECODE_CURSOR)
         rq.i64[q, RQ_WORKER] = wd
-        if capacity_policy.destination_impossible(cfg, p, rq, wd, q):
+        sglang = cfg.i64[wd, CFG_POLICY] == POLICY_SGLANG
+        if dest_first:
+            sims.i64[s, SM_OPEN_HANDOFFS] += 1
+            if sglang_handoff.destination_impossible(cfg, rq, wd, q):
+                # refused before any source exists: the handoff ends here
+                rq.i64[q, RQ_WORKER] = -1
+                sims.i64[s, SM_OPEN_HANDOFFS] -= 1
+                _fail_request(rq, sims, s, q, TERM_FAILED, now_ms)
+                return True
+        elif capacity_policy.destination_impossible(cfg, p, rq, wd, q):
             # the destination can never hold the prompt: the handoff unwinds. The
             # placement stands (the cursor moved) but no decode worker was assigned,
             # and the source goes as a cancel, not a release: the reference records
@@ -407,7 +434,8 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
             _fail_request(rq, sims, s, q, TERM_FAILED, now_ms)
             queue_action(rq, sims, s, q, ACT_RELEASE)
             return True
-        _load_prompt_hashes(rq, wl, q)
+        if not sglang:
+            _load_prompt_hashes(rq, wl, q)
         rq.i64[q, RQ_STATUS] = RS_PENDING_DEST
         rq.i64[q, RQ_ORDINAL] = wk.i64[wd, WK_ORDINAL_NEXT]
         wk.i64[wd, WK_ORDINAL_NEXT] += 1
@@ -427,7 +455,8 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
             # head may now admit them, as the reference's retry of it at every drive does
             wake(wk, wd)
         if wk.i64[wd, WK_BUSY] == 0:
-            _, full = _retry_and_report(cfg, p, rq, wk, sims, s, wd, now_ms, hits, fresh)
+            _, full = _retry_and_report(cfg, p, rq, wl, wk, sims, s, wd, now_ms, hits, fresh,
+                                        scratch_tokens)
             return not full
     elif kind == ACT_START_TRANSFER:
         wp = rq.i64[qp, RQ_WORKER]
@@ -452,11 +481,17 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
             rq.i64[q, RQ_ACTION] = kind
             _defer(rq, wk, wd, q)
             return True
-        published, visible_before = _activate(cfg, p, rq, wk, wd, q)
+        if cfg.i64[wd, CFG_POLICY] == POLICY_SGLANG:
+            sglang_handoff.activate_destination(cfg, p, rq, wk, wd, q)
+            wake(wk, wd)
+            published, visible_before = 0, 0  # nothing enters the tree before promotion
+        else:
+            published, visible_before = _activate(cfg, p, rq, wk, wd, q)
         rq.f64[q, RQF_DEST_ACTIVATED_MS] = now_ms
         _journal(sims, s, HE_DESTINATION_ACTIVATED, q, now_ms, published, visible_before)
         queue_action(rq, sims, s, q, NEXT_ON_DESTINATION_ACTIVATED)
-        _, full = _retry_and_report(cfg, p, rq, wk, sims, s, wd, now_ms, hits, fresh)
+        _, full = _retry_and_report(cfg, p, rq, wl, wk, sims, s, wd, now_ms, hits, fresh,
+                                    scratch_tokens)
         return not full
     elif kind == ACT_RELEASE:
         wp = rq.i64[qp, RQ_WORKER]
@@ -464,7 +499,10 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
             rq.i64[q, RQ_ACTION] = kind
             _defer(rq, wk, wp, q)
             return True
-        release_lease(cfg, p, rq, wp, qp)
+        if cfg.i64[wp, CFG_POLICY] == POLICY_SGLANG:
+            sglang_handoff.release_source(cfg, p, rq, wl, wk, wp, qp, hits, scratch_tokens)
+        else:
+            release_lease(cfg, p, rq, wp, qp)
         rq.i64[qp, RQ_STATUS] = RS_DONE
         if rq.i64[q, RQ_WORKER] >= 0:  # else a failed destination's source, canceled
             rq.f64[q, RQF_SOURCE_RELEASED_MS] = now_ms
@@ -478,7 +516,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh):
 
 
 @njit(cache=True, _nrt=False)
-def complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
+def complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens):
     """Pass end of worker w. Returns (reserved a destination, arena exhausted)."""
     wk.i64[w, WK_BUSY] = 0
     _requeue_deferred(rq, wk, sims, s, w)
@@ -491,7 +529,8 @@ def complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
             if rq.i64[q, RQ_STATUS] == RS_HELD:
                 rq.f64[ql, RQF_SOURCE_HELD_MS] = now_ms
                 _journal(sims, s, HE_SOURCE_HELD, ql, now_ms, 0, 0)
-                queue_action(rq, sims, s, ql, NEXT_ON_SOURCE_HELD)
+                queue_action(rq, sims, s, ql, DF_NEXT_ON_SOURCE_HELD if sims.i64[s, SM_DEST_FIRST]
+                             else NEXT_ON_SOURCE_HELD)
             else:  # rejected by the prefill rank: the handoff fails with it
                 sims.i64[s, SM_OPEN_HANDOFFS] -= 1
                 _fail_request(rq, sims, s, ql, TERM_REJECTED, now_ms)
@@ -505,7 +544,7 @@ def complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh):
     wk.i64[w, WK_TERM_TAIL] = -1
     if prefill:
         return False, False
-    return _retry_and_report(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh)
+    return _retry_and_report(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens)
 
 
 @njit(cache=True, _nrt=False)
@@ -521,13 +560,14 @@ def drain_transfers(rq, sims, s, now_ms):
 
 
 @njit(cache=True, _nrt=False)
-def drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh):
+def drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh, scratch_tokens):
     """Run the FIFO action queue empty, actions it appends included. Returns
     (whether any ran, arena exhausted)."""
     ran = False
     while sims.i64[s, SM_ACTQ_LEN] > 0:
         ran = True
-        if not _run_action(cfg, p, rq, wl, wk, sims, s, _pop_action(sims, s), now_ms, hits, fresh):
+        if not _run_action(cfg, p, rq, wl, wk, sims, s, _pop_action(sims, s), now_ms, hits, fresh,
+                           scratch_tokens):
             return ran, True
     return ran, False
 

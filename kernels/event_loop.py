@@ -40,14 +40,15 @@ from . import cache_lock, compile_notice, mark_compiled
 from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, outputs_logged
 from .arrivals import admit_arrivals, arrivals_due, complete_pass, next_release_ms
 from .backends import decode_run, run_pass, sglang_run_pass
+from .sglang_core import effect_free_pass_gives_up, worker_in_flight
 from .decode_run import quiet_until_ms
 from .disagg_handoff import complete_disagg_pass, drain_actions, drain_transfers, next_transfer_ms
 from .layout import (
     CFG_POLICY, POLICY_SGLANG, SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END, SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH,
     SIM_PAUSED, SIM_RUNNING,
     EVH_LEN, SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
-    SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_OVERFLOW, WK_RUN_LEN,
-    WK_STALLED, WK_WAIT_LEN,
+    SM_DEAD_IN_FLIGHT, SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_OVERFLOW, WK_RUN_LEN,
+    WK_SG_READY_LEN, WK_STALLED, WK_WAIT_LEN,
 )
 from .busy_heap import busy_pop, busy_push, next_pass_end_ms
 from .vllm_core import ACC_SIZE
@@ -57,10 +58,9 @@ from .vllm_core import ACC_SIZE
 
 def _event_loop(disaggregated, sglang=False):
     """The event loop compiled for one topology (``disaggregated`` is a constant) and
-    backend family (``sglang``: SGLang workers, aggregated; else vLLM / TRT-LLM)."""
+    backend family (``sglang``: SGLang workers; else vLLM / TRT-LLM)."""
     pass_kernel = sglang_run_pass if sglang else run_pass
 
-    @njit(cache=True, _nrt=False)
     def run_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh, scratch_tokens):
         """Advance simulation s through every instant up to ``horizon_ms``, until it is
         done or needs the driver."""
@@ -99,7 +99,8 @@ def _event_loop(disaggregated, sglang=False):
                         wk.ready[w] = 1
                         changed = True
                         if disaggregated:
-                            _, full = complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms, hits, fresh)
+                            _, full = complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits,
+                                                           fresh, scratch_tokens)
                             if full:
                                 sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                                 return
@@ -111,7 +112,8 @@ def _event_loop(disaggregated, sglang=False):
                             and admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms) > 0:
                         changed = True
                     if disaggregated:
-                        ran, full = drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh)
+                        ran, full = drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh,
+                                                  scratch_tokens)
                         if full:
                             sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                             return
@@ -124,7 +126,8 @@ def _event_loop(disaggregated, sglang=False):
                         continue  # busy, stalled or without work since it was last driven
                     wk.ready[w] = 0
                     while wk.i64[w, WK_BUSY] == 0 and wk.i64[w, WK_STALLED] == 0 \
-                            and (wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0):
+                            and (wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0
+                                 or (sglang and disaggregated and wk.i64[w, WK_SG_READY_LEN] > 0)):
                         if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] >= log_rows:
                             wk.ready[w] = 1  # the resumed drive starts with it
                             sims.now_ms[s] = now_ms
@@ -164,8 +167,8 @@ def _event_loop(disaggregated, sglang=False):
                         if end_ms == now_ms:
                             if disaggregated:
                                 # a decode worker's reservation retry at completion is an effect
-                                reserved, full = complete_disagg_pass(cfg, p, rq, wk, sims, s, w, now_ms,
-                                                                      hits, fresh)
+                                reserved, full = complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w,
+                                                                      now_ms, hits, fresh, scratch_tokens)
                                 if full:
                                     sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                                     return
@@ -173,6 +176,16 @@ def _event_loop(disaggregated, sglang=False):
                             else:
                                 complete_pass(rq, wk, sims, s, w)
                         if not had_effect:
+                            if sglang and end_ms == now_ms and (
+                                    effect_free_pass_gives_up(cfg, wk, w) or not disaggregated):
+                                # the reference gives up on an SGLang worker whose pass
+                                # keeps changing nothing at one instant; an aggregated
+                                # one no handoff command could ever wake: a dead end
+                                # with that worker's requests in flight
+                                sims.i64[s, SM_DEAD_IN_FLIGHT] = worker_in_flight(rq, sims, s, w)
+                                sims.now_ms[s] = now_ms
+                                sims.i64[s, SM_STATUS] = SIM_DEAD_END
+                                return
                             # nothing can change for this worker until new work reaches it
                             wk.i64[w, WK_STALLED] = 1
                             break
@@ -217,12 +230,26 @@ def _event_loop(disaggregated, sglang=False):
                 return
             now_ms = t_next
 
-    return run_simulation
+    return njit(cache=True, _nrt=False)(_variant(run_simulation, disaggregated, sglang))
+
+
+def _variant(fn, disaggregated, sglang):
+    """``fn`` (a closure of one kernel set) named after its set. Numba names a compiled
+    function's machine code after its qualified name and a per-process counter: two
+    closures of one source compiled in different processes can get the same symbol,
+    and a process that loads both from the cache then runs the first one's code for
+    both (an SGLang disaggregated batch ran the aggregated loop). One name per set
+    keeps their symbols and cache files apart."""
+    tag = ("disaggregated" if disaggregated else "aggregated") + ("_sglang" if sglang else "")
+    fn.__name__ = f"{fn.__name__}_{tag}"
+    fn.__qualname__ = f"{fn.__qualname__}_{tag}"
+    return fn
 
 
 run_aggregated_simulation = _event_loop(False)
 run_disaggregated_simulation = _event_loop(True)
 run_sglang_simulation = _event_loop(False, sglang=True)
+run_sglang_disaggregated_simulation = _event_loop(True, sglang=True)
 
 
 def _batch_entry(disaggregated, sglang=False):
@@ -231,7 +258,6 @@ def _batch_entry(disaggregated, sglang=False):
     (``replay_batch``). A ``parallel=True`` loop would cost ~8 CPU-seconds more to
     compile, on every first run, for the same threads."""
 
-    @njit(cache=True, nogil=True)
     def replay(cfg, p, rq, wl, wk, sims, sim_ids, horizon_ms, max_lease_blocks, max_block_size):
         """Advance every simulation in ``sim_ids`` that is still running (or paused at
         a horizon or for a flush) through every instant up to ``horizon_ms``, until
@@ -246,7 +272,10 @@ def _batch_entry(disaggregated, sglang=False):
             status = sims.i64[s, SM_STATUS]
             if status != SIM_RUNNING and status != SIM_NEED_FLUSH and status != SIM_PAUSED:
                 continue
-            if sglang:
+            if sglang and disaggregated:
+                run_sglang_disaggregated_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits,
+                                                    fresh, scratch_tokens)
+            elif sglang:
                 run_sglang_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh,
                                       scratch_tokens)
             elif disaggregated:
@@ -256,12 +285,13 @@ def _batch_entry(disaggregated, sglang=False):
                 run_aggregated_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits,
                                           fresh, scratch_tokens)
 
-    return replay
+    return njit(cache=True, nogil=True)(_variant(replay, disaggregated, sglang))
 
 
 replay_aggregated_batch = _batch_entry(False)
 replay_disaggregated_batch = _batch_entry(True)
 replay_sglang_batch = _batch_entry(False, sglang=True)
+replay_sglang_disaggregated_batch = _batch_entry(True, sglang=True)
 
 
 _THREADS = [0]  # set_kernel_threads: 0 = NUMBA_NUM_THREADS
@@ -301,14 +331,16 @@ def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_
     Chunks of the batch run on ``kernel_threads()`` threads, longest first."""
     sim_ids = np.asarray(sim_ids, np.int64)
     disagg = sims.i64[sim_ids, SM_PREFILL_LEN] > 0
-    # a simulation runs one backend (SGLang only aggregated): its first worker's
+    # a simulation runs one backend (both pools of a disaggregated one): its first worker's
     sglang = cfg.i64[sims.i64[sim_ids, SM_W_OFF], CFG_POLICY] == POLICY_SGLANG
     jobs = []
     n_threads = kernel_threads()
     parts = []
     for part, entry, ids in (("aggregated", replay_aggregated_batch, sim_ids[~disagg & ~sglang]),
-                             ("disaggregated", replay_disaggregated_batch, sim_ids[disagg]),
-                             ("sglang", replay_sglang_batch, sim_ids[sglang & ~disagg])):
+                             ("disaggregated", replay_disaggregated_batch, sim_ids[disagg & ~sglang]),
+                             ("sglang", replay_sglang_batch, sim_ids[sglang & ~disagg]),
+                             ("sglang_disaggregated", replay_sglang_disaggregated_batch,
+                              sim_ids[sglang & disagg])):
         if len(ids) == 0:
             continue
         parts.append(part)

@@ -108,6 +108,12 @@ NEXT_ON_DESTINATION_RESERVED = ACT_START_TRANSFER
 NEXT_ON_TRANSFER_COMPLETED = ACT_ACTIVATE
 NEXT_ON_DESTINATION_ACTIVATED = ACT_RELEASE
 NEXT_ON_SOURCE_RELEASED = ACT_COMPLETE
+# DestinationFirst (SGLang): the decode slot is reserved before the prefill is
+# submitted; the prefill starts once the reservation holds, and the transfer once
+# the source is held. The rest is SourceFirst's (transfer -> activate -> release).
+DF_NEXT_ON_ARRIVAL = ACT_RESERVE
+DF_NEXT_ON_DESTINATION_RESERVED = ACT_SUBMIT_PREFILL
+DF_NEXT_ON_SOURCE_HELD = ACT_START_TRANSFER
 
 # Handoff lifecycle journal (``hlog[s, row, HL_*]``, opt-in): one row per event of
 # the normalized lifecycle, in the order the simulation produced them.
@@ -342,6 +348,8 @@ REQUEST_I = _declare(FieldTable("RQ_", "rq.i64", np.int64, [
     ("SG_LAST", -1, "n", "SGLang: the locked tree node ending at SG_CACHED; -1 = no active lease"),
     ("SG_LPM_KEY", 0, "", "SGLang lpm: its sort key in the latest scan (deprioritized, -prefix)"),
     ("SG_LPM_RECORDED", 0, "", "SGLang lpm: 1 = its leading pages were recorded in the latest scan"),
+    ("SG_READY_NEXT", -1, "q", "SGLang decode rank: next activated request of its worker's ready "
+                               "list (prompt KV resident, waiting for a running slot)"),
 ]))
 REQUEST_F = _declare(FieldTable("RQF_", "rq.f64", np.float64, [
     ("DELAY_MS", np.nan, "", "think time after the previous turn's terminal"),
@@ -399,6 +407,10 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
     ("RT_MASK", -1, "", "multiset slots - 1 (a power of two); -1 = none"),
     ("SG_RATIO_BITS", 0, "", "SGLang: the new-token ratio (float64 bits)"),
     ("SG_PREFILL_ROUNDS", 0, "", "SGLang: passes left before prefill may run again (the interval)"),
+    ("SG_READY_HEAD", -1, "q", "SGLang decode rank: oldest activated request not running yet "
+                               "(the reference's prebuilt-ready FIFO, linked by RQ_SG_READY_NEXT)"),
+    ("SG_READY_TAIL", -1, "q", "SGLang decode rank: newest entry of the ready list"),
+    ("SG_READY_LEN", 0, "", "SGLang decode rank: entries of the ready list"),
 ]))
 WK_FIELDS = WORKER.width
 
@@ -439,6 +451,12 @@ SIMULATION = _declare(FieldTable("SM_", "sims.i64", np.int64, [
                                "the order of their logical rows); -1 = aggregated"),
     ("RT_LOG_LEN", 0, "", "kv_router decisions logged (sims.rt_log rows)"),
     ("BUSY_LEN", 0, "", "workers with a pass in flight (wk.busy_heap from SM_W_OFF)"),
+    ("DEAD_IN_FLIGHT", -1, "", "a dead end the reference reports for one worker (SGLang: an "
+                               "effect-free zero-duration pass it does not retry): that worker's "
+                               "requests in flight; -1 = the whole simulation's"),
+    ("DEST_FIRST", 0, "", "disaggregated: 1 = DestinationFirst handoff order (SGLang: the decode "
+                          "slot is reserved at arrival, the prefill submitted once it holds), "
+                          "0 = SourceFirst (vLLM, TRT-LLM)"),
 ]))
 SM_FIELDS = SIMULATION.width
 

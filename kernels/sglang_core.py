@@ -32,7 +32,9 @@ from .token_output import emit_token
 from .timing import decode_ns, ns_to_ms, prefill_ns
 from .layout import (
     CFGF_SG_DECAY_STEP, CFGF_SG_INIT_RATIO, CFGF_SG_MIN_RATIO, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS,
-    CFG_SG_PD_INTERVAL, WK_SG_PREFILL_ROUNDS,
+    CFG_ROLE, CFG_SG_PD_INTERVAL, ROLE_DECODE, ROLE_PREFILL, RQ_SG_READY_NEXT, RQ_WORKER, RS_HELD,
+    RS_NOT_ARRIVED, RS_WAITING, SM_PREFILL_Q_OFF, SM_Q_LEN, SM_Q_OFF, WK_PEND_LEN,
+    WK_SG_PREFILL_ROUNDS, WK_SG_READY_HEAD, WK_SG_READY_LEN, WK_SG_READY_TAIL,
     CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM, CFG_SG_MAX_PREFILL_TOKENS,
     EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE, EV_PRESSURE_SGLANG, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
     RQF_FIRST_ADMIT_MS, RQF_TERMINAL_MS,
@@ -281,10 +283,16 @@ def release_on_retraction(r, rq, w, q):
 # ---------------------------------------------------------------------------------
 @njit(cache=True, _nrt=False)
 def _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens):
-    finish_kv(cfg, p.radix, rq, wl, w, q, path, scratch_tokens)
-    wk.i64[w, WK_CAP_GEN] += 1
-    rq.i64[q, RQ_STATUS] = RS_DONE
-    rq.i64[q, RQ_TERMINAL] = TERM_COMPLETED
+    """q completes in this pass. A disaggregated prefill (source) request keeps its
+    lease instead - its KV is held for the decode side until ReleaseSource - and its
+    terminal-list entry is the SourceHeld event of the pass."""
+    if cfg.i64[w, CFG_ROLE] == ROLE_PREFILL:
+        rq.i64[q, RQ_STATUS] = RS_HELD
+    else:
+        finish_kv(cfg, p.radix, rq, wl, w, q, path, scratch_tokens)
+        wk.i64[w, WK_CAP_GEN] += 1
+        rq.i64[q, RQ_STATUS] = RS_DONE
+        rq.i64[q, RQ_TERMINAL] = TERM_COMPLETED
     if event_log_on(p):
         note_event(p, w, EV_FINISHED, q, np.int64(TERM_COMPLETED), rq.i64[q, RQ_GENERATED])
     push_terminal(rq, wk, w, q)
@@ -304,6 +312,102 @@ def _finish_done(cfg, p, rq, wl, wk, w, first, path, scratch_tokens):
             wk.run_q[off + keep] = q
             keep += 1
     wk.i64[w, WK_RUN_LEN] = keep
+
+
+# ---------------------------------------------------------------------------------
+# an effect-free zero-duration pass: the reference's same-timestamp retries
+# ---------------------------------------------------------------------------------
+MAX_SAME_TIMESTAMP_RETRIES = 1024  # the reference's bound on consecutive retries
+
+
+@njit(cache=True, _nrt=False)
+def effect_free_pass_gives_up(cfg, wk, w):
+    """Worker w's pass changed nothing and took no time while it still holds work.
+    The reference runs such a pass again at the same instant for as long as the pass
+    changes the new-token ratio (a pass that forms no prefill batch decays it one
+    step, even with nothing running), and gives up on the run when that happened
+    MAX_SAME_TIMESTAMP_RETRIES times in a row. Applies those decays; returns whether
+    the reference gives up (else the ratio now sits at its floor, where a pass no
+    longer changes it)."""
+    ratio = _ratio(wk, w)
+    floor = cfg.f64[w, CFGF_SG_MIN_RATIO]
+    step = cfg.f64[w, CFGF_SG_DECAY_STEP]
+    for _ in range(MAX_SAME_TIMESTAMP_RETRIES):
+        decayed = max(ratio - step, floor)
+        if decayed == ratio:
+            _set_ratio(wk, w, ratio)
+            return False
+        ratio = decayed
+    _set_ratio(wk, w, ratio)
+    return True
+
+
+@njit(cache=True, _nrt=False)
+def worker_in_flight(rq, sims, s, w):
+    """Requests worker w holds as the reference's replay counts them for a worker:
+    taken by a submit or an accepted destination and not yet completed (a held
+    source no longer counts)."""
+    n = 0
+    for q in range(sims.i64[s, SM_Q_OFF], sims.i64[s, SM_Q_OFF] + sims.i64[s, SM_Q_LEN]):
+        st = rq.i64[q, RQ_STATUS]
+        if rq.i64[q, RQ_WORKER] == w and st != RS_DONE and st != RS_NOT_ARRIVED and st != RS_HELD:
+            n += 1
+    p0 = sims.i64[s, SM_PREFILL_Q_OFF]
+    if p0 >= 0:
+        for q in range(p0, p0 + sims.i64[s, SM_Q_LEN]):
+            st = rq.i64[q, RQ_STATUS]
+            if rq.i64[q, RQ_WORKER] == w and (st == RS_WAITING or st == RS_RUNNING or st == RS_PREEMPTED):
+                n += 1
+    return n
+
+
+# ---------------------------------------------------------------------------------
+# the ready list of a decode rank: activated destinations waiting for a running slot
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False)
+def ready_push(rq, wk, w, q):
+    """q (activated, prompt KV resident) joins the back of w's ready list."""
+    rq.i64[q, RQ_SG_READY_NEXT] = -1
+    tail = wk.i64[w, WK_SG_READY_TAIL]
+    if tail < 0:
+        wk.i64[w, WK_SG_READY_HEAD] = q
+    else:
+        rq.i64[tail, RQ_SG_READY_NEXT] = q
+    wk.i64[w, WK_SG_READY_TAIL] = q
+    wk.i64[w, WK_SG_READY_LEN] += 1
+
+
+@njit(cache=True, _nrt=False)
+def promote_ready(cfg, p, rq, wl, wk, w, now_ms, path, scratch_tokens):
+    """The reference's ``promote_prebuilt_ready``: activated requests join the running
+    batch in activation order while running slots remain, each an admission with no
+    reused tokens (its prompt came over the transfer); its prompt's complete pages
+    enter the tree now (``cache_prefix``: duplicates of pages the tree has go back).
+    A promotion starts a capacity generation, so the pending head is tried again at
+    the pass end (reference runs e1, e8: a destination that fits once an activated
+    prompt is in the tree is reserved at the end of the pass that promoted it).
+    Returns how many."""
+    n = 0
+    while wk.i64[w, WK_SG_READY_LEN] > 0 and wk.i64[w, WK_RUN_LEN] < cfg.i64[w, CFG_MAX_NUM_SEQS]:
+        q = wk.i64[w, WK_SG_READY_HEAD]
+        wk.i64[w, WK_SG_READY_HEAD] = rq.i64[q, RQ_SG_READY_NEXT]
+        wk.i64[w, WK_SG_READY_LEN] -= 1
+        if wk.i64[w, WK_SG_READY_LEN] == 0:
+            wk.i64[w, WK_SG_READY_TAIL] = -1
+        rq.i64[q, RQ_SG_READY_NEXT] = -1
+        rq.i64[q, RQ_ADMISSIONS] += 1
+        if rq.i64[q, RQ_FIRST_CACHED] < 0:
+            rq.i64[q, RQ_FIRST_CACHED] = 0
+            rq.f64[q, RQF_FIRST_ADMIT_MS] = now_ms
+        rq.i64[q, RQ_STATUS] = RS_RUNNING
+        run_push_back(wk, w, q)
+        if event_log_on(p):
+            note_event(p, w, EV_ADMITTED, q, np.int64(0), rq.i64[q, RQ_ADMISSIONS])
+        cache_prefix(cfg, p.radix, rq, wl, w, q, path, scratch_tokens)
+        n += 1
+    if n > 0:
+        wk.i64[w, WK_CAP_GEN] += 1
+    return n
 
 
 # ---------------------------------------------------------------------------------
@@ -545,6 +649,11 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 n_rejected += 1
                 continue
             j += 1
+    # a decode rank: activated destinations join the running batch first (they are
+    # already in it when a prefill batch stalls the running requests)
+    n_promoted = promote_ready(cfg, p, rq, wl, wk, w, now_ms, path, scratch_tokens) \
+        if wk.i64[w, WK_SG_READY_LEN] > 0 else 0
+    acc[5] += n_promoted
     if cfg.i64[w, CFG_SG_LPM] != 0:
         lpm_order(cfg, r, rq, wl, wk, w, scratch_tokens)
     prev = wk.i64[w, WK_RUN_LEN]
@@ -552,7 +661,11 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     # the next `interval` passes form no prefill batch, chunk continuations included
     rounds = wk.i64[w, WK_SG_PREFILL_ROUNDS]
     defer_prefill = rounds > 0
-    if not defer_prefill and not _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
+    # no fresh prefill batch either while activated requests still wait for a slot or
+    # a destination is pending (not yet reserved) on this rank (engine.md 10.3)
+    fresh_kv = wk.i64[w, WK_SG_READY_LEN] == 0 and wk.i64[w, WK_PEND_LEN] == 0
+    if fresh_kv and not defer_prefill \
+            and not _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
         return now_ms, True, True
     b = acc[1]
     # a deferred pass with nothing to decode is idle: it does not decay the ratio, and
@@ -573,10 +686,15 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     dc_n = 0
     dc_kv = 0
     if b > 0:
-        # prefill-only pass: the running requests before the new ones wait
-        end_ms = now_ms + ns_to_ms(prefill_ns(cfg, w, b, acc[2], acc[3]))
+        # prefill-only pass: the running requests before the new ones wait. A decode
+        # worker charges no prefill time (a retracted request's recompute there is free)
+        if cfg.i64[w, CFG_ROLE] == ROLE_DECODE:
+            end_ms = now_ms + 0.0
+        else:
+            end_ms = now_ms + ns_to_ms(prefill_ns(cfg, w, b, acc[2], acc[3]))
         n_run = wk.i64[w, WK_RUN_LEN]
         # §6.2 first tokens of the newly prefilled requests, in order
+        prefill_role = cfg.i64[w, CFG_ROLE] == ROLE_PREFILL
         need = 0
         for j in range(prev, n_run):
             q = wk.run_q[off + j]
@@ -590,6 +708,11 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             if rem == 0:
                 continue  # terminal without a token
             if rem == 1:  # its only token is its last: no KV slot for it
+                if prefill_role:
+                    # a disaggregated source: its prefilled prompt enters the tree now
+                    # and stays locked while the source is held (reference run
+                    # sx-pd-seqs: a held prompt is a prefix hit for later prefills)
+                    cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
                 run_gap, run_count, _ = emit_token(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
                                                  log_outputs, _remaining(rq, q) == 1)
                 n_tokens += 1
@@ -690,7 +813,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     while q >= 0:
         rq.f64[q, RQF_TERMINAL_MS] = end_ms
         q = rq.i64[q, RQ_TERM_NEXT]
-    had_effect = b > 0 or n_tokens > 0 or n_rejected > 0 or n_retracted > 0 \
+    had_effect = b > 0 or n_tokens > 0 or n_rejected > 0 or n_retracted > 0 or n_promoted > 0 \
         or wk.i64[w, WK_TERM_HEAD] >= 0
     prefilled = acc[2] - acc[3] > 0  # a fully cached zero-output admission is no prefill
     if interval_idle and not (prefilled or (b == 0 and n_tokens > 0)):

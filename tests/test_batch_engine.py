@@ -582,3 +582,19 @@ def test_workers_past_the_last_arrival_get_no_unit():
     exact = run_batch([_golden_sim("1k_vllm_agg2", workers=1000)]).check()
     pd.testing.assert_frame_equal(many.requests[0], exact.requests[0], check_exact=True)
     assert len(replay_module._worker_shards(_golden_sim("1k_vllm_agg2", workers=50_000))) == 1000
+
+
+def test_kernel_sets_compile_under_names_of_their_own():
+    """Numba names a closure's machine code after its qualified name and a per-process
+    counter, so two kernel sets compiled in different processes into one cache could
+    share a symbol, and a process loading both ran one set's loop for the other (an
+    SGLang disaggregated batch ran the aggregated loop after an aggregated run). Each
+    set's event loop and batch entry carries its own name."""
+    from aisim_fast.kernels import event_loop as E
+    loops = [E.run_aggregated_simulation, E.run_disaggregated_simulation, E.run_sglang_simulation,
+             E.run_sglang_disaggregated_simulation]
+    entries = [E.replay_aggregated_batch, E.replay_disaggregated_batch, E.replay_sglang_batch,
+               E.replay_sglang_disaggregated_batch]
+    for group in (loops, entries):
+        names = [d.py_func.__qualname__ for d in group]
+        assert len(set(names)) == len(names), names

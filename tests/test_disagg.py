@@ -101,6 +101,55 @@ def test_audit_names_the_request_that_disagrees(disagg_batch, case, column, shif
 
 
 # ------------------------------------------------------------------------------------------------
+# SGLang: the DestinationFirst order
+# ------------------------------------------------------------------------------------------------
+SGLANG_PD_CASES = ["1k_sglang_disagg1p2d"]
+
+
+@pytest.fixture(scope="module")
+def sglang_pd_batch():
+    sims = [simulation(c) for c in SGLANG_PD_CASES]
+    return sims, run_batch(sims, record_handoffs=True)
+
+
+def test_sglang_handoffs_follow_the_destination_first_order(sglang_pd_batch):
+    """Per request the journal holds the six DestinationFirst events in their order, the
+    coordinator (DestinationFirst rules) issues what the kernel executed, and every
+    reservation precedes its prefill."""
+    expected = ["DestinationAccepted", "DestinationReserved", "SourceHeld",
+                "DestinationActivated", "SourceReleased", "Completed"]
+    sims, res = sglang_pd_batch
+    summary = audit_handoffs(audited_runs(sims, res))
+    assert summary.handoffs == len(res.requests[0]) == 1000
+    journal = res.handoffs[0]
+    per_request = journal.groupby(["request_id", "turn_index"], sort=False)["event"].agg(list)
+    bad = per_request[per_request.map(lambda events: events != expected)]
+    assert bad.empty, f"{bad.index[0]} has {bad.iloc[0]}"
+    frame = res.requests[0]
+    assert (frame["destination_reserved_ms"] <= frame["prefill_admit_ms"]).all()
+    assert (frame["source_held_ms"] <= frame["destination_activated_ms"]).all()
+
+
+def test_sglang_audit_names_a_reservation_after_its_prefill(sglang_pd_batch):
+    sims, res = sglang_pd_batch
+    run = audited_runs(sims, res)[0]
+    frame = run.requests.copy()
+    frame.loc[7, "destination_reserved_ms"] = frame.loc[7, "prefill_admit_ms"] + 1.0
+    with pytest.raises(HandoffAuditError, match=frame.loc[7, "request_id"] + r"\b.*prefill_admit_ms"):
+        audit_handoffs([dataclasses.replace(run, requests=frame)])
+
+
+def test_every_sglang_pd_run_drains(sglang_pd_batch):
+    """Prefill and decode trees end with no locked page: every source was released and
+    every decode request finished."""
+    sims, res = sglang_pd_batch
+    left = res.leftovers[0]
+    assert not left["active_blocks"].any()
+    assert left["open_handoffs"] == left["queued_actions"] == left["transfers_in_flight"] == 0
+    assert not left["queued_requests"].any() and not left["pending_destinations"].any()
+
+
+# ------------------------------------------------------------------------------------------------
 # conformance record (seed rules)
 # ------------------------------------------------------------------------------------------------
 def test_vllm_conformance_record_validates():

@@ -62,6 +62,7 @@ FAST_CASES = [
     "1k_vllm_disagg1p2d_bw",
     "1k_sglang_agg2",
     "10k_sglang_agg8",
+    "1k_sglang_disagg1p2d",
 ] + MINI_CASES
 SLOW_CASES = ["10k_vllm_agg8", "10k_vllm_disagg2p4d"]
 ALL_CASES = FAST_CASES + [pytest.param(c, marks=pytest.mark.slow) for c in SLOW_CASES]

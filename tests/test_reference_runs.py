@@ -35,11 +35,7 @@ CASES = sorted([*DATA.glob("differential/seed*"), *DATA.glob("disagg_corners/*/"
                 *DATA.glob("golden_sglang/sx-*/")])
 
 # case name -> what still differs (strict xfail)
-OPEN: dict[str, str] = {
-    "seed53_case0082": "SGLang lpm, two workers, 2000 one-token pages, chunks of 64: both stop at an "
-                       "effect-free zero-duration pass, the reference with 8 requests in flight, "
-                       "aisim_fast with 28 (the same on the tree before the output plan)",
-}
+OPEN: dict[str, str] = {}
 
 
 def _run(case: Path):
