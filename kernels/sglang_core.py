@@ -588,19 +588,27 @@ def _sort_for_retraction(rq, wk, w):
 
 @njit(cache=True, _nrt=False)
 def _decode_need(r, rq, wk, w):
+    """(tokens the running batch's next tokens need beyond their pages, the batch's
+    sequence tokens): the decode step's memory need and its timing input, in one
+    walk of the running list."""
     ps = r.w64[w, RW_PAGE_SIZE]
     off = wk.i64[w, WK_RUN_OFF]
     need = 0
+    kv = 0
     if ps == 1:  # no page rounding (and no division per request and pass)
         for j in range(wk.i64[w, WK_RUN_LEN]):
             q = wk.run_q[off + j]
-            need += max(0, _seq(rq, q) + min(1, _remaining(rq, q)) - rq.i64[q, RQ_ALLOCATED])
-        return need
+            seq = _seq(rq, q)
+            kv += seq
+            need += max(0, seq + min(1, _remaining(rq, q)) - rq.i64[q, RQ_ALLOCATED])
+        return need, kv
     for j in range(wk.i64[w, WK_RUN_LEN]):
         q = wk.run_q[off + j]
-        grow = ceil_div(_seq(rq, q) + min(1, _remaining(rq, q)), ps) * ps - rq.i64[q, RQ_ALLOCATED]
+        seq = _seq(rq, q)
+        kv += seq
+        grow = ceil_div(seq + min(1, _remaining(rq, q)), ps) * ps - rq.i64[q, RQ_ALLOCATED]
         need += max(0, grow)
-    return need
+    return need, kv
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -735,7 +743,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         _finish_done(cfg, p, rq, wl, wk, w, np.int64(0), path, scratch_tokens)
         # memory check and retraction
         while True:
-            need = _decode_need(r, rq, wk, w)
+            need, dc_kv = _decode_need(r, rq, wk, w)
             if rx.available_tokens(r, w) + r.w64[w, RW_EVICTABLE] >= need or wk.i64[w, WK_RUN_LEN] <= 1:
                 break
             if n_retracted == 0:
@@ -766,7 +774,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             floor_tokens = RETRACT_STEPS * wk.i64[w, WK_RUN_LEN]
             if rx.available_tokens(r, w) < floor_tokens:
                 rx.evict(r, w, floor_tokens - rx.available_tokens(r, w))
-        need = _decode_need(r, rq, wk, w)
+        if n_retracted > 0:  # else the check above saw this very batch
+            need, dc_kv = _decode_need(r, rq, wk, w)
         _evict_for(r, w, need)
         n_run = wk.i64[w, WK_RUN_LEN]
         if n_retracted > 0:
@@ -777,8 +786,6 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 out_sum += float(rq.i64[q, RQ_GENERATED])
                 max_sum += float(rq.i64[q, RQ_MAX_OUTPUT])
             _set_ratio(wk, w, min(1.0, (out_sum + float(RETRACT_STEPS) * float(n_run)) / (max_sum + 1.0)))
-        for j in range(n_run):
-            dc_kv += _seq(rq, wk.run_q[off + j])
         dc_n = n_run
         total_kv = cfg.i64[w, CFG_NUM_GPU_BLOCKS] * ps
         end_ms = (now_ms + 0.0 + 0.0) + ns_to_ms(decode_ns(cfg, w, dc_n, dc_kv, total_kv))
