@@ -4,7 +4,7 @@ Every measurement runs in its own Python process whose Numba cache points at an
 empty folder, so it compiles from scratch:
 
 * ``trace``: loading the bundled trace (the compiled trace scanner);
-* ``aggregated`` / ``disaggregated`` / ``sglang``: one tiny replay of that kernel set with every
+* ``aggregated`` / ``disaggregated`` / ``sglang`` / ``sglang_disaggregated``: one tiny replay of that kernel set with every
   simulated backend in one batch (the topology's entry kernel and all it calls, the
   prompt hashing and the sketch merge), after the trace kernels are warm;
 * ``default run``: the README's first command (``aisim-fast replay --backend vllm
@@ -16,7 +16,7 @@ start costs and it varies far less than wall time. A second, warm run of each
 shows the cache-load cost. ``--rounds R`` repeats everything and keeps each
 figure's best.
 
-    python benchmarks/bench_compile.py [--rounds 2]
+    python benchmarks/bench_compile.py [--rounds 2] [--parts sglang,sglang_disaggregated]
 """
 
 from __future__ import annotations
@@ -89,14 +89,22 @@ def measure_default_run() -> dict:
             "warm_wall_s": warm_wall}
 
 
+PARTS = ("trace", "aggregated", "disaggregated", "sglang", "sglang_disaggregated", "default run")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=1, help="repeat and keep the best figures")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help="kernel sets to measure (comma-separated; 'default run' = the README's "
+                             "first command), all by default")
     args = parser.parse_args()
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     best: dict[str, dict] = {}
     for _ in range(args.rounds):
-        results = {part: measure_part(part) for part in ("trace", "aggregated", "disaggregated", "sglang")}
-        results["default run"] = measure_default_run()
+        results = {part: measure_part(part) for part in parts if part != "default run"}
+        if "default run" in parts:
+            results["default run"] = measure_default_run()
         for name, figures in results.items():
             kept = best.setdefault(name, figures)
             for key, value in figures.items():
