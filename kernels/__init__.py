@@ -50,9 +50,9 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
 COMPILE_PARTS = {
     "trace": ("the trace loader", 5),
     "aggregated": ("aggregated replay", 78),
-    "disaggregated": ("disaggregated replay", 105),
+    "disaggregated": ("disaggregated replay", 75),
     "sglang": ("SGLang replay", 70),
-    "sglang_disaggregated": ("disaggregated SGLang replay", 115),
+    "sglang_disaggregated": ("disaggregated SGLang replay", 80),
     "events": ("the event tables", 5),
 }
 _ANNOUNCED: set[str] = set()

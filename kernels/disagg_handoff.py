@@ -5,6 +5,12 @@ SubmitPrefill once the reservation holds, StartTransfer once the source is held;
 the rest as below). What an SGLang rank does on each command is
 ``sglang_handoff``'s.
 
+The entry points take ``sg``: None in the vLLM / TRT-LLM event loop, a constant in
+the SGLang one (both pools of a simulation run one backend). Numba removes an
+``if sg is None`` branch by the argument's type before typing it, so the vLLM set
+compiles none of the SGLang code and the SGLang set none of vLLM's leases (a branch
+on the worker's policy code compiled both into each, 28 CPU-seconds more).
+
 A logical request is served by two request rows (see ``layout``): its prefill row
 runs on a prefill worker with one output token; when that pass ends the source KV
 is held (SourceHeld) and the handoff continues with the logical row on a decode
@@ -34,7 +40,7 @@ from numba import njit
 from .block_pool import release_ref, table_find
 from .layout import (
     ACT_ACTIVATE, ACT_NONE, ACT_RELEASE, ACT_RESERVE, ACT_START_TRANSFER, ACT_SUBMIT_PREFILL,
-    CFG_POLICY, DF_NEXT_ON_DESTINATION_RESERVED, DF_NEXT_ON_SOURCE_HELD, POLICY_SGLANG, SM_DEST_FIRST,
+    DF_NEXT_ON_DESTINATION_RESERVED, DF_NEXT_ON_SOURCE_HELD, SM_DEST_FIRST,
     CFGF_HANDOFF_LATENCY_MS, CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN, CFG_BLOCK_SIZE,
     CFG_PREFIX_CACHING, CFG_TRANSFER_MODE, CMD_APPLIED, CMD_NOOP, HE_COMPLETED,
     HE_DESTINATION_ACCEPTED, HE_DESTINATION_ACTIVATED, HE_DESTINATION_RESERVED, HE_SOURCE_HELD,
@@ -190,14 +196,14 @@ def _load_prompt_hashes(rq, wl, q):
 
 
 @njit(cache=True, _nrt=False)
-def _retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens):
+def _retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens, sg):
     """Try to reserve the head of worker w's pending-destination FIFO (at most one
     per call, at most one attempt per capacity generation). Returns the reserved
     row, -1 when nothing was reserved, -2 when the block arena is exhausted."""
     q = wk.i64[w, WK_PEND_HEAD]
     if q < 0 or rq.i64[q, RQ_ATTEMPT_GEN] == wk.i64[w, WK_CAP_GEN]:
         return -1
-    if cfg.i64[w, CFG_POLICY] == POLICY_SGLANG:
+    if sg is not None:
         res = sglang_handoff.reserve_destination(cfg, p, rq, wl, w, q, scratch_tokens)
         if res < 0:
             return -2
@@ -365,11 +371,11 @@ def cancel_destination(cfg, p, rq, wk, q):
 # actions
 # ---------------------------------------------------------------------------------
 @njit(cache=True, _nrt=False)
-def _retry_and_report(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens):
+def _retry_and_report(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens, sg):
     """Retry worker w's pending head; a reservation is a DestinationReserved fact, on
     which the coordinator starts the transfer (SourceFirst) or submits the prefill
     (DestinationFirst). Returns (reserved, arena exhausted)."""
-    r = _retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens)
+    r = _retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens, sg)
     if r == -2:
         return False, True
     if r < 0:
@@ -391,7 +397,7 @@ def _fail_request(rq, sims, s, q, status, now_ms):
 
 
 @njit(cache=True, _nrt=False)
-def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tokens):
+def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tokens, sg):
     """Execute the queued action of handoff q. Returns False when the block arena is
     exhausted."""
     kind = rq.i64[q, RQ_ACTION]
@@ -406,7 +412,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
         rq.i64[qp, RQ_STATUS] = RS_WAITING
         rq.i64[qp, RQ_UUID] = rq.i64[q, RQ_UUID]
         rq.f64[qp, RQF_ARRIVAL_MS] = rq.f64[q, RQF_ARRIVAL_MS]
-        if cfg.i64[wp, CFG_POLICY] != POLICY_SGLANG:  # SGLang keys its pages itself
+        if sg is None:  # SGLang keys its pages itself
             _load_prompt_hashes(rq, wl, qp)
         wait_push_back(wk, wp, qp)
         wake(wk, wp)
@@ -416,8 +422,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
         n_decode = sims.i64[s, SM_W_LEN] - n_prefill
         wd = place(sims, s, w0 + n_prefill, n_decode, SM_DECODE_CURSOR)
         rq.i64[q, RQ_WORKER] = wd
-        sglang = cfg.i64[wd, CFG_POLICY] == POLICY_SGLANG
-        if dest_first:
+        if sg is not None:  # DestinationFirst: the handoff opens with its reservation
             sims.i64[s, SM_OPEN_HANDOFFS] += 1
             if sglang_handoff.destination_impossible(cfg, rq, wd, q):
                 # refused before any source exists: the handoff ends here
@@ -434,7 +439,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
             _fail_request(rq, sims, s, q, TERM_FAILED, now_ms)
             queue_action(rq, sims, s, q, ACT_RELEASE)
             return True
-        if not sglang:
+        if sg is None:
             _load_prompt_hashes(rq, wl, q)
         rq.i64[q, RQ_STATUS] = RS_PENDING_DEST
         rq.i64[q, RQ_ORDINAL] = wk.i64[wd, WK_ORDINAL_NEXT]
@@ -456,7 +461,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
             wake(wk, wd)
         if wk.i64[wd, WK_BUSY] == 0:
             _, full = _retry_and_report(cfg, p, rq, wl, wk, sims, s, wd, now_ms, hits, fresh,
-                                        scratch_tokens)
+                                        scratch_tokens, sg)
             return not full
     elif kind == ACT_START_TRANSFER:
         wp = rq.i64[qp, RQ_WORKER]
@@ -481,7 +486,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
             rq.i64[q, RQ_ACTION] = kind
             _defer(rq, wk, wd, q)
             return True
-        if cfg.i64[wd, CFG_POLICY] == POLICY_SGLANG:
+        if sg is not None:
             sglang_handoff.activate_destination(cfg, p, rq, wk, wd, q)
             wake(wk, wd)
             published, visible_before = 0, 0  # nothing enters the tree before promotion
@@ -491,7 +496,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
         _journal(sims, s, HE_DESTINATION_ACTIVATED, q, now_ms, published, visible_before)
         queue_action(rq, sims, s, q, NEXT_ON_DESTINATION_ACTIVATED)
         _, full = _retry_and_report(cfg, p, rq, wl, wk, sims, s, wd, now_ms, hits, fresh,
-                                    scratch_tokens)
+                                    scratch_tokens, sg)
         return not full
     elif kind == ACT_RELEASE:
         wp = rq.i64[qp, RQ_WORKER]
@@ -499,7 +504,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
             rq.i64[q, RQ_ACTION] = kind
             _defer(rq, wk, wp, q)
             return True
-        if cfg.i64[wp, CFG_POLICY] == POLICY_SGLANG:
+        if sg is not None:
             sglang_handoff.release_source(cfg, p, rq, wl, wk, wp, qp, hits, scratch_tokens)
         else:
             release_lease(cfg, p, rq, wp, qp)
@@ -516,7 +521,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
 
 
 @njit(cache=True, _nrt=False)
-def complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens):
+def complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens, sg):
     """Pass end of worker w. Returns (reserved a destination, arena exhausted)."""
     wk.i64[w, WK_BUSY] = 0
     _requeue_deferred(rq, wk, sims, s, w)
@@ -544,7 +549,7 @@ def complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, sc
     wk.i64[w, WK_TERM_TAIL] = -1
     if prefill:
         return False, False
-    return _retry_and_report(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens)
+    return _retry_and_report(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens, sg)
 
 
 @njit(cache=True, _nrt=False)
@@ -560,14 +565,14 @@ def drain_transfers(rq, sims, s, now_ms):
 
 
 @njit(cache=True, _nrt=False)
-def drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh, scratch_tokens):
+def drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh, scratch_tokens, sg):
     """Run the FIFO action queue empty, actions it appends included. Returns
     (whether any ran, arena exhausted)."""
     ran = False
     while sims.i64[s, SM_ACTQ_LEN] > 0:
         ran = True
         if not _run_action(cfg, p, rq, wl, wk, sims, s, _pop_action(sims, s), now_ms, hits, fresh,
-                           scratch_tokens):
+                           scratch_tokens, sg):
             return ran, True
     return ran, False
 

@@ -60,6 +60,8 @@ def _event_loop(disaggregated, sglang=False):
     """The event loop compiled for one topology (``disaggregated`` is a constant) and
     backend family (``sglang``: SGLang workers; else vLLM / TRT-LLM)."""
     pass_kernel = sglang_run_pass if sglang else run_pass
+    # the handoff's backend: its type prunes the other backend's code (disagg_handoff)
+    sg = 1 if sglang else None
 
     def run_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh, scratch_tokens):
         """Advance simulation s through every instant up to ``horizon_ms``, until it is
@@ -100,7 +102,7 @@ def _event_loop(disaggregated, sglang=False):
                         changed = True
                         if disaggregated:
                             _, full = complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits,
-                                                           fresh, scratch_tokens)
+                                                           fresh, scratch_tokens, sg)
                             if full:
                                 sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                                 return
@@ -113,7 +115,7 @@ def _event_loop(disaggregated, sglang=False):
                         changed = True
                     if disaggregated:
                         ran, full = drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh,
-                                                  scratch_tokens)
+                                                  scratch_tokens, sg)
                         if full:
                             sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                             return
@@ -168,7 +170,7 @@ def _event_loop(disaggregated, sglang=False):
                             if disaggregated:
                                 # a decode worker's reservation retry at completion is an effect
                                 reserved, full = complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w,
-                                                                      now_ms, hits, fresh, scratch_tokens)
+                                                                      now_ms, hits, fresh, scratch_tokens, sg)
                                 if full:
                                     sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                                     return
