@@ -643,8 +643,8 @@ def select_rows(w: Workload, rows) -> Workload:
         raise ValueError("select_rows needs whole sessions with their turns in order")
     counts = w.hash_indptr[rows + 1] - w.hash_indptr[rows]
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    take = np.concatenate([np.arange(w.hash_indptr[r], w.hash_indptr[r + 1]) for r in rows]) \
-        if len(rows) else np.zeros(0, np.int64)
+    # every hash id of the rows, in row order: each row's run of its source's ids
+    take = np.repeat(w.hash_indptr[rows] - indptr[:-1], counts) + np.arange(indptr[-1], dtype=np.int64)
     start_ms = w.start_ms[rows]
     out_plan, authored_tokens = w.output_plan()
     return w._replace(
