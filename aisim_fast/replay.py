@@ -1186,7 +1186,7 @@ class BatchRun:
     def __init__(self, sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
                  record_passes: bool = True, record_handoffs: bool = False, event_rows: int = 0,
                  log_outputs: bool = False, growable: bool = False, sim_names=None, log_kv: bool = True,
-                 spill_passes: bool = False):
+                 spill_passes: bool = False, kernel_parts=None):
         self.growable = growable
         self._fixed_queues = [sim.queue_slots is not None for sim in sims]
         if growable:
@@ -1205,7 +1205,9 @@ class BatchRun:
         self.sim_names = list(range(len(sims))) if sim_names is None else list(sim_names)
         self.event_rows = event_rows
         # before build_state, whose prompt hashing compiles too
-        compile_notice(sorted({kernel_set(sim) for sim in sims}) + (["events"] if event_rows else []))
+        # (``kernel_parts``: the kernel sets the caller will run instead of the event loop's)
+        compile_notice((sorted({kernel_set(sim) for sim in sims}) if kernel_parts is None else list(kernel_parts))
+                       + (["events"] if event_rows else []))
         # the pass log is a buffer the driver drains whenever it fills: a batch of many
         # simulations (or worker units) shares one budget instead of 64k rows each
         rows = min(pass_log_rows, max(MIN_PASS_LOG_ROWS, PASS_LOG_BUDGET_ROWS // max(1, len(sims))))
@@ -1310,7 +1312,7 @@ class BatchRun:
                     f"simulation {self.sim_names[s]}: an added request starts at t={starts[0]:.6f} ms, "
                     f"not after the simulation's clock t={now_ms:.6f} ms")
         state = self.state
-        sizes = [sim.rank.block_size] + ([sim.prefill_rank.block_size] if sim.disaggregated else [])
+        sizes = [_table_key(workload, r)[1] for r in [sim.rank] + ([sim.prefill_rank] if sim.disaggregated else [])]
         table_rows = append_workload_rows(state, workload, sizes)
         added = dataclasses.replace(sim, workload=workload)
         tpl = _sim_template(added, table_rows, {})

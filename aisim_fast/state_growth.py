@@ -49,7 +49,8 @@ def kernel_output_plan(workload, authored_base: int) -> tuple[np.ndarray, np.nda
 
 def append_workload_rows(state: KernelState, workload, block_sizes) -> dict:
     """Append the trace rows of ``workload`` once per engine block size (prompt tokens
-    and prompt block hashes); returns {(id(workload), block size): first table row}."""
+    and prompt block hashes; block size 0: an SGLang pool's rows, without hashes);
+    returns {(id(workload), block size): first table row}."""
     wl = state.wl
     rows = {}
     parts = dict(hash_indptr=[wl.hash_indptr[:-1]], hash_ids=[wl.hash_ids],
@@ -61,10 +62,14 @@ def append_workload_rows(state: KernelState, workload, block_sizes) -> dict:
     input_len = workload.input_len.astype(np.int64)
     for bs in dict.fromkeys(block_sizes):
         rows[(id(workload), bs)] = n_rows
-        indptr = count_prompt_blocks(input_len, bs)
-        phash = np.empty(indptr[-1], np.uint64)
-        hash_prompt_blocks(workload.hash_indptr, workload.hash_ids, input_len,
-                           workload.trace_block_size, bs, indptr, phash)
+        if bs == 0:  # an SGLang pool's rows: no hashes (replay._table_key)
+            indptr = np.zeros(len(input_len) + 1, np.int64)
+            phash = np.zeros(0, np.uint64)
+        else:
+            indptr = count_prompt_blocks(input_len, bs)
+            phash = np.empty(indptr[-1], np.uint64)
+            hash_prompt_blocks(workload.hash_indptr, workload.hash_ids, input_len,
+                               workload.trace_block_size, bs, indptr, phash)
         parts["hash_indptr"].append(workload.hash_indptr[:-1] + hash_end)
         parts["hash_ids"].append(workload.hash_ids)
         parts["trace_block_size"].append(np.full(len(input_len), workload.trace_block_size, np.int64))

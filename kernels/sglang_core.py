@@ -278,6 +278,35 @@ def release_on_retraction(r, rq, w, q):
     rq.i64[q, RQ_ALLOCATED] = 0
 
 
+@njit(cache=True, _nrt=False)
+def drop_queued(r, rq, wk, w, q):
+    """CancelRequest of q on SGLang worker w: out of the running list or the waiting
+    queue, its lease aborted like a retraction's (pages beyond the cached prefix
+    freed, the lock released: the prefix already in the tree stays, evictable).
+    Returns -1 when q is in neither, else whether capacity moved (a freed page or a
+    released lock), which bumps the rank's capacity generation."""
+    off = wk.i64[w, WK_RUN_OFF]
+    found = False
+    for j in range(wk.i64[w, WK_RUN_LEN]):
+        if wk.run_q[off + j] == q:
+            run_remove_at(wk, w, j)
+            found = True
+            break
+    if not found:
+        for j in range(wk.i64[w, WK_WAIT_LEN]):
+            if wait_at(wk, w, j) == q:
+                wait_remove_at(wk, w, j)
+                found = True
+                break
+    if not found:
+        return -1
+    ps = r.w64[w, RW_PAGE_SIZE]
+    moved = rq.i64[q, RQ_ALLOCATED] // ps > rq.i64[q, RQ_SG_CACHED] // ps \
+        or (rq.i64[q, RQ_SG_LAST] >= 0 and rq.i64[q, RQ_SG_LAST] != rx.root(r, w))
+    release_on_retraction(r, rq, w, q)
+    return 1 if moved else 0
+
+
 # ---------------------------------------------------------------------------------
 # outputs
 # ---------------------------------------------------------------------------------

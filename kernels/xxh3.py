@@ -589,3 +589,12 @@ def synthetic_output_token(uuid_hi, uuid_lo, ordinal):
     acc += _mix16_words(word0, word1, _SECRET_W0, _SECRET_W8, _ZERO)
     acc += _mix16_words(word1, word2, _SECRET_W16, _SECRET_W24, _ZERO)
     return np.uint32(_xxh3_avalanche(acc) & _MASK32)
+
+
+@njit(cache=True)
+def synthetic_output_tokens(uuid_hi, uuid_lo, count):
+    """``synthetic_output_token`` of ordinals 0 .. count - 1 (a request's outputs)."""
+    out = np.empty(count, np.uint32)
+    for k in range(count):
+        out[k] = synthetic_output_token(uuid_hi, uuid_lo, np.uint64(k))
+    return out

@@ -1,0 +1,803 @@
+"""The rank protocol as a library: drive one scheduler rank (or thousands) command by
+command, as routers and schedulers do, and read its effects and KV events.
+
+A rank is one engine rank of the reference (vLLM, TRT-LLM or SGLang), aggregated.
+The caller owns the clock::
+
+    rank = Rank({"backend": "vllm", "block_size": 4, "num_gpu_blocks": 64})
+    rank.apply(Submit(Request("r1", tokens=list(range(8)), max_output_tokens=3)), now_ms=0.0)
+    start = rank.start_pass(now_ms=0.0)          # admissions, pressure events
+    done = rank.complete_pass()                  # at start.end_ms: outputs, KV events
+
+Everything runs on the replay's kernels (``kernels.rank_step`` over the scheduler
+cores), so a rank behaves exactly as a worker of a replay does. Types and field
+names are the seed protocol's (``Submit``, ``CommandEffects``, ``PassStartEffects``,
+``PassCompletionEffects``, ``Output``, ``KvEvent``, ...); all are frozen dataclasses.
+
+``RankGroup`` is the batch form: many ranks in one kernel state, each command or pass
+step applied to a list of ranks in one kernel call.
+
+Not simulated yet: the disaggregated handoff commands (SubmitHandoffPrefill,
+ReserveDestination, ActivateDestination, ReleaseSource, CancelSource,
+CancelDestination), attention DP (one dp_rank 0 per rank), and the variance and
+queued-work fields of ``ForwardPassMetrics``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass
+from typing import Iterable, Sequence, Union
+
+import numpy as np
+
+from aisim_fast.config import ConfigError, RankConfig, check_rank, parse_rank
+from aisim_fast.kernels import layout as L
+from aisim_fast.workload import Workload
+
+RequestId = Union[str, int, uuid.UUID]
+
+
+# ---------------------------------------------------------------------------------
+# protocol types
+# ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    """A request as a rank takes it: prompt token ids, the output length asked for,
+    and optionally the exact output token ids (their count then is the length).
+    Without ``output_token_ids`` a rank emits the reference's synthetic tokens
+    (``synthetic_output_tokens``)."""
+    request_id: RequestId
+    tokens: Sequence[int]
+    max_output_tokens: int
+    output_token_ids: Sequence[int] | None = None
+
+
+@dataclass(frozen=True)
+class Submit:
+    request: Request
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    request_id: RequestId
+    discard_pending_output: bool = False
+
+
+@dataclass(frozen=True)
+class Submitted:
+    request_id: RequestId
+
+
+@dataclass(frozen=True)
+class Applied:
+    pass
+
+
+@dataclass(frozen=True)
+class Noop:
+    pass
+
+
+APPLIED = Applied()
+NOOP = Noop()
+CommandResult = Union[Submitted, Applied, Noop]
+
+
+@dataclass(frozen=True)
+class KvBlock:
+    block_hash: int
+    tokens_hash: int
+    token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Consecutive blocks that became prefix-cache visible; ``parent_hash`` is the
+    block before the first one (None at a sequence's block 0)."""
+    parent_hash: int | None
+    blocks: tuple[KvBlock, ...]
+
+
+@dataclass(frozen=True)
+class Removed:
+    """The last physical copy of each of these hashes was evicted."""
+    block_hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class KvEvent:
+    event_id: int          # rank-local, from 0, strictly increasing
+    dp_rank: int
+    data: Union[Stored, Removed]
+
+
+@dataclass(frozen=True)
+class Admission:
+    request_id: RequestId
+    reused_input_tokens: int
+
+
+@dataclass(frozen=True)
+class PressureState:
+    running_requests: int
+    waiting_requests: int | None
+    active_blocks: int
+
+
+@dataclass(frozen=True)
+class PressureEvent:
+    at_ms: float
+    kind: str              # "vllm_preemption" | "sglang_retraction"
+    request_id: RequestId
+    state_before: PressureState
+    state_after: PressureState
+    request_active_blocks_before: int
+    logical_available_blocks_before: int | None
+    required_blocks_before: int | None
+
+
+@dataclass(frozen=True)
+class Output:
+    """One client-visible output: a token, or (token_id None, completed) a terminal
+    without token (zero output, rejection). ``cached_tokens``: vLLM / TRT-LLM, on a
+    request's first output only, the prompt tokens its first admission reused."""
+    request_id: RequestId
+    token_id: int | None
+    completed: bool
+    rejected: bool = False
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Metrics:
+    dp_rank: int
+    active_blocks: int
+    total_blocks: int
+    cache_usage: float
+    running_requests: int
+    waiting_requests: int
+    preemptions_total: int
+    sglang_cache_hit_tokens: int = 0
+    sglang_cache_total_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ForwardPassMetrics:
+    """The pass's batch as the pass log records it (variances and queued-work
+    counts of the reference's ForwardPassMetrics are not recorded)."""
+    num_prefill_requests: int
+    sum_prefill_tokens: int
+    sum_prefill_kv_tokens: int
+    num_decode_requests: int
+    sum_decode_kv_tokens: int
+    duration_ms: float
+
+
+@dataclass(frozen=True)
+class CommandEffects:
+    result: CommandResult
+    lifecycle_events: tuple = ()
+    kv_events: tuple[KvEvent, ...] = ()
+    retired_requests: tuple[RequestId, ...] = ()
+    metrics: Metrics | None = None
+    suppressed_pending_output: bool = False
+
+
+@dataclass(frozen=True)
+class PassStartEffects:
+    start_ms: float
+    end_ms: float          # the modeled pass end: complete the pass then
+    admissions: tuple[Admission, ...] = ()
+    pressure_events: tuple[PressureEvent, ...] = ()
+    kv_events: tuple[KvEvent, ...] = ()   # always empty: KV events are visible at completion
+
+
+@dataclass(frozen=True)
+class PassCompletionEffects:
+    outputs: tuple[Output, ...]
+    lifecycle_events: tuple
+    kv_events: tuple[KvEvent, ...]
+    metrics: Metrics
+    forward_pass_metrics: ForwardPassMetrics | None
+
+
+class RankError(ValueError):
+    """A command the rank refuses (the rank is unchanged)."""
+
+
+# ---------------------------------------------------------------------------------
+# synthetic output tokens
+# ---------------------------------------------------------------------------------
+def _uuid_bytes(request_id: RequestId) -> bytes:
+    """The request's 16 UUID bytes (RFC order): a UUID, an int, or a string that is a
+    UUID; another string is hashed into one (uuid5) so any id has tokens."""
+    if isinstance(request_id, uuid.UUID):
+        return request_id.bytes
+    if isinstance(request_id, (int, np.integer)):
+        return int(request_id).to_bytes(16, "big")
+    try:
+        return uuid.UUID(str(request_id)).bytes
+    except ValueError:
+        return uuid.uuid5(uuid.NAMESPACE_OID, str(request_id)).bytes
+
+
+def synthetic_output_tokens(request_id: RequestId, n: int) -> np.ndarray:
+    """The reference core's token for each output ordinal 0 .. n - 1 of a request with
+    no planned tokens: the low 32 bits of XXH3-64 (seed 0) over its 16 UUID bytes and
+    the little-endian u64 ordinal (engine.md 4.1; an integer id is the UUID of that
+    value)."""
+    from aisim_fast.kernels.xxh3 import synthetic_output_tokens as tokens
+    raw = _uuid_bytes(request_id)
+    return tokens(np.uint64(int.from_bytes(raw[:8], "big")), np.uint64(int.from_bytes(raw[8:], "big")),
+                  int(n))
+
+
+# ---------------------------------------------------------------------------------
+# ranks
+# ---------------------------------------------------------------------------------
+_TOKEN_TRACE = "<rank requests>"
+
+
+def _request_rows(requests: Sequence[Request], now_ms: float) -> Workload:
+    """The requests as workload rows: each prompt token its own trace block (a trace
+    block size of 1 with the token ids as hash ids, so the kernels see exactly these
+    tokens), the output token ids authored (given, or synthetic)."""
+    n = len(requests)
+    lengths = np.array([len(r.tokens) for r in requests], np.int64)
+    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.concatenate([np.asarray(r.tokens, np.int64) for r in requests]) if n else np.zeros(0, np.int64)
+    outputs = [np.asarray(r.output_token_ids, np.int64) if r.output_token_ids is not None
+               else synthetic_output_tokens(r.request_id, int(r.max_output_tokens)).astype(np.int64)
+               for r in requests]
+    output_len = np.array([len(o) for o in outputs], np.int64)
+    authored_start = (np.cumsum(output_len) - output_len).astype(np.int64)
+    names = np.empty(n, dtype=object)
+    names[:] = [str(r.request_id) for r in requests]
+    session = np.arange(n, dtype=np.int32)
+    return Workload(
+        path=_TOKEN_TRACE, trace_block_size=1, line_no=np.arange(1, n + 1, dtype=np.int64),
+        request_name=names, session=session, turn_index=np.zeros(n, np.int32),
+        start_ms=np.full(n, float(now_ms)), delay_ms=np.zeros(n), input_len=lengths, output_len=output_len,
+        hash_indptr=indptr, hash_ids=tokens.astype(np.uint32), order=np.arange(n, dtype=np.int64),
+        out_plan=-1 - authored_start,  # every row's tokens are authored (Workload.output_plan)
+        authored_tokens=np.concatenate(outputs).astype(np.uint32) if n else np.zeros(0, np.uint32))
+
+
+def _check_request(request: Request) -> None:
+    if not isinstance(request, Request):
+        raise RankError(f"Submit: expected a Request, got {type(request).__name__}")
+    if len(request.tokens) == 0:
+        raise RankError(f"Submit {request.request_id}: tokens: the prompt is empty")
+    tokens = np.asarray(request.tokens)
+    if tokens.dtype.kind not in "iu" or tokens.min() < 0 or tokens.max() >= 2 ** 32:
+        raise RankError(f"Submit {request.request_id}: tokens: must be token ids in [0, 2**32)")
+    if request.output_token_ids is not None:
+        ids = np.asarray(request.output_token_ids)
+        if len(ids) and (ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= 2 ** 32):
+            raise RankError(f"Submit {request.request_id}: output_token_ids: must be token ids in [0, 2**32)")
+    elif not isinstance(request.max_output_tokens, (int, np.integer)) or request.max_output_tokens < 0:
+        raise RankError(f"Submit {request.request_id}: max_output_tokens: must be an integer >= 0, "
+                        f"got {request.max_output_tokens!r}")
+
+
+def _empty_workload() -> Workload:
+    return _request_rows([], 0.0)
+
+
+def _rank_config(config) -> RankConfig:
+    if isinstance(config, RankConfig):
+        check_rank(config)
+        rank = config
+    elif isinstance(config, dict):
+        rank = parse_rank(config)
+        check_rank(rank)
+    else:
+        raise ConfigError(f"rank: expected a rank config (dict or RankConfig), got {type(config).__name__}")
+    if rank.worker_type != "aggregated":
+        raise ConfigError(f"rank.worker_type: only aggregated ranks take commands so far, got "
+                          f"{rank.worker_type!r} (the handoff commands are not simulated yet)")
+    return rank
+
+
+def _event_rows_for(rank: RankConfig) -> int:
+    """Engine-log rows one pass (or one command) can write: per request an admission,
+    an output, a finish and a preemption's three rows; per block a Stored and a
+    Removed row."""
+    blocks = rank.max_num_batched_tokens // max(1, rank.block_size) + 2 * rank.max_num_seqs
+    return 8 * rank.max_num_seqs + 4 * blocks + 1024
+
+
+class _PendingPass:
+    """A pass in flight: what its completion releases."""
+
+    def __init__(self, start_ms, end_ms, rows):
+        self.start_ms = start_ms
+        self.end_ms = end_ms
+        self.rows = rows          # its engine-log rows (outputs, finishes, KV events)
+        self.late_kv_rows = []    # KV rows of commands applied while it was in flight
+        self.pass_row = None      # its pass-log row (None: the pass logged none)
+        self.fpm = None
+
+
+class _RankBook:
+    """What the driver keeps per rank beside the kernel state."""
+
+    def __init__(self):
+        self.row_of: dict = {}        # request id -> logical row (active requests)
+        self.ids: list = []           # logical row -> request id
+        self.first_output_done: set = set()
+        self.next_event_id = 0
+        self.pending: _PendingPass | None = None
+        self.broken: str | None = None
+
+
+class RankGroup:
+    """Many ranks in one kernel state, stepped together: ``submit``, ``cancel``,
+    ``start_passes`` and ``complete_passes`` take lists of ranks and run one kernel
+    call for all of them (``Rank`` is a group of one). Ranks are numbered from 0 in
+    the order of ``configs``; each has its own clock, queues, KV cache and event ids.
+
+    ``kv_events=False`` skips recording KV Stored / Removed events (faster)."""
+
+    def __init__(self, configs: Iterable, *, kv_events: bool = True):
+        from aisim_fast.replay import BatchRun, Simulation
+
+        self.configs = [_rank_config(c) for c in configs]
+        if not self.configs:
+            raise ConfigError("ranks: at least one rank config is needed")
+        sims = [Simulation(workload=_empty_workload(), rank=rank, workers=1) for rank in self.configs]
+        self._event_rows = max(_event_rows_for(rank) for rank in self.configs)
+        self._run = BatchRun(sims, event_rows=self._event_rows, log_outputs=True, growable=True,
+                             log_kv=kv_events, kernel_parts=["rank"])
+        self._books = [_RankBook() for _ in sims]
+        self.kv_events = kv_events
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    # -- commands ----------------------------------------------------------------
+    def submit(self, ranks: Sequence[int], requests: Sequence[Request],
+               now_ms: Sequence[float] | float) -> list[CommandEffects]:
+        """``Submit(requests[i])`` on rank ``ranks[i]`` at ``now_ms[i]``, in order. A
+        refused command (duplicate id, bad request) raises RankError before anything
+        is applied."""
+        ranks = self._rank_list(ranks)
+        now = self._times(now_ms, len(ranks))
+        if len(requests) != len(ranks):
+            raise ValueError("submit: one request per rank entry")
+        seen: dict = {}
+        for r, request in zip(ranks, requests):
+            _check_request(request)
+            book = self._books[r]
+            key = (r, request.request_id)
+            if request.request_id in book.row_of or key in seen:
+                raise RankError(f"Submit {request.request_id}: request {request.request_id} is already "
+                                f"active on rank {r}")
+            seen[key] = True
+        by_rank: dict[int, list[int]] = {}
+        for i, r in enumerate(ranks):
+            by_rank.setdefault(r, []).append(i)
+        q_rows = np.empty(len(ranks), np.int64)
+        for r, idx in by_rank.items():
+            book = self._books[r]
+            first = len(book.ids)
+            self._run.add_requests(r, _request_rows([requests[i] for i in idx], 0.0))
+            for k, i in enumerate(idx):
+                book.row_of[requests[i].request_id] = first + k
+                book.ids.append(requests[i].request_id)
+        for i, r in enumerate(ranks):  # kernel rows after every rank grew (rows move)
+            q_rows[i] = self._q(r, self._books[r].row_of[requests[i].request_id])
+        st = self._state
+        ok = _kernels().submit_requests(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st,
+                                        np.asarray(ranks, np.int64), q_rows, now)
+        if not ok.all():
+            raise AssertionError("a rank's waiting queue had no room for a submitted request")
+        return [self._command_effects(r, Submitted(req.request_id), now[i])
+                for i, (r, req) in enumerate(zip(ranks, requests))]
+
+    def cancel(self, ranks: Sequence[int], commands: Sequence[CancelRequest],
+               now_ms: Sequence[float] | float) -> list[CommandEffects]:
+        """``CancelRequest`` on each rank: Applied when the rank's queues owned the
+        request (dropped, its KV released), else Noop. While a pass is in flight its
+        pending outputs for the request are suppressed (Applied, or Noop with
+        ``discard_pending_output``)."""
+        ranks = self._rank_list(ranks)
+        now = self._times(now_ms, len(ranks))
+        q_rows = np.full(len(ranks), -1, np.int64)
+        for i, (r, cmd) in enumerate(zip(ranks, commands)):
+            row = self._books[r].row_of.get(cmd.request_id)
+            if row is not None:
+                q_rows[i] = self._q(r, row)
+        known = q_rows >= 0
+        result = np.zeros(len(ranks), np.int64)
+        st = self._state
+        if known.any():
+            result[known] = _kernels().cancel_requests(
+                st.cfg, st.pool, st.rq, st.wk, st.st, np.asarray(ranks, np.int64)[known], q_rows[known],
+                now[known])
+        effects = []
+        for i, (r, cmd) in enumerate(zip(ranks, commands)):
+            book = self._books[r]
+            applied = result[i] == 1
+            retired = []
+            if applied:
+                del book.row_of[cmd.request_id]
+                retired.append(cmd.request_id)
+            suppressed = False
+            if book.pending is not None and (applied or cmd.discard_pending_output):
+                before = len(book.pending.rows)
+                book.pending.rows = [row for row in book.pending.rows
+                                     if not (row[0] == "output" and row[1].request_id == cmd.request_id)]
+                suppressed = len(book.pending.rows) != before
+                if suppressed and cmd.request_id not in retired:
+                    retired.append(cmd.request_id)
+            effects.append(self._command_effects(r, APPLIED if applied else NOOP, now[i], tuple(retired),
+                                                 suppressed))
+        return effects
+
+    # -- passes --------------------------------------------------------------------
+    def start_passes(self, ranks: Sequence[int], now_ms: Sequence[float] | float) -> list[PassStartEffects | None]:
+        """Start a pass on each rank at ``now_ms``. A rank with nothing to run (no
+        running or waiting request) starts none: None. The pass's scheduling happens
+        now; complete it (``complete_passes``) at its ``end_ms``."""
+        ranks = self._rank_list(ranks)
+        now = self._times(now_ms, len(ranks))
+        st = self._state
+        wk_i = st.wk.i64
+        w = st.st.i64[np.asarray(ranks, np.int64), L.SM_W_OFF]
+        for r in ranks:
+            if self._books[r].pending is not None:
+                raise RankError(f"rank {r}: a pass is in flight (started at "
+                                f"{self._books[r].pending.start_ms} ms); complete it first")
+            self._check_alive(r)
+        has_work = (wk_i[w, L.WK_RUN_LEN] > 0) | (wk_i[w, L.WK_WAIT_LEN] > 0)
+        out: list[PassStartEffects | None] = [None] * len(ranks)
+        run = np.flatnonzero(has_work)
+        if len(run) == 0:
+            return out
+        ids = np.asarray(ranks, np.int64)[run]
+        end_ms, _ = _kernels().start_passes(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, now[run],
+                                            st.max_lease, st.max_bs)
+        for k, i in enumerate(run):
+            r = ranks[i]
+            if not np.isfinite(end_ms[k]):
+                self._books[r].broken = L.SIM_STATUS_NAMES[int(st.st.i64[r, L.SM_STATUS])]
+                raise RankError(f"rank {r}: the pass outgrew the rank's kernel state "
+                                f"({self._books[r].broken}); the rank cannot go on")
+            out[i] = self._pass_started(r, float(now[i]), float(end_ms[k]))
+        return out
+
+    def complete_passes(self, ranks: Sequence[int]) -> list[PassCompletionEffects]:
+        """Complete the pass in flight on each rank (at the end its start returned):
+        its outputs, KV events (and those of commands applied meanwhile), metrics."""
+        ranks = self._rank_list(ranks)
+        for r in ranks:
+            if self._books[r].pending is None:
+                raise RankError(f"rank {r}: no pass in flight")
+        st = self._state
+        _kernels().complete_passes(st.rq, st.wk, st.st, np.asarray(ranks, np.int64))
+        out = []
+        for r in ranks:
+            book = self._books[r]
+            pending, book.pending = book.pending, None
+            late = self._drain_rows(r)  # nothing normally: commands drained their own
+            outputs = tuple(row[1] for row in pending.rows if row[0] == "output")
+            kv_rows = [row for row in pending.rows if row[0] == "kv"] + pending.late_kv_rows + late
+            out.append(PassCompletionEffects(
+                outputs=outputs, lifecycle_events=(), kv_events=self._kv_events(r, kv_rows),
+                metrics=self._metrics(r, pending.pass_row), forward_pass_metrics=pending.fpm))
+        return out
+
+    # -- reading state -------------------------------------------------------------
+    def metrics(self, rank: int) -> Metrics:
+        return self._metrics(rank, None)
+
+    def pass_in_flight(self, rank: int) -> bool:
+        return self._books[rank].pending is not None
+
+    def has_work(self, rank: int) -> bool:
+        """Whether a pass started now would run (running or waiting requests)."""
+        st = self._state
+        w = int(st.st.i64[rank, L.SM_W_OFF])
+        return bool(st.wk.i64[w, L.WK_RUN_LEN] > 0 or st.wk.i64[w, L.WK_WAIT_LEN] > 0)
+
+    # -- internals -----------------------------------------------------------------
+    @property
+    def _state(self):
+        return self._run.state
+
+    def _rank_list(self, ranks) -> list[int]:
+        ranks = [int(r) for r in ranks]
+        for r in ranks:
+            if not 0 <= r < len(self.configs):
+                raise IndexError(f"rank {r} is not in this group of {len(self.configs)}")
+        return ranks
+
+    @staticmethod
+    def _times(now_ms, n: int) -> np.ndarray:
+        now = np.broadcast_to(np.asarray(now_ms, np.float64), (n,)).copy()
+        if not np.all(np.isfinite(now)) or np.any(now < 0):
+            raise RankError(f"now_ms: must be finite and >= 0, got {now_ms!r}")
+        return now
+
+    def _check_alive(self, r: int) -> None:
+        if self._books[r].broken:
+            raise RankError(f"rank {r} stopped: {self._books[r].broken}")
+
+    def _q(self, r: int, logical: int) -> int:
+        return int(self._state.st.i64[r, L.SM_Q_OFF]) + logical
+
+    def _drain_rows(self, r: int) -> list:
+        """The rank's engine-log rows since the last drain, decoded: ("kv", row),
+        ("output", Output), ("admission", Admission), ("pressure", PressureEvent),
+        ("finished", request id, status)."""
+        from aisim_fast.replay import drained_event_rows
+        state = self._state
+        log = state.pool.event_log
+        n = int(log[r, 0, L.EVH_LEN])
+        if n == 0:
+            return []
+        if n > self._event_rows:
+            self._books[r].broken = "events_full"
+            raise RankError(f"rank {r}: one step logged {n} engine events, more than the "
+                            f"{self._event_rows} the rank holds; the rank cannot go on")
+        rows = drained_event_rows(state, r, n)
+        log[r, 0, L.EVH_LEN] = 0
+        return self._decode(r, rows)
+
+    def _decode(self, r: int, rows: np.ndarray) -> list:
+        from aisim_fast.kernels.output_plan import output_tokens_at
+        book = self._books[r]
+        sim = self._run.sims[r]
+        sglang = self.configs[r].backend == "sglang"
+        rq = self._state.rq
+        q_off = int(self._state.st.i64[r, L.SM_Q_OFF])
+        kind = rows[:, L.EV_KIND]
+        out_rows = np.flatnonzero(kind == L.EV_OUTPUT)
+        token_ids = np.empty(len(out_rows), np.uint32)
+        if len(out_rows):
+            plan, authored = sim.workload.output_plan()
+            output_tokens_at(plan, authored, np.ascontiguousarray(rows[out_rows, L.EV_A]),
+                             np.ascontiguousarray(rows[out_rows, L.EV_B] - 1), token_ids)
+        token_of = dict(zip(out_rows.tolist(), token_ids.tolist()))
+        decoded = []
+        i = 0
+        while i < len(rows):
+            k = int(kind[i])
+            if k <= L.EV_KV_REMOVED:
+                decoded.append(("kv", rows[i]))
+            elif k == L.EV_ADMITTED:
+                decoded.append(("admission", Admission(book.ids[rows[i, L.EV_A]], int(rows[i, L.EV_B]))))
+            elif k == L.EV_OUTPUT:
+                logical = int(rows[i, L.EV_A])
+                rid = book.ids[logical]
+                decoded.append(("output", Output(rid, int(token_of[i]), completed=bool(rows[i, L.EV_C]),
+                                                 cached_tokens=self._first_cached(r, logical, sglang))))
+            elif k == L.EV_FINISHED:
+                logical = int(rows[i, L.EV_A])
+                rid = book.ids[logical]
+                status = int(rows[i, L.EV_B])
+                if status != L.TERM_CANCELED:
+                    book.row_of.pop(rid, None)
+                if status == L.TERM_REJECTED:
+                    decoded.append(("rejection", Output(rid, None, completed=True, rejected=True)))
+                elif status == L.TERM_COMPLETED and rows[i, L.EV_C] == 0:
+                    decoded.append(("output", Output(rid, None, completed=True,
+                                                     cached_tokens=self._first_cached(r, logical, sglang))))
+            elif k == L.EV_PREEMPTED:
+                detail = rows[i + 1]
+                retraction = i + 2 < len(rows) and kind[i + 2] == L.EV_PRESSURE_SGLANG
+                running = int(rows[i, L.EV_B])
+                waiting = None if sglang or detail[L.EV_C] < 0 else int(detail[L.EV_C])
+                decoded.append(("pressure", PressureEvent(
+                    at_ms=float(np.int64(rows[i, L.EV_TIME_BITS]).view(np.float64)),
+                    kind="sglang_retraction" if retraction else "vllm_preemption",
+                    request_id=book.ids[rows[i, L.EV_A]],
+                    state_before=PressureState(running, waiting, int(rows[i, L.EV_C])),
+                    state_after=PressureState(running - 1, None if waiting is None else waiting + 1,
+                                              int(detail[L.EV_B])),
+                    request_active_blocks_before=int(detail[L.EV_A]),
+                    logical_available_blocks_before=int(rows[i + 2, L.EV_A]) if retraction else None,
+                    required_blocks_before=int(rows[i + 2, L.EV_B]) if retraction else None)))
+                i += 3 if retraction else 2
+                continue
+            i += 1
+        return decoded
+
+    def _first_cached(self, r: int, logical: int, sglang: bool):
+        """vLLM / TRT-LLM: the first admission's reused prompt tokens, on the request's
+        first output only; SGLang outputs carry none."""
+        book = self._books[r]
+        if logical in book.first_output_done:
+            return None
+        book.first_output_done.add(logical)
+        if sglang:
+            return None
+        return int(self._state.rq.i64[self._q(r, logical), L.RQ_FIRST_CACHED])
+
+    def _kv_events(self, r: int, kv_rows: list) -> tuple[KvEvent, ...]:
+        if not kv_rows:
+            return ()
+        rows = np.array([row[1] for row in kv_rows], np.int64)
+        book = self._books[r]
+        token_ids = None
+        if self.configs[r].emit_kv_token_ids:
+            from aisim_fast.replay import _kv_block_tokens
+            stored = rows[:, L.EV_KIND] == L.EV_KV_STORED
+            token_ids = _kv_block_tokens(self._run.sims[r], rows, rows[:, L.EV_WORKER] * 0, stored)
+        events = []
+        i = 0
+        while i < len(rows):
+            j = i + 1
+            while j < len(rows) and rows[j, L.EV_C] == L.KV_NEXT:
+                j += 1
+            hashes = rows[i:j, L.EV_A].view(np.uint64)
+            if rows[i, L.EV_KIND] == L.EV_KV_STORED:
+                parent = int(np.uint64(rows[i, L.EV_B])) if rows[i, L.EV_C] == L.KV_FIRST_WITH_PARENT else None
+                blocks = tuple(KvBlock(int(hashes[k]), int(rows[i + k, L.EV_TOKENS_HASH].view(np.uint64)),
+                                       None if token_ids is None else tuple(int(t) for t in token_ids[i + k]))
+                               for k in range(j - i))
+                data = Stored(parent, blocks)
+            else:
+                data = Removed(tuple(int(h) for h in hashes))
+            events.append(KvEvent(book.next_event_id, 0, data))
+            book.next_event_id += 1
+            i = j
+        return tuple(events)
+
+    def _pass_started(self, r: int, start_ms: float, end_ms: float) -> PassStartEffects:
+        decoded = self._drain_rows(r)
+        st = self._state.st
+        n_log = int(st.i64[r, L.SM_PASS_LOG_LEN])
+        pass_row = st.pass_log[r, n_log - 1].copy() if n_log else None
+        st.i64[r, L.SM_PASS_LOG_LEN] = 0
+        pending = _PendingPass(start_ms, end_ms, [])
+        admissions, pressure, tokens, terminal, rejections, kv = [], [], [], [], [], []
+        for entry in decoded:
+            tag = entry[0]
+            if tag == "admission":
+                admissions.append(entry[1])
+            elif tag == "pressure":
+                pressure.append(entry[1])
+            elif tag == "kv":
+                kv.append(entry)
+            elif tag == "rejection":
+                rejections.append(entry)
+            elif entry[1].token_id is None:
+                terminal.append(entry)
+            else:
+                tokens.append(entry)
+        # vLLM's output order (engine.md 5.8): terminals without token, tokens, rejections;
+        # SGLang's: the pass's outputs in order, then rejections (7.7)
+        if self.configs[r].backend == "sglang":
+            ordered = [e for e in decoded if e[0] == "output"]
+        else:
+            ordered = terminal + tokens
+        pending.rows = ordered + [("output", e[1]) for e in rejections] + kv
+        pending.pass_row = pass_row
+        pending.fpm = _fpm(pass_row, start_ms, end_ms)
+        self._books[r].pending = pending
+        return PassStartEffects(start_ms=start_ms, end_ms=end_ms, admissions=tuple(admissions),
+                                pressure_events=tuple(pressure))
+
+    def _command_effects(self, r: int, result, now_ms: float, retired=(), suppressed=False) -> CommandEffects:
+        decoded = self._drain_rows(r)
+        kv = [e for e in decoded if e[0] == "kv"]
+        book = self._books[r]
+        if book.pending is not None:
+            book.pending.late_kv_rows.extend(kv)  # visible at the in-flight pass's end
+            kv_events = ()
+        else:
+            kv_events = self._kv_events(r, kv)
+        return CommandEffects(result=result, kv_events=kv_events, retired_requests=tuple(retired),
+                              metrics=self._metrics(r, None), suppressed_pending_output=suppressed)
+
+    def _metrics(self, r: int, pass_row) -> Metrics:
+        state = self._state
+        w = int(state.st.i64[r, L.SM_W_OFF])
+        wk = state.wk.i64[w]
+        if self.configs[r].backend == "sglang":
+            radix = state.pool.radix
+            active = int(radix.w64[w, L.RW_PAGES_USED])
+            total = int(radix.w64[w, L.RW_PAGE_CAP])
+            preemptions = 0
+            hit = total_tokens = 0
+            if pass_row is not None:
+                hit = int(pass_row[L.PL_SUM_PREFILL_KV_TOKENS])
+                total_tokens = hit + int(pass_row[L.PL_SUM_PREFILL_TOKENS])
+        else:
+            pw = state.pool.w64[w]
+            active = int(pw[L.PW_NUM_COPIES] - pw[L.PW_LRU_LEN] + pw[L.PW_NUM_RESERVED])
+            total = int(self.configs[r].num_gpu_blocks)
+            preemptions = int(wk[L.WK_PREEMPTIONS_TOTAL])
+            hit = total_tokens = 0
+        return Metrics(dp_rank=0, active_blocks=active, total_blocks=total,
+                       cache_usage=active / total if total else 0.0,
+                       running_requests=int(wk[L.WK_RUN_LEN]), waiting_requests=int(wk[L.WK_WAIT_LEN]),
+                       preemptions_total=preemptions, sglang_cache_hit_tokens=hit,
+                       sglang_cache_total_tokens=total_tokens)
+
+
+def _fpm(row, start_ms: float, end_ms: float) -> ForwardPassMetrics:
+    duration = max(0.0, end_ms - start_ms)
+    if row is None:
+        return ForwardPassMetrics(0, 0, 0, 0, 0, duration)
+    return ForwardPassMetrics(
+        num_prefill_requests=int(row[L.PL_NUM_PREFILL_REQUESTS]), sum_prefill_tokens=int(row[L.PL_SUM_PREFILL_TOKENS]),
+        sum_prefill_kv_tokens=int(row[L.PL_SUM_PREFILL_KV_TOKENS]),
+        num_decode_requests=int(row[L.PL_NUM_DECODE_REQUESTS]),
+        sum_decode_kv_tokens=int(row[L.PL_SUM_DECODE_KV_TOKENS]), duration_ms=duration)
+
+
+_LOADED: list = []
+
+
+def _kernels():
+    """``kernels.rank_step``, compiled (or loaded from the kernel cache) once per
+    process under the cache lock, as the replay's kernels are."""
+    from aisim_fast.kernels import rank_step
+    if not _LOADED:
+        _load(rank_step)
+        _LOADED.append(True)
+    return rank_step
+
+
+def _load(rank_step) -> None:
+    """Compile the rank kernels for the state types every rank group has (a group's
+    arrays differ in size only), typed on a throwaway group's state."""
+    import numba
+
+    from aisim_fast.kernels import cache_lock, compile_notice, mark_compiled
+    from aisim_fast.replay import BatchRun, Simulation
+    compile_notice(["rank"])
+    sims = [Simulation(workload=_empty_workload(), rank=RankConfig(), workers=1)]
+    st = BatchRun(sims, event_rows=16, log_outputs=True, growable=True, kernel_parts=[]).state
+    ids, times = np.zeros(0, np.int64), np.zeros(0)
+    calls = [(rank_step.submit_requests, (st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, ids, times)),
+             (rank_step.start_passes, (st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, times, st.max_lease,
+                                       st.max_bs)),
+             (rank_step.complete_passes, (st.rq, st.wk, st.st, ids)),
+             (rank_step.cancel_requests, (st.cfg, st.pool, st.rq, st.wk, st.st, ids, ids, times))]
+    for fn, args in calls:
+        sig = tuple(numba.typeof(a) for a in args)
+        if sig not in fn.overloads:
+            with cache_lock():  # not nested: the lock is per open file
+                fn.compile(sig)
+    mark_compiled("rank")
+
+
+class Rank:
+    """One rank driven by hand (a ``RankGroup`` of one): ``apply(command, now_ms)``,
+    ``start_pass(now_ms)``, ``complete_pass()``."""
+
+    def __init__(self, config, *, kv_events: bool = True):
+        self.group = RankGroup([config], kv_events=kv_events)
+        self.config = self.group.configs[0]
+
+    def apply(self, command, now_ms: float) -> CommandEffects:
+        if isinstance(command, Submit):
+            return self.group.submit([0], [command.request], now_ms)[0]
+        if isinstance(command, CancelRequest):
+            return self.group.cancel([0], [command], now_ms)[0]
+        raise RankError(f"{type(command).__name__}: not a command this rank simulates "
+                        "(Submit, CancelRequest)")
+
+    def start_pass(self, now_ms: float) -> PassStartEffects | None:
+        return self.group.start_passes([0], now_ms)[0]
+
+    def complete_pass(self) -> PassCompletionEffects:
+        return self.group.complete_passes([0])[0]
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.group.metrics(0)
+
+    @property
+    def pass_in_flight(self) -> bool:
+        return self.group.pass_in_flight(0)
+
+    @property
+    def has_work(self) -> bool:
+        return self.group.has_work(0)

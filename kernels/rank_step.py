@@ -1,0 +1,136 @@
+"""One rank driven command by command (``aisim_fast.rank``): the kernels behind the
+rank protocol's Submit, CancelRequest, pass start and pass completion, over the same
+state and scheduler code as the replay's event loop (``kernels.event_loop``).
+
+A rank is a simulation of one aggregated worker. The driver owns the clock: it
+submits requests, starts a pass at a time of its choosing and completes it at the
+pass end the start returned; nothing here advances time on its own. Every entry
+takes an array of simulations, so one call steps many ranks (the batch form).
+"""
+
+import numpy as np
+from numba import njit
+
+from .arrivals import _arrive, complete_pass
+from .backends import run_pass, sglang_run_pass
+from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, note_event
+from .disagg_handoff import _drop_queued
+from .layout import (
+    CFG_POLICY, EV_FINISHED, EVH_LEN, POLICY_SGLANG, RQ_ALLOCATED, RQ_GENERATED, RQ_STATUS, RQ_TERMINAL, RQF_TERMINAL_MS,
+    RS_DONE, RS_PREEMPTED, RS_RUNNING, RS_WAITING, SIM_ARENA_FULL, SIM_CAPACITY, SIM_RUNNING,
+    SM_STATUS, SM_W_OFF, TERM_CANCELED, WK_BUSY, WK_CAP_GEN, WK_OVERFLOW, WK_WAIT_CAP, WK_WAIT_LEN,
+)
+from .rank_queues import wake
+from .sglang_core import drop_queued as sglang_drop_queued
+from .vllm_core import ACC_SIZE
+
+# CancelRequest results (rank.CommandResult)
+CANCEL_NOOP = 0
+CANCEL_APPLIED = 1
+
+
+@njit(cache=True, nogil=True)
+def submit_requests(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms):
+    """Submit request row ``q_rows[i]`` to the rank (simulation) ``sim_ids[i]`` at
+    ``now_ms[i]``: its prompt block hashes, the back of the waiting queue. Returns
+    False for a rank whose waiting queue had no room (nothing written; the driver
+    grows the queues and submits again)."""
+    ok = np.ones(sim_ids.shape[0], np.bool_)
+    for i in range(sim_ids.shape[0]):
+        s = sim_ids[i]
+        w0 = sims.i64[s, SM_W_OFF]
+        if wk.i64[w0, WK_WAIT_LEN] >= wk.i64[w0, WK_WAIT_CAP]:
+            ok[i] = False
+            continue
+        _arrive(cfg, p, rq, wl, wk, sims, s, q_rows[i], now_ms[i])
+    return ok
+
+
+@njit(cache=True, nogil=True)
+def start_passes(cfg, p, rq, wl, wk, sims, sim_ids, now_ms, max_lease_blocks, max_block_size):
+    """Start a pass on each rank ``sim_ids[i]`` at ``now_ms[i]``. The scheduler decides
+    the whole pass now (admissions, preemptions, tokens, KV changes, as the
+    reference's core does eagerly); its KV events become visible at its end. Returns
+    (end_ms[i], had_effect[i]); a rank whose pass ran out of KV arena or queue room
+    gets status SIM_ARENA_FULL / SIM_CAPACITY and end -inf."""
+    acc = np.zeros(ACC_SIZE, np.int64)
+    hits = np.empty(max_lease_blocks, np.int32)
+    fresh = np.empty(max_lease_blocks, np.int32)
+    scratch_tokens = np.empty(max_block_size, np.uint32)
+    end_ms = np.empty(sim_ids.shape[0])
+    had_effect = np.zeros(sim_ids.shape[0], np.bool_)
+    events_on = event_log_on(p)
+    for i in range(sim_ids.shape[0]):
+        s = sim_ids[i]
+        w = sims.i64[s, SM_W_OFF]
+        sims.now_ms[s] = now_ms[i]
+        sims.i64[s, SM_STATUS] = SIM_RUNNING
+        if events_on:
+            event_set_clock(p, s, now_ms[i])
+        first_event = p.event_log[s, 0, EVH_LEN] if events_on else 0
+        if cfg.i64[w, CFG_POLICY] == POLICY_SGLANG:
+            end, effect, arena_full = sglang_run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms[i], acc, hits,
+                                                      fresh, scratch_tokens)
+        else:
+            end, effect, arena_full = run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms[i], acc, hits, fresh,
+                                               scratch_tokens)
+        if arena_full or wk.i64[w, WK_OVERFLOW]:
+            sims.i64[s, SM_STATUS] = SIM_ARENA_FULL if arena_full else SIM_CAPACITY
+            end_ms[i] = -np.inf
+            continue
+        if events_on:
+            kv_events_visible_at(p, s, first_event, end)
+        wk.i64[w, WK_BUSY] = 1
+        wk.pass_end_ms[w] = end
+        end_ms[i] = end
+        had_effect[i] = effect
+    return end_ms, had_effect
+
+
+@njit(cache=True, nogil=True)
+def complete_passes(rq, wk, sims, sim_ids):
+    """The pass in flight on each rank ``sim_ids[i]`` completes: its worker is idle
+    again and its terminals leave the terminal list."""
+    for i in range(sim_ids.shape[0]):
+        s = sim_ids[i]
+        w = sims.i64[s, SM_W_OFF]
+        sims.now_ms[s] = wk.pass_end_ms[w]
+        complete_pass(rq, wk, sims, s, w)
+
+
+@njit(cache=True, nogil=True)
+def cancel_requests(cfg, p, rq, wk, sims, sim_ids, q_rows, now_ms):
+    """CancelRequest of request row ``q_rows[i]`` on rank ``sim_ids[i]``: a request
+    the rank's queues own (waiting, running, preempted) is dropped - vLLM releases
+    its lease as a finish does, SGLang aborts it (``sglang_core.drop_queued``) - and
+    its terminal is ``canceled`` (CANCEL_APPLIED); any other request is left alone
+    (CANCEL_NOOP). The rank's capacity generation moves when KV was freed (vLLM: the
+    request held blocks or ran; SGLang: pages freed or a lock released)."""
+    result = np.zeros(sim_ids.shape[0], np.int64)
+    for i in range(sim_ids.shape[0]):
+        s = sim_ids[i]
+        w = sims.i64[s, SM_W_OFF]
+        q = q_rows[i]
+        status = rq.i64[q, RQ_STATUS]
+        if status != RS_WAITING and status != RS_RUNNING and status != RS_PREEMPTED:
+            continue
+        if cfg.i64[w, CFG_POLICY] == POLICY_SGLANG:
+            moved = sglang_drop_queued(p.radix, rq, wk, w, q)
+            if moved < 0:
+                continue
+            bump = moved == 1
+        else:
+            bump = rq.i64[q, RQ_ALLOCATED] > 0 or status == RS_RUNNING
+            if not _drop_queued(cfg, p, rq, wk, w, q):
+                continue
+        rq.i64[q, RQ_STATUS] = RS_DONE
+        rq.i64[q, RQ_TERMINAL] = TERM_CANCELED
+        rq.f64[q, RQF_TERMINAL_MS] = now_ms[i]
+        if bump:
+            wk.i64[w, WK_CAP_GEN] += 1
+        wake(wk, w)
+        if event_log_on(p):
+            event_set_clock(p, s, now_ms[i])
+            note_event(p, w, EV_FINISHED, q, np.int64(TERM_CANCELED), rq.i64[q, RQ_GENERATED])
+        result[i] = CANCEL_APPLIED
+    return result
