@@ -552,8 +552,6 @@ class RankGroup:
         book = self._books[r]
         sim = self._run.sims[r]
         sglang = self.configs[r].backend == "sglang"
-        rq = self._state.rq
-        q_off = int(self._state.st.i64[r, L.SM_Q_OFF])
         kind = rows[:, L.EV_KIND]
         out_rows = np.flatnonzero(kind == L.EV_OUTPUT)
         token_ids = np.empty(len(out_rows), np.uint32)
@@ -562,45 +560,42 @@ class RankGroup:
             output_tokens_at(plan, authored, np.ascontiguousarray(rows[out_rows, L.EV_A]),
                              np.ascontiguousarray(rows[out_rows, L.EV_B] - 1), token_ids)
         token_of = dict(zip(out_rows.tolist(), token_ids.tolist()))
+        kind_l = kind.tolist()
+        a, b, c = rows[:, L.EV_A].tolist(), rows[:, L.EV_B].tolist(), rows[:, L.EV_C].tolist()
         decoded = []
-        i = 0
-        while i < len(rows):
-            k = int(kind[i])
+        i, n = 0, len(kind_l)
+        while i < n:
+            k = kind_l[i]
             if k <= L.EV_KV_REMOVED:
                 decoded.append(("kv", rows[i]))
             elif k == L.EV_ADMITTED:
-                decoded.append(("admission", Admission(book.ids[rows[i, L.EV_A]], int(rows[i, L.EV_B]))))
+                decoded.append(("admission", Admission(book.ids[a[i]], b[i])))
             elif k == L.EV_OUTPUT:
-                logical = int(rows[i, L.EV_A])
-                rid = book.ids[logical]
-                decoded.append(("output", Output(rid, int(token_of[i]), completed=bool(rows[i, L.EV_C]),
-                                                 cached_tokens=self._first_cached(r, logical, sglang))))
+                decoded.append(("output", Output(book.ids[a[i]], token_of[i], completed=bool(c[i]),
+                                                 cached_tokens=self._first_cached(r, a[i], sglang))))
             elif k == L.EV_FINISHED:
-                logical = int(rows[i, L.EV_A])
-                rid = book.ids[logical]
-                status = int(rows[i, L.EV_B])
-                if status != L.TERM_CANCELED:
+                rid = book.ids[a[i]]
+                if b[i] != L.TERM_CANCELED:
                     book.row_of.pop(rid, None)
-                if status == L.TERM_REJECTED:
+                if b[i] == L.TERM_REJECTED:
                     decoded.append(("rejection", Output(rid, None, completed=True, rejected=True)))
-                elif status == L.TERM_COMPLETED and rows[i, L.EV_C] == 0:
+                elif b[i] == L.TERM_COMPLETED and c[i] == 0:
                     decoded.append(("output", Output(rid, None, completed=True,
-                                                     cached_tokens=self._first_cached(r, logical, sglang))))
+                                                     cached_tokens=self._first_cached(r, a[i], sglang))))
             elif k == L.EV_PREEMPTED:
-                detail = rows[i + 1]
-                retraction = i + 2 < len(rows) and kind[i + 2] == L.EV_PRESSURE_SGLANG
-                running = int(rows[i, L.EV_B])
-                waiting = None if sglang or detail[L.EV_C] < 0 else int(detail[L.EV_C])
+                # the pressure event's rows: PREEMPTED, PRESSURE (and PRESSURE_SGLANG)
+                retraction = i + 2 < n and kind_l[i + 2] == L.EV_PRESSURE_SGLANG
+                running = b[i]
+                waiting = None if sglang or c[i + 1] < 0 else c[i + 1]
                 decoded.append(("pressure", PressureEvent(
                     at_ms=float(np.int64(rows[i, L.EV_TIME_BITS]).view(np.float64)),
                     kind="sglang_retraction" if retraction else "vllm_preemption",
-                    request_id=book.ids[rows[i, L.EV_A]],
-                    state_before=PressureState(running, waiting, int(rows[i, L.EV_C])),
-                    state_after=PressureState(running - 1, None if waiting is None else waiting + 1,
-                                              int(detail[L.EV_B])),
-                    request_active_blocks_before=int(detail[L.EV_A]),
-                    logical_available_blocks_before=int(rows[i + 2, L.EV_A]) if retraction else None,
-                    required_blocks_before=int(rows[i + 2, L.EV_B]) if retraction else None)))
+                    request_id=book.ids[a[i]],
+                    state_before=PressureState(running, waiting, c[i]),
+                    state_after=PressureState(running - 1, None if waiting is None else waiting + 1, b[i + 1]),
+                    request_active_blocks_before=a[i + 1],
+                    logical_available_blocks_before=a[i + 2] if retraction else None,
+                    required_blocks_before=b[i + 2] if retraction else None)))
                 i += 3 if retraction else 2
                 continue
             i += 1
@@ -618,6 +613,9 @@ class RankGroup:
         return int(self._state.rq.i64[self._q(r, logical), L.RQ_FIRST_CACHED])
 
     def _kv_events(self, r: int, kv_rows: list) -> tuple[KvEvent, ...]:
+        """KvEvents of KV log rows: a Stored event per run of rows its first row opens
+        (KV_FIRST / KV_FIRST_WITH_PARENT, then KV_NEXT), a Removed event likewise;
+        event ids continue the rank's."""
         if not kv_rows:
             return ()
         rows = np.array([row[1] for row in kv_rows], np.int64)
@@ -627,21 +625,25 @@ class RankGroup:
             from aisim_fast.replay import _kv_block_tokens
             stored = rows[:, L.EV_KIND] == L.EV_KV_STORED
             token_ids = _kv_block_tokens(self._run.sims[r], rows, rows[:, L.EV_WORKER] * 0, stored)
+        # columns as Python ints once (per-element numpy reads cost more than the rest)
+        kind = rows[:, L.EV_KIND].tolist()
+        group = rows[:, L.EV_C].tolist()
+        block_hash = rows[:, L.EV_A].view(np.uint64).tolist()
+        parent_hash = rows[:, L.EV_B].view(np.uint64).tolist()
+        tokens_hash = rows[:, L.EV_TOKENS_HASH].view(np.uint64).tolist()
         events = []
-        i = 0
-        while i < len(rows):
+        i, n = 0, len(kind)
+        while i < n:
             j = i + 1
-            while j < len(rows) and rows[j, L.EV_C] == L.KV_NEXT:
+            while j < n and group[j] == L.KV_NEXT:
                 j += 1
-            hashes = rows[i:j, L.EV_A].view(np.uint64)
-            if rows[i, L.EV_KIND] == L.EV_KV_STORED:
-                parent = int(np.uint64(rows[i, L.EV_B])) if rows[i, L.EV_C] == L.KV_FIRST_WITH_PARENT else None
-                blocks = tuple(KvBlock(int(hashes[k]), int(rows[i + k, L.EV_TOKENS_HASH].view(np.uint64)),
-                                       None if token_ids is None else tuple(int(t) for t in token_ids[i + k]))
-                               for k in range(j - i))
-                data = Stored(parent, blocks)
+            if kind[i] == L.EV_KV_STORED:
+                data = Stored(parent_hash[i] if group[i] == L.KV_FIRST_WITH_PARENT else None,
+                              tuple(KvBlock(block_hash[k], tokens_hash[k],
+                                            None if token_ids is None else tuple(map(int, token_ids[k])))
+                                    for k in range(i, j)))
             else:
-                data = Removed(tuple(int(h) for h in hashes))
+                data = Removed(tuple(block_hash[i:j]))
             events.append(KvEvent(book.next_event_id, 0, data))
             book.next_event_id += 1
             i = j
