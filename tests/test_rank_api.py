@@ -309,6 +309,40 @@ def test_sampled_tokens_are_allocated_when_computed():
     assert done.metrics.active_blocks == 4 and start.pressure_events == ()
 
 
+def test_a_finished_requests_tail_block_is_evicted_first():
+    """25: capacity 2, an 8-token prompt with one output completes in one pass and
+    keeps both blocks cached; a 1-block request evicts only its tail (one Removed
+    event with that block's hash); a probe of its first 4 tokens still reuses 4."""
+    rank = _rank(num_gpu_blocks=2)
+    rank.apply(_req("seed", range(8), 1), 0.0)
+    _, done = _step(rank, 0.0)
+    assert done.outputs[0].completed and done.metrics.active_blocks == 0
+    (stored,) = done.kv_events
+    tail_hash = stored.data.blocks[1].block_hash
+    rank.apply(_req("other", range(100, 104), 1), 100.0)
+    _, done = _step(rank, 100.0)
+    removed = [e.data for e in done.kv_events if isinstance(e.data, Removed)]
+    assert removed == [Removed((tail_hash,))]
+    rank.apply(_req("probe", [0, 1, 2, 3, 4], 1), 200.0)
+    start, _ = _step(rank, 200.0)
+    assert start.admissions[0].reused_input_tokens == 4
+
+
+def test_a_prefix_evicted_in_the_same_pass_is_no_longer_a_hit():
+    """22: capacity 3; a cached 4-token seed; an evictor of 12 tokens and a former
+    hit of the seed's tokens in one pass: only the evictor is admitted, and the former
+    hit is admitted later reusing nothing."""
+    rank = _rank(num_gpu_blocks=3, max_num_batched_tokens=64)
+    rank.apply(_req("seed", range(100, 104), 0), 0.0)
+    _step(rank, 0.0)
+    rank.apply(_req("evictor", range(12), 1), 10.0)
+    rank.apply(_req("former_hit", range(100, 104), 1), 10.0)
+    start, _ = _step(rank, 10.0)
+    assert [a.request_id for a in start.admissions] == ["evictor"]
+    start, _ = _step(rank)
+    assert [(a.request_id, a.reused_input_tokens) for a in start.admissions] == [("former_hit", 0)]
+
+
 def test_cached_tokens_ride_on_the_first_output_only():
     """26: a 9-token prompt cold reports 0 on its first output and None later; a
     repeat reports its two full blocks (8)."""
