@@ -198,8 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile (or load from the cache) the kernels a replay uses, by running "
                     "a few requests of the bundled trace on every backend, so that later runs "
                     "start at once.")
-    warmup.add_argument("--topology", choices=("aggregated", "disaggregated", "sglang", "sglang_disaggregated", "all"), default="all",
-                        help="which replay kernels (default all)")
+    warmup.add_argument("--topology", choices=("aggregated", "disaggregated", "sglang", "sglang_disaggregated", "rank", "all"), default="all",
+                        help="which kernels: a replay topology, rank (the rank protocol API), or all (every replay topology; default)")
     sweep = commands.add_parser(
         "sweep", help="run many configurations of one base payload (grid, zip, random axes)",
         description="Run a sweep spec (YAML or JSON; see aisim_fast/sweeps.py and the README): "

@@ -1709,16 +1709,21 @@ def _merge_leftovers(parts: list[dict]) -> dict:
 
 def warm_kernels(topologies=("aggregated", "disaggregated", "sglang", "sglang_disaggregated")) -> dict:
     """Compile (or load from the cache) the kernel sets given (kernels.COMPILE_PARTS): a
-    tiny batch of the bundled trace with every backend of the set. Returns seconds per
-    set."""
+    tiny batch of the bundled trace with every backend of the set ("rank": the rank
+    protocol's kernels). Returns seconds per set."""
     from aisim_fast.config import SIMULATED_BACKENDS, parse_rank
     from aisim_fast.workload import default_trace_path
 
-    compile_notice(["trace", *topologies])
+    compile_notice(["trace", *topologies])  # COMPILE_PARTS names every set, "rank" too
     workload = load_mooncake(default_trace_path(), max_rows=8)
     seconds = {}
     for topology in topologies:
         start_s = time.perf_counter()
+        if topology == "rank":  # the rank protocol's kernels (aisim_fast.rank)
+            from aisim_fast.rank import _kernels
+            _kernels()
+            seconds[topology] = time.perf_counter() - start_s
+            continue
         sims = []
         for backend in SIMULATED_BACKENDS:
             if (backend == "sglang") != topology.startswith("sglang"):

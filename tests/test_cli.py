@@ -555,6 +555,12 @@ def test_warmup_compiles_and_reports(capsys):
     assert out.startswith("aggregated") and "ready" in out
 
 
+def test_warmup_of_the_rank_protocol(capsys):
+    code, out, err = run_cli(["warmup", "--topology", "rank"], capsys)
+    assert code == 0, err
+    assert out.startswith("rank") and "ready" in out
+
+
 def test_cache_lock_is_exclusive_across_processes(tmp_path, monkeypatch):
     """Kernels compile under the cache folder's lock: a process that holds it keeps
     another from taking it until it lets go (two processes compiling versions of one
