@@ -17,10 +17,12 @@ names are the seed protocol's (``Submit``, ``CommandEffects``, ``PassStartEffect
 ``RankGroup`` is the batch form: many ranks in one kernel state, each command or pass
 step applied to a list of ranks in one kernel call.
 
-Not simulated yet: the disaggregated handoff commands (SubmitHandoffPrefill,
-ReserveDestination, ActivateDestination, ReleaseSource, CancelSource,
-CancelDestination), attention DP (one dp_rank 0 per rank), and the variance and
-queued-work fields of ``ForwardPassMetrics``.
+Prefill ranks (vLLM / TRT-LLM) take ``SubmitHandoffPrefill``, hold each completed
+prefill's KV (a ``SourceHeld`` lifecycle event with its transfer timing) and release
+it on ``ReleaseSource`` / ``CancelSource``. Not simulated yet: decode ranks
+(ReserveDestination, ActivateDestination, CancelDestination), SGLang prefill ranks,
+attention DP (one dp_rank 0 per rank), and the variance and queued-work fields of
+``ForwardPassMetrics``.
 """
 
 from __future__ import annotations
@@ -63,6 +65,32 @@ class Submit:
 class CancelRequest:
     request_id: RequestId
     discard_pending_output: bool = False
+
+
+@dataclass(frozen=True)
+class SubmitHandoffPrefill:
+    """Submit a request to a prefill rank whose completed prefill KV stays held for
+    the decode side (SourceHeld) until ReleaseSource or CancelSource."""
+    handoff_id: RequestId
+    request: Request
+
+
+@dataclass(frozen=True)
+class ReleaseSource:
+    handoff_id: RequestId
+
+
+@dataclass(frozen=True)
+class CancelSource:
+    handoff_id: RequestId
+
+
+@dataclass(frozen=True)
+class SourceHeld:
+    """Lifecycle event: the prefill finished and its KV is held for the transfer."""
+    handoff_id: RequestId
+    request_id: RequestId
+    transfer_timing: object   # aisim_fast.handoff.HandoffTransferTiming
 
 
 @dataclass(frozen=True)
@@ -295,9 +323,12 @@ def _rank_config(config) -> RankConfig:
         check_rank(rank)
     else:
         raise ConfigError(f"rank: expected a rank config (dict or RankConfig), got {type(config).__name__}")
-    if rank.worker_type != "aggregated":
-        raise ConfigError(f"rank.worker_type: only aggregated ranks take commands so far, got "
-                          f"{rank.worker_type!r} (the handoff commands are not simulated yet)")
+    if rank.worker_type == "prefill" and rank.backend == "sglang":
+        raise ConfigError("rank.worker_type: SGLang prefill ranks are not simulated by the rank API yet "
+                          "(vLLM and TRT-LLM ones are)")
+    if rank.worker_type == "decode":
+        raise ConfigError("rank.worker_type: decode ranks (ReserveDestination, ActivateDestination, "
+                          "CancelDestination) are not simulated by the rank API yet; aggregated or prefill")
     return rank
 
 
@@ -319,6 +350,7 @@ class _PendingPass:
         self.late_kv_rows = []    # KV rows of commands applied while it was in flight
         self.pass_row = None      # its pass-log row (None: the pass logged none)
         self.fpm = None
+        self.lifecycle = []       # SourceHeld events of its completions
 
 
 class _RankBook:
@@ -331,6 +363,11 @@ class _RankBook:
         self.next_event_id = 0
         self.pending: _PendingPass | None = None
         self.broken: str | None = None
+        # prefill ranks: handoff id <-> request id of sources pending or held
+        self.handoff_req: dict = {}
+        self.req_handoff: dict = {}
+        self.held: set = set()
+        self.release_on_hold: set = set()  # released while pending: an ordinary finish
 
 
 class RankGroup:
@@ -359,16 +396,17 @@ class RankGroup:
 
     # -- commands ----------------------------------------------------------------
     def submit(self, ranks: Sequence[int], requests: Sequence[Request],
-               now_ms: Sequence[float] | float) -> list[CommandEffects]:
-        """``Submit(requests[i])`` on rank ``ranks[i]`` at ``now_ms[i]``, in order. A
-        refused command (duplicate id, bad request) raises RankError before anything
-        is applied."""
+               now_ms: Sequence[float] | float, handoff_ids: Sequence | None = None) -> list[CommandEffects]:
+        """``Submit(requests[i])`` on rank ``ranks[i]`` at ``now_ms[i]``, in order
+        (with ``handoff_ids``: ``SubmitHandoffPrefill``, the only submit a prefill rank
+        takes). A refused command (duplicate request or handoff id, bad request)
+        raises RankError before anything is applied."""
         ranks = self._rank_list(ranks)
         now = self._times(now_ms, len(ranks))
-        if len(requests) != len(ranks):
-            raise ValueError("submit: one request per rank entry")
+        if len(requests) != len(ranks) or (handoff_ids is not None and len(handoff_ids) != len(ranks)):
+            raise ValueError("submit: one request (and handoff id) per rank entry")
         seen: dict = {}
-        for r, request in zip(ranks, requests):
+        for i, (r, request) in enumerate(zip(ranks, requests)):
             _check_request(request)
             book = self._books[r]
             key = (r, request.request_id)
@@ -376,6 +414,18 @@ class RankGroup:
                 raise RankError(f"Submit {request.request_id}: request {request.request_id} is already "
                                 f"active on rank {r}")
             seen[key] = True
+            prefill = self.configs[r].worker_type == "prefill"
+            if handoff_ids is None and prefill:
+                raise RankError(f"Submit {request.request_id}: rank {r} is a prefill rank: it takes "
+                                "SubmitHandoffPrefill (its completed prefills are held for a handoff)")
+            if handoff_ids is not None:
+                if not prefill:
+                    raise RankError(f"SubmitHandoffPrefill {handoff_ids[i]}: rank {r} is not a prefill rank")
+                hkey = (r, "handoff", handoff_ids[i])
+                if handoff_ids[i] in book.handoff_req or hkey in seen:
+                    raise RankError(f"SubmitHandoffPrefill {handoff_ids[i]}: handoff {handoff_ids[i]} is "
+                                    f"already active on rank {r}")
+                seen[hkey] = True
         by_rank: dict[int, list[int]] = {}
         for i, r in enumerate(ranks):
             by_rank.setdefault(r, []).append(i)
@@ -394,8 +444,48 @@ class RankGroup:
                                         np.asarray(ranks, np.int64), q_rows, now)
         if not ok.all():
             raise AssertionError("a rank's waiting queue had no room for a submitted request")
+        if handoff_ids is not None:  # pending sources
+            for r, req, h in zip(ranks, requests, handoff_ids):
+                self._books[r].handoff_req[h] = req.request_id
+                self._books[r].req_handoff[req.request_id] = h
         return [self._command_effects(r, Submitted(req.request_id), now[i])
                 for i, (r, req) in enumerate(zip(ranks, requests))]
+
+    def release_sources(self, ranks: Sequence[int], handoff_ids: Sequence, now_ms: Sequence[float] | float,
+                        cancel: bool = False) -> list[CommandEffects]:
+        """``ReleaseSource`` (``cancel``: ``CancelSource``) of a handoff on each prefill
+        rank. A held source's KV is released as a finish releases it (Applied, the
+        request retired). A pending source (its prefill not done): Release unregisters
+        the handoff and the request finishes as an ordinary one; Cancel drops it like
+        CancelRequest, suppressing its in-flight output. An unknown handoff: Noop."""
+        ranks = self._rank_list(ranks)
+        now = self._times(now_ms, len(ranks))
+        effects = []
+        st = self._state
+        for i, (r, h) in enumerate(zip(ranks, handoff_ids)):
+            book = self._books[r]
+            rid = book.handoff_req.get(h)
+            if rid is None:
+                effects.append(self._command_effects(r, NOOP, now[i]))
+                continue
+            del book.handoff_req[h]
+            del book.req_handoff[rid]
+            retired = ()
+            if rid in book.held:
+                book.held.discard(rid)
+                q = np.array([self._q(r, book.row_of.pop(rid))], np.int64)
+                held = _kernels().release_sources(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st,
+                                                  np.array([r], np.int64), q, now[i:i + 1], st.max_lease,
+                                                  st.max_bs)
+                assert held[0], "a held source the kernel does not hold"
+                retired = (rid,)
+            elif cancel:
+                effects.append(self.cancel([r], [CancelRequest(rid)], now[i])[0])
+                continue
+            else:
+                book.release_on_hold.add(rid)
+            effects.append(self._command_effects(r, APPLIED, now[i], retired))
+        return effects
 
     def cancel(self, ranks: Sequence[int], commands: Sequence[CancelRequest],
                now_ms: Sequence[float] | float) -> list[CommandEffects]:
@@ -425,12 +515,16 @@ class RankGroup:
             if applied:
                 del book.row_of[cmd.request_id]
                 retired.append(cmd.request_id)
+                h = book.req_handoff.pop(cmd.request_id, None)
+                if h is not None:
+                    del book.handoff_req[h]
             suppressed = False
             if book.pending is not None and (applied or cmd.discard_pending_output):
                 before = len(book.pending.rows)
                 book.pending.rows = [row for row in book.pending.rows
                                      if not (row[0] == "output" and row[1].request_id == cmd.request_id)]
                 suppressed = len(book.pending.rows) != before
+                book.pending.lifecycle = [e for e in book.pending.lifecycle if e.request_id != cmd.request_id]
                 if suppressed and cmd.request_id not in retired:
                     retired.append(cmd.request_id)
             effects.append(self._command_effects(r, APPLIED if applied else NOOP, now[i], tuple(retired),
@@ -486,7 +580,7 @@ class RankGroup:
             outputs = tuple(row[1] for row in pending.rows if row[0] == "output")
             kv_rows = [row for row in pending.rows if row[0] == "kv"] + pending.late_kv_rows + late
             out.append(PassCompletionEffects(
-                outputs=outputs, lifecycle_events=(), kv_events=self._kv_events(r, kv_rows),
+                outputs=outputs, lifecycle_events=tuple(pending.lifecycle), kv_events=self._kv_events(r, kv_rows),
                 metrics=self._metrics(r, pending.pass_row), forward_pass_metrics=pending.fpm))
         return out
 
@@ -577,7 +671,10 @@ class RankGroup:
                 rid = book.ids[a[i]]
                 if b[i] != L.TERM_CANCELED:
                     book.row_of.pop(rid, None)
-                if b[i] == L.TERM_REJECTED:
+                if b[i] == L.TERM_NONE:  # a source held for its handoff (prefill rank)
+                    book.row_of[rid] = a[i]
+                    decoded.append(("held", rid))
+                elif b[i] == L.TERM_REJECTED:
                     decoded.append(("rejection", Output(rid, None, completed=True, rejected=True)))
                 elif b[i] == L.TERM_COMPLETED and c[i] == 0:
                     decoded.append(("output", Output(rid, None, completed=True,
@@ -600,6 +697,16 @@ class RankGroup:
                 continue
             i += 1
         return decoded
+
+    def _transfer_timing(self, r: int, rid):
+        """SourceHeld's transfer inputs (engine.md 10.1): the rank's transfer config and
+        the request's full prompt."""
+        from aisim_fast.handoff import HandoffTransferTiming, TransferTimingMode
+        cfg = self.configs[r]
+        prompt = int(self._state.rq.i64[self._q(r, self._books[r].row_of[rid]), L.RQ_PROMPT_LEN])
+        return HandoffTransferTiming(mode=TransferTimingMode.parse(cfg.kv_transfer_timing_mode),
+                                     full_prompt_tokens=prompt, kv_bytes_per_token=cfg.kv_transfer_bytes_per_token,
+                                     bandwidth_gb_s=cfg.kv_transfer_bandwidth)
 
     def _first_cached(self, r: int, logical: int, sglang: bool):
         """vLLM / TRT-LLM: the first admission's reused prompt tokens, on the request's
@@ -667,6 +774,8 @@ class RankGroup:
                 kv.append(entry)
             elif tag == "rejection":
                 rejections.append(entry)
+            elif tag == "held":
+                continue  # SourceHeld, below
             elif entry[1].token_id is None:
                 terminal.append(entry)
             else:
@@ -678,6 +787,22 @@ class RankGroup:
         else:
             ordered = terminal + tokens
         pending.rows = ordered + [("output", e[1]) for e in rejections] + kv
+        book = self._books[r]
+        for entry in decoded:
+            if entry[0] != "held":
+                continue
+            rid = entry[1]
+            if rid in book.release_on_hold:  # unregistered while pending: an ordinary finish
+                book.release_on_hold.discard(rid)
+                st_ = self._state
+                q = np.array([self._q(r, book.row_of.pop(rid))], np.int64)
+                _kernels().release_sources(st_.cfg, st_.pool, st_.rq, st_.wl, st_.wk, st_.st,
+                                           np.array([r], np.int64), q, np.array([start_ms]), st_.max_lease,
+                                           st_.max_bs)
+                pending.rows += [e for e in self._drain_rows(r) if e[0] == "kv"]
+            else:
+                book.held.add(rid)
+                pending.lifecycle.append(SourceHeld(book.req_handoff[rid], rid, self._transfer_timing(r, rid)))
         pending.pass_row = pass_row
         pending.fpm = _fpm(pass_row, start_ms, end_ms)
         self._books[r].pending = pending
@@ -783,8 +908,13 @@ class Rank:
             return self.group.submit([0], [command.request], now_ms)[0]
         if isinstance(command, CancelRequest):
             return self.group.cancel([0], [command], now_ms)[0]
-        raise RankError(f"{type(command).__name__}: not a command this rank simulates "
-                        "(Submit, CancelRequest)")
+        if isinstance(command, SubmitHandoffPrefill):
+            return self.group.submit([0], [command.request], now_ms, handoff_ids=[command.handoff_id])[0]
+        if isinstance(command, (ReleaseSource, CancelSource)):
+            return self.group.release_sources([0], [command.handoff_id], now_ms,
+                                              cancel=isinstance(command, CancelSource))[0]
+        raise RankError(f"{type(command).__name__}: not a command this rank simulates (Submit, "
+                        "SubmitHandoffPrefill, ReleaseSource, CancelSource, CancelRequest)")
 
     def start_pass(self, now_ms: float) -> PassStartEffects | None:
         return self.group.start_passes([0], now_ms)[0]

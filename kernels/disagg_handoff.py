@@ -301,6 +301,21 @@ def _drop_queued(cfg, p, rq, wk, w, q):
 
 
 @njit(cache=True, _nrt=False)
+def release_held_source(cfg, p, rq, wl, wk, wp, qp, path, scratch_tokens, sg):
+    """ReleaseSource of source row qp held on prefill worker wp: its KV released as a
+    finish releases it (vLLM: the lease into the LRU, tail first; SGLang: pages into
+    the tree, lock released); a capacity generation starts and the worker may admit
+    its waiting head."""
+    if sg is not None:
+        sglang_handoff.release_source(cfg, p, rq, wl, wk, wp, qp, path, scratch_tokens)
+    else:
+        release_lease(cfg, p, rq, wp, qp)
+        wk.i64[wp, WK_CAP_GEN] += 1
+    rq.i64[qp, RQ_STATUS] = RS_DONE
+    wake(wk, wp)
+
+
+@njit(cache=True, _nrt=False)
 def cancel_source(cfg, p, rq, wk, q):
     """CancelSource for handoff q (its logical row): a held source releases its KV
     like a finish; a source still queued or running is dropped. Applied frees
@@ -504,18 +519,12 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
             rq.i64[q, RQ_ACTION] = kind
             _defer(rq, wk, wp, q)
             return True
-        if sg is not None:
-            sglang_handoff.release_source(cfg, p, rq, wl, wk, wp, qp, hits, scratch_tokens)
-        else:
-            release_lease(cfg, p, rq, wp, qp)
-        rq.i64[qp, RQ_STATUS] = RS_DONE
+        release_held_source(cfg, p, rq, wl, wk, wp, qp, hits, scratch_tokens, sg)
         if rq.i64[q, RQ_WORKER] >= 0:  # else a failed destination's source, canceled
             rq.f64[q, RQF_SOURCE_RELEASED_MS] = now_ms
         _journal(sims, s, HE_SOURCE_RELEASED, q, now_ms, 0, 0)
         if rq.i64[q, RQ_REPORTED] == 1 and rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED:
             _journal(sims, s, HE_COMPLETED, q, now_ms, 0, 0)
-        wk.i64[wp, WK_CAP_GEN] += 1
-        wake(wk, wp)  # freed blocks may admit its waiting head
         sims.i64[s, SM_OPEN_HANDOFFS] -= 1
     return True
 

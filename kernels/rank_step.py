@@ -14,10 +14,10 @@ from numba import njit
 from .arrivals import _arrive, complete_pass
 from .backends import run_pass, sglang_run_pass
 from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, note_event
-from .disagg_handoff import _drop_queued
+from .disagg_handoff import _drop_queued, release_held_source
 from .layout import (
     CFG_POLICY, EV_FINISHED, EVH_LEN, POLICY_SGLANG, RQ_ALLOCATED, RQ_GENERATED, RQ_STATUS, RQ_TERMINAL, RQF_TERMINAL_MS,
-    RS_DONE, RS_PREEMPTED, RS_RUNNING, RS_WAITING, SIM_ARENA_FULL, SIM_CAPACITY, SIM_RUNNING,
+    RS_DONE, RS_HELD, RS_PREEMPTED, RS_RUNNING, RS_WAITING, SIM_ARENA_FULL, SIM_CAPACITY, SIM_RUNNING,
     SM_STATUS, SM_W_OFF, TERM_CANCELED, WK_BUSY, WK_CAP_GEN, WK_OVERFLOW, WK_WAIT_CAP, WK_WAIT_LEN,
 )
 from .rank_queues import wake
@@ -134,3 +134,29 @@ def cancel_requests(cfg, p, rq, wk, sims, sim_ids, q_rows, now_ms):
             note_event(p, w, EV_FINISHED, q, np.int64(TERM_CANCELED), rq.i64[q, RQ_GENERATED])
         result[i] = CANCEL_APPLIED
     return result
+
+
+@njit(cache=True, nogil=True)
+def release_sources(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms, max_lease_blocks, max_block_size):
+    """ReleaseSource (or CancelSource) of the held source row ``q_rows[i]`` on prefill
+    rank ``sim_ids[i]``: its KV released as a finish does
+    (``disagg_handoff.release_held_source``, the replay's own). Returns whether each
+    was held (else nothing is done)."""
+    path = np.empty(max_lease_blocks, np.int32)
+    scratch_tokens = np.empty(max_block_size, np.uint32)
+    held = np.zeros(sim_ids.shape[0], np.bool_)
+    for i in range(sim_ids.shape[0]):
+        s = sim_ids[i]
+        w = sims.i64[s, SM_W_OFF]
+        q = q_rows[i]
+        if rq.i64[q, RQ_STATUS] != RS_HELD:
+            continue
+        if event_log_on(p):
+            event_set_clock(p, s, now_ms[i])
+        if cfg.i64[w, CFG_POLICY] == POLICY_SGLANG:
+            release_held_source(cfg, p, rq, wl, wk, w, q, path, scratch_tokens, 1)
+        else:
+            release_held_source(cfg, p, rq, wl, wk, w, q, path, scratch_tokens, None)
+        rq.f64[q, RQF_TERMINAL_MS] = now_ms[i]
+        held[i] = True
+    return held

@@ -21,8 +21,8 @@ from kv_artifacts import reference_kv_events, reference_tokens, row_of_uuid
 
 from aisim_fast.config import parse_payload
 from aisim_fast.rank import (
-    APPLIED, NOOP, CancelRequest, Output, Rank, RankError, RankGroup, Removed, Request, Stored, Submit,
-    Submitted, synthetic_output_tokens,
+    APPLIED, NOOP, CancelRequest, CancelSource, Output, Rank, RankError, RankGroup, ReleaseSource, Removed,
+    Request, SourceHeld, Stored, Submit, SubmitHandoffPrefill, Submitted, synthetic_output_tokens,
 )
 from aisim_fast.workload import load_mooncake, prompt_tokens, sequence_tokens
 
@@ -487,7 +487,7 @@ def test_a_rank_config_error_names_its_field():
     with pytest.raises(ValueError, match="backend"):
         Rank({"backend": "nope"})
     with pytest.raises(ValueError, match="worker_type"):
-        Rank({"backend": "vllm", "worker_type": "prefill"})
+        Rank({"backend": "vllm", "worker_type": "decode"})
 
 
 # ---------------------------------------------------------------------------------
@@ -574,3 +574,77 @@ def test_a_group_steps_its_ranks_as_single_ranks_would():
                 now[i] = starts[i].end_ms
                 passes += 1
     assert passes >= 9 and all(not rank.has_work for rank in singles)
+
+
+# ---------------------------------------------------------------------------------
+# prefill ranks: held sources
+# ---------------------------------------------------------------------------------
+def _prefill(**fields):
+    return _rank(worker_type="prefill", **fields)
+
+
+def test_a_prefill_rank_holds_the_source_until_released():
+    """33: prefill rank, capacity 8, bs 4, max_seqs 1, prompt 0..7, 2 outputs: pass 1
+    emits, pass 2 completes with one SourceHeld; the held KV (ceil(9/4) = 3 blocks)
+    stays active until ReleaseSource (Applied, then Noop)."""
+    rank = _prefill(num_gpu_blocks=8, max_num_seqs=1)
+    assert rank.apply(SubmitHandoffPrefill("h1", Request("R", list(range(8)), 2)), 0.0).result == Submitted("R")
+    _, done = _step(rank, 0.0)
+    assert [o.completed for o in done.outputs] == [False] and done.lifecycle_events == ()
+    _, done = _step(rank)
+    assert [o.completed for o in done.outputs] == [True]
+    (held,) = done.lifecycle_events
+    assert isinstance(held, SourceHeld) and (held.handoff_id, held.request_id) == ("h1", "R")
+    assert held.transfer_timing.full_prompt_tokens == 8
+    assert done.metrics.running_requests == 0 and done.metrics.waiting_requests == 0
+    assert done.metrics.active_blocks == 3 and not rank.has_work
+    released = rank.apply(ReleaseSource("h1"), 100.0)
+    assert released.result == APPLIED and released.retired_requests == ("R",)
+    assert released.metrics.active_blocks == 0
+    assert rank.apply(ReleaseSource("h1"), 100.0).result == NOOP
+
+
+def test_cancel_source_of_a_held_and_of_a_pending_source():
+    """33: CancelSource releases a held source like ReleaseSource; on a pending
+    source it drops the request (Applied, then Noop)."""
+    rank = _prefill(num_gpu_blocks=8, max_num_seqs=1)
+    rank.apply(SubmitHandoffPrefill("h1", Request("R", list(range(8)), 1)), 0.0)
+    _, done = _step(rank, 0.0)
+    assert len(done.lifecycle_events) == 1 and done.metrics.active_blocks == 2
+    assert rank.apply(CancelSource("h1"), 50.0).result == APPLIED
+    assert rank.metrics.active_blocks == 0
+    rank.apply(SubmitHandoffPrefill("h2", Request("P", list(range(100, 108)), 1)), 60.0)
+    effects = rank.apply(CancelSource("h2"), 60.0)
+    assert effects.result == APPLIED and effects.retired_requests == ("P",)
+    assert effects.metrics.waiting_requests == 0
+    assert rank.apply(CancelSource("h2"), 60.0).result == NOOP
+
+
+def test_release_of_a_pending_source_makes_it_an_ordinary_request():
+    rank = _prefill(num_gpu_blocks=8, max_num_seqs=1)
+    rank.apply(SubmitHandoffPrefill("h1", Request("R", list(range(8)), 1)), 0.0)
+    assert rank.apply(ReleaseSource("h1"), 0.0).result == APPLIED
+    _, done = _step(rank, 0.0)
+    assert done.lifecycle_events == () and done.outputs[0].completed
+    assert done.metrics.active_blocks == 0  # finished: its blocks are cached, not held
+
+
+def test_a_prefill_source_reports_its_transfer_delay():
+    """4: prefill rank, bs 4, prompt 8, one output, 1 GB/s and 1e6 bytes per token: the
+    single pass completes the token and SourceHeld's full-prompt delay is 8.0 ms."""
+    rank = _prefill(num_gpu_blocks=16, kv_transfer_bandwidth=1.0, kv_transfer_bytes_per_token=1_000_000)
+    rank.apply(SubmitHandoffPrefill("h", Request("R", list(range(8)), 1)), 0.0)
+    _, done = _step(rank, 0.0)
+    assert done.outputs[0].completed
+    assert done.lifecycle_events[0].transfer_timing.full_prompt_delay_ms() == pytest.approx(8.0)
+
+
+def test_a_prefill_rank_refuses_plain_submits_and_duplicate_handoffs():
+    rank = _prefill(num_gpu_blocks=8)
+    with pytest.raises(RankError, match="prefill rank"):
+        rank.apply(_req("a", range(4), 1), 0.0)
+    rank.apply(SubmitHandoffPrefill("h", Request("a", list(range(4)), 1)), 0.0)
+    with pytest.raises(RankError, match="handoff h is already active"):
+        rank.apply(SubmitHandoffPrefill("h", Request("b", list(range(4)), 1)), 0.0)
+    with pytest.raises(RankError, match="not a prefill rank"):
+        _rank(num_gpu_blocks=8).apply(SubmitHandoffPrefill("h", Request("a", list(range(4)), 1)), 0.0)
