@@ -648,3 +648,16 @@ def test_a_prefill_rank_refuses_plain_submits_and_duplicate_handoffs():
         rank.apply(SubmitHandoffPrefill("h", Request("b", list(range(4)), 1)), 0.0)
     with pytest.raises(RankError, match="not a prefill rank"):
         _rank(num_gpu_blocks=8).apply(SubmitHandoffPrefill("h", Request("a", list(range(4)), 1)), 0.0)
+
+
+def test_an_sglang_rank_driven_by_hand_emits_the_references_tokens():
+    """The reference's SGLang run with per-token artifacts (6000 one-token pages,
+    max_num_seqs 8, a retraction): every output token id and time (its KV events are
+    not simulated)."""
+    setup, artifacts = _setup("sglang-tokens")
+    workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
+                             arrival_speedup_ratio=setup.arrival_speedup_ratio)
+    tokens, _ = drive_trace(Rank(setup.rank), workload)
+    gold = reference_tokens(artifacts, workload)
+    assert sum(map(len, gold.values())) > 0
+    assert tokens == gold
