@@ -890,7 +890,7 @@ def _load(rank_step) -> None:
     for fn, args in calls:
         sig = tuple(numba.typeof(a) for a in args)
         if sig not in fn.overloads:
-            with cache_lock():  # not nested: the lock is per open file
+            with cache_lock():
                 fn.compile(sig)
     mark_compiled("rank")
 

@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numba
@@ -78,13 +79,37 @@ def compile_notice(parts) -> None:
               file=sys.stderr, flush=True)
 
 
+_LOCK_DEPTH = threading.local()  # cache_lock nesting of the current thread
+
+
 @contextlib.contextmanager
 def cache_lock():
     """Hold the kernel cache folder's lock (exclusive, across processes) while a kernel
     compiles or loads. Numba names a function's cached versions by their number in its
     index: two processes compiling different versions of one function at once (two
     kernel sets share the event-loop closures) both write version 1, and a later run
-    loads the wrong code for one of them. An unlockable folder goes unlocked."""
+    loads the wrong code for one of them. An unlockable folder goes unlocked.
+
+    Re-entrant within a thread: an flock belongs to an open file, so a nested call
+    that opened the file again would wait for its own caller forever."""
+    depth = getattr(_LOCK_DEPTH, "n", 0)
+    if depth:
+        _LOCK_DEPTH.n = depth + 1
+        try:
+            yield
+        finally:
+            _LOCK_DEPTH.n = depth
+        return
+    _LOCK_DEPTH.n = 1
+    try:
+        with _cache_flock():
+            yield
+    finally:
+        _LOCK_DEPTH.n = 0
+
+
+@contextlib.contextmanager
+def _cache_flock():
     try:
         fh = open(Path(numba.config.CACHE_DIR or _cache_dir()) / "compile.lock", "a")
     except OSError:

@@ -581,6 +581,31 @@ def test_cache_lock_is_exclusive_across_processes(tmp_path, monkeypatch):
     assert waited_s > 0.5
 
 
+def test_cache_lock_nests_within_a_thread(tmp_path, monkeypatch):
+    """A compile under the lock that loads more kernels (which take the lock too) goes
+    on: the nested call does not wait for its own caller."""
+    import threading
+
+    from aisim_fast import kernels
+
+    monkeypatch.setattr(kernels.numba.config, "CACHE_DIR", str(tmp_path))
+    done = threading.Event()
+
+    def nested():
+        with kernels.cache_lock():
+            with kernels.cache_lock():
+                pass
+            with kernels.cache_lock():
+                done.set()
+
+    worker = threading.Thread(target=nested, daemon=True)
+    worker.start()
+    worker.join(10.0)
+    assert done.is_set(), "a nested cache_lock waited for its own caller"
+    with kernels.cache_lock():  # released: taken again at once
+        pass
+
+
 def test_compile_notice_once_per_missing_kernel_set(tmp_path, capsys, monkeypatch):
     """One stderr line naming the kernel sets a cache does not hold, before compiling;
     nothing once they are marked compiled (or already announced)."""
