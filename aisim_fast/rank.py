@@ -27,7 +27,6 @@ attention DP (one dp_rank 0 per rank), and the variance and queued-work fields o
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import Iterable, Sequence, Union

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kv_artifacts import reference_kv_events, reference_tokens, row_of_uuid
+from kv_artifacts import reference_kv_events, reference_tokens
 
 from aisim_fast.config import parse_payload
 from aisim_fast.rank import (
@@ -53,7 +53,6 @@ def drive_trace(rank: Rank, workload):
     due their think time after the previous turn's completed output.
     Returns ({row: [(token id, time)]}, [(time, KvEvent)])."""
     n = workload.num_requests
-    plan_rows = {}
     due = [(float(workload.start_ms[q]), int(workload.session[q]), 0, q) for q in workload.order]
     next_turn = {}
     by_session: dict = {}
