@@ -4,8 +4,34 @@ tokens) in the shape aisim_fast's tables compare with, shared by
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
+
+DATA = Path(__file__).resolve().parent / "data"
+# the single-worker reference runs with per-token artifacts: tiny20 and tests/data/kv_events/*
+ARTIFACT_CASES = ["tiny20"] + sorted(p.name for p in (DATA / "kv_events").iterdir() if p.is_dir())
+
+
+def artifact_case(name: str, emit_kv_events: bool = False):
+    """(ReplaySetup of the reference run ``name``, its artifacts); ``emit_kv_events``
+    turns the rank's KV events on in the payload."""
+    from aisim_fast.config import parse_payload
+
+    if name == "tiny20":
+        spec = json.loads((DATA / "golden" / "tiny20_vllm_agg1.spec.json").read_text())
+        where = dict(trace_override=str(DATA / "traces" / spec["traffic"]["trace_path"]))
+        artifacts = DATA / "golden" / "tiny20_vllm_agg1.artifacts.json"
+    else:
+        folder = DATA / "kv_events" / name
+        spec = json.loads((folder / "spec.json").read_text())
+        where = dict(base_dir=folder)
+        artifacts = folder / "ref.artifacts.json"
+    if emit_kv_events:
+        spec["spec"]["engine"]["rank"]["emit_kv_events"] = True
+    return parse_payload(spec, **where), json.loads(artifacts.read_text())
 
 
 def row_of_uuid(workload):

@@ -19,7 +19,10 @@ import numpy as np
 import pytest
 import xxhash
 
-from kv_artifacts import kv_event_rows, reference_kv_events, reference_tokens, row_of_uuid, token_rows
+from kv_artifacts import (
+    ARTIFACT_CASES, artifact_case, kv_event_rows, reference_kv_events, reference_tokens, row_of_uuid,
+    token_rows,
+)
 
 from aisim_fast.config import parse_payload
 from aisim_fast.kernels.output_plan import plan_offsets, plan_words
@@ -29,23 +32,13 @@ from aisim_fast.workload import load_mooncake, prompt_tokens, select_rows, seque
 
 DATA = Path(__file__).resolve().parent / "data"
 # SGLang's KV events are not simulated yet: its run (sglang-tokens) checks token ids only
-CASES = ["tiny20"] + sorted(p.name for p in (DATA / "kv_events").iterdir()
-                            if p.is_dir() and not p.name.startswith("sglang"))
+CASES = [name for name in ARTIFACT_CASES if not name.startswith("sglang")]
 
 
 def _case(name):
     """(simulation with KV events on, the reference's artifacts)."""
-    if name == "tiny20":
-        spec = json.loads((DATA / "golden" / "tiny20_vllm_agg1.spec.json").read_text())
-        trace = str(DATA / "traces" / spec["traffic"]["trace_path"])
-        artifacts = json.loads((DATA / "golden" / "tiny20_vllm_agg1.artifacts.json").read_text())
-        spec["spec"]["engine"]["rank"]["emit_kv_events"] = True
-        return simulation_from_setup(parse_payload(spec, trace_override=trace)), artifacts
-    folder = DATA / "kv_events" / name
-    spec = json.loads((folder / "spec.json").read_text())
-    spec["spec"]["engine"]["rank"]["emit_kv_events"] = True
-    return (simulation_from_setup(parse_payload(spec, base_dir=folder)),
-            json.loads((folder / "ref.artifacts.json").read_text()))
+    setup, artifacts = artifact_case(name, emit_kv_events=True)
+    return simulation_from_setup(setup), artifacts
 
 
 @pytest.mark.parametrize("name", CASES)

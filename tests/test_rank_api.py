@@ -11,40 +11,24 @@ in every request state.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kv_artifacts import reference_kv_events, reference_tokens
+from kv_artifacts import ARTIFACT_CASES, artifact_case, reference_kv_events, reference_tokens
 
-from aisim_fast.config import parse_payload
 from aisim_fast.rank import (
     APPLIED, NOOP, CancelRequest, CancelSource, Output, Rank, RankError, RankGroup, ReleaseSource, Removed,
     Request, SourceHeld, Stored, Submit, SubmitHandoffPrefill, Submitted, synthetic_output_tokens,
 )
 from aisim_fast.workload import load_mooncake, prompt_tokens, sequence_tokens
 
-DATA = Path(__file__).resolve().parent / "data"
-KV_CASES = ["tiny20"] + sorted(p.name for p in (DATA / "kv_events").iterdir()
-                               if p.is_dir() and not p.name.startswith("sglang"))
+KV_CASES = [name for name in ARTIFACT_CASES if not name.startswith("sglang")]
 
 
 # ---------------------------------------------------------------------------------
 # a trace replayed by hand through one rank
 # ---------------------------------------------------------------------------------
-def _setup(name):
-    if name == "tiny20":
-        spec = json.loads((DATA / "golden" / "tiny20_vllm_agg1.spec.json").read_text())
-        trace = str(DATA / "traces" / spec["traffic"]["trace_path"])
-        artifacts = json.loads((DATA / "golden" / "tiny20_vllm_agg1.artifacts.json").read_text())
-        return parse_payload(spec, trace_override=trace), artifacts
-    folder = DATA / "kv_events" / name
-    spec = json.loads((folder / "spec.json").read_text())
-    return parse_payload(spec, base_dir=folder), json.loads((folder / "ref.artifacts.json").read_text())
-
-
 def drive_trace(rank: Rank, workload):
     """Replay ``workload`` on one rank as the reference's aggregated drain does:
     at each instant the pass ending now completes, the requests due now are submitted
@@ -123,18 +107,24 @@ def _event_rows(events):
     return rows
 
 
-@pytest.mark.parametrize("name", KV_CASES)
-def test_a_rank_driven_by_hand_reproduces_the_references_tokens_and_kv_events(name):
-    setup, artifacts = _setup(name)
+def _driven(name):
+    """The reference run ``name`` replayed by hand through one rank: (its tokens and
+    KV events, the reference's tokens and KV events)."""
+    setup, artifacts = artifact_case(name)
     workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
                              arrival_speedup_ratio=setup.arrival_speedup_ratio)
     tokens, events = drive_trace(Rank(setup.rank), workload)
     gold_tokens = reference_tokens(artifacts, workload)
     assert sum(map(len, gold_tokens.values())) > 0
+    return tokens, _event_rows(events), gold_tokens, reference_kv_events(artifacts)
+
+
+@pytest.mark.parametrize("name", KV_CASES)
+def test_a_rank_driven_by_hand_reproduces_the_references_tokens_and_kv_events(name):
+    tokens, events, gold_tokens, gold_events = _driven(name)
     assert tokens == gold_tokens
-    gold_events = reference_kv_events(artifacts)
     assert len(gold_events) > 0
-    assert _event_rows(events) == gold_events
+    assert events == gold_events
 
 
 # ---------------------------------------------------------------------------------
@@ -653,10 +643,5 @@ def test_an_sglang_rank_driven_by_hand_emits_the_references_tokens():
     """The reference's SGLang run with per-token artifacts (6000 one-token pages,
     max_num_seqs 8, a retraction): every output token id and time (its KV events are
     not simulated)."""
-    setup, artifacts = _setup("sglang-tokens")
-    workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
-                             arrival_speedup_ratio=setup.arrival_speedup_ratio)
-    tokens, _ = drive_trace(Rank(setup.rank), workload)
-    gold = reference_tokens(artifacts, workload)
-    assert sum(map(len, gold.values())) > 0
-    assert tokens == gold
+    tokens, _, gold_tokens, _ = _driven("sglang-tokens")
+    assert tokens == gold_tokens
