@@ -19,9 +19,13 @@ step applied to a list of ranks in one kernel call.
 
 Prefill ranks (vLLM / TRT-LLM) take ``SubmitHandoffPrefill``, hold each completed
 prefill's KV (a ``SourceHeld`` lifecycle event with its transfer timing) and release
-it on ``ReleaseSource`` / ``CancelSource``. Not simulated yet: decode ranks
-(ReserveDestination, ActivateDestination, CancelDestination), SGLang prefill ranks,
-attention DP (one dp_rank 0 per rank), and the variance and queued-work fields of
+it on ``ReleaseSource`` / ``CancelSource``. Decode ranks (vLLM / TRT-LLM) take
+``ReserveDestination`` (``DestinationAccepted``; the reservation, a
+``DestinationReserved`` lifecycle event, comes at once on an idle rank or at a later
+retry), ``ActivateDestination`` once the transfer is done, and ``CancelDestination``.
+``aisim_fast.rank_replay`` drives prefill and decode ranks with the handoff
+coordinator. Not simulated yet: SGLang prefill and decode ranks, attention DP (one
+dp_rank 0 per rank), and the variance and queued-work fields of
 ``ForwardPassMetrics``.
 """
 
@@ -85,6 +89,35 @@ class CancelSource:
 
 
 @dataclass(frozen=True)
+class ReserveDestination:
+    """Accept a decode request on a decode rank and reserve its prompt's KV there
+    (at once when the rank is idle and has room, else at a later retry)."""
+    handoff_id: RequestId
+    request: Request
+
+
+@dataclass(frozen=True)
+class ActivateDestination:
+    """The transfer is done: the reserved destination becomes runnable."""
+    handoff_id: RequestId
+
+
+@dataclass(frozen=True)
+class CancelDestination:
+    """Give back a pending or reserved destination, or drop an activated one."""
+    handoff_id: RequestId
+
+
+@dataclass(frozen=True)
+class DestinationReserved:
+    """Lifecycle event: decode-side KV for the prompt is reserved;
+    ``transferable_prompt_tokens`` = fresh (not resident) blocks x block size."""
+    handoff_id: RequestId
+    request_id: RequestId
+    transferable_prompt_tokens: int
+
+
+@dataclass(frozen=True)
 class SourceHeld:
     """Lifecycle event: the prefill finished and its KV is held for the transfer."""
     handoff_id: RequestId
@@ -94,6 +127,11 @@ class SourceHeld:
 
 @dataclass(frozen=True)
 class Submitted:
+    request_id: RequestId
+
+
+@dataclass(frozen=True)
+class DestinationAccepted:
     request_id: RequestId
 
 
@@ -109,7 +147,7 @@ class Noop:
 
 APPLIED = Applied()
 NOOP = Noop()
-CommandResult = Union[Submitted, Applied, Noop]
+CommandResult = Union[Submitted, DestinationAccepted, Applied, Noop]
 
 
 @dataclass(frozen=True)
@@ -322,12 +360,9 @@ def _rank_config(config) -> RankConfig:
         check_rank(rank)
     else:
         raise ConfigError(f"rank: expected a rank config (dict or RankConfig), got {type(config).__name__}")
-    if rank.worker_type == "prefill" and rank.backend == "sglang":
-        raise ConfigError("rank.worker_type: SGLang prefill ranks are not simulated by the rank API yet "
-                          "(vLLM and TRT-LLM ones are)")
-    if rank.worker_type == "decode":
-        raise ConfigError("rank.worker_type: decode ranks (ReserveDestination, ActivateDestination, "
-                          "CancelDestination) are not simulated by the rank API yet; aggregated or prefill")
+    if rank.worker_type in ("prefill", "decode") and rank.backend == "sglang":
+        raise ConfigError(f"rank.worker_type: SGLang {rank.worker_type} ranks are not simulated by the rank "
+                          "API yet (vLLM and TRT-LLM ones are)")
     return rank
 
 
@@ -361,12 +396,16 @@ class _RankBook:
         self.first_output_done: set = set()
         self.next_event_id = 0
         self.pending: _PendingPass | None = None
+        self.pass_had_effect = False
         self.broken: str | None = None
         # prefill ranks: handoff id <-> request id of sources pending or held
         self.handoff_req: dict = {}
         self.req_handoff: dict = {}
         self.held: set = set()
         self.release_on_hold: set = set()  # released while pending: an ordinary finish
+        # decode ranks: handoff id <-> request id of destinations (pending, reserved, active)
+        self.dest_req: dict = {}
+        self.req_dest: dict = {}
 
 
 class RankGroup:
@@ -402,53 +441,79 @@ class RankGroup:
         raises RankError before anything is applied."""
         ranks = self._rank_list(ranks)
         now = self._times(now_ms, len(ranks))
-        if len(requests) != len(ranks) or (handoff_ids is not None and len(handoff_ids) != len(ranks)):
-            raise ValueError("submit: one request (and handoff id) per rank entry")
-        seen: dict = {}
-        for i, (r, request) in enumerate(zip(ranks, requests)):
-            _check_request(request)
-            book = self._books[r]
-            key = (r, request.request_id)
-            if request.request_id in book.row_of or key in seen:
-                raise RankError(f"Submit {request.request_id}: request {request.request_id} is already "
-                                f"active on rank {r}")
-            seen[key] = True
-            prefill = self.configs[r].worker_type == "prefill"
-            if handoff_ids is None and prefill:
-                raise RankError(f"Submit {request.request_id}: rank {r} is a prefill rank: it takes "
-                                "SubmitHandoffPrefill (its completed prefills are held for a handoff)")
-            if handoff_ids is not None:
-                if not prefill:
-                    raise RankError(f"SubmitHandoffPrefill {handoff_ids[i]}: rank {r} is not a prefill rank")
-                hkey = (r, "handoff", handoff_ids[i])
-                if handoff_ids[i] in book.handoff_req or hkey in seen:
-                    raise RankError(f"SubmitHandoffPrefill {handoff_ids[i]}: handoff {handoff_ids[i]} is "
-                                    f"already active on rank {r}")
-                seen[hkey] = True
-        by_rank: dict[int, list[int]] = {}
-        for i, r in enumerate(ranks):
-            by_rank.setdefault(r, []).append(i)
-        q_rows = np.empty(len(ranks), np.int64)
-        for r, idx in by_rank.items():
-            book = self._books[r]
-            first = len(book.ids)
-            self._run.add_requests(r, _request_rows([requests[i] for i in idx], 0.0))
-            for k, i in enumerate(idx):
-                book.row_of[requests[i].request_id] = first + k
-                book.ids.append(requests[i].request_id)
-        for i, r in enumerate(ranks):  # kernel rows after every rank grew (rows move)
-            q_rows[i] = self._q(r, self._books[r].row_of[requests[i].request_id])
+        q_rows = self._new_rows(ranks, requests, handoff_ids, "prefill" if handoff_ids is not None else None)
         st = self._state
         ok = _kernels().submit_requests(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st,
                                         np.asarray(ranks, np.int64), q_rows, now)
         if not ok.all():
             raise AssertionError("a rank's waiting queue had no room for a submitted request")
-        if handoff_ids is not None:  # pending sources
-            for r, req, h in zip(ranks, requests, handoff_ids):
-                self._books[r].handoff_req[h] = req.request_id
-                self._books[r].req_handoff[req.request_id] = h
+        self._register(ranks, requests, handoff_ids, "prefill" if handoff_ids is not None else None)
         return [self._command_effects(r, Submitted(req.request_id), now[i])
                 for i, (r, req) in enumerate(zip(ranks, requests))]
+
+    def reserve_destinations(self, ranks: Sequence[int], handoff_ids: Sequence, requests: Sequence[Request],
+                             now_ms: Sequence[float] | float) -> list[CommandEffects]:
+        """``ReserveDestination(handoff_ids[i], requests[i])`` on decode rank
+        ``ranks[i]``: ``DestinationAccepted``; the destination joins the rank's pending
+        FIFO and, when no pass is in flight, the FIFO head is tried at once (a
+        ``DestinationReserved`` lifecycle event in the effects when it fits). A
+        refused command (duplicate id, not a decode rank, a prompt the rank could never
+        hold) raises RankError before anything is applied."""
+        ranks = self._rank_list(ranks)
+        now = self._times(now_ms, len(ranks))
+        q_rows = self._new_rows(ranks, requests, handoff_ids, "decode")
+        st = self._state
+        ids = np.asarray(ranks, np.int64)
+        impossible = _kernels().destinations_impossible(st.cfg, st.pool, st.rq, st.st, ids, q_rows)
+        if impossible.any():
+            i = int(np.flatnonzero(impossible)[0])
+            raise RankError(f"ReserveDestination {handoff_ids[i]}: the prompt of {len(requests[i].tokens)} "
+                            f"tokens needs more KV blocks than rank {ranks[i]} has "
+                            f"({self.configs[ranks[i]].num_gpu_blocks})")
+        in_flight = np.array([self._books[r].pending is not None for r in ranks])
+        _, reserved = _kernels().reserve_destinations(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, q_rows,
+                                                      now, in_flight, st.max_lease, st.max_bs)
+        self._register(ranks, requests, handoff_ids, "decode")
+        return [self._command_effects(r, DestinationAccepted(req.request_id), now[i],
+                                      lifecycle=self._reserved_events(r, reserved[i]))
+                for i, (r, req) in enumerate(zip(ranks, requests))]
+
+    def activate_destinations(self, ranks: Sequence[int], handoff_ids: Sequence,
+                              now_ms: Sequence[float] | float, cancel: bool = False) -> list[CommandEffects]:
+        """``ActivateDestination`` (``cancel``: ``CancelDestination``) of a handoff on each
+        decode rank. Activate applies only to a reserved destination: it becomes a
+        waiting request at its arrival position, its prompt KV committed (Stored events
+        for blocks that become visible). Cancel gives back a pending or reserved
+        destination or drops an activated one (the request retired). Either, applied
+        with no pass in flight, retries the rank's pending head. Otherwise Noop."""
+        ranks = self._rank_list(ranks)
+        now = self._times(now_ms, len(ranks))
+        st = self._state
+        effects = []
+        for i, (r, h) in enumerate(zip(ranks, handoff_ids)):
+            book = self._books[r]
+            rid = book.dest_req.get(h)
+            if rid is None:
+                effects.append(self._command_effects(r, NOOP, now[i]))
+                continue
+            q = np.array([self._q(r, book.row_of[rid])], np.int64)
+            in_flight = np.array([book.pending is not None])
+            step = _kernels().cancel_destinations if cancel else _kernels().activate_destinations
+            applied, reserved = step(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, np.array([r], np.int64), q,
+                                     now[i:i + 1], in_flight, st.max_lease, st.max_bs)
+            if not applied[0]:
+                effects.append(self._command_effects(r, NOOP, now[i]))
+                continue
+            retired, suppressed = (), False
+            if cancel:
+                del book.dest_req[h]
+                del book.req_dest[rid]
+                del book.row_of[rid]
+                retired = (rid,)
+                suppressed = self._suppress_pending(r, rid, True)
+            effects.append(self._command_effects(r, APPLIED, now[i], retired, suppressed,
+                                                 lifecycle=self._reserved_events(r, reserved[0])))
+        return effects
 
     def release_sources(self, ranks: Sequence[int], handoff_ids: Sequence, now_ms: Sequence[float] | float,
                         cancel: bool = False) -> list[CommandEffects]:
@@ -495,17 +560,29 @@ class RankGroup:
         ranks = self._rank_list(ranks)
         now = self._times(now_ms, len(ranks))
         q_rows = np.full(len(ranks), -1, np.int64)
+        st = self._state
+        destination = np.zeros(len(ranks), bool)
         for i, (r, cmd) in enumerate(zip(ranks, commands)):
             row = self._books[r].row_of.get(cmd.request_id)
             if row is not None:
                 q_rows[i] = self._q(r, row)
-        known = q_rows >= 0
+                # a decode rank's request: dropped as CancelDestination drops an active
+                # one (then its pending head is retried); pending or reserved: Noop
+                destination[i] = cmd.request_id in self._books[r].req_dest
+        known = (q_rows >= 0) & ~destination
         result = np.zeros(len(ranks), np.int64)
-        st = self._state
+        reserved = np.full(len(ranks), -1, np.int64)
         if known.any():
             result[known] = _kernels().cancel_requests(
                 st.cfg, st.pool, st.rq, st.wk, st.st, np.asarray(ranks, np.int64)[known], q_rows[known],
                 now[known])
+        for i in np.flatnonzero(destination):
+            if st.rq.i64[q_rows[i], L.RQ_STATUS] in (L.RS_ACTIVATED, L.RS_WAITING, L.RS_RUNNING, L.RS_PREEMPTED):
+                r = ranks[i]
+                applied, retried = _kernels().cancel_destinations(
+                    st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, np.array([r], np.int64), q_rows[i:i + 1],
+                    now[i:i + 1], np.array([self._books[r].pending is not None]), st.max_lease, st.max_bs)
+                result[i], reserved[i] = int(applied[0]), retried[0]
         effects = []
         for i, (r, cmd) in enumerate(zip(ranks, commands)):
             book = self._books[r]
@@ -514,20 +591,15 @@ class RankGroup:
             if applied:
                 del book.row_of[cmd.request_id]
                 retired.append(cmd.request_id)
-                h = book.req_handoff.pop(cmd.request_id, None)
-                if h is not None:
-                    del book.handoff_req[h]
-            suppressed = False
-            if book.pending is not None and (applied or cmd.discard_pending_output):
-                before = len(book.pending.rows)
-                book.pending.rows = [row for row in book.pending.rows
-                                     if not (row[0] == "output" and row[1].request_id == cmd.request_id)]
-                suppressed = len(book.pending.rows) != before
-                book.pending.lifecycle = [e for e in book.pending.lifecycle if e.request_id != cmd.request_id]
-                if suppressed and cmd.request_id not in retired:
-                    retired.append(cmd.request_id)
+                for fwd, back in ((book.handoff_req, book.req_handoff), (book.dest_req, book.req_dest)):
+                    h = back.pop(cmd.request_id, None)
+                    if h is not None:
+                        del fwd[h]
+            suppressed = self._suppress_pending(r, cmd.request_id, applied, cmd.discard_pending_output)
+            if suppressed and cmd.request_id not in retired:
+                retired.append(cmd.request_id)
             effects.append(self._command_effects(r, APPLIED if applied else NOOP, now[i], tuple(retired),
-                                                 suppressed))
+                                                 suppressed, lifecycle=self._reserved_events(r, reserved[i])))
         return effects
 
     # -- passes --------------------------------------------------------------------
@@ -551,8 +623,10 @@ class RankGroup:
         if len(run) == 0:
             return out
         ids = np.asarray(ranks, np.int64)[run]
-        end_ms, _ = _kernels().start_passes(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, now[run],
-                                            st.max_lease, st.max_bs)
+        end_ms, had_effect = _kernels().start_passes(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, now[run],
+                                                     st.max_lease, st.max_bs)
+        for k, i in enumerate(run):
+            self._books[ranks[i]].pass_had_effect = bool(had_effect[k])
         for k, i in enumerate(run):
             r = ranks[i]
             if not np.isfinite(end_ms[k]):
@@ -570,12 +644,20 @@ class RankGroup:
             if self._books[r].pending is None:
                 raise RankError(f"rank {r}: no pass in flight")
         st = self._state
-        _kernels().complete_passes(st.rq, st.wk, st.st, np.asarray(ranks, np.int64))
+        ids = np.asarray(ranks, np.int64)
+        _kernels().complete_passes(st.rq, st.wk, st.st, ids)
+        # decode ranks retry their pending head at every completion (engine.md 3.5)
+        decode = np.array([self.configs[r].worker_type == "decode" for r in ranks], bool)
+        reserved = np.full(len(ranks), -1, np.int64)
+        if decode.any():
+            reserved[decode] = _kernels().retry_destinations(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st,
+                                                             ids[decode], st.max_lease, st.max_bs)
         out = []
-        for r in ranks:
+        for i, r in enumerate(ranks):
             book = self._books[r]
+            book.pending.lifecycle.extend(self._reserved_events(r, reserved[i]))
             pending, book.pending = book.pending, None
-            late = self._drain_rows(r)  # nothing normally: commands drained their own
+            late = self._drain_rows(r)  # the retry's evictions (commands drained their own)
             outputs = tuple(row[1] for row in pending.rows if row[0] == "output")
             kv_rows = [row for row in pending.rows if row[0] == "kv"] + pending.late_kv_rows + late
             out.append(PassCompletionEffects(
@@ -583,12 +665,117 @@ class RankGroup:
                 metrics=self._metrics(r, pending.pass_row), forward_pass_metrics=pending.fpm))
         return out
 
+    def _new_rows(self, ranks: list[int], requests: Sequence[Request], handoff_ids, role) -> np.ndarray:
+        """Validate new requests (Submit; ``role`` "prefill": SubmitHandoffPrefill,
+        "decode": ReserveDestination) and add their kernel rows, unregistered until
+        ``_register``: a refused command leaves only rows nothing refers to. Returns the
+        kernel rows."""
+        command = {"prefill": "SubmitHandoffPrefill", "decode": "ReserveDestination"}.get(role, "Submit")
+        if len(requests) != len(ranks) or (handoff_ids is not None and len(handoff_ids) != len(ranks)):
+            raise ValueError(f"{command}: one request (and handoff id) per rank entry")
+        seen: dict = {}
+        for i, (r, request) in enumerate(zip(ranks, requests)):
+            _check_request(request)
+            book = self._books[r]
+            key = (r, request.request_id)
+            if request.request_id in book.row_of or key in seen:
+                raise RankError(f"{command} {request.request_id}: request {request.request_id} is already "
+                                f"active on rank {r}")
+            seen[key] = True
+            worker_type = self.configs[r].worker_type
+            if role is None and worker_type != "aggregated":
+                takes = "SubmitHandoffPrefill" if worker_type == "prefill" else "ReserveDestination"
+                raise RankError(f"Submit {request.request_id}: rank {r} is a {worker_type} rank: it takes "
+                                f"{takes}")
+            if role is not None:
+                if worker_type != role:
+                    raise RankError(f"{command} {handoff_ids[i]}: rank {r} is not a {role} rank")
+                hkey = (r, "handoff", handoff_ids[i])
+                if handoff_ids[i] in book.handoff_req or handoff_ids[i] in book.dest_req or hkey in seen:
+                    raise RankError(f"{command} {handoff_ids[i]}: handoff {handoff_ids[i]} is "
+                                    f"already active on rank {r}")
+                seen[hkey] = True
+        by_rank: dict[int, list[int]] = {}
+        for i, r in enumerate(ranks):
+            by_rank.setdefault(r, []).append(i)
+        first_row = {}
+        for r, idx in by_rank.items():
+            book = self._books[r]
+            first_row[r] = len(book.ids)
+            self._run.add_requests(r, _request_rows([requests[i] for i in idx], 0.0))
+            book.ids.extend(requests[i].request_id for i in idx)
+        q_rows = np.empty(len(ranks), np.int64)
+        for r, idx in by_rank.items():  # kernel rows after every rank grew (rows move)
+            for k, i in enumerate(idx):
+                q_rows[i] = self._q(r, first_row[r] + k)
+        self._staged = {(r, requests[i].request_id): first_row[r] + k
+                        for r, idx in by_rank.items() for k, i in enumerate(idx)}
+        return q_rows
+
+    def _register(self, ranks: list[int], requests: Sequence[Request], handoff_ids, role) -> None:
+        """The rows ``_new_rows`` added are the ranks' requests now (and handoffs: a
+        pending source or a destination)."""
+        staged, self._staged = self._staged, {}
+        for i, (r, req) in enumerate(zip(ranks, requests)):
+            book = self._books[r]
+            book.row_of[req.request_id] = staged[(r, req.request_id)]
+            if role == "prefill":
+                book.handoff_req[handoff_ids[i]] = req.request_id
+                book.req_handoff[req.request_id] = handoff_ids[i]
+            elif role == "decode":
+                book.dest_req[handoff_ids[i]] = req.request_id
+                book.req_dest[req.request_id] = handoff_ids[i]
+
+    def _reserved_events(self, r: int, q: int) -> tuple:
+        """The DestinationReserved event of kernel row ``q`` a destination retry
+        reserved (none for RETRY_NONE)."""
+        if q == _RETRY_ARENA_FULL:
+            self._books[r].broken = "arena_full"
+            raise RankError(f"rank {r}: a destination reservation outgrew the rank's block arena; "
+                            "the rank cannot go on")
+        if q < 0:
+            return ()
+        book = self._books[r]
+        rid = book.ids[q - int(self._state.st.i64[r, L.SM_Q_OFF])]
+        fresh = int(self._state.rq.i64[q, L.RQ_RESERVED_FRESH])
+        return (DestinationReserved(book.req_dest[rid], rid, fresh * self.configs[r].block_size),)
+
+    def _suppress_pending(self, r: int, rid, applied: bool, discard: bool = False) -> bool:
+        """Rank-level suppression (engine.md 11): while a pass is in flight, an applied
+        cancel (or ``discard``) removes the request's pending outputs and lifecycle
+        events; returns whether an output was removed."""
+        pending = self._books[r].pending
+        if pending is None or not (applied or discard):
+            return False
+        before = len(pending.rows)
+        pending.rows = [row for row in pending.rows if not (row[0] == "output" and row[1].request_id == rid)]
+        pending.lifecycle = [e for e in pending.lifecycle if e.request_id != rid]
+        return len(pending.rows) != before
+
     # -- reading state -------------------------------------------------------------
     def metrics(self, rank: int) -> Metrics:
         return self._metrics(rank, None)
 
     def pass_in_flight(self, rank: int) -> bool:
         return self._books[rank].pending is not None
+
+    def pass_had_effect(self, rank: int) -> bool:
+        """Whether the rank's last started pass changed anything (admitted, computed,
+        emitted, preempted): an event-driven driver parks a rank whose zero-duration
+        pass changed nothing until a command reaches it (``stalled``)."""
+        return self._books[rank].pass_had_effect
+
+    def stalled(self, rank: int) -> bool:
+        """Parked by ``park`` and not woken since: no command that could let the rank
+        run (new work, freed room, an activation) reached it."""
+        st = self._state
+        return bool(st.wk.i64[int(st.st.i64[rank, L.SM_W_OFF]), L.WK_STALLED])
+
+    def park(self, rank: int) -> None:
+        """Mark the rank stalled until a command wakes it (the kernels clear the mark
+        wherever the replay's event loop would wake the worker)."""
+        st = self._state
+        st.wk.i64[int(st.st.i64[rank, L.SM_W_OFF]), L.WK_STALLED] = 1
 
     def has_work(self, rank: int) -> bool:
         """Whether a pass started now would run (running or waiting requests)."""
@@ -670,6 +857,9 @@ class RankGroup:
                 rid = book.ids[a[i]]
                 if b[i] != L.TERM_CANCELED:
                     book.row_of.pop(rid, None)
+                    h = book.req_dest.pop(rid, None)  # a finished destination's handoff ends
+                    if h is not None:
+                        del book.dest_req[h]
                 if b[i] == L.TERM_NONE:  # a source held for its handoff (prefill rank)
                     book.row_of[rid] = a[i]
                     decoded.append(("held", rid))
@@ -808,7 +998,8 @@ class RankGroup:
         return PassStartEffects(start_ms=start_ms, end_ms=end_ms, admissions=tuple(admissions),
                                 pressure_events=tuple(pressure))
 
-    def _command_effects(self, r: int, result, now_ms: float, retired=(), suppressed=False) -> CommandEffects:
+    def _command_effects(self, r: int, result, now_ms: float, retired=(), suppressed=False,
+                         lifecycle=()) -> CommandEffects:
         decoded = self._drain_rows(r)
         kv = [e for e in decoded if e[0] == "kv"]
         book = self._books[r]
@@ -817,7 +1008,8 @@ class RankGroup:
             kv_events = ()
         else:
             kv_events = self._kv_events(r, kv)
-        return CommandEffects(result=result, kv_events=kv_events, retired_requests=tuple(retired),
+        return CommandEffects(result=result, lifecycle_events=tuple(lifecycle), kv_events=kv_events,
+                              retired_requests=tuple(retired),
                               metrics=self._metrics(r, None), suppressed_pending_output=suppressed)
 
     def _metrics(self, r: int, pass_row) -> Metrics:
@@ -858,6 +1050,7 @@ def _fpm(row, start_ms: float, end_ms: float) -> ForwardPassMetrics:
 
 
 _LOADED: list = []
+_RETRY_ARENA_FULL = -2  # kernels.rank_step.RETRY_ARENA_FULL (read without loading the kernels)
 
 
 def _kernels():
@@ -885,7 +1078,14 @@ def _load(rank_step) -> None:
              (rank_step.start_passes, (st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, times, st.max_lease,
                                        st.max_bs)),
              (rank_step.complete_passes, (st.rq, st.wk, st.st, ids)),
-             (rank_step.cancel_requests, (st.cfg, st.pool, st.rq, st.wk, st.st, ids, ids, times))]
+             (rank_step.cancel_requests, (st.cfg, st.pool, st.rq, st.wk, st.st, ids, ids, times)),
+             (rank_step.destinations_impossible, (st.cfg, st.pool, st.rq, st.st, ids, ids)),
+             (rank_step.retry_destinations, (st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, st.max_lease,
+                                             st.max_bs))]
+    flags = np.zeros(0, np.bool_)
+    for fn in (rank_step.reserve_destinations, rank_step.activate_destinations, rank_step.cancel_destinations):
+        calls.append((fn, (st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, ids, times, flags, st.max_lease,
+                           st.max_bs)))
     for fn, args in calls:
         sig = tuple(numba.typeof(a) for a in args)
         if sig not in fn.overloads:
@@ -912,8 +1112,14 @@ class Rank:
         if isinstance(command, (ReleaseSource, CancelSource)):
             return self.group.release_sources([0], [command.handoff_id], now_ms,
                                               cancel=isinstance(command, CancelSource))[0]
-        raise RankError(f"{type(command).__name__}: not a command this rank simulates (Submit, "
-                        "SubmitHandoffPrefill, ReleaseSource, CancelSource, CancelRequest)")
+        if isinstance(command, ReserveDestination):
+            return self.group.reserve_destinations([0], [command.handoff_id], [command.request], now_ms)[0]
+        if isinstance(command, (ActivateDestination, CancelDestination)):
+            return self.group.activate_destinations([0], [command.handoff_id], now_ms,
+                                                    cancel=isinstance(command, CancelDestination))[0]
+        raise RankError(f"{type(command).__name__}: not a rank command (Submit, SubmitHandoffPrefill, "
+                        "ReserveDestination, ActivateDestination, ReleaseSource, CancelSource, "
+                        "CancelDestination, CancelRequest)")
 
     def start_pass(self, now_ms: float) -> PassStartEffects | None:
         return self.group.start_passes([0], now_ms)[0]

@@ -196,7 +196,7 @@ def _load_prompt_hashes(rq, wl, q):
 
 
 @njit(cache=True, _nrt=False)
-def _retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens, sg):
+def retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens, sg):
     """Try to reserve the head of worker w's pending-destination FIFO (at most one
     per call, at most one attempt per capacity generation). Returns the reserved
     row, -1 when nothing was reserved, -2 when the block arena is exhausted."""
@@ -277,6 +277,45 @@ def _activate(cfg, p, rq, wk, w, q):
     _insert_by_ordinal(rq, wk, w, q)
     wake(wk, w)
     return published, visible_before
+
+
+@njit(cache=True, _nrt=False)
+def accept_destination(rq, wl, wk, wd, q, sg):
+    """ReserveDestination accepted on decode worker wd: q (its prompt hashes loaded,
+    vLLM / TRT-LLM) joins the back of the pending-destination FIFO with the worker's
+    next arrival ordinal. The caller then retries the head when wd is idle."""
+    if sg is None:  # SGLang keys its pages itself
+        _load_prompt_hashes(rq, wl, q)
+    rq.i64[q, RQ_STATUS] = RS_PENDING_DEST
+    rq.i64[q, RQ_ORDINAL] = wk.i64[wd, WK_ORDINAL_NEXT]
+    wk.i64[wd, WK_ORDINAL_NEXT] += 1
+    rq.i64[q, RQ_ATTEMPT_GEN] = -1
+    rq.i64[q, RQ_LINK] = -1
+    tail = wk.i64[wd, WK_PEND_TAIL]
+    if tail < 0:
+        wk.i64[wd, WK_PEND_HEAD] = q
+    else:
+        rq.i64[tail, RQ_LINK] = q
+    wk.i64[wd, WK_PEND_TAIL] = q
+    wk.i64[wd, WK_PEND_LEN] += 1
+    if wk.i64[wd, WK_PEND_LEN] == 1:
+        # a pending destination changes the waiting rule (only activated requests
+        # are admitted while one is pending): a worker stalled behind a preempted
+        # head may now admit them, as the reference's retry of it at every drive does
+        wake(wk, wd)
+
+
+@njit(cache=True, _nrt=False)
+def activate_destination(cfg, p, rq, wk, wd, q, sg):
+    """ActivateDestination of reserved q on decode worker wd (vLLM / TRT-LLM:
+    ``_activate``; SGLang: ``sglang_handoff``, nothing enters the tree before
+    promotion). Returns (blocks that became visible, fresh prompt blocks whose hash
+    was visible before)."""
+    if sg is not None:
+        sglang_handoff.activate_destination(cfg, p, rq, wk, wd, q)
+        wake(wk, wd)
+        return np.int64(0), np.int64(0)
+    return _activate(cfg, p, rq, wk, wd, q)
 
 
 # ---------------------------------------------------------------------------------
@@ -390,7 +429,7 @@ def _retry_and_report(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scrat
     """Retry worker w's pending head; a reservation is a DestinationReserved fact, on
     which the coordinator starts the transfer (SourceFirst) or submits the prefill
     (DestinationFirst). Returns (reserved, arena exhausted)."""
-    r = _retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens, sg)
+    r = retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens, sg)
     if r == -2:
         return False, True
     if r < 0:
@@ -454,26 +493,8 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
             _fail_request(rq, sims, s, q, TERM_FAILED, now_ms)
             queue_action(rq, sims, s, q, ACT_RELEASE)
             return True
-        if sg is None:
-            _load_prompt_hashes(rq, wl, q)
-        rq.i64[q, RQ_STATUS] = RS_PENDING_DEST
-        rq.i64[q, RQ_ORDINAL] = wk.i64[wd, WK_ORDINAL_NEXT]
-        wk.i64[wd, WK_ORDINAL_NEXT] += 1
-        rq.i64[q, RQ_ATTEMPT_GEN] = -1
-        rq.i64[q, RQ_LINK] = -1
+        accept_destination(rq, wl, wk, wd, q, sg)
         _journal(sims, s, HE_DESTINATION_ACCEPTED, q, now_ms, 0, 0)
-        tail = wk.i64[wd, WK_PEND_TAIL]
-        if tail < 0:
-            wk.i64[wd, WK_PEND_HEAD] = q
-        else:
-            rq.i64[tail, RQ_LINK] = q
-        wk.i64[wd, WK_PEND_TAIL] = q
-        wk.i64[wd, WK_PEND_LEN] += 1
-        if wk.i64[wd, WK_PEND_LEN] == 1:
-            # a pending destination changes the waiting rule (only activated requests
-            # are admitted while one is pending): a worker stalled behind a preempted
-            # head may now admit them, as the reference's retry of it at every drive does
-            wake(wk, wd)
         if wk.i64[wd, WK_BUSY] == 0:
             _, full = _retry_and_report(cfg, p, rq, wl, wk, sims, s, wd, now_ms, hits, fresh,
                                         scratch_tokens, sg)
@@ -501,12 +522,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
             rq.i64[q, RQ_ACTION] = kind
             _defer(rq, wk, wd, q)
             return True
-        if sg is not None:
-            sglang_handoff.activate_destination(cfg, p, rq, wk, wd, q)
-            wake(wk, wd)
-            published, visible_before = 0, 0  # nothing enters the tree before promotion
-        else:
-            published, visible_before = _activate(cfg, p, rq, wk, wd, q)
+        published, visible_before = activate_destination(cfg, p, rq, wk, wd, q, sg)
         rq.f64[q, RQF_DEST_ACTIVATED_MS] = now_ms
         _journal(sims, s, HE_DESTINATION_ACTIVATED, q, now_ms, published, visible_before)
         queue_action(rq, sims, s, q, NEXT_ON_DESTINATION_ACTIVATED)

@@ -14,19 +14,33 @@ from numba import njit
 from .arrivals import _arrive, complete_pass
 from .backends import run_pass, sglang_run_pass
 from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, note_event
-from .disagg_handoff import _drop_queued, release_held_source
+from .capacity_policy import destination_impossible
+from .disagg_handoff import (
+    _drop_queued, accept_destination, activate_destination, cancel_destination, release_held_source,
+    retry_destination,
+)
 from .layout import (
-    CFG_POLICY, EV_FINISHED, EVH_LEN, POLICY_SGLANG, RQ_ALLOCATED, RQ_GENERATED, RQ_STATUS, RQ_TERMINAL, RQF_TERMINAL_MS,
-    RS_DONE, RS_HELD, RS_PREEMPTED, RS_RUNNING, RS_WAITING, SIM_ARENA_FULL, SIM_CAPACITY, SIM_RUNNING,
+    CFG_POLICY, CMD_APPLIED, EV_FINISHED, EVH_LEN, POLICY_SGLANG, RQ_ALLOCATED, RQ_GENERATED, RQ_STATUS,
+    RQ_TERMINAL, RQ_WORKER, RQF_TERMINAL_MS, RS_DONE, RS_HELD, RS_PREEMPTED, RS_RESERVED, RS_RUNNING, RS_WAITING,
+    SIM_ARENA_FULL, SIM_CAPACITY, SIM_RUNNING,
     SM_STATUS, SM_W_OFF, TERM_CANCELED, WK_BUSY, WK_CAP_GEN, WK_OVERFLOW, WK_WAIT_CAP, WK_WAIT_LEN,
 )
 from .rank_queues import wake
+from .sglang_handoff import destination_impossible as sglang_destination_impossible
 from .sglang_core import drop_queued as sglang_drop_queued
 from .vllm_core import ACC_SIZE
 
 # CancelRequest results (rank.CommandResult)
 CANCEL_NOOP = 0
 CANCEL_APPLIED = 1
+
+# ReserveDestination results
+RESERVE_IMPOSSIBLE = -1   # refused: the destination can never hold the prompt (nothing done)
+RESERVE_ACCEPTED = 0
+
+# what a destination retry reserved: a request row, or these
+RETRY_NONE = -1           # nothing reserved (no head, attempted this generation, no room)
+RETRY_ARENA_FULL = -2     # the block arena is exhausted: the rank cannot go on
 
 
 @njit(cache=True, nogil=True)
@@ -160,3 +174,141 @@ def release_sources(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms, max_lease
         rq.f64[q, RQF_TERMINAL_MS] = now_ms[i]
         held[i] = True
     return held
+
+
+# ---------------------------------------------------------------------------------
+# decode ranks: destinations (disagg_handoff's, which the replay's actions use too)
+# ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False, inline="always")
+def _retry(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens):
+    """Retry the pending head of decode worker w: the reserved row, RETRY_NONE or
+    RETRY_ARENA_FULL."""
+    if cfg.i64[w, CFG_POLICY] == POLICY_SGLANG:
+        return retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens, 1)
+    return retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens, None)
+
+
+@njit(cache=True, nogil=True)
+def reserve_destinations(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms, in_flight, max_lease_blocks,
+                         max_block_size):
+    """ReserveDestination of request row ``q_rows[i]`` on decode rank ``sim_ids[i]``:
+    RESERVE_IMPOSSIBLE when the rank could never hold the prompt (nothing done), else
+    accepted into the pending FIFO and, with no pass in flight (``in_flight[i]``
+    False), the head retried at once. Returns (result[i], reserved row[i]: a row the
+    retry reserved, RETRY_NONE or RETRY_ARENA_FULL)."""
+    hits = np.empty(max_lease_blocks, np.int32)
+    fresh = np.empty(max_lease_blocks, np.int32)
+    scratch_tokens = np.empty(max_block_size, np.uint32)
+    result = np.zeros(sim_ids.shape[0], np.int64)
+    reserved = np.full(sim_ids.shape[0], RETRY_NONE, np.int64)
+    for i in range(sim_ids.shape[0]):
+        s = sim_ids[i]
+        w = sims.i64[s, SM_W_OFF]
+        q = q_rows[i]
+        sims.now_ms[s] = now_ms[i]
+        if event_log_on(p):
+            event_set_clock(p, s, now_ms[i])
+        sglang = cfg.i64[w, CFG_POLICY] == POLICY_SGLANG
+        if sglang_destination_impossible(cfg, rq, w, q) if sglang else destination_impossible(cfg, p, rq, w, q):
+            result[i] = RESERVE_IMPOSSIBLE
+            continue
+        rq.i64[q, RQ_WORKER] = w
+        if sglang:
+            accept_destination(rq, wl, wk, w, q, 1)
+        else:
+            accept_destination(rq, wl, wk, w, q, None)
+        if not in_flight[i]:
+            reserved[i] = _retry(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens)
+    return result, reserved
+
+
+@njit(cache=True, nogil=True)
+def activate_destinations(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms, in_flight, max_lease_blocks,
+                          max_block_size):
+    """ActivateDestination of request row ``q_rows[i]`` on decode rank ``sim_ids[i]``:
+    applied only to a reserved destination (its reservation committed, the request
+    waiting at its arrival position); then, with no pass in flight, the pending head
+    retried. Returns (applied[i], reserved row[i] as ``reserve_destinations``)."""
+    hits = np.empty(max_lease_blocks, np.int32)
+    fresh = np.empty(max_lease_blocks, np.int32)
+    scratch_tokens = np.empty(max_block_size, np.uint32)
+    applied = np.zeros(sim_ids.shape[0], np.bool_)
+    reserved = np.full(sim_ids.shape[0], RETRY_NONE, np.int64)
+    for i in range(sim_ids.shape[0]):
+        s = sim_ids[i]
+        w = sims.i64[s, SM_W_OFF]
+        q = q_rows[i]
+        if rq.i64[q, RQ_STATUS] != RS_RESERVED:
+            continue
+        sims.now_ms[s] = now_ms[i]
+        if event_log_on(p):
+            event_set_clock(p, s, now_ms[i])
+        if cfg.i64[w, CFG_POLICY] == POLICY_SGLANG:
+            activate_destination(cfg, p, rq, wk, w, q, 1)
+        else:
+            activate_destination(cfg, p, rq, wk, w, q, None)
+        applied[i] = True
+        if not in_flight[i]:
+            reserved[i] = _retry(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens)
+    return applied, reserved
+
+
+@njit(cache=True, nogil=True)
+def cancel_destinations(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms, in_flight, max_lease_blocks,
+                        max_block_size):
+    """CancelDestination of request row ``q_rows[i]`` on decode rank ``sim_ids[i]``
+    (``disagg_handoff.cancel_destination``: pending removed, reserved given back,
+    activated dropped); applied, the pending head is retried when no pass is in
+    flight. Returns (applied[i], reserved row[i])."""
+    hits = np.empty(max_lease_blocks, np.int32)
+    fresh = np.empty(max_lease_blocks, np.int32)
+    scratch_tokens = np.empty(max_block_size, np.uint32)
+    applied = np.zeros(sim_ids.shape[0], np.bool_)
+    reserved = np.full(sim_ids.shape[0], RETRY_NONE, np.int64)
+    for i in range(sim_ids.shape[0]):
+        s = sim_ids[i]
+        w = sims.i64[s, SM_W_OFF]
+        q = q_rows[i]
+        sims.now_ms[s] = now_ms[i]
+        if event_log_on(p):
+            event_set_clock(p, s, now_ms[i])
+        if cancel_destination(cfg, p, rq, wk, q) != CMD_APPLIED:
+            continue
+        rq.f64[q, RQF_TERMINAL_MS] = now_ms[i]
+        applied[i] = True
+        if event_log_on(p):
+            note_event(p, w, EV_FINISHED, q, np.int64(TERM_CANCELED), rq.i64[q, RQ_GENERATED])
+        if not in_flight[i]:
+            reserved[i] = _retry(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens)
+    return applied, reserved
+
+
+@njit(cache=True, nogil=True)
+def retry_destinations(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_size):
+    """At a pass completion of decode rank ``sim_ids[i]``: retry its pending head (at
+    the completion's time). Returns the reserved row[i] as ``reserve_destinations``."""
+    hits = np.empty(max_lease_blocks, np.int32)
+    fresh = np.empty(max_lease_blocks, np.int32)
+    scratch_tokens = np.empty(max_block_size, np.uint32)
+    reserved = np.full(sim_ids.shape[0], RETRY_NONE, np.int64)
+    for i in range(sim_ids.shape[0]):
+        s = sim_ids[i]
+        w = sims.i64[s, SM_W_OFF]
+        if event_log_on(p):
+            event_set_clock(p, s, sims.now_ms[s])
+        reserved[i] = _retry(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens)
+    return reserved
+
+
+@njit(cache=True, nogil=True)
+def destinations_impossible(cfg, p, rq, sims, sim_ids, q_rows):
+    """Whether decode rank ``sim_ids[i]`` could never hold request row ``q_rows[i]``'s
+    prompt (ReserveDestination is then refused); changes nothing."""
+    out = np.zeros(sim_ids.shape[0], np.bool_)
+    for i in range(sim_ids.shape[0]):
+        w = sims.i64[sim_ids[i], SM_W_OFF]
+        if cfg.i64[w, CFG_POLICY] == POLICY_SGLANG:
+            out[i] = sglang_destination_impossible(cfg, rq, w, q_rows[i])
+        else:
+            out[i] = destination_impossible(cfg, p, rq, w, q_rows[i])
+    return out
