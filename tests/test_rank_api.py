@@ -18,8 +18,9 @@ import pytest
 from kv_artifacts import ARTIFACT_CASES, artifact_case, reference_kv_events, reference_tokens
 
 from aisim_fast.rank import (
-    APPLIED, NOOP, CancelRequest, CancelSource, Output, Rank, RankError, RankGroup, ReleaseSource, Removed,
-    Request, SourceHeld, Stored, Submit, SubmitHandoffPrefill, Submitted, synthetic_output_tokens,
+    APPLIED, NOOP, ActivateDestination, CancelDestination, CancelRequest, CancelSource, DestinationAccepted,
+    DestinationReserved, Output, Rank, RankError, RankGroup, ReleaseSource, Removed, Request,
+    ReserveDestination, SourceHeld, Stored, Submit, SubmitHandoffPrefill, Submitted, synthetic_output_tokens,
 )
 from aisim_fast.workload import load_mooncake, prompt_tokens, sequence_tokens
 
@@ -476,7 +477,9 @@ def test_a_rank_config_error_names_its_field():
     with pytest.raises(ValueError, match="backend"):
         Rank({"backend": "nope"})
     with pytest.raises(ValueError, match="worker_type"):
-        Rank({"backend": "vllm", "worker_type": "decode"})
+        Rank({"backend": "vllm", "worker_type": "router"})
+    with pytest.raises(ValueError, match="worker_type: SGLang decode ranks are not simulated"):
+        Rank({"backend": "sglang", "worker_type": "decode"})
 
 
 # ---------------------------------------------------------------------------------
@@ -637,6 +640,128 @@ def test_a_prefill_rank_refuses_plain_submits_and_duplicate_handoffs():
         rank.apply(SubmitHandoffPrefill("h", Request("b", list(range(4)), 1)), 0.0)
     with pytest.raises(RankError, match="not a prefill rank"):
         _rank(num_gpu_blocks=8).apply(SubmitHandoffPrefill("h", Request("a", list(range(4)), 1)), 0.0)
+
+
+# ---------------------------------------------------------------------------------
+# decode ranks: destinations
+# ---------------------------------------------------------------------------------
+def _decode(**fields):
+    return _rank(worker_type="decode", **fields)
+
+
+def _reserve(rank, h, tokens, n_out, now=0.0):
+    return rank.apply(ReserveDestination(h, Request(h, list(tokens), n_out)), now)
+
+
+def test_transferable_prompt_tokens_count_the_fresh_blocks():
+    """34: bs 4, a 10-token prompt on a cold rank -> 12 (block-rounded, headroom
+    excluded) for 1 and for 128 outputs; after activating a 4-token prompt, a second
+    destination with that prompt reports 0 and shares its block (active 1)."""
+    for n_out in (1, 128):
+        effects = _reserve(_decode(num_gpu_blocks=64), "x", range(10), n_out)
+        assert effects.result == DestinationAccepted("x")
+        assert effects.lifecycle_events == (DestinationReserved("x", "x", 12),)
+    rank = _decode(num_gpu_blocks=64)
+    assert _reserve(rank, "a", range(4), 5).lifecycle_events == (DestinationReserved("a", "a", 4),)
+    activated = rank.apply(ActivateDestination("a"), 0.0)
+    assert activated.result == APPLIED and len(activated.kv_events) == 1  # its block is visible now
+    assert isinstance(activated.kv_events[0].data, Stored)
+    assert _reserve(rank, "b", range(4), 5).lifecycle_events == (DestinationReserved("b", "b", 0),)
+    assert rank.metrics.active_blocks == 1
+
+
+def test_the_pending_head_is_retried_when_capacity_returns():
+    """35: a 2-block rank: the first 8-token destination is reserved at once, the second
+    waits (no lifecycle event); CancelDestination of the first reserves the second in
+    its own effects; without a capacity change a retry attempts nothing."""
+    rank = _decode(num_gpu_blocks=2)
+    assert _reserve(rank, "a", range(8), 3).lifecycle_events == (DestinationReserved("a", "a", 8),)
+    second = _reserve(rank, "b", range(100, 108), 3)
+    assert second.result == DestinationAccepted("b") and second.lifecycle_events == ()
+    assert rank.apply(ActivateDestination("b"), 1.0).result == NOOP  # only a reserved one activates
+    canceled = rank.apply(CancelDestination("a"), 1.0)
+    assert canceled.result == APPLIED and canceled.retired_requests == ("a",)
+    assert canceled.lifecycle_events == (DestinationReserved("b", "b", 8),)
+    assert rank.apply(CancelDestination("a"), 1.0).result == NOOP
+
+
+def test_a_pending_destination_blocks_fresh_work():
+    """36 on a decode rank: with a destination pending, the activated owner is admitted
+    (reused 0, cached_tokens 0, a decode item of its first pass) and the pending
+    blocker can still be cancelled afterwards."""
+    rank = _decode(num_gpu_blocks=4)
+    _reserve(rank, "owner", range(8), 2)
+    assert _reserve(rank, "blocker", range(200, 216), 2).lifecycle_events == ()  # no room: pending
+    rank.apply(ActivateDestination("owner"), 0.0)
+    start, done = _step(rank, 0.0)
+    assert [a.request_id for a in start.admissions] == ["owner"]
+    assert start.admissions[0].reused_input_tokens == 0 and done.outputs[0].cached_tokens == 0
+    assert done.forward_pass_metrics.num_prefill_requests == 0  # it decodes at once
+    _step(rank)  # the owner completes; its blocks stay cached
+    assert rank.apply(CancelDestination("blocker"), 100.0).result == APPLIED
+
+
+def test_a_destination_reserved_while_a_pass_runs_is_reported_at_its_completion():
+    """A ReserveDestination during a pass only queues (engine.md 10.2 step 1); the
+    completion retries the head and carries its DestinationReserved after the pass's
+    own lifecycle events; an activation during a pass shows its KV events at the end."""
+    rank = _decode(num_gpu_blocks=64)
+    _reserve(rank, "a", range(8), 3)
+    rank.apply(ActivateDestination("a"), 0.0)
+    start = rank.start_pass(0.0)
+    during = _reserve(rank, "b", range(50, 58), 3, now=1.0)
+    assert during.result == DestinationAccepted("b") and during.lifecycle_events == ()
+    done = rank.complete_pass()
+    assert done.lifecycle_events == (DestinationReserved("b", "b", 8),)
+    start = rank.start_pass(start.end_ms)
+    activated = rank.apply(ActivateDestination("b"), start.start_ms + 0.5)
+    assert activated.result == APPLIED and activated.kv_events == ()  # buffered until the pass ends
+    done = rank.complete_pass()
+    assert any(isinstance(e.data, Stored) for e in done.kv_events)
+
+
+def test_cancel_destination_in_every_state():
+    """Pending -> removed, reserved -> given back, activated (waiting) and running ->
+    dropped with its KV; each Applied once, retired, then Noop. CancelRequest drops an
+    active destination too but not a pending or reserved one."""
+    rank = _decode(num_gpu_blocks=4)
+    _reserve(rank, "reserved", range(8), 2)                 # 2 blocks
+    _reserve(rank, "pending", range(300, 316), 2)           # 4 blocks: waits
+    assert rank.apply(CancelRequest("pending"), 0.0).result == NOOP
+    assert rank.apply(CancelRequest("reserved"), 0.0).result == NOOP
+    assert rank.apply(CancelDestination("pending"), 0.0).retired_requests == ("pending",)
+    assert rank.metrics.active_blocks == 2
+    assert rank.apply(CancelDestination("reserved"), 0.0).result == APPLIED
+    assert rank.metrics.active_blocks == 0
+    _reserve(rank, "waiting", range(8), 2)
+    rank.apply(ActivateDestination("waiting"), 0.0)
+    effects = rank.apply(CancelRequest("waiting"), 0.0)
+    assert effects.result == APPLIED and rank.metrics.active_blocks == 0 and not rank.has_work
+    _reserve(rank, "running", range(8), 4)
+    rank.apply(ActivateDestination("running"), 0.0)
+    _step(rank, 0.0)
+    assert rank.metrics.running_requests == 1
+    assert rank.apply(CancelDestination("running"), 50.0).result == APPLIED
+    assert rank.metrics.active_blocks == 0 and rank.metrics.running_requests == 0
+    for h in ("pending", "reserved", "waiting", "running"):
+        assert rank.apply(CancelDestination(h), 60.0).result == NOOP
+
+
+def test_a_decode_rank_refuses_what_it_cannot_take_and_stays_unchanged():
+    rank = _decode(num_gpu_blocks=4)
+    _reserve(rank, "a", range(8), 2)
+    before = rank.metrics
+    with pytest.raises(RankError, match="needs more KV blocks than rank 0 has"):
+        _reserve(rank, "huge", range(20), 1)  # 5 blocks on a 4-block rank
+    with pytest.raises(RankError, match="handoff a is already active"):
+        rank.apply(ReserveDestination("a", Request("other", [1, 2], 1)), 0.0)
+    with pytest.raises(RankError, match="decode rank: it takes ReserveDestination"):
+        rank.apply(_req("plain", range(4), 1), 0.0)
+    with pytest.raises(RankError, match="not a decode rank"):
+        _rank(num_gpu_blocks=8).apply(ReserveDestination("h", Request("x", [1], 1)), 0.0)
+    assert rank.metrics == before
+    assert rank.apply(ActivateDestination("huge"), 0.0).result == NOOP
+    assert rank.apply(ActivateDestination("a"), 0.0).result == APPLIED
 
 
 def test_an_sglang_rank_driven_by_hand_emits_the_references_tokens():
