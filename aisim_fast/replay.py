@@ -1188,6 +1188,7 @@ class BatchRun:
                  log_outputs: bool = False, growable: bool = False, sim_names=None, log_kv: bool = True,
                  spill_passes: bool = False, kernel_parts=None):
         self.growable = growable
+        self._workload_buffers: dict = {}  # simulation -> growing_arrays buffers of its workload
         self._fixed_queues = [sim.queue_slots is not None for sim in sims]
         if growable:
             sims = [dataclasses.replace(
@@ -1303,7 +1304,8 @@ class BatchRun:
                                   "it takes no more requests")
         if workload.num_requests == 0:
             return
-        merged = concat_workloads(sim.workload, workload)  # checks the trace block size
+        # checks the trace block size; the simulation's token arrays grow in place
+        merged = concat_workloads(sim.workload, workload, self._workload_buffers.setdefault(s, {}))
         now_ms = float(self.state.st.now_ms[s])
         if sim.concurrency == 0 and self._advanced[s]:
             starts = workload.start_ms[workload.order]

@@ -18,10 +18,11 @@ would have seen had the rows been there from the start, apart from their numbers
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from aisim_fast.growing_arrays import append_into
 from aisim_fast.kernels import layout as L
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
 
@@ -37,6 +38,11 @@ class KernelState:
     st: L.Sims
     max_lease: int   # largest lease of any request (scratch size of the kernels)
     max_bs: int      # largest block size
+    # the append-only arrays (workload table, lease arena) as views of buffers with room
+    # to grow (growing_arrays): appending writes past the old end instead of copying
+    # the whole array, so a simulation grown one request at a time (a rank fed Submit
+    # by Submit) costs what the new rows cost, not what the arrays hold
+    buffers: dict = field(default_factory=dict, repr=False)
 
 
 def kernel_output_plan(workload, authored_base: int) -> tuple[np.ndarray, np.ndarray]:
@@ -83,8 +89,9 @@ def append_workload_rows(state: KernelState, workload, block_sizes) -> dict:
         phash_end += len(phash)
     parts["hash_indptr"].append(np.array([hash_end], np.int64))
     parts["phash_indptr"].append(np.array([phash_end], np.int64))
-    state.wl = L.Workload(**{k: np.concatenate(v) for k, v in parts.items()})
+    state.wl = L.Workload(**{k: append_into(state.buffers, "wl." + k, v[0], v[1:]) for k, v in parts.items()})
     return rows
+
 
 
 def _renumber(values: np.ndarray, new_q: np.ndarray) -> None:
@@ -146,10 +153,8 @@ def add_rows(state: KernelState, s: int, tpl, run_cap: int | None, wait_cap: int
         rq_i[pa_new:pa_new + m] = prows
         rq_f[pa_new:pa_new + m] = L.REQUEST_F.new(m)
         n_k_new += tpl.prefill_lease_entries
-    lease = np.full(n_k_new, L.NO_BLOCK, np.int32)
-    lease[:n_k] = rq.lease
-    seq_hash = np.zeros(n_k_new, np.uint64)
-    seq_hash[:n_k] = rq.seq_hash
+    lease = append_into(state.buffers, "rq.lease", rq.lease, [np.full(n_k_new - n_k, L.NO_BLOCK, np.int32)])
+    seq_hash = append_into(state.buffers, "rq.seq_hash", rq.seq_hash, [np.zeros(n_k_new - n_k, np.uint64)])
     state.rq = L.Requests(i64=rq_i, f64=rq_f, lease=lease, seq_hash=seq_hash)
 
     # simulations: offsets follow their rows

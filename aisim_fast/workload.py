@@ -657,10 +657,13 @@ def select_rows(w: Workload, rows) -> Workload:
         worker=None if w.worker is None else w.worker[rows])
 
 
-def concat_workloads(a: Workload, b: Workload) -> Workload:
+def concat_workloads(a: Workload, b: Workload, buffers: dict | None = None) -> Workload:
     """The rows of ``a`` then those of ``b`` (whose sessions follow a's), hash ids taken
     as they are: both must be in one id space (``select_rows`` of one trace, or ids
-    the caller interned together)."""
+    the caller interned together). With ``buffers`` (a dict the caller keeps for one
+    growing workload) the token-sized arrays grow in place (``growing_arrays``)."""
+    from aisim_fast.growing_arrays import append_into
+    grow = {} if buffers is None else buffers
     if a.trace_block_size != b.trace_block_size:
         raise ValueError(f"trace block sizes differ: {a.trace_block_size} and {b.trace_block_size}")
     n_sessions = int(a.session.max(initial=-1)) + 1
@@ -670,7 +673,7 @@ def concat_workloads(a: Workload, b: Workload) -> Workload:
     plan_b, authored_b = b.output_plan()
     return a._replace(
         out_plan=np.concatenate([plan_a, np.where(plan_b < 0, plan_b - len(authored_a), plan_b)]),
-        authored_tokens=np.concatenate([authored_a, authored_b]),
+        authored_tokens=append_into(grow, "authored_tokens", authored_a, [authored_b]),
         line_no=np.concatenate([a.line_no, b.line_no]),
         request_name=np.concatenate([a.request_name, b.request_name]),
         session=np.concatenate([a.session, b.session + n_sessions]).astype(a.session.dtype),
@@ -679,7 +682,7 @@ def concat_workloads(a: Workload, b: Workload) -> Workload:
         input_len=np.concatenate([a.input_len, b.input_len]),
         output_len=np.concatenate([a.output_len, b.output_len]),
         hash_indptr=np.concatenate([a.hash_indptr, b.hash_indptr[1:] + a.hash_indptr[-1]]),
-        hash_ids=np.concatenate([a.hash_ids, b.hash_ids]),
+        hash_ids=append_into(grow, "hash_ids", a.hash_ids, [b.hash_ids]),
         order=_start_order(turn == 0, start_ms).astype(a.order.dtype),
         worker=None if a.worker is None and b.worker is None else np.concatenate(
             [np.full(a.num_requests, -1, np.int64) if a.worker is None else a.worker,
