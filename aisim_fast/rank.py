@@ -699,10 +699,12 @@ class RankGroup:
         for i, r in enumerate(ranks):
             by_rank.setdefault(r, []).append(i)
         first_row = {}
+        # every rank's new rows in one growth of the state
+        self._run.add_requests_many([(r, _request_rows([requests[i] for i in idx], 0.0))
+                                     for r, idx in by_rank.items()])
         for r, idx in by_rank.items():
             book = self._books[r]
             first_row[r] = len(book.ids)
-            self._run.add_requests(r, _request_rows([requests[i] for i in idx], 0.0))
             book.ids.extend(requests[i].request_id for i in idx)
         q_rows = np.empty(len(ranks), np.int64)
         for r, idx in by_rank.items():  # kernel rows after every rank grew (rows move)

@@ -30,7 +30,7 @@ from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_bl
 from aisim_fast.kernels.event_loop import replay_batch
 from aisim_fast.kernels.kv_lease import kv_tokens_hashes
 from aisim_fast.kernels.output_plan import output_tokens_at
-from aisim_fast.state_growth import KernelState, add_rows, append_workload_rows, kernel_output_plan
+from aisim_fast.state_growth import KernelState, add_rows_many, append_workload_rows, kernel_output_plan
 from aisim_fast.workload import Workload, concat_workloads, load_mooncake, select_rows, sequence_tokens
 
 try:
@@ -1292,44 +1292,61 @@ class BatchRun:
         simulation's clock once it has been advanced. Closed loop: the new sessions
         queue behind the old ones for a concurrency slot. A finished simulation
         becomes live again."""
+        self.add_requests_many([(s, workload)])
+
+    def add_requests_many(self, items) -> None:
+        """``add_requests`` for several simulations in one growth of the state (each
+        simulation at most once in ``items``, a list of (s, workload)): every check
+        passes before anything changes."""
         if not self.growable:
             raise ValueError("add_requests needs a BatchRun made with growable=True")
-        sim = self.sims[s]
-        if sim.placement == "kv_router":
-            raise ValueError("add_requests does not grow a kv_router simulation yet (its router "
-                             "state is sized for the trace it started with)")
-        code = int(self.state.st.i64[s, L.SM_STATUS])
-        if code not in (L.SIM_RUNNING, L.SIM_PAUSED, L.SIM_DONE):
-            raise SimulationError(f"simulation {self.sim_names[s]} is {L.SIM_STATUS_NAMES[code]}: "
-                                  "it takes no more requests")
-        if workload.num_requests == 0:
-            return
-        # checks the trace block size; the simulation's token arrays grow in place
-        merged = concat_workloads(sim.workload, workload, self._workload_buffers.setdefault(s, {}))
-        now_ms = float(self.state.st.now_ms[s])
-        if sim.concurrency == 0 and self._advanced[s]:
-            starts = workload.start_ms[workload.order]
-            if starts[0] <= now_ms:
-                raise ValueError(
-                    f"simulation {self.sim_names[s]}: an added request starts at t={starts[0]:.6f} ms, "
-                    f"not after the simulation's clock t={now_ms:.6f} ms")
+        plans = []
+        for s, workload in items:
+            sim = self.sims[s]
+            if sim.placement == "kv_router":
+                raise ValueError("add_requests does not grow a kv_router simulation yet (its router "
+                                 "state is sized for the trace it started with)")
+            code = int(self.state.st.i64[s, L.SM_STATUS])
+            if code not in (L.SIM_RUNNING, L.SIM_PAUSED, L.SIM_DONE):
+                raise SimulationError(f"simulation {self.sim_names[s]} is {L.SIM_STATUS_NAMES[code]}: "
+                                      "it takes no more requests")
+            if workload.num_requests == 0:
+                continue
+            # checks the trace block size; the simulation's token arrays grow in place
+            merged = concat_workloads(sim.workload, workload, self._workload_buffers.setdefault(s, {}))
+            now_ms = float(self.state.st.now_ms[s])
+            if sim.concurrency == 0 and self._advanced[s]:
+                starts = workload.start_ms[workload.order]
+                if starts[0] <= now_ms:
+                    raise ValueError(
+                        f"simulation {self.sim_names[s]}: an added request starts at t={starts[0]:.6f} ms, "
+                        f"not after the simulation's clock t={now_ms:.6f} ms")
+            plans.append((s, workload, merged, code))
+        if len({s for s, *_ in plans}) != len(plans):
+            raise ValueError("add_requests_many: a simulation appears twice")
         state = self.state
-        sizes = [_table_key(workload, r)[1] for r in [sim.rank] + ([sim.prefill_rank] if sim.disaggregated else [])]
-        table_rows = append_workload_rows(state, workload, sizes)
-        added = dataclasses.replace(sim, workload=workload)
-        tpl = _sim_template(added, table_rows, {})
-        # the new sessions follow the old ones (release ties go by session)
-        n_sessions = int(sim.workload.session.max(initial=-1)) + 1
-        tpl.rq_i[:, L.RQ_SESSION] += n_sessions
-        if tpl.prefill_rq_i is not None:
-            tpl.prefill_rq_i[:, L.RQ_SESSION] += n_sessions
-        n_total = merged.num_requests
-        grow = not self._fixed_queues[s]
-        add_rows(state, s, tpl, n_total + 1 if grow else None, n_total + 1 if grow else None)
-        self.sims[s] = dataclasses.replace(sim, workload=merged,
-                                           queue_slots=n_total + 1 if grow else sim.queue_slots)
-        if code == L.SIM_DONE:
-            state.st.i64[s, L.SM_STATUS] = L.SIM_PAUSED
+        rows = []
+        for s, workload, merged, code in plans:
+            sim = self.sims[s]
+            sizes = [_table_key(workload, r)[1]
+                     for r in [sim.rank] + ([sim.prefill_rank] if sim.disaggregated else [])]
+            table_rows = append_workload_rows(state, workload, sizes)
+            tpl = _sim_template(dataclasses.replace(sim, workload=workload), table_rows, {})
+            # the new sessions follow the old ones (release ties go by session)
+            n_sessions = int(sim.workload.session.max(initial=-1)) + 1
+            tpl.rq_i[:, L.RQ_SESSION] += n_sessions
+            if tpl.prefill_rq_i is not None:
+                tpl.prefill_rq_i[:, L.RQ_SESSION] += n_sessions
+            n_total = merged.num_requests
+            grow = not self._fixed_queues[s]
+            rows.append((s, tpl, n_total + 1 if grow else None, n_total + 1 if grow else None))
+            self.sims[s] = dataclasses.replace(sim, workload=merged,
+                                               queue_slots=n_total + 1 if grow else sim.queue_slots)
+        if rows:
+            add_rows_many(state, rows)
+        for s, _, _, code in plans:
+            if code == L.SIM_DONE:
+                state.st.i64[s, L.SM_STATUS] = L.SIM_PAUSED
 
     # -- where each simulation stands ------------------------------------------------
     @property

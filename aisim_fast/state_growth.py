@@ -101,157 +101,180 @@ def _renumber(values: np.ndarray, new_q: np.ndarray) -> None:
     values[ok] = new_q[values[ok]]
 
 
-def add_rows(state: KernelState, s: int, tpl, run_cap: int | None, wait_cap: int | None) -> None:
-    """Give simulation ``s`` the requests of ``tpl`` (a replay ``_SimTemplate`` of the
-    added rows, their workload rows already appended): their rows after s's, their
-    leases at the end, their first turns merged into s's start order (open loop: by
-    start time, after the old ones on ties; closed loop: after every old session),
+def _segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenated ranges [starts[i], starts[i] + lengths[i])."""
+    lengths = np.asarray(lengths, np.int64)
+    within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.repeat(np.asarray(starts, np.int64), lengths) + within
+
+
+def add_rows_many(state: KernelState, items) -> None:
+    """Give each simulation ``s`` of ``items`` (a list of (s, tpl, run_cap, wait_cap),
+    each simulation at most once) the requests of ``tpl`` (a replay ``_SimTemplate``
+    of the added rows, their workload rows already appended): their rows after s's,
+    their leases at the end, their first turns merged into s's start order (open loop:
+    by start time, after the old ones on ties; closed loop: after every old session),
     and ``run_cap`` / ``wait_cap`` slots (None: unchanged) in each of s's worker
-    queues."""
+    queues. Every array is rebuilt once for all of them (a batched Submit over many
+    ranks costs one growth, not one per rank)."""
     rq, st, wk = state.rq, state.st, state.wk
     sm = st.i64
-    m = len(tpl.rq_i)
+    n_sims = len(sm)
     q_off = sm[:, L.SM_Q_OFF].copy()
     q_len = sm[:, L.SM_Q_LEN].copy()
     p_off = sm[:, L.SM_PREFILL_Q_OFF].copy()
-    disagg = sm[s, L.SM_PREFILL_LEN] > 0
+    m = np.zeros(n_sims, np.int64)      # rows added per simulation
+    tpl_of = {}
+    for s, tpl, _, _ in items:
+        if s in tpl_of:
+            raise ValueError(f"add_rows_many: simulation {s} appears twice")
+        tpl_of[s] = tpl
+        m[s] = len(tpl.rq_i)
+    disagg = sm[:, L.SM_PREFILL_LEN] > 0
     n_q = len(rq.i64)
     n_logical = len(st.start_order)
+    n_added = int(m.sum())
 
-    # new row of every old row: +m past s's logical rows (that includes every prefill
-    # row), +m more past s's prefill rows
-    shift = np.zeros(n_q + 1, np.int64)
-    shift[q_off[s] + q_len[s]:] += m
-    if disagg:
-        shift[p_off[s] + q_len[s]:] += m
-    new_q = np.arange(n_q + 1, dtype=np.int64) + shift
-    a_new = q_off[s] + q_len[s]            # s's first new logical row
-    pa_new = p_off[s] + m + q_len[s]       # s's first new prefill row (disaggregated)
+    # the new layout: logical regions in their old order (an empty region before a
+    # non-empty one at the same offset), each grown by its simulation's new rows; then
+    # the prefill regions of the disaggregated simulations likewise
+    order = np.lexsort((np.arange(n_sims), q_len > 0, q_off))
+    grown = q_len + m
+    new_q_off = np.empty(n_sims, np.int64)
+    new_q_off[order] = np.cumsum(grown[order]) - grown[order]
+    n_logical_new = n_logical + n_added
+    new_p_off = np.full(n_sims, -1, np.int64)
+    pd_sims = np.flatnonzero(disagg)
+    if len(pd_sims):
+        porder = pd_sims[np.lexsort((pd_sims, q_len[pd_sims] > 0, p_off[pd_sims]))]
+        new_p_off[porder] = n_logical_new + np.cumsum(grown[porder]) - grown[porder]
+    # old row -> new row (the sentinel n_q -> the new end)
+    new_q = np.empty(n_q + 1, np.int64)
+    new_q[_segments(q_off, q_len)] = _segments(new_q_off, q_len)
+    if len(pd_sims):
+        new_q[_segments(p_off[pd_sims], q_len[pd_sims])] = _segments(new_p_off[pd_sims], q_len[pd_sims])
+    n_new = n_q + n_added + int(m[pd_sims].sum())
+    new_q[n_q] = n_new
 
     # request rows: the old ones renumbered, then the new ones written in place
-    n_new = n_q + (2 * m if disagg else m)
     rq_i = np.empty((n_new, L.RQ_I_FIELDS), np.int64)
     rq_f = np.empty((n_new, L.RQ_F_FIELDS), np.float64)
-    rq_i[new_q[:-1]] = rq.i64
-    rq_f[new_q[:-1]] = rq.f64
-    moved = rq_i[new_q[:-1]]
+    moved = rq.i64.copy()
     for col in L.REQUEST_I.columns_pointing_to("q"):
         _renumber(moved[:, col], new_q)
     rq_i[new_q[:-1]] = moved
+    rq_f[new_q[:-1]] = rq.f64
     n_k = len(rq.lease)
-    rows = tpl.rq_i.copy()
-    rows[:, L.RQ_LEASE_OFF] += n_k
-    rows[:, L.RQ_NEXT_TURN] = np.where(tpl.next_turn >= 0, tpl.next_turn + a_new, -1)
-    rq_i[a_new:a_new + m] = rows
-    rq_f[a_new:a_new + m] = tpl.rq_f
-    n_k_new = n_k + tpl.lease_entries
-    if disagg:
-        prows = tpl.prefill_rq_i.copy()
-        prows[:, L.RQ_LEASE_OFF] += n_k_new
-        prows[:, L.RQ_PEER] = np.arange(a_new, a_new + m)
-        rq_i[a_new:a_new + m, L.RQ_PEER] = np.arange(pa_new, pa_new + m)
-        rq_i[pa_new:pa_new + m] = prows
-        rq_f[pa_new:pa_new + m] = L.REQUEST_F.new(m)
-        n_k_new += tpl.prefill_lease_entries
+    n_k_new = n_k
+    a_new = {}
+    for s, tpl in tpl_of.items():
+        k = int(m[s])
+        a = int(new_q_off[s] + q_len[s])  # s's first new logical row
+        a_new[s] = a
+        rows = tpl.rq_i.copy()
+        rows[:, L.RQ_LEASE_OFF] += n_k_new
+        rows[:, L.RQ_NEXT_TURN] = np.where(tpl.next_turn >= 0, tpl.next_turn + a, -1)
+        rq_i[a:a + k] = rows
+        rq_f[a:a + k] = tpl.rq_f
+        n_k_new += tpl.lease_entries
+        if disagg[s]:
+            pa = int(new_p_off[s] + q_len[s])  # s's first new prefill row
+            prows = tpl.prefill_rq_i.copy()
+            prows[:, L.RQ_LEASE_OFF] += n_k_new
+            prows[:, L.RQ_PEER] = np.arange(a, a + k)
+            rq_i[a:a + k, L.RQ_PEER] = np.arange(pa, pa + k)
+            rq_i[pa:pa + k] = prows
+            rq_f[pa:pa + k] = L.REQUEST_F.new(k)
+            n_k_new += tpl.prefill_lease_entries
     lease = append_into(state.buffers, "rq.lease", rq.lease, [np.full(n_k_new - n_k, L.NO_BLOCK, np.int32)])
     seq_hash = append_into(state.buffers, "rq.seq_hash", rq.seq_hash, [np.zeros(n_k_new - n_k, np.uint64)])
     state.rq = L.Requests(i64=rq_i, f64=rq_f, lease=lease, seq_hash=seq_hash)
 
     # simulations: offsets follow their rows
-    new_q_off = q_off + shift[q_off]
-    new_q_off[s] = q_off[s]
-    new_p_off = np.where(p_off >= 0, p_off + shift[np.maximum(p_off, 0)], -1)
-    if disagg:
-        new_p_off[s] = p_off[s] + m
     sm[:, L.SM_Q_OFF] = new_q_off
     sm[:, L.SM_PREFILL_Q_OFF] = new_p_off
     for col in L.SIMULATION.columns_pointing_to("q"):
         if col not in (L.SM_Q_OFF, L.SM_PREFILL_Q_OFF):
             _renumber(sm[:, col], new_q)
-    sm[s, L.SM_Q_LEN] = q_len[s] + m
+    sm[:, L.SM_Q_LEN] = grown
 
-    # per-request regions of the simulations (slices of n_logical at SM_Q_OFF)
-    def regions(old: np.ndarray, fill_s) -> np.ndarray:
-        out = np.zeros(n_logical + m, np.int64)
-        for i in range(len(q_off)):
-            if i != s:
-                out[new_q_off[i]:new_q_off[i] + q_len[i]] = old[q_off[i]:q_off[i] + q_len[i]]
-        out[q_off[s]:q_off[s] + q_len[s] + m] = fill_s(old[q_off[s]:q_off[s] + q_len[s]])
+    # per-request regions of the simulations (slices of n_logical at SM_Q_OFF): every
+    # region moved as a whole, a grown one filled by its rule
+    def regions(old: np.ndarray, fill) -> np.ndarray:
+        out = np.zeros(n_logical_new, np.int64)
+        out[_segments(new_q_off, q_len)] = old[_segments(q_off, q_len)]
+        for s in tpl_of:
+            out[new_q_off[s]:new_q_off[s] + grown[s]] = fill(s, old[q_off[s]:q_off[s] + q_len[s]])
         _renumber(out, new_q)
         return out
 
-    def same_front(region: np.ndarray) -> np.ndarray:  # heaps: the prefix is the heap
-        return np.concatenate([region, np.zeros(m, np.int64)])
+    def same_front(s, region: np.ndarray) -> np.ndarray:  # heaps: the prefix is the heap
+        return np.concatenate([region, np.zeros(m[s], np.int64)])
 
-    def unrolled_ring(region: np.ndarray) -> np.ndarray:  # the ring from its head at 0
+    def unrolled_ring(s, region: np.ndarray) -> np.ndarray:  # the ring from its head at 0
         head, n = sm[s, L.SM_ACTQ_HEAD], sm[s, L.SM_ACTQ_LEN]
-        out = np.zeros(len(region) + m, np.int64)
+        out = np.zeros(len(region) + m[s], np.int64)
         if len(region):
             out[:n] = region[(head + np.arange(n)) % len(region)]
         return out
 
-    firsts = tpl.firsts + a_new  # new numbers (not renumbered below: they are past old rows)
-    n_starts, ptr = sm[s, L.SM_NUM_STARTS], sm[s, L.SM_START_PTR]
-
-    def merged_starts(region: np.ndarray) -> np.ndarray:
-        old = new_q[region[:n_starts]]
+    # the start order: old entries renumbered; a grown simulation's merged with its new
+    # first turns (already new numbers: they are past its old rows)
+    start_order = np.zeros(n_logical_new, np.int64)
+    start_order[_segments(new_q_off, q_len)] = new_q[st.start_order[_segments(q_off, q_len)]]
+    for s, tpl in tpl_of.items():
+        old = start_order[new_q_off[s]:new_q_off[s] + q_len[s]][:sm[s, L.SM_NUM_STARTS]].copy()
+        firsts = tpl.firsts + a_new[s]
+        ptr = sm[s, L.SM_START_PTR]
         if sm[s, L.SM_CONCURRENCY] == 0:
             # open loop: the unreleased old entries and the new ones by start time,
             # old first on ties (stable)
             rest = np.concatenate([old[ptr:], firsts])
             t = np.concatenate([rq_f[old[ptr:], L.RQF_START_MS], rq_f[firsts, L.RQF_START_MS]])
-            order = np.concatenate([old[:ptr], rest[np.argsort(t, kind="stable")]])
+            merged = np.concatenate([old[:ptr], rest[np.argsort(t, kind="stable")]])
         else:
-            order = np.concatenate([old, firsts])
-        out = np.zeros(len(region) + m, np.int64)
-        out[:len(order)] = order
-        return out
-
-    # the start order's entries are renumbered inside merged_starts (it mixes in new rows)
-    start_order = np.zeros(n_logical + m, np.int64)
-    for i in range(len(q_off)):
-        if i != s:
-            start_order[new_q_off[i]:new_q_off[i] + q_len[i]] = new_q[st.start_order[q_off[i]:q_off[i] + q_len[i]]]
-    start_order[q_off[s]:q_off[s] + q_len[s] + m] = merged_starts(st.start_order[q_off[s]:q_off[s] + q_len[s]])
+            merged = np.concatenate([old, firsts])
+        start_order[new_q_off[s]:new_q_off[s] + grown[s]] = 0
+        start_order[new_q_off[s]:new_q_off[s] + len(merged)] = merged
+        sm[s, L.SM_NUM_STARTS] = len(merged)
     actq = regions(st.actq, unrolled_ring)
-    sm[s, L.SM_ACTQ_HEAD] = 0
-    sm[s, L.SM_NUM_STARTS] = n_starts + len(firsts)
+    for s in tpl_of:
+        sm[s, L.SM_ACTQ_HEAD] = 0
     hlog = st.hlog
     if hlog.shape[1]:  # six lifecycle rows per disaggregated request
-        rows_needed = int(sm[s, L.SM_Q_LEN]) * len(L.HANDOFF_EVENT_NAMES)
-        if disagg and rows_needed > hlog.shape[1]:
+        rows_needed = int(sm[disagg, L.SM_Q_LEN].max(initial=0)) * len(L.HANDOFF_EVENT_NAMES)
+        if rows_needed > hlog.shape[1]:
             hlog = np.zeros((hlog.shape[0], rows_needed, hlog.shape[2]))
             hlog[:, :st.hlog.shape[1]] = st.hlog
     state.st = st._replace(start_order=start_order, heap_q=regions(st.heap_q, same_front), actq=actq,
                            xfer_heap=regions(st.xfer_heap, same_front), hlog=hlog)
 
-    # workers: request links renumbered, s's queues resized
+    # workers: request links renumbered, the grown simulations' queues resized
     wi = wk.i64
     for col in L.WORKER.columns_pointing_to("q"):
         _renumber(wi[:, col], new_q)
-    ws = range(int(sm[s, L.SM_W_OFF]), int(sm[s, L.SM_W_OFF] + sm[s, L.SM_W_LEN]))
     run_caps = wi[:, L.WK_RUN_CAP].copy()
     wait_caps = wi[:, L.WK_WAIT_CAP].copy()
-    for w in ws:
-        if run_cap is not None:
-            run_caps[w] = max(run_caps[w], min(run_cap, int(state.cfg.i64[w, L.CFG_MAX_NUM_SEQS]) + 1))
-        if wait_cap is not None:
-            wait_caps[w] = max(wait_caps[w], wait_cap)
-    run_q = np.zeros(int(run_caps.sum()), np.int64)
-    wait_q = np.zeros(int(wait_caps.sum()), np.int64)
+    for s, _, run_cap, wait_cap in items:
+        for w in range(int(sm[s, L.SM_W_OFF]), int(sm[s, L.SM_W_OFF] + sm[s, L.SM_W_LEN])):
+            if run_cap is not None:
+                run_caps[w] = max(run_caps[w], min(run_cap, int(state.cfg.i64[w, L.CFG_MAX_NUM_SEQS]) + 1))
+            if wait_cap is not None:
+                wait_caps[w] = max(wait_caps[w], wait_cap)
     run_off = np.cumsum(run_caps) - run_caps
     wait_off = np.cumsum(wait_caps) - wait_caps
-    for w in range(len(wi)):
-        n = wi[w, L.WK_RUN_LEN]
-        run_q[run_off[w]:run_off[w] + n] = wk.run_q[wi[w, L.WK_RUN_OFF]:wi[w, L.WK_RUN_OFF] + n]
+    run_q = np.zeros(int(run_caps.sum()), np.int64)
+    n_run = wi[:, L.WK_RUN_LEN]
+    run_q[_segments(run_off, n_run)] = wk.run_q[_segments(wi[:, L.WK_RUN_OFF], n_run)]
+    wait_q = np.zeros(int(wait_caps.sum()), np.int64)
+    same = wait_caps == wi[:, L.WK_WAIT_CAP]  # a ring of the same size: copied as it is
+    wait_q[_segments(wait_off[same], wait_caps[same])] = \
+        wk.wait_q[_segments(wi[same, L.WK_WAIT_OFF], wait_caps[same])]
+    for w in np.flatnonzero(~same):  # a larger ring: the old one unrolled from its head at 0
         n = wi[w, L.WK_WAIT_LEN]
-        if wait_caps[w] == wi[w, L.WK_WAIT_CAP]:
-            wait_q[wait_off[w]:wait_off[w] + wait_caps[w]] = \
-                wk.wait_q[wi[w, L.WK_WAIT_OFF]:wi[w, L.WK_WAIT_OFF] + wait_caps[w]]
-        else:  # a larger ring: the old one unrolled from its head at 0
-            pos = (wi[w, L.WK_WAIT_HEAD] + np.arange(n)) % wi[w, L.WK_WAIT_CAP]
-            wait_q[wait_off[w]:wait_off[w] + n] = wk.wait_q[wi[w, L.WK_WAIT_OFF] + pos]
-            wi[w, L.WK_WAIT_HEAD] = 0
+        pos = (wi[w, L.WK_WAIT_HEAD] + np.arange(n)) % wi[w, L.WK_WAIT_CAP]
+        wait_q[wait_off[w]:wait_off[w] + n] = wk.wait_q[wi[w, L.WK_WAIT_OFF] + pos]
+        wi[w, L.WK_WAIT_HEAD] = 0
     _renumber(run_q, new_q)
     _renumber(wait_q, new_q)
     wi[:, L.WK_RUN_OFF] = run_off
@@ -259,4 +282,4 @@ def add_rows(state: KernelState, s: int, tpl, run_cap: int | None, wait_cap: int
     wi[:, L.WK_WAIT_OFF] = wait_off
     wi[:, L.WK_WAIT_CAP] = wait_caps
     state.wk = wk._replace(run_q=run_q, wait_q=wait_q)
-    state.max_lease = max(state.max_lease, tpl.max_lease_blocks)
+    state.max_lease = max([state.max_lease] + [tpl.max_lease_blocks for tpl in tpl_of.values()])

@@ -7,6 +7,8 @@ one rank driven by hand and for a group of ranks stepped together.
   outputs), then passes (start + complete) until every request finished, then a
   CancelRequest of an unknown id (the cheapest command) - microseconds per Submit,
   per pass and per Cancel;
+* decode rank: ``--requests`` ReserveDestination (reserved at once) then as many
+  ActivateDestination - microseconds per command;
 * group: ``--ranks`` ranks in one ``RankGroup``; one Submit per rank in one batched
   call, then batched passes until all finished - microseconds per rank-pass and per
   rank-submit.
@@ -59,6 +61,21 @@ def single_rank(n_requests: int) -> dict:
             "cancel_us": 1e6 * t_cancel, "passes": passes}
 
 
+def decode_rank(n_requests: int) -> dict:
+    from aisim_fast.rank import ActivateDestination, Rank, ReserveDestination
+    rank = Rank({**CONFIG, "worker_type": "decode"})
+    reqs = _requests(n_requests, 512, 64, seed=1)
+    t0 = time.perf_counter()
+    for req in reqs:
+        rank.apply(ReserveDestination(req.request_id, req), 0.0)
+    t_reserve = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for req in reqs:
+        rank.apply(ActivateDestination(req.request_id), 1.0)
+    t_activate = time.perf_counter() - t0
+    return {"reserve_us": 1e6 * t_reserve / n_requests, "activate_us": 1e6 * t_activate / n_requests}
+
+
 def group(n_ranks: int) -> dict:
     from aisim_fast.rank import RankGroup
     g = RankGroup([CONFIG] * n_ranks)
@@ -91,17 +108,22 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     single_rank(4)
+    decode_rank(4)
     group(4)  # compile / load the kernels
-    best_single, best_group = None, None
+    best_single, best_decode, best_group = None, None, None
     for k in range(args.rounds):
         s = single_rank(args.requests)
+        d = decode_rank(args.requests)
         g = group(args.ranks)
-        print(f"round {k + 1}: single {s}; group {g}", flush=True)
+        print(f"round {k + 1}: single {s}; decode {d}; group {g}", flush=True)
         best_single = s if best_single is None else {key: min(best_single[key], s[key]) for key in s}
+        best_decode = d if best_decode is None else {key: min(best_decode[key], d[key]) for key in d}
         best_group = g if best_group is None else {key: min(best_group[key], g[key]) for key in g}
     print(f"\nsingle rank, {args.requests} requests: Submit {best_single['submit_us']:.0f} us, "
           f"pass (start + complete) {best_single['pass_us']:.0f} us over {best_single['passes']} passes, "
           f"CancelRequest (Noop) {best_single['cancel_us']:.0f} us")
+    print(f"decode rank, {args.requests} destinations: ReserveDestination {best_decode['reserve_us']:.0f} us, "
+          f"ActivateDestination {best_decode['activate_us']:.0f} us")
     print(f"group of {args.ranks} ranks: Submit {best_group['submit_us_per_rank']:.0f} us per rank "
           f"(one batched call), pass {best_group['pass_us_per_rank_pass']:.1f} us per rank-pass "
           f"over {best_group['rank_passes']} rank-passes")
