@@ -17,16 +17,15 @@ names are the seed protocol's (``Submit``, ``CommandEffects``, ``PassStartEffect
 ``RankGroup`` is the batch form: many ranks in one kernel state, each command or pass
 step applied to a list of ranks in one kernel call.
 
-Prefill ranks (vLLM / TRT-LLM) take ``SubmitHandoffPrefill``, hold each completed
+Prefill ranks take ``SubmitHandoffPrefill``, hold each completed
 prefill's KV (a ``SourceHeld`` lifecycle event with its transfer timing) and release
-it on ``ReleaseSource`` / ``CancelSource``. Decode ranks (vLLM / TRT-LLM) take
+it on ``ReleaseSource`` / ``CancelSource``. Decode ranks take
 ``ReserveDestination`` (``DestinationAccepted``; the reservation, a
 ``DestinationReserved`` lifecycle event, comes at once on an idle rank or at a later
 retry), ``ActivateDestination`` once the transfer is done, and ``CancelDestination``.
 ``aisim_fast.rank_replay`` drives prefill and decode ranks with the handoff
-coordinator. Not simulated yet: SGLang prefill and decode ranks, attention DP (one
-dp_rank 0 per rank), and the variance and queued-work fields of
-``ForwardPassMetrics``.
+coordinator. Not simulated yet: SGLang KV events, attention DP (one dp_rank 0 per
+rank), and the variance and queued-work fields of ``ForwardPassMetrics``.
 """
 
 from __future__ import annotations
@@ -360,9 +359,6 @@ def _rank_config(config) -> RankConfig:
         check_rank(rank)
     else:
         raise ConfigError(f"rank: expected a rank config (dict or RankConfig), got {type(config).__name__}")
-    if rank.worker_type in ("prefill", "decode") and rank.backend == "sglang":
-        raise ConfigError(f"rank.worker_type: SGLang {rank.worker_type} ranks are not simulated by the rank "
-                          "API yet (vLLM and TRT-LLM ones are)")
     return rank
 
 
@@ -414,14 +410,22 @@ class RankGroup:
     call for all of them (``Rank`` is a group of one). Ranks are numbered from 0 in
     the order of ``configs``; each has its own clock, queues, KV cache and event ids.
 
-    ``kv_events=False`` skips recording KV Stored / Removed events (faster)."""
+    KV Stored / Removed events are recorded for vLLM and TRT-LLM ranks
+    (``kv_events=None``, the default, or True); ``kv_events=False`` skips them
+    (faster). SGLang ranks emit none (their radix cache's events are not simulated):
+    asking for them with ``kv_events=True`` is an error rather than a silently empty
+    stream."""
 
-    def __init__(self, configs: Iterable, *, kv_events: bool = True):
+    def __init__(self, configs: Iterable, *, kv_events: bool | None = None):
         from aisim_fast.replay import BatchRun, Simulation
 
         self.configs = [_rank_config(c) for c in configs]
         if not self.configs:
             raise ConfigError("ranks: at least one rank config is needed")
+        if kv_events and any(rank.backend == "sglang" for rank in self.configs):
+            raise ConfigError("kv_events: the KV events of SGLang's radix cache are not simulated yet; "
+                              "leave kv_events unset (SGLang ranks emit none) or False")
+        kv_events = kv_events is not False
         sims = [Simulation(workload=_empty_workload(), rank=rank, workers=1) for rank in self.configs]
         self._event_rows = max(_event_rows_for(rank) for rank in self.configs)
         self._run = BatchRun(sims, event_rows=self._event_rows, log_outputs=True, growable=True,
@@ -617,7 +621,7 @@ class RankGroup:
                 raise RankError(f"rank {r}: a pass is in flight (started at "
                                 f"{self._books[r].pending.start_ms} ms); complete it first")
             self._check_alive(r)
-        has_work = (wk_i[w, L.WK_RUN_LEN] > 0) | (wk_i[w, L.WK_WAIT_LEN] > 0)
+        has_work = (wk_i[w, L.WK_RUN_LEN] > 0) | (wk_i[w, L.WK_WAIT_LEN] > 0) | (wk_i[w, L.WK_SG_READY_LEN] > 0)
         out: list[PassStartEffects | None] = [None] * len(ranks)
         run = np.flatnonzero(has_work)
         if len(run) == 0:
@@ -780,10 +784,19 @@ class RankGroup:
         st.wk.i64[int(st.st.i64[rank, L.SM_W_OFF]), L.WK_STALLED] = 1
 
     def has_work(self, rank: int) -> bool:
-        """Whether a pass started now would run (running or waiting requests)."""
+        """Whether a pass started now would run (running or waiting requests; on an
+        SGLang decode rank also activated destinations waiting for a slot)."""
         st = self._state
-        w = int(st.st.i64[rank, L.SM_W_OFF])
-        return bool(st.wk.i64[w, L.WK_RUN_LEN] > 0 or st.wk.i64[w, L.WK_WAIT_LEN] > 0)
+        wk = st.wk.i64[int(st.st.i64[rank, L.SM_W_OFF])]
+        return bool(wk[L.WK_RUN_LEN] > 0 or wk[L.WK_WAIT_LEN] > 0 or wk[L.WK_SG_READY_LEN] > 0)
+
+    def effect_free_pass_gives_up(self, rank: int) -> bool:
+        """SGLang: after a zero-duration pass that changed nothing while the rank
+        holds work, whether the reference's replay gives up on the run (it reruns
+        such a pass at that instant while the pass still decays the new-token ratio,
+        up to its retry limit; the decays are applied here)."""
+        st = self._state
+        return bool(_kernels().effect_free_passes_give_up(st.cfg, st.wk, st.st, np.array([rank], np.int64))[0])
 
     # -- internals -----------------------------------------------------------------
     @property
@@ -1082,6 +1095,7 @@ def _load(rank_step) -> None:
              (rank_step.complete_passes, (st.rq, st.wk, st.st, ids)),
              (rank_step.cancel_requests, (st.cfg, st.pool, st.rq, st.wk, st.st, ids, ids, times)),
              (rank_step.destinations_impossible, (st.cfg, st.pool, st.rq, st.st, ids, ids)),
+             (rank_step.effect_free_passes_give_up, (st.cfg, st.wk, st.st, ids)),
              (rank_step.retry_destinations, (st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, st.max_lease,
                                              st.max_bs))]
     flags = np.zeros(0, np.bool_)
@@ -1100,7 +1114,7 @@ class Rank:
     """One rank driven by hand (a ``RankGroup`` of one): ``apply(command, now_ms)``,
     ``start_pass(now_ms)``, ``complete_pass()``."""
 
-    def __init__(self, config, *, kv_events: bool = True):
+    def __init__(self, config, *, kv_events: bool | None = None):
         self.group = RankGroup([config], kv_events=kv_events)
         self.config = self.group.configs[0]
 

@@ -25,8 +25,10 @@ request (``tests/test_rank_replay.py`` holds it to the disaggregated goldens): a
 check of both the rank API and the coordinator, and the way to put a router or
 a coordinator of one's own between the ranks.
 
-Scope: open-loop traces without sessions, round-robin placement, vLLM / TRT-LLM
-pools (the rank API has no SGLang prefill or decode ranks yet).
+The handoff order is the backend's: SourceFirst for vLLM and TRT-LLM,
+DestinationFirst for SGLang (the reservation before the prefill).
+
+Scope: open-loop traces without sessions, round-robin placement.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ import pandas as pd
 
 from aisim_fast.config import ConfigError
 from aisim_fast.handoff import (
-    ActionKind, FactKind, HandoffOrder, HandoffState, OutcomeKind, add_handoffs, apply_facts, apply_outcomes,
-    apply_start,
+    ActionKind, FactKind, HandoffState, OutcomeKind, add_handoffs, apply_facts, apply_outcomes, apply_start,
+    handoff_order_for_backend,
 )
 from aisim_fast.rank import Applied, DestinationReserved, Request, RankError, RankGroup, SourceHeld
 from aisim_fast.replay import Simulation, SimulationError, _optional
@@ -56,10 +58,6 @@ _OUTCOME = {"submitted": OutcomeKind.SUBMITTED, "accepted": OutcomeKind.ACCEPTED
 def _check(sim: Simulation) -> None:
     if not sim.disaggregated:
         raise ConfigError("topology.kind: the rank-driven replay runs disaggregated topologies")
-    for name, rank in (("prefill", sim.prefill_rank), ("decode", sim.rank)):
-        if rank.backend == "sglang":
-            raise ConfigError(f"engine.{name}.rank.backend: the rank-driven replay runs vLLM and TRT-LLM "
-                              "pools (no SGLang prefill or decode ranks in the rank API yet)")
     if sim.concurrency > 0:
         raise ConfigError("traffic.concurrency: the rank-driven replay runs open-loop traces (timestamps)")
     if (sim.workload.turn_index > 0).any():
@@ -115,7 +113,8 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
         return plan_tokens[q]
 
     coord = HandoffState(capacity=n)
-    add_handoffs(coord, np.arange(n), HandoffOrder.SOURCE_FIRST, sim.handoff_latency_ms)
+    # vLLM / TRT-LLM hold the source first, SGLang reserves the destination first
+    add_handoffs(coord, np.arange(n), handoff_order_for_backend(sim.rank.backend), sim.handoff_latency_ms)
     row_of_request: list[dict] = [dict() for _ in range(n_prefill + n_decode)]  # rank -> request id -> row
 
     actions: deque = deque()          # (row, action id, kind, delay_ms)
@@ -284,6 +283,7 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
     start_ms = np.asarray(wl.start_ms, np.float64)
     next_arrival = 0
     n_ranks = n_prefill + n_decode
+    sglang = sim.rank.backend == "sglang"
     now_ms = 0.0
     while True:
         changed = True
@@ -315,6 +315,9 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
                         # a reservation at a zero-duration pass's end is an effect
                         had_effect = completed(r, now_ms) or had_effect
                     if not had_effect:
+                        if sglang and effects.end_ms == now_ms and group.effect_free_pass_gives_up(r):
+                            raise SimulationError(f"dead end at {now_ms} ms: SGLang rank {r}'s passes change "
+                                                  "nothing at one instant (rank-driven replay)")
                         group.park(r)  # until a command wakes it
                         break
                     changed = True

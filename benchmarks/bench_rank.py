@@ -9,6 +9,8 @@ one rank driven by hand and for a group of ranks stepped together.
   per pass and per Cancel;
 * decode rank: ``--requests`` ReserveDestination (reserved at once) then as many
   ActivateDestination - microseconds per command;
+* long-lived rank (``--long N``, 0 = skip): the cost of a Submit once N requests
+  were submitted before (a rank's state grows with every request it took);
 * group: ``--ranks`` ranks in one ``RankGroup``; one Submit per rank in one batched
   call, then batched passes until all finished - microseconds per rank-pass and per
   rank-submit.
@@ -76,6 +78,18 @@ def decode_rank(n_requests: int) -> dict:
     return {"reserve_us": 1e6 * t_reserve / n_requests, "activate_us": 1e6 * t_activate / n_requests}
 
 
+def long_lived(n_before: int, n_timed: int = 200) -> dict:
+    from aisim_fast.rank import Rank, Submit
+    rank = Rank(CONFIG)
+    for req in _requests(n_before, 512, 64, seed=2):
+        rank.apply(Submit(req), 0.0)
+    reqs = [r.__class__(f"late{i}", r.tokens, r.max_output_tokens) for i, r in enumerate(_requests(n_timed, 512, 64, 3))]
+    t0 = time.perf_counter()
+    for req in reqs:
+        rank.apply(Submit(req), 0.0)
+    return {"submit_us_after": 1e6 * (time.perf_counter() - t0) / n_timed}
+
+
 def group(n_ranks: int) -> dict:
     from aisim_fast.rank import RankGroup
     g = RankGroup([CONFIG] * n_ranks)
@@ -106,6 +120,7 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--ranks", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--long", type=int, default=0, help="also time a Submit after this many (0: skip)")
     args = p.parse_args(argv)
     single_rank(4)
     decode_rank(4)
@@ -122,6 +137,9 @@ def main(argv=None) -> int:
     print(f"\nsingle rank, {args.requests} requests: Submit {best_single['submit_us']:.0f} us, "
           f"pass (start + complete) {best_single['pass_us']:.0f} us over {best_single['passes']} passes, "
           f"CancelRequest (Noop) {best_single['cancel_us']:.0f} us")
+    if args.long:
+        best_long = min(long_lived(args.long)["submit_us_after"] for _ in range(args.rounds))
+        print(f"one rank after {args.long} Submits: Submit {best_long:.0f} us")
     print(f"decode rank, {args.requests} destinations: ReserveDestination {best_decode['reserve_us']:.0f} us, "
           f"ActivateDestination {best_decode['activate_us']:.0f} us")
     print(f"group of {args.ranks} ranks: Submit {best_group['submit_us_per_rank']:.0f} us per rank "

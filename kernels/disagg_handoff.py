@@ -60,7 +60,7 @@ from .layout import (
     WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD,
     WK_WAIT_LEN, WK_WAIT_OFF,
 )
-from . import capacity_policy, sglang_handoff
+from . import capacity_policy, sglang_core, sglang_handoff
 from .arrivals import logical_terminal, queue_action
 from .kv_lease import publish_block, release_lease
 from .placement import place
@@ -377,14 +377,30 @@ def cancel_source(cfg, p, rq, wk, q):
 
 
 @njit(cache=True, _nrt=False)
-def cancel_destination(cfg, p, rq, wk, q):
+def _sglang_drop_destination(p, rq, wk, wd, q, status):
+    """SGLang's side of CancelDestination past the pending FIFO: a reserved or
+    activated destination gives its pages back, a queued or running one is dropped
+    as CancelRequest drops it. False when it is none of these."""
+    if status == RS_RESERVED or status == RS_ACTIVATED:
+        return sglang_handoff.cancel_destination(p, rq, wk, wd, q)
+    if status == RS_RUNNING or status == RS_PREEMPTED or status == RS_WAITING:
+        return sglang_core.drop_queued(p.radix, rq, wk, wd, q) >= 0
+    return False
+
+
+@njit(cache=True, _nrt=False)
+def cancel_destination(cfg, p, rq, wk, q, sg):
     """CancelDestination for handoff q: a pending destination leaves the FIFO, a
-    reserved one gives its reservation back (prefix references and fresh blocks,
-    in reverse), an activated (queued or running) one is dropped like a canceled
-    request. Applied bumps the capacity generation; the caller then retries the
-    decode worker's pending head. CMD_NOOP when the destination is gone already."""
+    reserved one gives its reservation back (vLLM / TRT-LLM: prefix references and
+    fresh blocks, in reverse; SGLang: ``sglang_handoff.cancel_destination``), an
+    activated (queued or running) one is dropped like a canceled request. Applied
+    bumps the capacity generation; the caller then retries the decode worker's
+    pending head. CMD_NOOP when the destination is gone already."""
     wd = rq.i64[q, RQ_WORKER]
     status = rq.i64[q, RQ_STATUS]
+    if sg is not None:
+        if status != RS_PENDING_DEST and not _sglang_drop_destination(p, rq, wk, wd, q, status):
+            return CMD_NOOP
     if status == RS_PENDING_DEST:
         prev = -1
         cur = wk.i64[wd, WK_PEND_HEAD]
@@ -400,6 +416,8 @@ def cancel_destination(cfg, p, rq, wk, q):
             wk.i64[wd, WK_PEND_TAIL] = prev
         rq.i64[q, RQ_LINK] = -1
         wk.i64[wd, WK_PEND_LEN] -= 1
+    elif sg is not None:
+        pass  # dropped above
     elif status == RS_RESERVED:
         k0 = rq.i64[q, RQ_LEASE_OFF]
         n_blocks = rq.i64[q, RQ_RESERVED_HITS] + rq.i64[q, RQ_RESERVED_FRESH]

@@ -28,6 +28,7 @@ from .layout import (
 from .rank_queues import wake
 from .sglang_handoff import destination_impossible as sglang_destination_impossible
 from .sglang_core import drop_queued as sglang_drop_queued
+from .sglang_core import effect_free_pass_gives_up
 from .vllm_core import ACC_SIZE
 
 # CancelRequest results (rank.CommandResult)
@@ -272,7 +273,11 @@ def cancel_destinations(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms, in_fl
         sims.now_ms[s] = now_ms[i]
         if event_log_on(p):
             event_set_clock(p, s, now_ms[i])
-        if cancel_destination(cfg, p, rq, wk, q) != CMD_APPLIED:
+        if cfg.i64[w, CFG_POLICY] == POLICY_SGLANG:
+            result = cancel_destination(cfg, p, rq, wk, q, 1)
+        else:
+            result = cancel_destination(cfg, p, rq, wk, q, None)
+        if result != CMD_APPLIED:
             continue
         rq.f64[q, RQF_TERMINAL_MS] = now_ms[i]
         applied[i] = True
@@ -311,4 +316,17 @@ def destinations_impossible(cfg, p, rq, sims, sim_ids, q_rows):
             out[i] = sglang_destination_impossible(cfg, rq, w, q_rows[i])
         else:
             out[i] = destination_impossible(cfg, p, rq, w, q_rows[i])
+    return out
+
+
+@njit(cache=True, nogil=True)
+def effect_free_passes_give_up(cfg, wk, sims, sim_ids):
+    """SGLang rank ``sim_ids[i]`` ran a zero-duration pass that changed nothing while
+    holding work: the reference's replay runs it again at that instant while the
+    pass still decays the new-token ratio and gives up after its retry limit
+    (``sglang_core.effect_free_pass_gives_up``, which applies those decays). Returns
+    whether each gives up."""
+    out = np.zeros(sim_ids.shape[0], np.bool_)
+    for i in range(sim_ids.shape[0]):
+        out[i] = effect_free_pass_gives_up(cfg, wk, sims.i64[sim_ids[i], SM_W_OFF])
     return out

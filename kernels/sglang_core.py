@@ -42,7 +42,7 @@ from .layout import (
     RQ_LEASE_OFF, RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PREEMPTIONS,
     RQ_PROMPT_LEN, RQ_SRC_ROW, RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
     RS_DONE, RS_PREEMPTED, RS_RUNNING, RW_EVICTABLE, RW_INSERT_SHARED, RW_PAGES_USED, RW_PAGE_SIZE, SM_PASS_LOG_LEN,
-    TERM_COMPLETED, TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
+    TERM_COMPLETED, TERM_NONE, TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
     WK_RUN_OFF, WK_SG_RATIO_BITS, WK_TERM_HEAD, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
 )
 
@@ -315,7 +315,8 @@ def _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens):
     """q completes in this pass. A disaggregated prefill (source) request keeps its
     lease instead - its KV is held for the decode side until ReleaseSource - and its
     terminal-list entry is the SourceHeld event of the pass."""
-    if cfg.i64[w, CFG_ROLE] == ROLE_PREFILL:
+    held = cfg.i64[w, CFG_ROLE] == ROLE_PREFILL
+    if held:
         rq.i64[q, RQ_STATUS] = RS_HELD
     else:
         finish_kv(cfg, p.radix, rq, wl, w, q, path, scratch_tokens)
@@ -323,7 +324,8 @@ def _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens):
         rq.i64[q, RQ_STATUS] = RS_DONE
         rq.i64[q, RQ_TERMINAL] = TERM_COMPLETED
     if event_log_on(p):
-        note_event(p, w, EV_FINISHED, q, np.int64(TERM_COMPLETED), rq.i64[q, RQ_GENERATED])
+        # a held source's finish is noted as held (no terminal), as vLLM's is
+        note_event(p, w, EV_FINISHED, q, np.int64(TERM_NONE if held else TERM_COMPLETED), rq.i64[q, RQ_GENERATED])
     push_terminal(rq, wk, w, q)
 
 
@@ -393,6 +395,29 @@ def worker_in_flight(rq, sims, s, w):
 # ---------------------------------------------------------------------------------
 # the ready list of a decode rank: activated destinations waiting for a running slot
 # ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False)
+def ready_remove(rq, wk, w, q):
+    """Take q out of w's ready list; False when it is not there."""
+    prev = -1
+    cur = wk.i64[w, WK_SG_READY_HEAD]
+    while cur >= 0 and cur != q:
+        prev = cur
+        cur = rq.i64[cur, RQ_SG_READY_NEXT]
+    if cur < 0:
+        return False
+    nxt = rq.i64[q, RQ_SG_READY_NEXT]
+    if prev < 0:
+        wk.i64[w, WK_SG_READY_HEAD] = nxt
+    else:
+        rq.i64[prev, RQ_SG_READY_NEXT] = nxt
+    if wk.i64[w, WK_SG_READY_TAIL] == q:
+        wk.i64[w, WK_SG_READY_TAIL] = prev
+    rq.i64[q, RQ_SG_READY_NEXT] = -1
+    wk.i64[w, WK_SG_READY_LEN] -= 1
+    return True
+
+
+
 @njit(cache=True, _nrt=False)
 def ready_push(rq, wk, w, q):
     """q (activated, prompt KV resident) joins the back of w's ready list."""

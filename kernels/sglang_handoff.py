@@ -14,6 +14,9 @@ runs the handoff and calls these where a worker's backend is SGLang.
   of ``cache_prefix``) and a capacity generation start (``sglang_core.promote_ready``).
 * ReleaseSource of a held prefill: it finishes as a completed request does (its
   complete prompt pages enter the tree, its lock is released).
+* CancelDestination of a reserved or activated (not yet promoted) destination: its
+  fresh pages go back and the matched prefix is unlocked, as a retraction releases
+  a request (nothing of it is in the tree yet).
 """
 
 from numba import njit
@@ -25,7 +28,9 @@ from .layout import (
     RQ_STATUS, RS_ACTIVATED, RW_EVICTABLE, RW_PAGE_SIZE, WK_CAP_GEN,
 )
 from .request_state import ceil_div
-from .sglang_core import _ensure_keys, _evict_for, _take_pages, finish_kv, ready_push
+from .sglang_core import (
+    _ensure_keys, _evict_for, _take_pages, finish_kv, ready_push, ready_remove, release_on_retraction,
+)
 
 
 @njit(cache=True, _nrt=False)
@@ -88,3 +93,18 @@ def release_source(cfg, p, rq, wl, wk, w, qp, path, scratch_tokens):
     request (pages into the tree, lock released); a capacity generation starts."""
     finish_kv(cfg, p.radix, rq, wl, w, qp, path, scratch_tokens)
     wk.i64[w, WK_CAP_GEN] += 1
+
+
+@njit(cache=True, _nrt=False)
+def cancel_destination(p, rq, wk, w, q):
+    """Give back reserved or activated destination q on decode worker w (an activated
+    one leaves the ready list first): its fresh pages are freed and the matched
+    prefix unlocked. False when q is neither (then nothing is done)."""
+    if rq.i64[q, RQ_STATUS] == RS_ACTIVATED:
+        if not ready_remove(rq, wk, w, q):
+            return False
+    else:  # reserved: the reservation's pages are the lease's, from the matched prefix on
+        ps = p.radix.w64[w, RW_PAGE_SIZE]
+        rq.i64[q, RQ_ALLOCATED] = (rq.i64[q, RQ_RESERVED_HITS] + rq.i64[q, RQ_RESERVED_FRESH]) * ps
+    release_on_retraction(p.radix, rq, w, q)
+    return True

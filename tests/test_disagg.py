@@ -519,12 +519,12 @@ def test_cancel_pending_destination_leaves_the_fifo():
     cfg, pool, rq, wl, wk = state[:5]
     w = int(rq.i64[q, L.RQ_WORKER])
     before = _pending(rq, wk, w)
-    assert cancel_destination(cfg, pool, rq, wk, q) == L.CMD_APPLIED
+    assert cancel_destination(cfg, pool, rq, wk, q, None) == L.CMD_APPLIED
     after = _pending(rq, wk, w)
     assert after == [x for x in before if x != q]
     assert wk.i64[w, L.WK_PEND_LEN] == len(after) and wk.i64[w, L.WK_PEND_TAIL] == after[-1]
     assert rq.i64[q, L.RQ_TERMINAL] == L.TERM_CANCELED
-    assert cancel_destination(cfg, pool, rq, wk, q) == L.CMD_NOOP  # second cancel
+    assert cancel_destination(cfg, pool, rq, wk, q, None) == L.CMD_NOOP  # second cancel
     _pool_ok(state, w)
 
 
@@ -544,12 +544,12 @@ def test_cancel_reserved_destination_gives_the_reservation_back(case):
     # TRT-LLM holds back what the reservation still needs to finish
     tail_after = wk.i64[w, L.WK_TRT_TAIL] - (trt_blocks_to_finish(cfg, pool, rq, w, q, 0) - n_blocks
                                               if case == "trt_tiny" else 0)
-    assert cancel_destination(cfg, pool, rq, wk, q) == L.CMD_APPLIED
+    assert cancel_destination(cfg, pool, rq, wk, q, None) == L.CMD_APPLIED
     assert num_free(pool, w, capacity) == free_before + rq.i64[q, L.RQ_RESERVED_FRESH]
     k0 = rq.i64[q, L.RQ_LEASE_OFF]
     assert (rq.lease[k0:k0 + n_blocks] == L.NO_BLOCK).all()
     assert wk.i64[w, L.WK_TRT_TAIL] == tail_after
-    assert cancel_destination(cfg, pool, rq, wk, q) == L.CMD_NOOP
+    assert cancel_destination(cfg, pool, rq, wk, q, None) == L.CMD_NOOP
     _pool_ok(state, w)
 
 
@@ -564,11 +564,11 @@ def test_cancel_activated_destination_drops_the_request():
     cfg, pool, rq, wl, wk = state[:5]
     w = int(rq.i64[q, L.RQ_WORKER])
     waiting = wk.i64[w, L.WK_WAIT_LEN]
-    assert cancel_destination(cfg, pool, rq, wk, q) == L.CMD_APPLIED
+    assert cancel_destination(cfg, pool, rq, wk, q, None) == L.CMD_APPLIED
     assert wk.i64[w, L.WK_WAIT_LEN] == waiting - 1
     assert q not in [wait_at(wk, w, i) for i in range(wk.i64[w, L.WK_WAIT_LEN])]
     assert rq.i64[q, L.RQ_ALLOCATED] == 0
-    assert cancel_destination(cfg, pool, rq, wk, q) == L.CMD_NOOP
+    assert cancel_destination(cfg, pool, rq, wk, q, None) == L.CMD_NOOP
     _pool_ok(state, w)
 
 

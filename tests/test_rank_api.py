@@ -478,8 +478,6 @@ def test_a_rank_config_error_names_its_field():
         Rank({"backend": "nope"})
     with pytest.raises(ValueError, match="worker_type"):
         Rank({"backend": "vllm", "worker_type": "router"})
-    with pytest.raises(ValueError, match="worker_type: SGLang decode ranks are not simulated"):
-        Rank({"backend": "sglang", "worker_type": "decode"})
 
 
 # ---------------------------------------------------------------------------------
@@ -762,6 +760,56 @@ def test_a_decode_rank_refuses_what_it_cannot_take_and_stays_unchanged():
     assert rank.metrics == before
     assert rank.apply(ActivateDestination("huge"), 0.0).result == NOOP
     assert rank.apply(ActivateDestination("a"), 0.0).result == APPLIED
+
+
+def test_sglang_kv_events_are_refused_rather_than_empty():
+    with pytest.raises(ValueError, match="kv_events: the KV events of SGLang"):
+        Rank({"backend": "sglang"}, kv_events=True)
+    assert Rank({"backend": "sglang"}).group.kv_events  # recorded where simulated (none for SGLang)
+
+
+def test_an_sglang_prefill_rank_holds_its_pages_until_released():
+    """SGLang prefill rank: the prefill's pass completes with SourceHeld; the held
+    pages stay in use until ReleaseSource, which puts the prompt's pages in the tree
+    (a later prompt with that prefix reuses them)."""
+    rank = _sglang(worker_type="prefill", block_size=4)
+    rank.apply(SubmitHandoffPrefill("h", Request("R", list(range(8)), 1)), 0.0)
+    _, done = _step(rank, 0.0)
+    (held,) = done.lifecycle_events
+    assert isinstance(held, SourceHeld) and held.handoff_id == "h" and done.outputs[0].completed
+    in_use = rank.metrics.active_blocks
+    assert in_use >= 2 and not rank.has_work
+    released = rank.apply(ReleaseSource("h"), 10.0)
+    assert released.result == APPLIED and released.retired_requests == ("R",)
+    rank.apply(SubmitHandoffPrefill("h2", Request("S", list(range(8)) + [99], 1)), 20.0)
+    start, _ = _step(rank, 20.0)
+    assert start.admissions[0].reused_input_tokens == 8
+    assert rank.apply(CancelSource("h2"), 30.0).result == APPLIED  # held: released like ReleaseSource
+
+
+def test_an_sglang_decode_rank_reserves_activates_and_cancels():
+    """34 (SGLang): a destination whose first page is already in the decode rank's
+    tree reserves only the rest (transferable 4 of a page-rounded 8); a reserved and
+    an activated (not yet promoted) destination give their pages back on
+    CancelDestination; an activated one is promoted by the next pass, reusing nothing."""
+    rank = _sglang(worker_type="decode", block_size=4)
+    assert _reserve(rank, "a", range(4), 2).lifecycle_events == (DestinationReserved("a", "a", 4),)
+    assert rank.apply(ActivateDestination("a"), 0.0).result == APPLIED
+    assert rank.has_work  # the ready list
+    start, _ = _step(rank, 0.0)
+    assert [(a.request_id, a.reused_input_tokens) for a in start.admissions] == [("a", 0)]
+    while rank.has_work:
+        _step(rank)
+    idle = rank.metrics.active_blocks
+    assert _reserve(rank, "b", range(8), 2, now=100.0).lifecycle_events == (DestinationReserved("b", "b", 4),)
+    assert rank.metrics.active_blocks > idle
+    assert rank.apply(CancelDestination("b"), 100.0).result == APPLIED
+    assert rank.metrics.active_blocks == idle
+    _reserve(rank, "c", range(50, 58), 2, now=100.0)
+    rank.apply(ActivateDestination("c"), 100.0)
+    assert rank.apply(CancelDestination("c"), 100.0).retired_requests == ("c",)
+    assert rank.metrics.active_blocks == idle and not rank.has_work
+    assert rank.apply(CancelDestination("c"), 100.0).result == NOOP
 
 
 def test_an_sglang_rank_driven_by_hand_emits_the_references_tokens():
