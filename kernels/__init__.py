@@ -55,7 +55,7 @@ COMPILE_PARTS = {
     "sglang": ("SGLang replay", 70),
     "sglang_disaggregated": ("disaggregated SGLang replay", 80),
     "events": ("the event tables", 5),
-    "rank": ("the rank protocol", 68),
+    "rank": ("the rank protocol", 100),
 }
 _ANNOUNCED: set[str] = set()
 
