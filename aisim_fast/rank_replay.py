@@ -28,7 +28,8 @@ a coordinator of one's own between the ranks.
 The handoff order is the backend's: SourceFirst for vLLM and TRT-LLM,
 DestinationFirst for SGLang (the reservation before the prefill).
 
-Scope: open-loop traces without sessions, round-robin placement.
+Scope: open-loop traces (sessions included: a later turn is released its think
+time after the previous turn ended), round-robin placement.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from aisim_fast.handoff import (
     handoff_order_for_backend,
 )
 from aisim_fast.rank import Applied, DestinationReserved, Request, RankError, RankGroup, SourceHeld
-from aisim_fast.replay import Simulation, SimulationError, _optional
+from aisim_fast.replay import Simulation, SimulationError, _next_turns, _optional
 from aisim_fast.workload import prompt_tokens, sequence_tokens
 
 __all__ = ["replay_through_ranks"]
@@ -60,9 +61,6 @@ def _check(sim: Simulation) -> None:
         raise ConfigError("topology.kind: the rank-driven replay runs disaggregated topologies")
     if sim.concurrency > 0:
         raise ConfigError("traffic.concurrency: the rank-driven replay runs open-loop traces (timestamps)")
-    if (sim.workload.turn_index > 0).any():
-        raise ConfigError(f"{sim.workload.path}: the rank-driven replay runs traces without sessions "
-                          "(every row a turn 0)")
     if sim.placement != "round_robin":
         raise ConfigError(f"adapters.placement: the rank-driven replay places round robin, "
                           f"got {sim.placement!r}")
@@ -101,7 +99,6 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
     n = wl.num_requests
     n_prefill, n_decode = sim.prefill_workers, sim.workers
     group = RankGroup([sim.prefill_rank] * n_prefill + [sim.rank] * n_decode, kv_events=False)
-    names = [str(x) for x in wl.request_name]
     rec = _Requests(n)
     plan_tokens = [None] * n
 
@@ -115,7 +112,6 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
     coord = HandoffState(capacity=n)
     # vLLM / TRT-LLM hold the source first, SGLang reserves the destination first
     add_handoffs(coord, np.arange(n), handoff_order_for_backend(sim.rank.backend), sim.handoff_latency_ms)
-    row_of_request: list[dict] = [dict() for _ in range(n_prefill + n_decode)]  # rank -> request id -> row
 
     actions: deque = deque()          # (row, action id, kind, delay_ms)
     deferred = [[] for _ in range(n_prefill + n_decode)]
@@ -126,6 +122,8 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
     prefill_rank = np.full(n, -1, np.int64)
     decode_rank = np.full(n, -1, np.int64)
     open_rows = set()
+    next_turn = _next_turns(wl)
+    released: list = []               # heap of later turns: (ready_ms, session, turn, row)
 
     def push(issued) -> None:
         for i in range(len(issued)):
@@ -155,15 +153,25 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
                 fact(row, FactKind.DESTINATION_RESERVED,
                      transferable_prompt_tokens=[event.transferable_prompt_tokens])
 
-    def fail(row: int, status: str, now_ms: float) -> None:
+    def terminal(row: int, status: str, now_ms: float) -> None:
+        """The request ended: its session's next turn is due its think time later; a
+        failed turn ends the session (later turns are never sent), a rejected one
+        does not (``kernels.arrivals.logical_terminal``)."""
         rec.status[row] = status
         rec.completion_ms[row] = now_ms
+        nxt = int(next_turn[row])
+        if status == "failed":
+            while nxt >= 0:
+                rec.status[nxt] = "not_sent"
+                nxt = int(next_turn[nxt])
+        elif nxt >= 0:
+            heapq.heappush(released, (now_ms + float(wl.delay_ms[nxt]), int(wl.session[nxt]),
+                                      int(wl.turn_index[nxt]), nxt))
 
     def started(r: int, effects) -> None:
         prefill = r < n_prefill
-        rows = row_of_request[r]
         for adm in effects.admissions:
-            row = rows[adm.request_id]
+            row = adm.request_id  # a rank's request id is the request's row
             reused = adm.reused_input_tokens
             if prefill:
                 if rec.prefill_admissions[row] == 0:
@@ -177,7 +185,7 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
                 rec.decode_admissions[row] += 1
                 rec.decode_cached_tokens[row] = max(rec.decode_cached_tokens[row], reused)
         for event in effects.pressure_events:
-            rec.preemptions[rows[event.request_id]] += 1
+            rec.preemptions[event.request_id] += 1
 
     def completed(r: int, now_ms: float) -> bool:
         """Pass end of rank r at now: deferred actions back to the queue, then its
@@ -187,12 +195,11 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
         for item in deferred[r]:
             actions.append(item)
         deferred[r].clear()
-        rows = row_of_request[r]
         for out in effects.outputs:
-            row = rows[out.request_id]
+            row = out.request_id
             if r < n_prefill:
                 if out.rejected:
-                    fail(row, "rejected", now_ms)
+                    terminal(row, "rejected", now_ms)
                     fact(row, FactKind.FAILED)
                 elif out.token_id is not None:
                     rec.prefill_output_tokens[row] += 1
@@ -206,8 +213,7 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
                 rec.last_token_ms[row] = now_ms
                 rec.output_tokens[row] = k + 1
             if out.completed:
-                rec.status[row] = "rejected" if out.rejected else "completed"
-                rec.completion_ms[row] = now_ms
+                terminal(row, "rejected" if out.rejected else "completed", now_ms)
         lifecycle(effects.lifecycle_events, now_ms)
         return any(isinstance(e, DestinationReserved) for e in effects.lifecycle_events)
 
@@ -218,24 +224,22 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
             cursor["prefill"] = (r + 1) % n_prefill
             prefill_rank[row] = r
             prompt, out = tokens_of(row)
-            request = Request(names[row], prompt, 1, output_token_ids=out[:1] if len(out) else None)
+            request = Request(row, prompt, 1, output_token_ids=out[:1] if len(out) else None)
             group.submit([r], [request], now_ms, handoff_ids=[row])
-            row_of_request[r][names[row]] = row
             rec.prefill_worker[row] = r
             outcome(row, action_id, "submitted")
         elif kind == ActionKind.RESERVE_DESTINATION:
             r = n_prefill + cursor["decode"]
             cursor["decode"] = (cursor["decode"] + 1) % n_decode
             prompt, out = tokens_of(row)
-            request = Request(names[row], prompt, len(out), output_token_ids=out)
+            request = Request(row, prompt, len(out), output_token_ids=out)
             try:
                 effects = group.reserve_destinations([r], [row], [request], now_ms)[0]
             except RankError as exc:  # the destination can never hold the prompt
-                fail(row, "failed", now_ms)
+                terminal(row, "failed", now_ms)
                 outcome(row, action_id, "failed", str(exc))
                 return
             decode_rank[row] = r
-            row_of_request[r][names[row]] = row
             rec.decode_worker[row] = r - n_prefill
             outcome(row, action_id, "accepted")
             lifecycle(effects.lifecycle_events, now_ms)
@@ -321,24 +325,39 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
                         group.park(r)  # until a command wakes it
                         break
                     changed = True
-            # 5. this instant's arrivals start their handoffs
-            first = next_arrival
-            while next_arrival < len(order) and start_ms[order[next_arrival]] <= now_ms:
-                next_arrival += 1
-            if next_arrival > first:
-                rows = order[first:next_arrival]
-                rec.arrival_ms[rows] = start_ms[rows]
-                rec.status[rows] = "in_flight"
-                open_rows.update(rows.tolist())
-                push(apply_start(coord, rows))
+            # 5. this instant's arrivals start their handoffs: first turns by start
+            # time, later turns by release time, in (time, session, turn) order
+            arriving = []
+            while True:
+                start = None
+                if next_arrival < len(order) and start_ms[order[next_arrival]] <= now_ms:
+                    q = int(order[next_arrival])
+                    start = (float(start_ms[q]), int(wl.session[q]), 0, q)
+                turn = released[0] if released and released[0][0] <= now_ms else None
+                if start is None and turn is None:
+                    break
+                if turn is None or (start is not None and start < turn):
+                    next_arrival += 1
+                    t_ms, _, _, q = start
+                else:
+                    t_ms, _, _, q = heapq.heappop(released)
+                rec.arrival_ms[q] = t_ms
+                rec.status[q] = "in_flight"
+                arriving.append(q)
+            if arriving:
+                open_rows.update(arriving)
+                push(apply_start(coord, np.asarray(arriving, np.int64)))
                 changed = True
-        if next_arrival == len(order) and not open_rows and not (rec.status == "in_flight").any():
+        if next_arrival == len(order) and not released and not open_rows \
+                and not (rec.status == "in_flight").any():
             break
         candidates = [t for t in pass_end if t is not None]
         if transfers:
             candidates.append(transfers[0][0])
         if next_arrival < len(order):
             candidates.append(start_ms[order[next_arrival]])
+        if released:
+            candidates.append(released[0][0])
         if not candidates:
             stuck = int((rec.status == "in_flight").sum())
             raise SimulationError(f"dead end at {now_ms} ms: {stuck} requests in flight can never finish "
@@ -358,6 +377,7 @@ def _frame(sim: Simulation, rec: _Requests) -> pd.DataFrame:
     frame = pd.DataFrame({
         "request_id": wl.request_name,
         "trace_line": wl.line_no,
+        "turn_index": wl.turn_index.astype(np.int64),
         "arrival_ms": rec.arrival_ms,
         "first_admit_ms": rec.prefill_admit_ms,
         "first_token_ms": rec.first_token_ms,
@@ -389,4 +409,5 @@ def _frame(sim: Simulation, rec: _Requests) -> pd.DataFrame:
         "preemptions": rec.preemptions,
         "terminal_status": rec.status,
     })
-    return frame
+    sent = rec.status != "not_sent"  # turns after a failed one: never sent, no record
+    return frame[sent].reset_index(drop=True) if not sent.all() else frame

@@ -20,24 +20,23 @@ from aisim_fast.rank_replay import replay_through_ranks
 from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup
 from test_parity import MINI_CASES, MINI_GOLDEN, simulation
 
-# the disaggregated goldens and mini goldens without sessions or a concurrency cap
+# the disaggregated goldens and mini goldens without a concurrency cap
 CASES = (["1k_vllm_disagg1p2d", "1k_vllm_disagg1p2d_bw"]
-         + [c for c in MINI_CASES if c not in ("disagg_conc8", "disagg_sess")]
+         + [c for c in MINI_CASES if c != "disagg_conc8"]
          + [pytest.param(c, marks=pytest.mark.slow) for c in ("10k_vllm_disagg2p4d", "1k_sglang_disagg1p2d")])
 
 DATA = Path(__file__).resolve().parent / "data"
 
 
 def _open_loop_disaggregated(case: Path) -> bool:
-    """A valid disaggregated payload, open loop, on a trace without sessions."""
+    """A valid disaggregated payload, open loop."""
     payload = json.loads((case / "spec.json").read_text())
     try:
         parse_payload(payload, case, trace_override=str(case / "trace.jsonl"))
     except ConfigError:  # refused before running (as the reference refuses it)
         return False
-    sessions = '"session_id"' in (case / "trace.jsonl").read_text()
     return (payload["spec"]["topology"].get("kind") == "disaggregated"
-            and payload["traffic"].get("load_type") != "concurrency" and not sessions)
+            and payload["traffic"].get("load_type") != "concurrency")
 
 
 # the small reference runs (test_reference_runs.py) the rank-driven replay can replay
@@ -111,10 +110,9 @@ def test_a_dead_end_is_a_dead_end_through_ranks_too():
         replay_through_ranks(sim)
 
 
-@pytest.mark.parametrize("case,field", [("disagg_sess", "without sessions"), ("disagg_conc8", "concurrency")])
-def test_what_the_rank_driven_replay_does_not_run_is_refused_by_name(case, field):
-    with pytest.raises(ConfigError, match=field):
-        replay_through_ranks(simulation(case))
+def test_a_closed_loop_is_refused_by_name():
+    with pytest.raises(ConfigError, match="traffic.concurrency"):
+        replay_through_ranks(simulation("disagg_conc8"))
 
 
 def test_an_aggregated_simulation_is_refused():
