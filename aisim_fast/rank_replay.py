@@ -28,8 +28,9 @@ a coordinator of one's own between the ranks.
 The handoff order is the backend's: SourceFirst for vLLM and TRT-LLM,
 DestinationFirst for SGLang (the reservation before the prefill).
 
-Scope: open-loop traces (sessions included: a later turn is released its think
-time after the previous turn ended), round-robin placement.
+Traffic: open loop by timestamps or closed loop (``concurrency``: a session starts
+when a slot is free); a session's later turn is released its think time after the
+previous turn ended. Placement: round robin.
 """
 
 from __future__ import annotations
@@ -59,8 +60,6 @@ _OUTCOME = {"submitted": OutcomeKind.SUBMITTED, "accepted": OutcomeKind.ACCEPTED
 def _check(sim: Simulation) -> None:
     if not sim.disaggregated:
         raise ConfigError("topology.kind: the rank-driven replay runs disaggregated topologies")
-    if sim.concurrency > 0:
-        raise ConfigError("traffic.concurrency: the rank-driven replay runs open-loop traces (timestamps)")
     if sim.placement != "round_robin":
         raise ConfigError(f"adapters.placement: the rank-driven replay places round robin, "
                           f"got {sim.placement!r}")
@@ -124,6 +123,8 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
     open_rows = set()
     next_turn = _next_turns(wl)
     released: list = []               # heap of later turns: (ready_ms, session, turn, row)
+    active_sessions = [0]             # sessions started and not ended (closed loop: at most the cap)
+    closed_loop = sim.concurrency > 0
 
     def push(issued) -> None:
         for i in range(len(issued)):
@@ -164,9 +165,11 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
             while nxt >= 0:
                 rec.status[nxt] = "not_sent"
                 nxt = int(next_turn[nxt])
-        elif nxt >= 0:
+        if nxt >= 0:
             heapq.heappush(released, (now_ms + float(wl.delay_ms[nxt]), int(wl.session[nxt]),
                                       int(wl.turn_index[nxt]), nxt))
+        else:
+            active_sessions[0] -= 1  # the session ended: a closed loop starts the next one
 
     def started(r: int, effects) -> None:
         prefill = r < n_prefill
@@ -330,14 +333,19 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
             arriving = []
             while True:
                 start = None
-                if next_arrival < len(order) and start_ms[order[next_arrival]] <= now_ms:
+                if next_arrival < len(order):
                     q = int(order[next_arrival])
-                    start = (float(start_ms[q]), int(wl.session[q]), 0, q)
+                    if closed_loop:  # a session starts when a slot is free, at once
+                        if active_sessions[0] < sim.concurrency:
+                            start = (now_ms, int(wl.session[q]), 0, q)
+                    elif start_ms[q] <= now_ms:
+                        start = (float(start_ms[q]), int(wl.session[q]), 0, q)
                 turn = released[0] if released and released[0][0] <= now_ms else None
                 if start is None and turn is None:
                     break
                 if turn is None or (start is not None and start < turn):
                     next_arrival += 1
+                    active_sessions[0] += 1
                     t_ms, _, _, q = start
                 else:
                     t_ms, _, _, q = heapq.heappop(released)
@@ -354,7 +362,7 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
         candidates = [t for t in pass_end if t is not None]
         if transfers:
             candidates.append(transfers[0][0])
-        if next_arrival < len(order):
+        if next_arrival < len(order) and not closed_loop:
             candidates.append(start_ms[order[next_arrival]])
         if released:
             candidates.append(released[0][0])

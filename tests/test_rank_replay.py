@@ -20,28 +20,27 @@ from aisim_fast.rank_replay import replay_through_ranks
 from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup
 from test_parity import MINI_CASES, MINI_GOLDEN, simulation
 
-# the disaggregated goldens and mini goldens without a concurrency cap
+# the disaggregated goldens and mini goldens
 CASES = (["1k_vllm_disagg1p2d", "1k_vllm_disagg1p2d_bw"]
-         + [c for c in MINI_CASES if c != "disagg_conc8"]
+         + list(MINI_CASES)
          + [pytest.param(c, marks=pytest.mark.slow) for c in ("10k_vllm_disagg2p4d", "1k_sglang_disagg1p2d")])
 
 DATA = Path(__file__).resolve().parent / "data"
 
 
-def _open_loop_disaggregated(case: Path) -> bool:
-    """A valid disaggregated payload, open loop."""
+def _disaggregated(case: Path) -> bool:
+    """A valid disaggregated payload."""
     payload = json.loads((case / "spec.json").read_text())
     try:
         parse_payload(payload, case, trace_override=str(case / "trace.jsonl"))
     except ConfigError:  # refused before running (as the reference refuses it)
         return False
-    return (payload["spec"]["topology"].get("kind") == "disaggregated"
-            and payload["traffic"].get("load_type") != "concurrency")
+    return payload["spec"]["topology"].get("kind") == "disaggregated"
 
 
-# the small reference runs (test_reference_runs.py) the rank-driven replay can replay
+# the small disaggregated reference runs (test_reference_runs.py)
 REFERENCE_RUNS = [c for c in sorted([*DATA.glob("differential/seed*"), *DATA.glob("disagg_corners/*/"),
-                                     *DATA.glob("golden_sglang/sx-*/")]) if _open_loop_disaggregated(c)]
+                                     *DATA.glob("golden_sglang/sx-*/")]) if _disaggregated(c)]
 
 
 def _assert_same_requests(kernel, ranks):
@@ -108,11 +107,6 @@ def test_a_dead_end_is_a_dead_end_through_ranks_too():
     in_flight = int(re.search(r"with (\d+) in-flight", res.error[0]).group(1))
     with pytest.raises(SimulationError, match=rf"dead end at .*: {in_flight} requests in flight"):
         replay_through_ranks(sim)
-
-
-def test_a_closed_loop_is_refused_by_name():
-    with pytest.raises(ConfigError, match="traffic.concurrency"):
-        replay_through_ranks(simulation("disagg_conc8"))
 
 
 def test_an_aggregated_simulation_is_refused():
