@@ -1,8 +1,8 @@
 """The rank protocol as a library: drive one scheduler rank (or thousands) command by
 command, as routers and schedulers do, and read its effects and KV events.
 
-A rank is one engine rank of the reference (vLLM, TRT-LLM or SGLang), aggregated.
-The caller owns the clock::
+A rank is one engine rank of the reference (vLLM, TRT-LLM or SGLang): aggregated,
+prefill or decode (``worker_type``). The caller owns the clock::
 
     rank = Rank({"backend": "vllm", "block_size": 4, "num_gpu_blocks": 64})
     rank.apply(Submit(Request("r1", tokens=list(range(8)), max_output_tokens=3)), now_ms=0.0)
@@ -17,8 +17,7 @@ names are the seed protocol's (``Submit``, ``CommandEffects``, ``PassStartEffect
 ``RankGroup`` is the batch form: many ranks in one kernel state, each command or pass
 step applied to a list of ranks in one kernel call.
 
-Prefill ranks take ``SubmitHandoffPrefill``, hold each completed
-prefill's KV (a ``SourceHeld`` lifecycle event with its transfer timing) and release
+Prefill ranks take ``SubmitHandoffPrefill``, hold each completed prefill's KV (a ``SourceHeld`` lifecycle event with its transfer timing) and release
 it on ``ReleaseSource`` / ``CancelSource``. Decode ranks take
 ``ReserveDestination`` (``DestinationAccepted``; the reservation, a
 ``DestinationReserved`` lifecycle event, comes at once on an idle rank or at a later
