@@ -17,11 +17,12 @@ names are the seed protocol's (``Submit``, ``CommandEffects``, ``PassStartEffect
 ``RankGroup`` is the batch form: many ranks in one kernel state, each command or pass
 step applied to a list of ranks in one kernel call.
 
-Prefill ranks take ``SubmitHandoffPrefill``, hold each completed prefill's KV (a ``SourceHeld`` lifecycle event with its transfer timing) and release
-it on ``ReleaseSource`` / ``CancelSource``. Decode ranks take
-``ReserveDestination`` (``DestinationAccepted``; the reservation, a
-``DestinationReserved`` lifecycle event, comes at once on an idle rank or at a later
-retry), ``ActivateDestination`` once the transfer is done, and ``CancelDestination``.
+Prefill ranks take ``SubmitHandoffPrefill``, hold each completed prefill's KV (a
+``SourceHeld`` lifecycle event with its transfer timing) and release it on
+``ReleaseSource`` / ``CancelSource``. Decode ranks take ``ReserveDestination``
+(``DestinationAccepted``; the reservation, a ``DestinationReserved`` lifecycle event,
+comes at once on an idle rank or at a later retry), ``ActivateDestination`` once the
+transfer is done, and ``CancelDestination``.
 ``aisim_fast.rank_replay`` drives prefill and decode ranks with the handoff
 coordinator. Not simulated yet: SGLang KV events, attention DP (one dp_rank 0 per
 rank), and the variance and queued-work fields of ``ForwardPassMetrics``.

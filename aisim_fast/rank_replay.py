@@ -99,14 +99,17 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
     n_prefill, n_decode = sim.prefill_workers, sim.workers
     group = RankGroup([sim.prefill_rank] * n_prefill + [sim.rank] * n_decode, kv_events=False)
     rec = _Requests(n)
-    plan_tokens = [None] * n
+    plan_tokens: dict = {}            # row -> (prompt, output token ids) until both sides took them
 
     def tokens_of(q: int):
-        if plan_tokens[q] is None:
+        """Row q's prompt and output token ids (as the kernels read them), built for
+        its first command (SubmitPrefill or ReserveDestination) and dropped after the
+        other side's."""
+        tokens = plan_tokens.pop(q, None)
+        if tokens is None:
             prompt = prompt_tokens(wl, q)
-            out = sequence_tokens(wl, q, len(prompt), int(wl.output_len[q]))
-            plan_tokens[q] = (prompt, out)
-        return plan_tokens[q]
+            tokens = plan_tokens[q] = (prompt, sequence_tokens(wl, q, len(prompt), int(wl.output_len[q])))
+        return tokens
 
     coord = HandoffState(capacity=n)
     # vLLM / TRT-LLM hold the source first, SGLang reserves the destination first
@@ -114,7 +117,7 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
 
     actions: deque = deque()          # (row, action id, kind, delay_ms)
     deferred = [[] for _ in range(n_prefill + n_decode)]
-    transfers: list = []              # heap of (done_ms, start seq, row, action id)
+    transfers: list = []              # heap of (done_ms, start seq, row)
     xfer_seq = 0
     pass_end = [None] * (n_prefill + n_decode)
     cursor = {"prefill": 0, "decode": 0}
