@@ -879,6 +879,10 @@ class RankGroup:
                     book.row_of[rid] = a[i]
                     decoded.append(("held", rid))
                 elif b[i] == L.TERM_REJECTED:
+                    # a rejected source is no pending source any more (Release / Cancel: Noop)
+                    h = book.req_handoff.pop(rid, None)
+                    if h is not None:
+                        del book.handoff_req[h]
                     decoded.append(("rejection", Output(rid, None, completed=True, rejected=True)))
                 elif b[i] == L.TERM_COMPLETED and c[i] == 0:
                     decoded.append(("output", Output(rid, None, completed=True,
@@ -1027,6 +1031,16 @@ class RankGroup:
                               retired_requests=tuple(retired),
                               metrics=self._metrics(r, None), suppressed_pending_output=suppressed)
 
+    def _waiting(self, r: int, wk: np.ndarray) -> int:
+        """Metrics.waiting_requests (engine.md 9.1): the waiting queue (vLLM: activated
+        destinations included), SGLang's ready list, pending and reserved destinations."""
+        n = int(wk[L.WK_WAIT_LEN] + wk[L.WK_SG_READY_LEN] + wk[L.WK_PEND_LEN])
+        book = self._books[r]
+        if book.dest_req:
+            rows = [self._q(r, book.row_of[rid]) for rid in book.dest_req.values()]
+            n += int(np.count_nonzero(self._state.rq.i64[rows, L.RQ_STATUS] == L.RS_RESERVED))
+        return n
+
     def _metrics(self, r: int, pass_row) -> Metrics:
         state = self._state
         w = int(state.st.i64[r, L.SM_W_OFF])
@@ -1048,7 +1062,7 @@ class RankGroup:
             hit = total_tokens = 0
         return Metrics(dp_rank=0, active_blocks=active, total_blocks=total,
                        cache_usage=active / total if total else 0.0,
-                       running_requests=int(wk[L.WK_RUN_LEN]), waiting_requests=int(wk[L.WK_WAIT_LEN]),
+                       running_requests=int(wk[L.WK_RUN_LEN]), waiting_requests=self._waiting(r, wk),
                        preemptions_total=preemptions, sglang_cache_hit_tokens=hit,
                        sglang_cache_total_tokens=total_tokens)
 

@@ -818,3 +818,160 @@ def test_an_sglang_rank_driven_by_hand_emits_the_references_tokens():
     not simulated)."""
     tokens, _, gold_tokens, _ = _driven("sglang-tokens")
     assert tokens == gold_tokens
+
+
+# ---------------------------------------------------------------------------------
+# random command sequences on prefill and decode ranks
+# ---------------------------------------------------------------------------------
+from hypothesis import event, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from test_properties import SETTINGS, _examples  # noqa: E402
+
+_COMMANDS = st.lists(st.tuples(st.sampled_from(["reserve", "flow", "flow", "activate", "cancel",
+                                                "cancel_request", "pass", "pass", "pass"]),
+                               st.integers(0, 3), st.integers(1, 40), st.integers(1, 6)),
+                     min_size=1, max_size=40)
+
+
+@settings(max_examples=_examples(60), **SETTINGS)
+@given(backend=st.sampled_from(["vllm", "trtllm", "sglang"]), blocks=st.integers(4, 40), commands=_COMMANDS)
+def test_a_decode_rank_survives_any_command_sequence_and_drains_clean(backend, blocks, commands):
+    """Any sequence of destination commands and passes on a small decode rank: only
+    RankError for refused commands, never negative occupancy; afterwards, with the
+    active destinations run to completion and the rest cancelled, nothing is queued
+    and the whole pool can be reserved at once."""
+    cfg = {"backend": backend, "block_size": 4, "worker_type": "decode", "max_num_seqs": 3,
+           "num_gpu_blocks": blocks * 4 if backend == "sglang" else blocks}
+    rank = Rank(cfg)
+    now = 0.0
+    live: dict = {}  # handoff -> its request (ids differ per reservation)
+
+    def finished(outputs):
+        done = {o.request_id for o in outputs if o.completed}
+        if done:
+            event(f"{backend}: a destination ran to completion")
+        for handoff in [h for h, rid in live.items() if rid in done]:
+            del live[handoff]
+
+    for k, (kind, h, prompt, n_out) in enumerate(commands):
+        handoff = f"h{h}"
+        if kind in ("reserve", "flow"):  # flow: reserve, then activate at once
+            rid = f"{handoff}#{k}"
+            try:
+                rank.apply(ReserveDestination(handoff, Request(rid, list(range(h * 100, h * 100 + prompt)),
+                                                               n_out)), now)
+                live[handoff] = rid
+            except RankError:
+                pass
+            if kind == "flow":
+                rank.apply(ActivateDestination(handoff), now)
+        elif kind == "activate":
+            rank.apply(ActivateDestination(handoff), now)
+        elif kind == "cancel":
+            rank.apply(CancelDestination(handoff), now)
+            live.pop(handoff, None)
+        elif kind == "cancel_request":
+            if handoff in live and rank.apply(CancelRequest(live[handoff]), now).result == APPLIED:
+                del live[handoff]
+        elif rank.pass_in_flight:
+            finished(rank.complete_pass().outputs)
+        elif rank.has_work:
+            now = rank.start_pass(now).end_ms
+        assert rank.metrics.active_blocks >= 0
+    if rank.pass_in_flight:
+        finished(rank.complete_pass().outputs)
+
+    def run_dry(now):  # activated and running destinations run to completion
+        for _ in range(1000):
+            if not rank.has_work:
+                break
+            now = rank.start_pass(now).end_ms
+            finished(rank.complete_pass().outputs)
+        return now
+
+    now = run_dry(now)
+    for handoff in sorted(live):  # pending or reserved
+        rank.apply(CancelDestination(handoff), now)
+    now = run_dry(now)
+    metrics = rank.metrics
+    assert not rank.has_work
+    assert metrics.running_requests == 0 and metrics.waiting_requests == 0, metrics
+    if backend != "sglang":  # SGLang counts its (evictable) radix pages as active
+        assert metrics.active_blocks == 0, metrics
+    # nothing is held: a destination of the whole pool (TRT-LLM: less the block its
+    # output needs) is reserved at once
+    whole = Request("whole", list(range(10_000, 10_000 + 4 * (blocks - 1))), 1)
+    assert rank.apply(ReserveDestination("whole", whole), now).lifecycle_events[0].transferable_prompt_tokens > 0
+
+
+_SOURCE_COMMANDS = st.lists(st.tuples(st.sampled_from(["submit", "submit", "release", "cancel_source",
+                                                       "cancel_request", "pass", "pass", "pass"]),
+                                      st.integers(0, 3), st.integers(1, 40)),
+                            min_size=1, max_size=40)
+
+
+@settings(max_examples=_examples(60), **SETTINGS)
+@given(backend=st.sampled_from(["vllm", "trtllm", "sglang"]), blocks=st.integers(4, 40),
+       commands=_SOURCE_COMMANDS)
+def test_a_prefill_rank_survives_any_command_sequence_and_drains_clean(backend, blocks, commands):
+    """Any sequence of SubmitHandoffPrefill, Release / CancelSource, CancelRequest and
+    passes on a small prefill rank: only RankError for refused commands; afterwards,
+    with every source released and the rank run dry, nothing is queued and (vLLM /
+    TRT-LLM) no block is active."""
+    cfg = {"backend": backend, "block_size": 4, "worker_type": "prefill", "max_num_seqs": 3,
+           "num_gpu_blocks": blocks * 4 if backend == "sglang" else blocks}
+    rank = Rank(cfg)
+    now = 0.0
+    sources: dict = {}  # handoff -> its request, submitted and not yet released or dropped
+    submitted = set()   # every (handoff, request) ever accepted
+
+    def completed(done):
+        for held in done.lifecycle_events:
+            # (a source released while the pass that holds it was in flight still
+            # reports SourceHeld: only a cancel suppresses it, engine.md 11)
+            event(f"{backend}: a source was held")
+            assert isinstance(held, SourceHeld) and (held.handoff_id, held.request_id) in submitted
+        for o in done.outputs:  # a rejected prompt ends its handoff
+            for h in [h for h, rid in sources.items() if o.rejected and rid == o.request_id]:
+                del sources[h]
+
+    for k, (kind, h, prompt) in enumerate(commands):
+        handoff = f"h{h}"
+        if kind == "submit":
+            rid = f"{handoff}#{k}"
+            try:
+                rank.apply(SubmitHandoffPrefill(handoff, Request(rid, list(range(h * 100, h * 100 + prompt)), 1)),
+                           now)
+                sources[handoff] = rid
+                submitted.add((handoff, rid))
+            except RankError:
+                pass
+        elif kind in ("release", "cancel_source"):
+            command = ReleaseSource(handoff) if kind == "release" else CancelSource(handoff)
+            result = rank.apply(command, now).result
+            # Noop for an unknown handoff; also for a source rejected by the pass in
+            # flight (not owned by the queues any more, its output not yet released)
+            assert result == NOOP or handoff in sources
+            sources.pop(handoff, None)
+        elif kind == "cancel_request":
+            if handoff in sources and rank.apply(CancelRequest(sources[handoff]), now).result == APPLIED:
+                del sources[handoff]
+        elif rank.pass_in_flight:
+            completed(rank.complete_pass())
+        elif rank.has_work:
+            now = rank.start_pass(now).end_ms
+    if rank.pass_in_flight:
+        completed(rank.complete_pass())
+    for handoff in sorted(sources):
+        assert rank.apply(ReleaseSource(handoff), now).result == APPLIED
+    for _ in range(1000):  # released while pending: they finish as ordinary requests
+        if not rank.has_work:
+            break
+        now = rank.start_pass(now).end_ms
+        rank.complete_pass()
+    metrics = rank.metrics
+    assert not rank.has_work
+    assert metrics.running_requests == 0 and metrics.waiting_requests == 0, metrics
+    if backend != "sglang":  # SGLang counts its (evictable) radix pages as active
+        assert metrics.active_blocks == 0, metrics
