@@ -402,6 +402,7 @@ class _RankBook:
         # decode ranks: handoff id <-> request id of destinations (pending, reserved, active)
         self.dest_req: dict = {}
         self.req_dest: dict = {}
+        self.reserved: set = set()    # destinations reserved and not yet activated or given back
 
 
 class RankGroup:
@@ -509,6 +510,7 @@ class RankGroup:
                 effects.append(self._command_effects(r, NOOP, now[i]))
                 continue
             retired, suppressed = (), False
+            book.reserved.discard(rid)  # activated or given back
             if cancel:
                 del book.dest_req[h]
                 del book.req_dest[rid]
@@ -743,6 +745,7 @@ class RankGroup:
             return ()
         book = self._books[r]
         rid = book.ids[q - int(self._state.st.i64[r, L.SM_Q_OFF])]
+        book.reserved.add(rid)
         fresh = int(self._state.rq.i64[q, L.RQ_RESERVED_FRESH])
         return (DestinationReserved(book.req_dest[rid], rid, fresh * self.configs[r].block_size),)
 
@@ -1034,12 +1037,7 @@ class RankGroup:
     def _waiting(self, r: int, wk: np.ndarray) -> int:
         """Metrics.waiting_requests (engine.md 9.1): the waiting queue (vLLM: activated
         destinations included), SGLang's ready list, pending and reserved destinations."""
-        n = int(wk[L.WK_WAIT_LEN] + wk[L.WK_SG_READY_LEN] + wk[L.WK_PEND_LEN])
-        book = self._books[r]
-        if book.dest_req:
-            rows = [self._q(r, book.row_of[rid]) for rid in book.dest_req.values()]
-            n += int(np.count_nonzero(self._state.rq.i64[rows, L.RQ_STATUS] == L.RS_RESERVED))
-        return n
+        return int(wk[L.WK_WAIT_LEN] + wk[L.WK_SG_READY_LEN] + wk[L.WK_PEND_LEN]) + len(self._books[r].reserved)
 
     def _metrics(self, r: int, pass_row) -> Metrics:
         state = self._state
