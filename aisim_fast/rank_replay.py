@@ -121,8 +121,6 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
     xfer_seq = 0
     pass_end = [None] * (n_prefill + n_decode)
     cursor = {"prefill": 0, "decode": 0}
-    prefill_rank = np.full(n, -1, np.int64)
-    decode_rank = np.full(n, -1, np.int64)
     open_rows = set()
     next_turn = _next_turns(wl)
     released: list = []               # heap of later turns: (ready_ms, session, turn, row)
@@ -228,7 +226,6 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
         if kind == ActionKind.SUBMIT_PREFILL:
             r = cursor["prefill"]
             cursor["prefill"] = (r + 1) % n_prefill
-            prefill_rank[row] = r
             prompt, out = tokens_of(row)
             request = Request(row, prompt, 1, output_token_ids=out[:1] if len(out) else None)
             group.submit([r], [request], now_ms, handoff_ids=[row])
@@ -245,7 +242,6 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
                 terminal(row, "failed", now_ms)
                 outcome(row, action_id, "failed", str(exc))
                 return
-            decode_rank[row] = r
             rec.decode_worker[row] = r - n_prefill
             outcome(row, action_id, "accepted")
             lifecycle(effects.lifecycle_events, now_ms)
@@ -258,7 +254,7 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
                 rec.transfer_done_ms[row] = now_ms
                 fact(row, FactKind.TRANSFER_COMPLETED)
         elif kind == ActionKind.ACTIVATE_DESTINATION:
-            r = int(decode_rank[row])
+            r = n_prefill + int(rec.decode_worker[row])
             if pass_end[r] is not None:
                 deferred[r].append((row, action_id, kind, delay_ms))
                 return
@@ -267,7 +263,7 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
             outcome(row, action_id, "applied" if isinstance(effects.result, Applied) else "noop")
             lifecycle(effects.lifecycle_events, now_ms)
         elif kind in (ActionKind.RELEASE_SOURCE, ActionKind.CANCEL_SOURCE):
-            r = int(prefill_rank[row])
+            r = int(rec.prefill_worker[row])  # prefill ranks come first: a worker is its rank
             if r < 0:
                 outcome(row, action_id, "noop")
                 return
@@ -280,9 +276,9 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
                 rec.source_released_ms[row] = now_ms
             outcome(row, action_id, "applied" if applied else "noop")
         elif kind == ActionKind.CANCEL_DESTINATION:
-            r = int(decode_rank[row])
+            r = n_prefill + int(rec.decode_worker[row])
             applied = False
-            if r >= 0:
+            if r >= n_prefill:  # else never accepted
                 effects = group.activate_destinations([r], [row], now_ms, cancel=True)[0]
                 applied = isinstance(effects.result, Applied)
             outcome(row, action_id, "applied" if applied else "noop")
