@@ -428,9 +428,6 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         )
     adapters = _obj("spec.adapters", spec.get("adapters"))
     placement, placement_seed, router = parse_placement(adapters.get("placement"), "spec.adapters.placement")
-    if router is not None and kind != "aggregated":
-        _fail("spec.adapters.placement.provider", "kv_router is simulated for aggregated topologies "
-                                                  "only so far; use round_robin or random")
     if spec.get("max_sim_time_ms") is not None:
         _fail("spec.max_sim_time_ms", "a simulated-time cap is not supported yet; use null")
     if spec.get("requests"):

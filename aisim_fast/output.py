@@ -192,15 +192,18 @@ def prediction_provenance(setup) -> dict:
 
 def routing_summary(routing: pd.DataFrame) -> dict:
     """Routing figures of a kv_router run (flat, so sweeps can keep them as columns):
-    decisions, decisions where several workers shared the lowest cost, the chosen
-    workers' mean overlap and the mean overlap regret (best offered - chosen), blocks."""
+    decisions (both pools of a disaggregated run), decisions where several workers
+    shared the lowest cost, the chosen workers' mean overlap and the mean overlap
+    regret (best offered - chosen), blocks, over the overlap-aware decisions (the
+    decode pool's router is overlap-blind)."""
     n = len(routing)
-    chosen = routing["overlap_blocks"].to_numpy(np.float64)
-    best = routing["best_overlap_blocks"].to_numpy(np.float64)
+    aware = (routing["pool"] != "decode").to_numpy() if n else np.zeros(0, bool)
+    chosen = routing["overlap_blocks"].to_numpy(np.float64)[aware]
+    best = routing["best_overlap_blocks"].to_numpy(np.float64)[aware]
     return {"routing_decisions": n,
             "routing_tied_decisions": int((routing["tied"].to_numpy() > 1).sum()),
-            "routing_mean_overlap_blocks": float(chosen.mean()) if n else 0.0,
-            "routing_mean_overlap_regret_blocks": float((best - chosen).mean()) if n else 0.0}
+            "routing_mean_overlap_blocks": float(chosen.mean()) if len(chosen) else 0.0,
+            "routing_mean_overlap_regret_blocks": float((best - chosen).mean()) if len(chosen) else 0.0}
 
 
 def kv_capacity(setup) -> dict:

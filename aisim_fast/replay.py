@@ -31,7 +31,8 @@ from aisim_fast.kernels.event_loop import replay_batch
 from aisim_fast.kernels.kv_lease import kv_tokens_hashes
 from aisim_fast.kernels.output_plan import output_tokens_at
 from aisim_fast.state_growth import KernelState, add_rows_many, append_workload_rows, kernel_output_plan
-from aisim_fast.workload import Workload, concat_workloads, load_mooncake, select_rows, sequence_tokens
+from aisim_fast.workload import (PIN_KEYS, Workload, concat_workloads, load_mooncake, select_rows,
+                                 sequence_tokens)
 
 try:
     from numpy._core.multiarray import _set_madvise_hugepage
@@ -166,27 +167,43 @@ def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
     if not 0 <= sim.placement_seed < 2 ** 63:
         raise ConfigError(f"placement_seed: must be in [0, 2**63), got {sim.placement_seed!r}")
     if sim.placement == "kv_router":
-        if sim.disaggregated:
-            raise ConfigError("placement: kv_router is simulated for aggregated topologies only so far")
         if sim.rank.backend == "sglang":
             raise ConfigError("placement: kv_router is not simulated over SGLang ranks yet "
                               "(its overlap reads the vLLM block pool); use round_robin or random")
         if _router(sim).pin_to_trace_worker:
-            worker = sim.workload.worker
-            missing = np.flatnonzero(worker < 0) if worker is not None else np.arange(sim.workload.num_requests)
-            if len(missing):
-                raise ConfigError(f"{sim.workload.path}, line {int(sim.workload.line_no[missing[0]])}: "
-                                  f"pin_to_trace_worker needs an integer \"worker\" on every row")
-            if worker.max() >= sim.workers:
-                row = int(np.argmax(worker))
-                raise ConfigError(f"{sim.workload.path}, line {int(sim.workload.line_no[row])}: worker "
-                                  f"{int(worker[row])} is not in the pool of {sim.workers} workers")
+            _check_pins(sim)
     if sim.queue_slots is not None and sim.queue_slots < 1:
         raise ConfigError(f"queue_slots: must be >= 1 or None, got {sim.queue_slots!r}")
     if sim.arena_blocks is not None and sim.arena_blocks < 1:
         raise ConfigError(f"arena_blocks: must be >= 1 or None, got {sim.arena_blocks!r}")
     if len(sim.workload.input_len) == 0 and not allow_empty:
         raise ConfigError("workload: the trace has no requests")
+
+
+def _check_pins(sim: Simulation) -> None:
+    """pin_to_trace_worker: every row names its worker in each pool (``worker``, or
+    ``prefill_worker`` and ``decode_worker``), inside the pool, and no other."""
+    wl = sim.workload
+    pins = wl.worker if wl.worker is not None else np.full((wl.num_requests, len(PIN_KEYS)), -1, np.int64)
+    pools = ((1, sim.prefill_workers), (2, sim.workers)) if sim.disaggregated else ((0, sim.workers),)
+    used = [k for k, _ in pools]
+    for k in range(len(PIN_KEYS)):
+        if k not in used and np.any(pins[:, k] >= 0):
+            row = int(np.argmax(pins[:, k]))
+            topology = "disaggregated" if sim.disaggregated else "aggregated"
+            wanted = " and ".join(f'"{PIN_KEYS[j]}"' for j in used)
+            raise ConfigError(f"{wl.path}, line {int(wl.line_no[row])}: \"{PIN_KEYS[k]}\" does not pin "
+                              f"a worker of this {topology} topology (give {wanted})")
+    for k, n_workers in pools:
+        pin = pins[:, k]
+        missing = np.flatnonzero(pin < 0)
+        if len(missing):
+            raise ConfigError(f"{wl.path}, line {int(wl.line_no[missing[0]])}: "
+                              f"pin_to_trace_worker needs an integer \"{PIN_KEYS[k]}\" on every row")
+        if pin.max() >= n_workers:
+            row = int(np.argmax(pin))
+            raise ConfigError(f"{wl.path}, line {int(wl.line_no[row])}: {PIN_KEYS[k]} {int(pin[row])} "
+                              f"is not in the pool of {n_workers} workers")
 
 
 def _pow2_at_least(n: int) -> int:
@@ -260,8 +277,10 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
     out = _effective_max_output(sim)
     blocks = -(-(wl.input_len + out) // bs)
     rq_i = _unplaced_rows(wl, table_rows[_table_key(wl, rank)], out, blocks)
-    if sim.placement == "kv_router" and wl.worker is not None:
-        rq_i[:, L.RQ_PIN_WORKER] = wl.worker
+    pinned = sim.placement == "kv_router" and wl.worker is not None
+    if pinned:
+        # a disaggregated request's logical row goes to the decode pool
+        rq_i[:, L.RQ_PIN_WORKER] = wl.worker[:, 2 if sim.disaggregated else 0]
     rq_f = L.REQUEST_F.new(n)
     rq_f[:, L.RQF_DELAY_MS] = wl.delay_ms
     rq_f[:, L.RQF_START_MS] = wl.start_ms
@@ -274,6 +293,8 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
         # the source computes the prompt and one hidden token
         prefill_rq_i = _unplaced_rows(wl, table_rows[_table_key(wl, prank)], 1, pblocks)
         prefill_rq_i[:, L.RQ_NEXT_TURN] = -1
+        if pinned:
+            prefill_rq_i[:, L.RQ_PIN_WORKER] = wl.worker[:, 1]
         pools.append((0, sim.prefill_workers, prank, pblocks))
     pool_templates = []
     for first, n_workers, pool_rank, pool_blocks in pools:
@@ -557,13 +578,16 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     routed = [s for s, sim in enumerate(sims) if sim.placement == "kv_router"]
     router_state = {}
     if routed:
-        # per worker of a routed simulation, a multiset of its active prompt blocks:
-        # room for every distinct complete prompt block of the trace, twice over
-        rt_slots = np.zeros(n_w, np.int64)
+        # per worker of a routed aggregated simulation, a multiset of its active prompt
+        # blocks: room for every distinct complete prompt block of the trace, twice
+        # over (a disaggregated pool's router counts blocks without the set)
+        rt_slots = np.ones(n_w, np.int64)
         for s in routed:
             sim = sims[s]
             ws = slice(int(w_off[s]), int(w_off[s] + w_len[s]))
-            rt_slots[ws] = _pow2_at_least(2 * distinct_prompt_blocks[(id(sim.workload), sim.rank.block_size)] + 16)
+            if not sim.disaggregated:
+                rt_slots[ws] = _pow2_at_least(
+                    2 * distinct_prompt_blocks[(id(sim.workload), sim.rank.block_size)] + 16)
             router = _router(sim)
             cfg_f[ws, L.CFGF_ROUTER_CREDIT] = router.overlap_score_credit
             cfg_f[ws, L.CFGF_ROUTER_LOAD_SCALE] = router.prefill_load_scale
@@ -587,6 +611,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     sm_i[:, L.SM_PREFILL_Q_OFF] = np.where([s.disaggregated for s in sims], p_off, -1)
     # the handoff order is the backend's (spec/replay.md 5.2): SGLang reserves first
     sm_i[:, L.SM_DEST_FIRST] = [s.disaggregated and s.rank.backend == "sglang" for s in sims]
+    decisions = max([int(q_len[s]) * (2 if sims[s].disaggregated else 1) for s in routed], default=0)
     with _small_pages():
         token_stat, token_hist = sketch.token_stats_new(n_sims)
     sim_state = L.Sims(
@@ -596,9 +621,9 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         token_stat=token_stat, token_hist=token_hist,
         pass_log=np.zeros((n_sims, pass_log_rows, L.PL_NUM_COLUMNS)),
         hlog=np.zeros((n_sims, _handoff_log_rows(sims) if record_handoffs else 0, L.HL_NUM_COLUMNS)),
-        # one decision per request of a routed simulation
-        **(dict(rt_log=np.zeros((n_sims, int(q_len[routed].max()), L.RL_NUM_COLUMNS)),
-                rt_costs=np.zeros((n_sims, int(q_len[routed].max()), int(w_len[routed].max()))))
+        # one decision per request of a routed simulation, two when disaggregated
+        **(dict(rt_log=np.zeros((n_sims, decisions, L.RL_NUM_COLUMNS)),
+                rt_costs=np.zeros((n_sims, decisions, int(w_len[routed].max()))))
            if routed else {}),
     )
     max_lease = max([t.max_lease_blocks for t in templates.values()], default=1)
@@ -700,22 +725,27 @@ def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConf
         cfg_f[ws, L.CFGF_SG_DECAY_STEP] = (init - floor) / 600.0
 
 
-ROUTING_COLUMNS = ("request_id", "turn_index", "worker", "cost", "costs", "overlap_blocks",
+ROUTING_COLUMNS = ("request_id", "turn_index", "pool", "worker", "cost", "costs", "overlap_blocks",
                    "best_overlap_blocks", "tied", "time_ms")
 
 
 def _routing_frame(sim: Simulation, log: np.ndarray, costs: np.ndarray) -> pd.DataFrame:
-    """One row per kv_router decision: the request, the chosen worker, its cost and
-    every worker's, its overlap and the best any worker offered, and how many workers
-    shared the lowest cost."""
+    """One row per kv_router decision: the request, the pool it was placed in
+    (aggregated, or prefill / decode: a disaggregated request has one decision in
+    each), the chosen worker (index in its pool), its cost and every worker's of the
+    pool, its overlap and the best any worker offered, and how many workers shared the
+    lowest cost."""
     rows = log[:, L.RL_REQUEST].astype(np.int64)
+    pool = log[:, L.RL_POOL].astype(np.int64)
+    width = np.where(pool == L.ROUTE_PREFILL, sim.prefill_workers, sim.workers)
     wl = sim.workload
     return pd.DataFrame({
         "request_id": wl.request_name[rows].astype(str) if len(rows) else np.zeros(0, str),
         "turn_index": wl.turn_index[rows].astype(np.int64),
+        "pool": np.array(L.ROUTE_POOL_NAMES, dtype=object)[pool],
         "worker": log[:, L.RL_WORKER].astype(np.int64),
         "cost": log[:, L.RL_COST],
-        "costs": [list(r) for r in costs],
+        "costs": [list(r[:k]) for r, k in zip(costs, width.tolist())],
         "overlap_blocks": log[:, L.RL_OVERLAP].astype(np.int64),
         "best_overlap_blocks": log[:, L.RL_BEST_OVERLAP].astype(np.int64),
         "tied": log[:, L.RL_TIED].astype(np.int64),
@@ -1421,7 +1451,7 @@ class BatchRun:
         st = self.state.st
         n = int(st.i64[s, L.SM_RT_LOG_LEN])
         return _routing_frame(self.sims[s], st.rt_log[s, :n] if n else np.zeros((0, L.RL_NUM_COLUMNS)),
-                              st.rt_costs[s, :n, :self.sims[s].workers] if n else np.zeros((0, 0)))
+                              st.rt_costs[s, :n] if n else np.zeros((0, 0)))
 
     def kv_events(self, s: int) -> pd.DataFrame:
         return _kv_event_frame(self.sims[s], _event_rows(self._event_chunks[s]),

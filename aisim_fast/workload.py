@@ -64,11 +64,13 @@ class TraceWarning(UserWarning):
 
 
 # the row fields the reference's Mooncake loader knows (with their aliases), and the
-# trace's own worker for kv_router's pin_to_trace_worker
+# trace's own workers for kv_router's pin_to_trace_worker (aggregated: ``worker``;
+# disaggregated: ``prefill_worker`` and ``decode_worker``, each an index in its pool)
+PIN_KEYS = ("worker", "prefill_worker", "decode_worker")
 ROW_KEYS = frozenset({
     "timestamp", "created_time", "input_length", "input_tokens", "output_length", "output_tokens",
     "hash_ids", "session_id", "delay", "delay_ms", "request_id", "output_token_ids", "priority",
-    "strict_priority", "policy_class", "worker"})
+    "strict_priority", "policy_class", *PIN_KEYS})
 
 
 def _encoding_guess(raw: bytes) -> str:
@@ -139,8 +141,9 @@ class Workload(NamedTuple):
     hash_indptr: np.ndarray  # int64[q + 1]
     hash_ids: np.ndarray  # uint32[nnz], interned (first distinct id in the file -> 0)
     order: np.ndarray  # int64[n_sessions], turn-0 rows stably sorted by start_ms
-    # int64[q], the row's optional integer "worker" (a recorded routing decision), -1
-    # where absent; None when no row has one
+    # int64[q, 3], the row's recorded routing decisions, one column per ``PIN_KEYS``
+    # ("worker" of an aggregated pool, "prefill_worker", "decode_worker"); -1 where
+    # absent; None when no row has any
     worker: np.ndarray | None = None
     # where each row's output token ids come from, as ``output_plan`` returns them: the
     # loaders set it once; a workload cut from another (``select_rows``) keeps its rows'
@@ -195,6 +198,17 @@ def _show(value) -> str:
     except (TypeError, ValueError):
         text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _pins(obj: dict) -> tuple[int, int, int]:
+    """The row's recorded placements (``PIN_KEYS``), -1 where absent."""
+    pins = []
+    for key in PIN_KEYS:
+        v = obj.get(key, -1)
+        if v != -1 and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise _RowError(f'"{key}" must be an integer >= 0 (a worker index), got {_show(v)}')
+        pins.append(v)
+    return tuple(pins)
 
 
 def _field(obj: dict, name: str, alias: str | None):
@@ -375,7 +389,7 @@ def load_mooncake(
     output_lens: list[int] = []
     hash_counts: list[int] = []
     flat_hashes: list[int] = []
-    workers: list[int] = []
+    workers: list[tuple[int, int, int]] = []
     authored_start: list[int] = []
     authored_tokens: list[int] = []
 
@@ -421,9 +435,7 @@ def load_mooncake(
                         f"{len(hashes)} ids x trace_block_size {block} = {capacity} tokens"
                     )
 
-            worker = obj.get("worker", -1)
-            if worker != -1 and (isinstance(worker, bool) or not isinstance(worker, int) or worker < 0):
-                raise _RowError(f'"worker" must be an integer >= 0 (a worker index), got {_show(worker)}')
+            worker = _pins(obj)
             key, v = _field(obj, "output_length", "output_tokens")
             if v is None:
                 raise _RowError('missing required field "output_length" (or "output_tokens")')
@@ -556,7 +568,8 @@ def load_mooncake(
         hash_indptr=hash_indptr,
         hash_ids=_intern(flat_hashes),
         order=order,
-        worker=np.array(workers, np.int64) if any(w >= 0 for w in workers) else None,
+        worker=(np.array(workers, np.int64).reshape(n, len(PIN_KEYS))
+                if any(max(w) >= 0 for w in workers) else None),
         out_plan=_plan(session, np.array(output_lens, dtype=np.int64),
                        None if not authored_tokens else np.array(authored_start, np.int64)),
         authored_tokens=np.array(authored_tokens, np.uint32) if authored_tokens else None,
@@ -685,8 +698,8 @@ def concat_workloads(a: Workload, b: Workload, buffers: dict | None = None) -> W
         hash_ids=append_into(grow, "hash_ids", a.hash_ids, [b.hash_ids]),
         order=_start_order(turn == 0, start_ms).astype(a.order.dtype),
         worker=None if a.worker is None and b.worker is None else np.concatenate(
-            [np.full(a.num_requests, -1, np.int64) if a.worker is None else a.worker,
-             np.full(b.num_requests, -1, np.int64) if b.worker is None else b.worker]))
+            [np.full((a.num_requests, len(PIN_KEYS)), -1, np.int64) if a.worker is None else a.worker,
+             np.full((b.num_requests, len(PIN_KEYS)), -1, np.int64) if b.worker is None else b.worker]))
 
 
 def prompt_tokens(w: Workload, q: int) -> np.ndarray:

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from .layout import (
-    DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL, PLACE_KV_ROUTER, RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS,
+    DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL, PLACE_KV_ROUTER, ROUTE_AGGREGATED, RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS,
     RQ_ACTION, RQ_LEASE_OFF, RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS,
     RQ_TERM_NEXT, RQ_TERMINAL, RQ_TURN, RQ_UUID, RQ_WORKER, RS_WAITING, TERM_CANCELED, TERM_FAILED, TERM_NOT_SENT, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD,
     SM_ACTQ_LEN, SM_CONCURRENCY, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_NOT_SENT, SM_NUM_STARTS, SM_NUM_TERMINAL,
@@ -109,7 +109,8 @@ def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
                      DF_NEXT_ON_ARRIVAL if sims.i64[s, SM_DEST_FIRST] else NEXT_ON_ARRIVAL)
         return
     if sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER:
-        w = route(cfg, p, rq, wl, wk, sims, s, q, arrival_ms)
+        w = route(cfg, p, rq, wl, wk, sims, s, q, arrival_ms, sims.i64[s, SM_W_OFF],
+                  sims.i64[s, SM_W_LEN], ROUTE_AGGREGATED)
     else:
         w = place(sims, s, sims.i64[s, SM_W_OFF], sims.i64[s, SM_W_LEN], SM_RR_CURSOR)
     rq.i64[q, RQ_WORKER] = w
@@ -192,7 +193,7 @@ def complete_pass(rq, wk, sims, s, w):
     q = wk.i64[w, WK_TERM_HEAD]
     while q >= 0:
         if routed:
-            request_ended(rq, wk, w, q)
+            request_ended(rq, wk, w, q, True)
         logical_terminal(rq, sims, s, q)
         q = rq.i64[q, RQ_TERM_NEXT]
     wk.i64[w, WK_TERM_HEAD] = -1

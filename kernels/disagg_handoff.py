@@ -52,8 +52,8 @@ from .layout import (
     RQ_LINK, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_ORDINAL, RQ_PEER, RQ_PROMPT_LEN, RQ_REPORTED,
     RQ_RESERVED_FRESH, RQ_RESERVED_HITS, RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
     RQ_UUID, RQ_WORKER, RQ_XFER_SEQ, RS_ACTIVATED, RS_DONE, RS_HELD, RS_PENDING_DEST,
-    RS_PREEMPTED, RS_RESERVED, RS_RUNNING, RS_WAITING, SM_ACTQ_HEAD, SM_ACTQ_LEN,
-    SM_DECODE_CURSOR, SM_HLOG_LEN, SM_OPEN_HANDOFFS, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF,
+    PLACE_KV_ROUTER, ROUTE_DECODE, ROUTE_PREFILL, RS_PREEMPTED, RS_RESERVED, RS_RUNNING, RS_WAITING, SM_ACTQ_HEAD, SM_ACTQ_LEN,
+    SM_DECODE_CURSOR, SM_HLOG_LEN, SM_OPEN_HANDOFFS, SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF,
     SM_RR_CURSOR, SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_CANCELED, TERM_COMPLETED,
     TERM_FAILED, TERM_REJECTED, TRANSFER_DESTINATION_MISSING, WK_BUSY, WK_CAP_GEN,
     WK_DEFER_HEAD, WK_DEFER_TAIL, WK_ORDINAL_NEXT, WK_PEND_HEAD, WK_PEND_LEN, WK_PEND_TAIL,
@@ -63,6 +63,7 @@ from .layout import (
 from . import capacity_policy, sglang_core, sglang_handoff
 from .arrivals import logical_terminal, queue_action
 from .kv_lease import publish_block, release_lease
+from .kv_router import pass_end, request_ended, route
 from .placement import place
 from .rank_queues import run_remove_at, wait_at, wait_push_back, wait_remove_at, wake
 from .request_state import ceil_div
@@ -460,6 +461,17 @@ def _retry_and_report(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scrat
 
 
 @njit(cache=True, _nrt=False)
+def _place_in_pool(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, cursor, pool, sg):
+    """The worker of the pool ``[w0, w0 + n)`` for request row q: the kv_router's
+    choice (vLLM / TRT-LLM pools; ``sg is None`` keeps the router out of the SGLang
+    kernels' compile) or the simulation's placement policy."""
+    if sg is None:
+        if sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER:
+            return route(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, pool)
+    return place(sims, s, w0, n, cursor)
+
+
+@njit(cache=True, _nrt=False)
 def _fail_request(rq, sims, s, q, status, now_ms):
     """A handoff that cannot continue ends its logical request."""
     rq.i64[q, RQ_STATUS] = RS_DONE
@@ -479,7 +491,8 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
     n_prefill = sims.i64[s, SM_PREFILL_LEN]
     qp = rq.i64[q, RQ_PEER]
     if kind == ACT_SUBMIT_PREFILL:
-        wp = place(sims, s, w0, n_prefill, SM_RR_CURSOR)
+        wp = _place_in_pool(cfg, p, rq, wl, wk, sims, s, qp, now_ms, w0, n_prefill, SM_RR_CURSOR,
+                            ROUTE_PREFILL, sg)
         rq.i64[qp, RQ_WORKER] = wp
         rq.i64[qp, RQ_STATUS] = RS_WAITING
         rq.i64[qp, RQ_UUID] = rq.i64[q, RQ_UUID]
@@ -492,7 +505,8 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
             sims.i64[s, SM_OPEN_HANDOFFS] += 1
     elif kind == ACT_RESERVE:
         n_decode = sims.i64[s, SM_W_LEN] - n_prefill
-        wd = place(sims, s, w0 + n_prefill, n_decode, SM_DECODE_CURSOR)
+        wd = _place_in_pool(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0 + n_prefill, n_decode,
+                            SM_DECODE_CURSOR, ROUTE_DECODE, sg)
         rq.i64[q, RQ_WORKER] = wd
         if sg is not None:  # DestinationFirst: the handoff opens with its reservation
             sims.i64[s, SM_OPEN_HANDOFFS] += 1
@@ -507,6 +521,8 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
             # placement stands (the cursor moved) but no decode worker was assigned,
             # and the source goes as a cancel, not a release: the reference records
             # neither
+            if sg is None and sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER:
+                request_ended(rq, wk, wd, q, False)  # routed, never active there
             rq.i64[q, RQ_WORKER] = -1
             _fail_request(rq, sims, s, q, TERM_FAILED, now_ms)
             queue_action(rq, sims, s, q, ACT_RELEASE)
@@ -569,9 +585,16 @@ def complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, sc
     wk.i64[w, WK_BUSY] = 0
     _requeue_deferred(rq, wk, sims, s, w)
     prefill = w < sims.i64[s, SM_W_OFF] + sims.i64[s, SM_PREFILL_LEN]
+    routed = False
+    if sg is None:  # the router's view (kernels.kv_router) learns of this pass end
+        routed = sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER
+        if routed:
+            pass_end(rq, wk, w)
     q = wk.i64[w, WK_TERM_HEAD]
     while q >= 0:
         nxt = rq.i64[q, RQ_TERM_NEXT]
+        if routed:
+            request_ended(rq, wk, w, q, False)
         if prefill:
             ql = rq.i64[q, RQ_PEER]
             if rq.i64[q, RQ_STATUS] == RS_HELD:

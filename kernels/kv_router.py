@@ -21,6 +21,18 @@ Temperature 0 picks the lowest cost; exact ties go to a uniform draw among them
 a run is reproducible. Temperature > 0 samples the softmax of the normalised costs.
 ``pin_to_trace_worker`` computes and logs every cost but places on the trace row's
 worker. Every decision is logged (``sims.rt_log`` / ``rt_costs``).
+
+Disaggregated pools (reference/dynamo runs checked on every decision): each pool
+has its own router over its own workers.
+
+* Prefill (``ROUTE_PREFILL``), at arrival (the SubmitPrefill action): the cost above
+  without ``D_w`` (active blocks are not tracked there); ``P_w`` and the prefix index
+  are the prefill workers', ``P_w`` released at the end of the pass that finishes the
+  prefill (its hidden first token, when the source is held).
+* Decode (``ROUTE_DECODE``), when the source is held (the ReserveDestination
+  action): ``cost_w = D_w`` alone, overlap-blind, where ``D_w`` sums ``floor(isl /
+  B)`` over the requests active on w, this one included, shared prefixes counted
+  once per request; released when the request completes. The logged overlap is 0.
 """
 
 import numpy as np
@@ -31,8 +43,8 @@ from .layout import (
     CFG_BLOCK_SIZE, CFG_ROUTER_PIN, CFGF_ROUTER_CREDIT, CFGF_ROUTER_LOAD_SCALE,
     CFGF_ROUTER_TEMPERATURE, NO_BLOCK, PB_PUB_PASS, PW_PASS_NUM, RL_BEST_OVERLAP, RL_COST,
     RL_OVERLAP, RL_REQUEST, RL_TIED, RL_TIME_MS, RL_WORKER, RQ_LEASE_OFF, RQ_PIN_WORKER,
-    RQ_PROMPT_LEN, RQ_RT_ACTIVE, RQ_RT_PENDING, RQ_SRC_ROW, SM_Q_OFF, SM_RT_LOG_LEN, SM_W_LEN,
-    SM_W_OFF, WK_BUSY, WK_RT_ACTIVE_BLOCKS, WK_RT_FREED_TOKENS, WK_RT_MASK, WK_RT_OFF,
+    RL_POOL, ROUTE_AGGREGATED, ROUTE_DECODE, ROUTE_PREFILL, RQ_PEER, RQ_PROMPT_LEN, RQ_RT_ACTIVE, RQ_RT_PENDING,
+    RQ_SRC_ROW, SM_Q_OFF, SM_RT_LOG_LEN, WK_BUSY, WK_RT_ACTIVE_BLOCKS, WK_RT_FREED_TOKENS, WK_RT_MASK, WK_RT_OFF,
     WK_RT_PREFILL_TOKENS,
 )
 from .placement import next_random
@@ -103,11 +115,10 @@ def _softmax_pick(costs, n, temperature, sample):
 
 
 @njit(cache=True, _nrt=False)
-def route(cfg, p, rq, wl, wk, sims, s, q, now_ms):
-    """The worker of the aggregated pool that request q goes to at its arrival; the
-    router's view of that worker takes the request in."""
-    w0 = sims.i64[s, SM_W_OFF]
-    n = sims.i64[s, SM_W_LEN]
+def route(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, pool):
+    """The worker of the pool ``[w0, w0 + n)`` that request row q goes to (``pool``:
+    ROUTE_AGGREGATED at its arrival, ROUTE_PREFILL / ROUTE_DECODE for the two sides
+    of a disaggregated one); the router's view of that worker takes the request in."""
     bs = cfg.i64[w0, CFG_BLOCK_SIZE]
     credit = cfg.f64[w0, CFGF_ROUTER_CREDIT]
     load_scale = cfg.f64[w0, CFGF_ROUTER_LOAD_SCALE]
@@ -116,6 +127,7 @@ def route(cfg, p, rq, wl, wk, sims, s, q, now_ms):
     p0 = wl.phash_indptr[row]
     n_blocks = wl.phash_indptr[row + 1] - p0
     isl = rq.i64[q, RQ_PROMPT_LEN]
+    decode = pool == ROUTE_DECODE
     r = sims.i64[s, SM_RT_LOG_LEN]
     sims.i64[s, SM_RT_LOG_LEN] = r + 1
     costs = sims.rt_costs[s, r]
@@ -125,16 +137,21 @@ def route(cfg, p, rq, wl, wk, sims, s, q, now_ms):
     best_overlap = np.int64(0)
     for j in range(n):
         w = w0 + j
-        overlap = _visible_overlap(p, wk, w, wl.phash, p0, n_blocks, now_ms)
-        best_overlap = max(best_overlap, overlap)
-        # block hashes are chained: a request active here that holds block i holds
-        # blocks 0..i-1 too, so this request's active blocks are a leading run
-        shared = np.int64(0)
-        while shared < n_blocks and _active_count(wk, w, wl.phash[p0 + shared]) > 0:
-            shared += 1
-        new_blocks = n_blocks - shared
-        prefill_blocks = (wk.i64[w, WK_RT_PREFILL_TOKENS] + isl) / bs - credit * overlap
-        cost = load_scale * max(0.0, prefill_blocks) + float(wk.i64[w, WK_RT_ACTIVE_BLOCKS] + new_blocks)
+        if decode:
+            cost = float(wk.i64[w, WK_RT_ACTIVE_BLOCKS] + isl // bs)
+        else:
+            overlap = _visible_overlap(p, wk, w, wl.phash, p0, n_blocks, now_ms)
+            best_overlap = max(best_overlap, overlap)
+            prefill_blocks = (wk.i64[w, WK_RT_PREFILL_TOKENS] + isl) / bs - credit * overlap
+            cost = load_scale * max(0.0, prefill_blocks)
+            if pool == ROUTE_AGGREGATED:
+                # block hashes are chained: a request active here that holds block i
+                # holds blocks 0..i-1 too, so this request's active blocks are a
+                # leading run
+                shared = np.int64(0)
+                while shared < n_blocks and _active_count(wk, w, wl.phash[p0 + shared]) > 0:
+                    shared += 1
+                cost += float(wk.i64[w, WK_RT_ACTIVE_BLOCKS] + n_blocks - shared)
         costs[j] = cost
         if cost < best_cost:
             best_cost = cost
@@ -150,26 +167,33 @@ def route(cfg, p, rq, wl, wk, sims, s, q, now_ms):
         sample = float(next_random(sims, s) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
         best_j = _softmax_pick(costs, n, temperature, sample)
     w = w0 + best_j
-    overlap = _visible_overlap(p, wk, w, wl.phash, p0, n_blocks, now_ms)
+    overlap = 0 if decode else _visible_overlap(p, wk, w, wl.phash, p0, n_blocks, now_ms)
     log = sims.rt_log[s, r]
-    log[RL_REQUEST] = q - sims.i64[s, SM_Q_OFF]
+    # the simulation's request: a prefill row's is its logical row (its peer)
+    log[RL_REQUEST] = (rq.i64[q, RQ_PEER] if pool == ROUTE_PREFILL else q) - sims.i64[s, SM_Q_OFF]
     log[RL_WORKER] = best_j
     log[RL_COST] = costs[best_j]
     log[RL_OVERLAP] = overlap
     log[RL_BEST_OVERLAP] = best_overlap
     log[RL_TIED] = ties
     log[RL_TIME_MS] = now_ms
+    log[RL_POOL] = pool
+    if decode:
+        wk.i64[w, WK_RT_ACTIVE_BLOCKS] += isl // bs
+        rq.i64[q, RQ_RT_ACTIVE] = isl // bs
+        return w
     pending = isl - bs * overlap
     wk.i64[w, WK_RT_PREFILL_TOKENS] += pending
     rq.i64[q, RQ_RT_PENDING] = pending
-    for i in range(n_blocks):
-        at = _slot(wk, w, wl.phash[p0 + i])
-        if wk.rt_count[at] <= 0:
-            wk.rt_key[at] = wl.phash[p0 + i]
-            wk.rt_count[at] = 0
-            wk.i64[w, WK_RT_ACTIVE_BLOCKS] += 1
-        wk.rt_count[at] += 1
-    rq.i64[q, RQ_RT_ACTIVE] = n_blocks
+    if pool == ROUTE_AGGREGATED:
+        for i in range(n_blocks):
+            at = _slot(wk, w, wl.phash[p0 + i])
+            if wk.rt_count[at] <= 0:
+                wk.rt_key[at] = wl.phash[p0 + i]
+                wk.rt_count[at] = 0
+                wk.i64[w, WK_RT_ACTIVE_BLOCKS] += 1
+            wk.rt_count[at] += 1
+        rq.i64[q, RQ_RT_ACTIVE] = n_blocks
     return w
 
 
@@ -188,11 +212,16 @@ def pass_end(rq, wk, w):
 
 
 @njit(cache=True, _nrt=False)
-def request_ended(rq, wk, w, q):
-    """q's terminal was seen at a pass end: its blocks leave D_w (and whatever of
-    P_w it still held, a request rejected before any token)."""
+def request_ended(rq, wk, w, q, distinct):
+    """q's terminal was seen at a pass end: its blocks leave D_w (``distinct``: the
+    aggregated router's multiset of block hashes; else a count) and whatever of P_w it
+    still held (a request rejected before any token)."""
     wk.i64[w, WK_RT_PREFILL_TOKENS] -= rq.i64[q, RQ_RT_PENDING]
     rq.i64[q, RQ_RT_PENDING] = 0
+    if not distinct:
+        wk.i64[w, WK_RT_ACTIVE_BLOCKS] -= rq.i64[q, RQ_RT_ACTIVE]
+        rq.i64[q, RQ_RT_ACTIVE] = 0
+        return
     k0 = rq.i64[q, RQ_LEASE_OFF]
     for i in range(rq.i64[q, RQ_RT_ACTIVE]):
         at = _slot(wk, w, rq.seq_hash[k0 + i])

@@ -341,7 +341,7 @@ REQUEST_I = _declare(FieldTable("RQ_", "rq.i64", np.int64, [
                         "start, the outside world learns of it at the end)"),
     ("SCHED_CLASS", 0, "", "what it contributes to its pass's timing, CLASS_* of decode_step"),
     ("RT_PENDING", 0, "", "kv_router: its share of the worker's P_w until its first token"),
-    ("RT_ACTIVE", 0, "", "kv_router: 1 while its prompt blocks count in the worker's D_w"),
+    ("RT_ACTIVE", 0, "", "kv_router: its prompt blocks counted in the worker's D_w (0 once released)"),
     ("PIN_WORKER", -1, "", "kv_router pin_to_trace_worker: the trace row's worker in the pool"),
     ("SG_CACHED", 0, "", "SGLang: page-aligned tokens of its prefix in the radix tree, locked "
                          "through SG_LAST"),
@@ -402,7 +402,7 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
     # kv_router view of the worker (kernels.kv_router)
     ("RT_PREFILL_TOKENS", 0, "", "P_w: prompt tokens still to prefill of requests routed here"),
     ("RT_FREED_TOKENS", 0, "", "part of P_w the pass in flight releases at its end (first tokens)"),
-    ("RT_ACTIVE_BLOCKS", 0, "", "D_w: distinct complete prompt blocks of requests active here"),
+    ("RT_ACTIVE_BLOCKS", 0, "", "D_w: complete prompt blocks of requests active here (distinct ones aggregated)"),
     ("RT_OFF", 0, "", "first slot of its active-block multiset in wk.rt_key / rt_count"),
     ("RT_MASK", -1, "", "multiset slots - 1 (a power of two); -1 = none"),
     ("SG_RATIO_BITS", 0, "", "SGLang: the new-token ratio (float64 bits)"),
@@ -649,8 +649,12 @@ _NO_RT_KEY = np.zeros(0, np.uint64)
 _NO_RT_COUNT = np.zeros(0, np.int32)
 # kv_router decision log (``sims.rt_log[s, row, RL_*]``, one row per decision; the
 # costs of every worker of the pool in ``sims.rt_costs[s, row, worker]``)
-(RL_REQUEST, RL_WORKER, RL_COST, RL_OVERLAP, RL_BEST_OVERLAP, RL_TIED, RL_TIME_MS) = range(7)
-RL_NUM_COLUMNS = 7
+(RL_REQUEST, RL_WORKER, RL_COST, RL_OVERLAP, RL_BEST_OVERLAP, RL_TIED, RL_TIME_MS, RL_POOL) = range(8)
+RL_NUM_COLUMNS = 8
+# the pool a decision placed in (RL_POOL), and the cost each pool's router computes
+# (kernels.kv_router)
+ROUTE_AGGREGATED, ROUTE_PREFILL, ROUTE_DECODE = 0, 1, 2
+ROUTE_POOL_NAMES = ("aggregated", "prefill", "decode")
 _NO_RT_LOG = np.zeros((0, 0, RL_NUM_COLUMNS))
 _NO_RT_COSTS = np.zeros((0, 0, 0))
 

@@ -32,15 +32,31 @@ DATA = Path(__file__).resolve().parent / "data" / "kv_router"
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
 CASES = ["1k_vllm_agg4_kv", "1k_vllm_agg4_kv_credit0", "sess200_vllm_agg4_kv",
          "sess200_vllm_agg4_kv_credit0"]
+# disaggregated runs (dynamo_disagg_replay.py): a prefill router (overlap-aware, no D_w)
+# at arrival and a decode router (D_w only) when the source is held
+DISAGG_CASES = ["1k_vllm_disagg2p2d_kv", "1k_vllm_disagg2p2d_kv_credit0", "sess200_vllm_disagg2p2d_kv",
+                "1k_vllm_disagg2p3d_kv_tight", "1k_trtllm_disagg2p2d_kv"]
 BLOCK = 64
 
 
 def payload(case, *, pin, seed=0, trace=None, **knobs):
-    credit = json.loads((DATA / f"{case}.payload.json").read_text())["router_config_json"][
-        "overlap_score_credit"]
-    config = {"overlap_score_credit": credit, "pin_to_trace_worker": pin, "seed": seed, **knobs}
-    return {"spec": {"topology": {"kind": "aggregated", "workers": {"initial_workers": 4}},
-                     "engine": {"rank": {"backend": "vllm", "block_size": BLOCK, "num_gpu_blocks": 16384}},
+    call = json.loads((DATA / f"{case}.payload.json").read_text())
+    config = {"overlap_score_credit": call["router_config_json"]["overlap_score_credit"],
+              "pin_to_trace_worker": pin, "seed": seed, **knobs}
+    kwargs = call["kwargs"]
+    if "prefill_engine_args" in kwargs:
+        def rank(role):
+            engine = dict(kwargs[f"{role}_engine_args"]["engine"])
+            del engine["worker_type"]
+            return {"rank": engine}
+        topology = {"kind": "disaggregated",
+                    "prefill": {"initial_workers": kwargs["num_prefill_workers"]},
+                    "decode": {"initial_workers": kwargs["num_decode_workers"]}}
+        engine = {"prefill": rank("prefill"), "decode": rank("decode")}
+    else:
+        topology = {"kind": "aggregated", "workers": {"initial_workers": 4}}
+        engine = {"rank": {"backend": "vllm", "block_size": BLOCK, "num_gpu_blocks": 16384}}
+    return {"spec": {"topology": topology, "engine": engine,
                      "adapters": {"placement": {"provider": "kv_router", "config": config}}},
             "traffic": {"trace_path": str(trace or DATA / f"{case}.pinned.jsonl")}}
 
@@ -58,9 +74,7 @@ def run(case, pin=True, seed=0, **knobs):
     return _RUNS[key]
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_pinned_replay_matches_the_router_run(case):
-    _, _, requests, routing, _ = run(case)
+def _assert_requests_match(case, requests):
     gold = list(csv.DictReader(open(DATA / f"{case}.csv", newline="")))
     cand = {(r["request_id"], int(r["turn_index"])): r for r in requests.to_dict("records")}
     assert len(cand) == len(gold)
@@ -72,6 +86,14 @@ def test_pinned_replay_matches_the_router_run(case):
             if not (g is None and c is None) and g != c:
                 diffs.append((row["request_id"], col, g, c))
     assert not diffs, f"{case}: {len(diffs)} cells differ, first {diffs[:3]}"
+    return gold
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_pinned_replay_matches_the_router_run(case):
+    _, _, requests, routing, _ = run(case)
+    gold = _assert_requests_match(case, requests)
+    assert set(routing["pool"]) == {"aggregated"}
     decisions = list(csv.DictReader(open(DATA / f"{case}.decisions.csv", newline="")))
     logged = {(r["request_id"], int(r["turn_index"])): r for r in routing.to_dict("records")}
     assert len(logged) == len(decisions)
@@ -87,7 +109,53 @@ def test_pinned_replay_matches_the_router_run(case):
         assert r["best_overlap_blocks"] == int(row["router_best_available_overlap_blocks"])
 
 
-@pytest.mark.parametrize("case", ["1k_vllm_agg4_kv", "sess200_vllm_agg4_kv_credit0"])
+@pytest.mark.parametrize("case", DISAGG_CASES)
+def test_pinned_disaggregated_replay_matches_the_router_run(case):
+    """Both routers of a disaggregated run: every request equal bit for bit, every
+    decision (its pool, worker, cost and overlap) equal, in the run's decision order,
+    so each pool's cost and when it is decided are the run's."""
+    _, _, requests, routing, _ = run(case)
+    gold = _assert_requests_match(case, requests)
+    decisions = list(csv.DictReader(open(DATA / f"{case}.decisions.csv", newline="")))
+    assert len(routing) == len(decisions) == 2 * len(gold)
+    for d, r in zip(decisions, routing.to_dict("records")):
+        assert (r["request_id"], r["turn_index"], r["pool"]) == (d["request_id"], int(d["turn_index"]), d["pool"])
+        assert r["worker"] == int(d["worker"])
+        assert r["cost"] == float(d["cost"]), d
+        assert r["overlap_blocks"] == float(d["effective_cached_blocks"]), d
+    prefill = routing[routing["pool"] == "prefill"].set_index(["request_id", "turn_index"])
+    for row in gold:  # the run's own view of the prefill decision
+        r = prefill.loc[(row["request_id"], int(row["turn_index"]))]
+        assert r["overlap_blocks"] == int(row["router_selected_overlap_blocks"])
+        assert r["best_overlap_blocks"] == int(row["router_best_available_overlap_blocks"])
+        assert r["worker"] == int(row["prefill_worker"])
+    decode = routing[routing["pool"] == "decode"]
+    assert (decode["overlap_blocks"] == 0).all() and (decode["best_overlap_blocks"] == 0).all()
+
+
+def test_disaggregated_pins_are_checked(tmp_path):
+    case = "sess200_vllm_disagg2p2d_kv"
+    rows = (DATA / f"{case}.pinned.jsonl").read_text().splitlines()
+
+    def error_with_row(change):
+        obj = json.loads(rows[6])
+        change(obj)
+        broken = tmp_path / "t.jsonl"
+        broken.write_text("\n".join(rows[:6] + [json.dumps(obj)] + rows[7:]) + "\n")
+        res = run_batch([simulation_from_setup(parse_payload(payload(case, pin=True, trace=broken)))])
+        assert res.status[0] == "rejected_config"
+        return res.error[0].split(f"{broken}, ")[-1]
+
+    assert error_with_row(lambda o: o.pop("decode_worker")) == \
+        'line 7: pin_to_trace_worker needs an integer "decode_worker" on every row'
+    assert error_with_row(lambda o: o.update(prefill_worker=2)) == \
+        "line 7: prefill_worker 2 is not in the pool of 2 workers"
+    assert error_with_row(lambda o: o.update(worker=0)) == \
+        'line 7: "worker" does not pin a worker of this disaggregated topology ' \
+        '(give "prefill_worker" and "decode_worker")'
+
+
+@pytest.mark.parametrize("case", ["1k_vllm_agg4_kv", "sess200_vllm_agg4_kv_credit0", "1k_vllm_disagg2p2d_kv"])
 def test_unpinned_choices_are_minimum_cost_and_reproducible(case):
     _, _, requests, routing, _ = run(case, pin=False, seed=3)
     costs = np.array(routing["costs"].tolist())
@@ -126,6 +194,55 @@ def test_unpinned_metrics_near_the_router_runs():
         setup, sim, _, _, res = run("sess200_vllm_agg4_kv", pin=False, seed=seed)
         m = _summary(setup, sim, res)
         assert 35.0 < m["mean_ttft_ms"] < 37.5 and 0.60 < m["prefix_cache_reused_ratio"] < 0.68, m
+
+
+def test_unpinned_disaggregated_metrics_near_the_router_runs():
+    """Five seeds against five Dynamo runs of each (2 prefill + 2 decode workers, 1k
+    trace): default knobs, Dynamo mean TTFT 31.331-31.692 ms and prefix reuse
+    0.7479-0.7494; overlap credit 0, 30.538-30.694 ms and 0.7439."""
+    for case, ttft_range, reuse_range in (("1k_vllm_disagg2p2d_kv", (31.0, 32.0), (0.7470, 0.7505)),
+                                          ("1k_vllm_disagg2p2d_kv_credit0", (30.3, 31.0), (0.7435, 0.7445))):
+        ttft, reuse = [], []
+        for seed in range(5):
+            setup, sim, _, _, res = run(case, pin=False, seed=seed)
+            m = _summary(setup, sim, res)
+            ttft.append(m["mean_ttft_ms"])
+            reuse.append(m["prefix_cache_reused_ratio"])
+        assert ttft_range[0] < min(ttft) and max(ttft) < ttft_range[1], (case, ttft)
+        assert reuse_range[0] <= min(reuse) and max(reuse) <= reuse_range[1], (case, reuse)
+
+
+def test_disaggregated_router_view_recomputed_from_the_records():
+    """Each pool's costs from the per-request records alone, overlap credit 0: a
+    prefill worker costs ``max(0, (P_w + isl) / B)`` (P_w: requests routed to it
+    whose source is not held yet, each ``isl - B * its overlap``), a decode worker
+    ``D_w + floor(isl / B)`` (D_w: ``floor(isl / B)`` of each request routed to it and
+    not completed); every logged cost of every worker is recomputed."""
+    setup, sim, requests, routing, _ = run("1k_vllm_disagg2p2d_kv_credit0", pin=False, seed=2)
+    wl = sim.workload
+    row_of = {(n, t): i for i, (n, t) in enumerate(zip(wl.request_name, wl.turn_index))}
+    rec = requests.set_index(["request_id", "turn_index"]).loc[list(zip(wl.request_name, wl.turn_index))]
+    isl = wl.input_len.astype(np.int64)
+    held_ms = rec["source_held_ms"].to_numpy(np.float64)
+    done_ms = rec["completion_ms"].to_numpy(np.float64)
+    rows = np.array([row_of[k] for k in zip(routing["request_id"], routing["turn_index"])])
+    pool = routing["pool"].to_numpy()
+    worker = routing["worker"].to_numpy()
+    pending = isl[rows] - BLOCK * routing["overlap_blocks"].to_numpy()  # of each decision
+    for i, d in enumerate(routing.itertuples()):
+        t, r = d.time_ms, rows[i]
+        before = np.arange(i)
+        for w in range(2):
+            if d.pool == "prefill":
+                mine = before[(pool[:i] == "prefill") & (worker[:i] == w)]
+                p_w = pending[mine][~(held_ms[rows[mine]] <= t)].sum()
+                want = max(0.0, (p_w + isl[r]) / BLOCK)
+            else:
+                mine = before[(pool[:i] == "decode") & (worker[:i] == w)]
+                d_w = (isl[rows[mine]] // BLOCK)[~(done_ms[rows[mine]] <= t)].sum()
+                want = float(d_w + isl[r] // BLOCK)
+            assert d.costs[w] == want, (d.request_id, d.pool, w, d.costs[w], want)
+        assert t == (rec["arrival_ms"].iloc[r] if d.pool == "prefill" else held_ms[r])
 
 
 def test_router_view_recomputed_from_the_records():
@@ -199,8 +316,15 @@ def test_router_config_errors():
     disagg = json.loads((Path(__file__).resolve().parent / "data" / "golden" /
                          "1k_vllm_disagg1p2d.spec.json").read_text())
     disagg["spec"]["adapters"]["placement"] = {"provider": "kv_router", "config": {}}
-    with pytest.raises(ConfigError, match="aggregated topologies only"):
-        parse_payload(disagg, trace_override=str(TRACES / "mooncake_1k.jsonl"))
+    disagg["spec"]["engine"]["prefill"]["rank"]["backend"] = "sglang"
+    disagg["spec"]["engine"]["decode"]["rank"]["backend"] = "sglang"
+    del disagg["spec"]["engine"]["prefill"]["rank"]["block_size"]
+    del disagg["spec"]["engine"]["decode"]["rank"]["block_size"]
+    del disagg["spec"]["engine"]["prefill"]["rank"]["preemption_mode"]
+    del disagg["spec"]["engine"]["decode"]["rank"]["preemption_mode"]
+    res = run_batch([simulation_from_setup(parse_payload(disagg, trace_override=str(TRACES / "mooncake_1k.jsonl")))])
+    assert res.status[0] == "rejected_config"
+    assert "kv_router is not simulated over SGLang ranks yet" in res.error[0]
 
 
 def test_cli_writes_the_routing_log(tmp_path):
