@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aisim_fast.config import ConfigError, parse_payload
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
@@ -27,6 +29,7 @@ from aisim_fast.output import requests_in_uuid_order, summarize_replay
 from aisim_fast.replay import run_batch, simulation_from_setup
 from parity_rules import as_number
 from test_parity import EXACT_INT_COLUMNS, EXACT_TIME_COLUMNS
+from test_properties import SETTINGS, _examples
 
 DATA = Path(__file__).resolve().parent / "data" / "kv_router"
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
@@ -278,6 +281,48 @@ def test_router_view_recomputed_from_the_records():
             want = max(0.0, (pending + isl[row]) / BLOCK) + len(active)
             assert d.costs[w] == want, (d.request_id, w, d.costs[w], want)
         routed.append((row, d.worker, d.overlap_blocks))
+
+
+@settings(max_examples=_examples(40), **SETTINGS)
+@given(n_workers=st.integers(2, 6), sizes=st.lists(st.integers(1, 40), min_size=1, max_size=30),
+       disaggregated=st.booleans())
+def test_credit_zero_at_temperature_zero_balances_load(tmp_path_factory, n_workers, sizes, disaggregated):
+    """A burst of requests with unrelated prompts, all at one instant: with overlap
+    credit 0 a worker's cost is its load (prompt tokens to prefill, and active
+    blocks), so each request goes to a least-loaded worker and the loads end within
+    one request's cost of each other; requests of one size spread within one of each
+    other in number."""
+    trace = tmp_path_factory.mktemp("burst") / "burst.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 0, "input_length": 64 * k, "output_length": 4,
+                                         "hash_ids": list(range(1000 * i, 1000 * i + k))}) + "\n"
+                             for i, k in enumerate(sizes)))
+    config = {"overlap_score_credit": 0.0, "seed": len(sizes)}
+    if disaggregated:
+        rank = {"rank": {"backend": "vllm", "block_size": 64, "num_gpu_blocks": 4096}}
+        spec = {"topology": {"kind": "disaggregated", "prefill": {"initial_workers": n_workers},
+                             "decode": {"initial_workers": 2}},
+                "engine": {"prefill": rank, "decode": rank}}
+    else:
+        spec = {"topology": {"kind": "aggregated", "workers": {"initial_workers": n_workers}},
+                "engine": {"rank": {"backend": "vllm", "block_size": 64, "num_gpu_blocks": 4096}}}
+    spec["adapters"] = {"placement": {"provider": "kv_router", "config": config}}
+    res = run_batch([simulation_from_setup(parse_payload(
+        {"spec": spec, "traffic": {"trace_path": str(trace)}}))]).check()
+    routing = res.routing[0]
+    burst = routing[routing["pool"] != "decode"]
+    assert len(burst) == len(sizes) and (burst["time_ms"] == 0).all()
+    # a worker's cost is per_block x (its blocks so far + this request's): prefill
+    # tokens and active blocks aggregated (2), prefill tokens alone on a prefill pool
+    per_block = 1 if disaggregated else 2
+    blocks = np.zeros(n_workers, np.int64)
+    for size, d in zip(sizes, burst.itertuples()):
+        np.testing.assert_array_equal(d.costs, per_block * (blocks + size))
+        assert d.cost == min(d.costs)
+        blocks[d.worker] += size
+    assert blocks.max() - blocks.min() <= max(sizes)
+    if len(set(sizes)) == 1:
+        counts = np.bincount(burst["worker"].to_numpy(), minlength=n_workers)
+        assert counts.max() - counts.min() <= 1
 
 
 def test_temperature_samples_reproducibly():
