@@ -684,11 +684,13 @@ def run_replay(args) -> dict:
 
 
 def _with_rank(parts):
-    """Pass-log parts with the attention-DP ``rank`` after ``worker`` (ForwardPassMetrics
-    name it; only dp_size 1 is simulated)."""
+    """Pass-log parts (Arrow tables) with the attention-DP ``rank`` after ``worker``
+    (ForwardPassMetrics name it; only dp_size 1 is simulated)."""
+    import pyarrow as pa
     for part in parts:
-        if "rank" not in part.columns:
-            part.insert(part.columns.get_loc("worker") + 1, "rank", 0)
+        if "rank" not in part.column_names:
+            part = part.add_column(part.column_names.index("worker") + 1, "rank",
+                                   pa.array(np.zeros(part.num_rows, np.int64)))
         yield part
 
 

@@ -342,21 +342,22 @@ ROW_GROUP_ROWS = 1 << 20
 
 
 def _write_parquet(frame, path: Path, config_json: str) -> None:
-    """A DataFrame, or an iterable of DataFrames with the same columns written as
-    consecutive row groups of about ROW_GROUP_ROWS rows (so a table too big to hold
-    twice is never joined in memory)."""
+    """A DataFrame, or an iterable of DataFrames or Arrow tables with the same columns
+    written as consecutive row groups of about ROW_GROUP_ROWS rows (so a table too
+    big to hold twice is never joined in memory)."""
     if isinstance(frame, pd.DataFrame):
         pq.write_table(_with_run_metadata(pa.Table.from_pandas(frame, preserve_index=False),
                                           config_json), path)
         return
     writer = None
-    pending: list[pd.DataFrame] = []
+    pending: list = []
     pending_rows = 0
 
     def flush():
         nonlocal writer, pending, pending_rows
-        table = pa.Table.from_pandas(pd.concat(pending, ignore_index=True) if len(pending) > 1
-                                     else pending[0], preserve_index=False)
+        tables = [part if isinstance(part, pa.Table) else pa.Table.from_pandas(part, preserve_index=False)
+                  for part in pending]
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         if writer is None:
             table = _with_run_metadata(table, config_json)
             writer = pq.ParquetWriter(path, table.schema)

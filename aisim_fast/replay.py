@@ -113,10 +113,10 @@ class BatchResult:
     # one frame per simulation, one row per vLLM preemption or SGLang retraction
     # (record_pressure=True or record_events=True)
     pressure_events: Sequence[pd.DataFrame] = ()
-    # pass_parts(s): simulation s's passes as consecutive frames, never joined - the
-    # rows of ``passes[s]`` grouped by worker unit (a run split per worker: by worker,
-    # each in time order) and in drain order within one; for writing big runs
-    pass_parts: Callable[[int], Iterator[pd.DataFrame]] | None = None
+    # pass_parts(s): simulation s's passes as consecutive Arrow tables, never joined -
+    # the rows of ``passes[s]`` grouped by worker unit (a run split per worker: by
+    # worker, each in time order) and in drain order within one; for writing big runs
+    pass_parts: Callable[[int], Iterator] | None = None
 
     def check(self) -> "BatchResult":
         """Raise SimulationError for the first simulation that did not finish."""
@@ -1009,10 +1009,10 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
                 buffered.append(chunk)
                 n_rows += len(chunk)
                 if n_rows >= PASS_PART_ROWS:
-                    yield _pass_frame(buffered)
+                    yield _pass_table(buffered)
                     buffered, n_rows = [], 0
         if buffered or not parts[s]:
-            yield _pass_frame(buffered)
+            yield _pass_table(buffered)
 
     def handoffs(s):
         failed(s)
@@ -1695,14 +1695,29 @@ class _LazyFrames(Sequence):
         return self._built[s]
 
 
-PASS_PART_ROWS = 1 << 19  # rows of a pass_parts frame at least (but the last)
+PASS_PART_ROWS = 1 << 19  # rows of a pass_parts table at least (but the last)
+
+
+PASS_TIME_COLUMNS = ("start_ms", "end_ms")  # the pass log's float columns; the rest count
+
+
+def _pass_columns(chunks: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The pass-log rows as contiguous columns: every count column cast in one pass
+    over the transposed rows (a strided cast per column costs several times more)."""
+    rows = np.concatenate(chunks) if chunks else np.zeros((0, L.PL_NUM_COLUMNS))
+    counts = rows.T.astype(np.int64)
+    return {col: np.ascontiguousarray(rows[:, i]) if col in PASS_TIME_COLUMNS else counts[i]
+            for i, col in enumerate(L.PASS_LOG_COLUMNS)}
 
 
 def _pass_frame(chunks: list[np.ndarray]) -> pd.DataFrame:
-    rows = np.concatenate(chunks) if chunks else np.zeros((0, L.PL_NUM_COLUMNS))
-    return pd.DataFrame({
-        col: rows[:, i] if col in ("start_ms", "end_ms") else rows[:, i].astype(np.int64)
-        for i, col in enumerate(L.PASS_LOG_COLUMNS)})
+    return pd.DataFrame(_pass_columns(chunks))
+
+
+def _pass_table(chunks: list[np.ndarray]):
+    """The pass-log rows as an Arrow table (the columns are not copied again)."""
+    import pyarrow as pa
+    return pa.table(_pass_columns(chunks))
 
 
 def _handoff_log_rows(sims: Sequence[Simulation]) -> int:

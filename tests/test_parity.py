@@ -273,8 +273,8 @@ def test_spilled_pass_log_is_the_same_table(case, monkeypatch):
     _assert_same_result(case, got, solo(case))
     parts = list(res.pass_parts(0))
     assert len(parts) > 1
-    joined = pd.concat(parts, ignore_index=True).sort_values(["start_ms", "worker"], kind="stable",
-                                                             ignore_index=True)
+    joined = pd.concat([part.to_pandas() for part in parts], ignore_index=True).sort_values(
+        ["start_ms", "worker"], kind="stable", ignore_index=True)
     pd.testing.assert_frame_equal(joined, res.passes[0], check_exact=True)
 
 
