@@ -167,13 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--events", action="store_true",
                         help="also write kv_events.parquet (KV Stored / Removed facts), "
                              "engine_events.parquet (admissions, preemptions, finishes) and "
-                             "pressure_events.parquet (vLLM/TRT-LLM only: SGLang logs no KV "
-                             "facts yet)")
+                             "pressure_events.parquet")
     replay.add_argument("--kv-events", action="store_true",
                         help="also write kv_events.parquet: the KV events each worker emits "
                              "(Stored / Removed, one row per block: event id, visibility time, "
-                             "block, parent and tokens hashes; the reference's event stream, "
-                             "vLLM/TRT-LLM); emit_kv_events: true in a spec's rank does the same")
+                             "block, parent and tokens hashes; the reference's event stream; "
+                             "SGLang: its radix cache's pages); emit_kv_events: true in a spec's "
+                             "rank does the same")
     replay.add_argument("--pressure-events", action="store_true",
                         help="also write pressure_events.parquet: one row per vLLM preemption "
                              "or SGLang retraction (worker, request, running / waiting requests "
@@ -591,10 +591,6 @@ def run_replay(args) -> dict:
     else:
         setup, gpus_per_worker, source = _setup_from_flags(args)
     kv_events = args.kv_events or args.events or any(rank.emit_kv_events for _, rank in setup.pools)
-    if (args.events or args.kv_events) and setup.rank.backend == "sglang":
-        flag = "--events" if args.events else "--kv-events"
-        raise UsageError(f"{flag}: SGLang ranks log no KV Stored / Removed facts yet; "
-                         "--pressure-events writes their retractions")
     # refuse a bad --out before spending time on the simulation (checked again at write)
     check_out_dir(args.out, args.overwrite, probe=True)
     compile_notice(["trace", kernel_set(setup)])

@@ -189,9 +189,6 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1) -> 
         f"{path}.enable_prefix_caching", raw.get("enable_prefix_caching", True))
     for key in ("emit_kv_events", "emit_kv_token_ids"):
         out[key] = _bool(f"{path}.{key}", raw.get(key, False))
-    if out["emit_kv_events"] and backend == "sglang":
-        _fail(f"{path}.emit_kv_events", "the KV events of SGLang's radix cache are not simulated yet "
-                                        "(vllm and trtllm emit them)")
     out["enable_chunked_prefill"] = _bool(
         f"{path}.enable_chunked_prefill", raw.get("enable_chunked_prefill", True))
     out["preemption_mode"] = _choice(

@@ -563,6 +563,13 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         event_log = dict(event_log=np.zeros((n_sims, 1 + event_rows, L.EV_NUM_COLUMNS), np.int64))
         event_log["event_log"][:, 0, L.EVH_OUTPUTS] = 1 if log_outputs else 0
         event_log["event_log"][:, 0, L.EVH_KV] = 1 if log_kv else 0
+        if radix and log_kv:
+            # the radix caches log their KV events into the same log, with the
+            # sequence hash of every page slot for its Removed event
+            rad = radix["radix"]
+            rad.w64[:, L.RW_SIM] = np.repeat(np.arange(n_sims), w_len)
+            radix["radix"] = rad._replace(pg_hash=np.empty(len(rad.pg_key), np.uint64),
+                                          event_log=event_log["event_log"])
     pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=np.empty(int(tab_size.sum()), np.int32),
                   **event_log, **radix)
     _reset_pools(pool)
@@ -893,10 +900,6 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     for s, sim in enumerate(sims):
         try:
             check_simulation(sim)
-            if record_events and any(r.backend == "sglang" for _, r in _pools(sim, 0)):
-                # the radix cache logs no KV Stored / Removed facts yet
-                raise ConfigError("record_events: KV events are not written for SGLang ranks yet "
-                                  "(record_pressure gives their engine and pressure events)")
         except ConfigError as exc:
             status[s] = STATUS_REJECTED_CONFIG
             error[s] = f"simulation {s}: invalid config: {exc}"

@@ -206,22 +206,29 @@ def note_event_at(p, w, kind, a, b, c, time_bits):
     float64 bits) to its simulation's log, when logging is on. A full log counts the
     event without writing it: the event loop then has the simulation rerun with a
     larger log (SIM_EVENTS_FULL)."""
-    if p.event_log.shape[1] <= 1:
-        return
-    s = p.w64[w, PW_SIM]
-    n = p.event_log[s, 0, EVH_LEN]
-    p.event_log[s, 0, EVH_LEN] = n + 1
-    if n + 1 < p.event_log.shape[1]:
-        row = p.event_log[s, n + 1]
-        row[EV_KIND] = kind
-        row[EV_WORKER] = w
-        row[EV_A] = a
-        row[EV_B] = b
-        row[EV_C] = c
-        row[EV_TIME_BITS] = time_bits
-        row[EV_TOKENS_HASH] = 0
-        row[EV_REQUEST] = 0
-        row[EV_BLOCK] = 0
+    if p.event_log.shape[1] > 1:
+        log_row(p.event_log, p.w64[w, PW_SIM], w, kind, a, b, c, time_bits)
+
+
+@njit(cache=True, _nrt=False)
+def log_row(event_log, s, w, kind, a, b, c, time_bits):
+    """``note_event_at`` on simulation s's log itself (logging on); returns the row
+    written (0: the log is full, the event only counted)."""
+    n = event_log[s, 0, EVH_LEN]
+    event_log[s, 0, EVH_LEN] = n + 1
+    if n + 1 >= event_log.shape[1]:
+        return 0
+    row = event_log[s, n + 1]
+    row[EV_KIND] = kind
+    row[EV_WORKER] = w
+    row[EV_A] = a
+    row[EV_B] = b
+    row[EV_C] = c
+    row[EV_TIME_BITS] = time_bits
+    row[EV_TOKENS_HASH] = 0
+    row[EV_REQUEST] = 0
+    row[EV_BLOCK] = 0
+    return n + 1
 
 
 @njit(cache=True, _nrt=False)

@@ -572,6 +572,8 @@ RADIX_W = _declare(FieldTable("RW_", "radix.w64", np.int64, [
     ("PROTECTED", 0, "", "tokens in locked tree nodes (root excluded)"),
     ("PAGE_SIZE", 1, "", "tokens per page"),
     ("INSERT_SHARED", 0, "", "keys the last insert found in the tree already (their pages not taken)"),
+    ("SIM", 0, "", "the worker's simulation (its row of the event log)"),
+    ("LAST_KV_ROW", 0, "", "KV events: the worker's latest KV row in the log (0 = none)"),
 ]))
 RW_FIELDS = RADIX_W.width
 RADIX_P = _declare(FieldTable("RP_", "radix.pg32", np.int32, [
@@ -607,6 +609,11 @@ class Radix(NamedTuple):
     tab: np.ndarray = np.zeros(0, np.int32)          # int32[t] child of (parent, first key); -1 empty
     heap_time: np.ndarray = np.zeros(0, np.int64)    # int64[h] evictable-leaf heap: access time
     heap_node: np.ndarray = np.zeros(0, np.int64)    # int64[h] and node
+    # KV events (the pool's event log, the same array, when KV facts are logged): the
+    # sequence hash of each tree page, set when it enters the tree, for its Removed
+    # event; empty when no KV event is logged
+    pg_hash: np.ndarray = np.zeros(0, np.uint64)     # uint64[b]
+    event_log: np.ndarray = _NO_EVENT_LOG            # int64[s, 1 + rows, EV_NUM_COLUMNS]
 
 
 class Pool(NamedTuple):

@@ -26,6 +26,15 @@ Layout (``layout.Radix``, sliced per worker by ``RW_*_OFF``):
 Counters follow the reference: ``RW_EVICTABLE`` tokens in unlocked nodes,
 ``RW_PROTECTED`` in locked ones, ``available = free pages x page_size``.
 
+KV events (opt-in, ``kv_logged``): the tree's pages are the reference's KV blocks. A
+page that enters the tree gets its sequence hash (``pg_hash``: the tokens-only hash
+of the page chained to its parent page's, as vLLM's blocks) and the pages one insert
+adds form one Stored event (``log_inserted``); evicted pages are Removed rows, each
+leaf's in position order (oldest first), and Removed rows of a worker with no other
+KV row between them form one event.
+Each row is seen at the end of the pass that caused it (the reference reports the
+facts of some passes together, at a later pass: tests/test_kv_events.py).
+
 Every function takes the bundle and the worker; keys and pages of a request come
 in as slices of caller arrays (``keys[k0 : k0 + n]``, ``pages[p0 : p0 + n]``).
 """
@@ -33,13 +42,17 @@ in as slices of caller arrays (``keys[k0 : k0 + n]``, ``pages[p0 : p0 + n]``).
 import numpy as np
 from numba import njit
 
+from .block_pool import log_row
 from .layout import (
-    RN_CHILDREN, RN_FIELDS, RN_FREE_STACK, RN_HEAD, RN_LEN, RN_LOCK, RN_PARENT, RN_TAIL, RN_TIME,
+    EV_BLOCK, EV_KIND, EV_KV_REMOVED, EV_KV_STORED, EV_REQUEST, EVH_CLOCK_BITS, EVH_KV, EVH_LEN,
+    KV_FIRST, KV_FIRST_WITH_PARENT, KV_NEXT, RW_LAST_KV_ROW, RW_SIM, RN_CHILDREN, RN_FIELDS, RN_FREE_STACK, RN_HEAD, RN_LEN, RN_LOCK, RN_PARENT, RN_TAIL, RN_TIME,
     RP_FIELDS, RP_FREE_STACK, RP_IN_TREE, RP_NEXT, RP_PREV, RW_CLOCK, RW_EVICTABLE, RW_FIELDS,
     RW_HEAP_CAP, RW_HEAP_LEN, RW_HEAP_OFF, RW_NODE_BUMP, RW_NODE_FREE_TOP, RW_NODE_LEN,
     RW_NODE_OFF, RW_PAGE_BUMP, RW_PAGE_CAP, RW_PAGE_FREE_TOP, RW_PAGE_LEN, RW_PAGE_OFF, RW_PAGES_USED,
     RW_INSERT_SHARED, RW_PAGE_SIZE, RW_PROTECTED, RW_TAB_MASK, RW_TAB_OFF, RADIX_N, RADIX_P, RADIX_W, Radix,
 )
+
+from .xxh3 import hash_chain, xxh3_64_u32_seed1337
 
 NO_NODE = -1
 NO_PAGE = np.int32(-1)
@@ -554,6 +567,78 @@ def insert(r, w, start, keys, k0, n_keys, pages, p0):
     return cur
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def kv_logged(r, w):
+    """Whether worker w's simulation logs KV Stored / Removed events."""
+    return r.event_log.shape[1] > 1 and r.event_log[r.w64[w, RW_SIM], 0, EVH_KV] != 0
+
+
+@njit(cache=True, _nrt=False)
+def log_inserted(r, w, end, q, pos0, n_new, scratch_tokens):
+    """The last ``n_new`` pages of node ``end``'s edge just entered the tree for request
+    q (its pages ``pos0`` on): give each its sequence hash and log them as one KV
+    Stored event, parented on the page before them (none at the root). A page's
+    tokens-only hash is XXH3 (seed 1337) of its token with one-token pages, else its
+    key (the tokens-only hash already)."""
+    s = r.w64[w, RW_SIM]
+    bits = r.event_log[s, 0, EVH_CLOCK_BITS]
+    b = r.nd[end, RN_TAIL]
+    for _ in range(n_new - 1):
+        b = r.pg32[b, RP_PREV]
+    prev = r.pg32[b, RP_PREV]
+    if prev == NO_PAGE:
+        up = r.nd[end, RN_PARENT]
+        if up != r.w64[w, RW_NODE_OFF]:
+            prev = np.int32(r.nd[up, RN_TAIL])
+    chained = prev != NO_PAGE
+    parent = r.pg_hash[prev] if chained else np.uint64(0)
+    one_token = r.w64[w, RW_PAGE_SIZE] == 1
+    for j in range(n_new):
+        key = r.pg_key[b]
+        if one_token:
+            scratch_tokens[0] = np.uint32(key)
+            tokens = xxh3_64_u32_seed1337(scratch_tokens, 0, 1)
+        else:
+            tokens = key
+        h = hash_chain(parent, tokens) if chained else tokens
+        r.pg_hash[b] = h
+        if j > 0:
+            group = KV_NEXT
+        elif chained:
+            group = KV_FIRST_WITH_PARENT
+        else:
+            group = KV_FIRST
+        row = log_row(r.event_log, s, w, EV_KV_STORED, np.int64(h),
+                      np.int64(parent) if j == 0 else np.int64(0), np.int64(group), bits)
+        if row > 0:
+            r.event_log[s, row, EV_REQUEST] = q
+            r.event_log[s, row, EV_BLOCK] = pos0 + j
+            r.w64[w, RW_LAST_KV_ROW] = row
+        parent = h
+        chained = True
+        b = r.pg32[b, RP_NEXT]
+
+
+@njit(cache=True, _nrt=False)
+def _log_removed(r, w, b):
+    """Tree page b leaves the tree: a Removed row, continuing the worker's event when
+    its latest KV row (``RW_LAST_KV_ROW``) is a Removed one and no other KV row came
+    since: the reference reports the evictions of consecutive decode passes as one
+    event."""
+    s = r.w64[w, RW_SIM]
+    last = r.w64[w, RW_LAST_KV_ROW]
+    more = last > 0 and r.event_log[s, last, EV_KIND] == EV_KV_REMOVED
+    if more:
+        for k in range(last + 1, min(r.event_log[s, 0, EVH_LEN], r.event_log.shape[1] - 1) + 1):
+            if r.event_log[s, k, EV_KIND] <= EV_KV_REMOVED:
+                more = False
+                break
+    row = log_row(r.event_log, s, w, EV_KV_REMOVED, np.int64(r.pg_hash[b]), np.int64(0),
+                  np.int64(KV_NEXT if more else KV_FIRST), r.event_log[s, 0, EVH_CLOCK_BITS])
+    if row > 0:
+        r.w64[w, RW_LAST_KV_ROW] = row
+
+
 @njit(cache=True, _nrt=False)
 def path_pages(r, w, n, out, o0, lo=0):
     """The pages of n's root path at positions [lo, depth), written to out[o0 + pos];
@@ -590,6 +675,7 @@ def evict(r, w, n_tokens):
     tokens freed (fewer when nothing more is evictable)."""
     ps = r.w64[w, RW_PAGE_SIZE]
     top = r.w64[w, RW_NODE_OFF]
+    logged = kv_logged(r, w)
     evicted = 0
     while evicted < n_tokens:
         leaf = _oldest_leaf(r, w)
@@ -599,10 +685,16 @@ def evict(r, w, n_tokens):
         length = r.nd[leaf, RN_LEN]
         if length > need:
             tail = r.nd[leaf, RN_TAIL]
-            for _ in range(need):
-                prev = r.pg32[tail, RP_PREV]
-                page_free(r, w, tail)
-                tail = prev
+            for _ in range(need - 1):
+                tail = r.pg32[tail, RP_PREV]
+            b = tail  # the oldest page cut: the cut pages go oldest first
+            tail = r.pg32[tail, RP_PREV]
+            while b != NO_PAGE:
+                nxt = r.pg32[b, RP_NEXT]
+                if logged:
+                    _log_removed(r, w, b)
+                page_free(r, w, b)
+                b = nxt
             r.pg32[tail, RP_NEXT] = NO_PAGE
             r.nd[leaf, RN_TAIL] = tail
             r.nd[leaf, RN_LEN] = length - need
@@ -614,6 +706,8 @@ def evict(r, w, n_tokens):
         b = r.nd[leaf, RN_HEAD]
         while b != NO_PAGE:
             nxt = r.pg32[b, RP_NEXT]
+            if logged:
+                _log_removed(r, w, b)
             page_free(r, w, b)
             b = nxt
         r.w64[w, RW_EVICTABLE] -= length * ps

@@ -679,17 +679,22 @@ def test_kv_events_flag_and_spec_field_write_the_kv_event_stream(tmp_path, capsy
         == "list<element: uint32>"
     stored = with_ids[with_ids["kind"] == "stored"]
     assert all(len(ids) == 16 for ids in stored["token_ids"])
-    spec["spec"]["engine"]["rank"].update(backend="sglang", block_size=1, emit_kv_token_ids=False)
+    # an SGLang rank logs its radix cache's pages (num_gpu_blocks counts one-token pages)
+    spec["spec"]["engine"]["rank"].update(backend="sglang", block_size=1, num_gpu_blocks=4000,
+                                          emit_kv_token_ids=False)
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     code, _, err = run_cli(["replay", "--spec", tmp_path / "spec.json", "--out", tmp_path / "run3"],
                            capsys)
-    assert_user_error(code, err, "emit_kv_events", "SGLang")
+    assert code == 0, err
+    radix = pd.read_parquet(tmp_path / "run3" / "kv_events.parquet")
+    assert list(radix.columns) == list(kv.columns)
+    assert set(radix["kind"]) == {"stored", "removed"}
 
 
 def test_pressure_events_flag_writes_every_retraction(tmp_path, capsys):
     """--pressure-events on an SGLang reference run (sx-r1, 11 re-admissions in the
     reference): one row per retraction, counted in summary.json and the printout;
-    --events, which SGLang cannot fill (no KV facts), is refused naming the flag."""
+    --events adds the radix cache's KV events and the engine events."""
     folder = Path(__file__).parent / "data" / "golden_sglang" / "sx-r1"
     argv = ["replay", "--spec", folder / "spec.json", "--trace", folder / "trace.jsonl",
             "--out", tmp_path / "run", "--no-passes"]
@@ -704,7 +709,11 @@ def test_pressure_events_flag_writes_every_retraction(tmp_path, capsys):
     assert sorted(p.name for p in run.iterdir()) == ["pressure_events.parquet", "requests.parquet",
                                                      "summary.json"]
     code, _, err = run_cli([*argv, "--overwrite", "--events"], capsys)
-    assert_user_error(code, err, "--events", "SGLang", "--pressure-events")
+    assert code == 0, err
+    assert sorted(p.name for p in run.iterdir()) == [
+        "engine_events.parquet", "kv_events.parquet", "pressure_events.parquet", "requests.parquet",
+        "summary.json"]
+    pd.testing.assert_frame_equal(pd.read_parquet(run / "pressure_events.parquet"), pressure)
 
 
 def test_events_flag_writes_pressure_events_of_a_tight_pool(tmp_path, capsys):

@@ -763,9 +763,17 @@ def test_a_decode_rank_refuses_what_it_cannot_take_and_stays_unchanged():
 
 
 def test_sglang_kv_events_are_refused_rather_than_empty():
-    with pytest.raises(ValueError, match="kv_events: the KV events of SGLang"):
+    """A replay records the radix cache's KV events; a rank does not report them yet
+    (it would report a finished request's insert with its own pass, the reference with
+    the next one): asking is an error, and by default an SGLang rank reports none."""
+    with pytest.raises(ValueError, match="kv_events: SGLang ranks driven one by one report no KV"):
         Rank({"backend": "sglang"}, kv_events=True)
-    assert Rank({"backend": "sglang"}).group.kv_events  # recorded where simulated (none for SGLang)
+    rank = _sglang()
+    assert rank.group.kv_events  # recorded where simulated (none for SGLang ranks)
+    submitted = rank.apply(_req("R1", range(6), 3), 0.0)
+    effects = [submitted] + [done for _ in range(3) for _, done in [_step(rank)]]
+    assert effects[-1].outputs[-1].completed
+    assert all(not e.kv_events for e in effects)
 
 
 def test_an_sglang_prefill_rank_holds_its_pages_until_released():

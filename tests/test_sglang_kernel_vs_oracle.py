@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import oracle
@@ -52,15 +53,42 @@ def test_kernels_match_the_oracle(seed):
     assert not bad, f"{len(bad)} cells differ, first: {bad[:5]}"
 
 
-def test_the_event_log_is_refused_for_sglang_ranks():
-    """The radix cache logs no KV facts yet: asking for them is a config error, not an
-    empty log."""
-    rows, spec = _random_case(1)
+@pytest.mark.parametrize("seed", range(12))
+def test_radix_kv_events_follow_the_tree(seed):
+    """The radix cache's KV events on random small replays (tight pools, page sizes 1
+    to 16): a Stored block is not visible before it and a Removed one is, a Stored
+    event's parent is visible, positions number each event's rows; recording them
+    changes no request."""
+    rows, spec = _random_case(seed)
     path = _write_trace(rows)
     try:
         setup = parse_payload(spec, Path(path).parent, trace_override=path)
+        plain = run_batch([simulation_from_setup(setup)])
         res = run_batch([simulation_from_setup(setup)], record_events=True)
     finally:
         os.unlink(path)
-    assert res.status[0] == "rejected_config"
-    assert "record_events" in res.error[0] and "SGLang" in res.error[0]
+    assert res.status[0] == plain.status[0]
+    if res.status[0] != "ok":
+        return
+    assert res.requests[0].equals(plain.requests[0])
+    events = res.kv_events[0]
+    visible = {}  # worker -> its visible block hashes
+    last = {}  # worker -> (event id, position) of its latest row
+    for e in events.itertuples():
+        h = int(e.block_hash)
+        mine = visible.setdefault(e.worker, set())
+        event_id, position = last.get(e.worker, (-1, -1))
+        first = e.event_id != event_id
+        assert e.event_id == (event_id + 1 if first else event_id)
+        assert e.position == (0 if first else position + 1)
+        last[e.worker] = (e.event_id, e.position)
+        if e.kind == "stored":
+            if first and e.parent_hash is not pd.NA:
+                assert int(e.parent_hash) in mine
+            assert h not in mine
+            mine.add(h)
+        else:
+            assert h in mine
+            mine.remove(h)
+    if (res.requests[0]["cached_tokens"] > 0).any():
+        assert (events["kind"] == "stored").any()
