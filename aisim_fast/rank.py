@@ -403,6 +403,7 @@ class _RankBook:
         self.dest_req: dict = {}
         self.req_dest: dict = {}
         self.reserved: set = set()    # destinations reserved and not yet activated or given back
+        self.kv_unreported: list = []  # SGLang: KV rows logged since the rank last reported
 
 
 class RankGroup:
@@ -411,11 +412,11 @@ class RankGroup:
     call for all of them (``Rank`` is a group of one). Ranks are numbered from 0 in
     the order of ``configs``; each has its own clock, queues, KV cache and event ids.
 
-    KV Stored / Removed events are recorded for vLLM and TRT-LLM ranks
-    (``kv_events=None``, the default, or True); ``kv_events=False`` skips them
-    (faster). SGLang ranks emit none (their radix cache's events are not simulated):
-    asking for them with ``kv_events=True`` is an error rather than a silently empty
-    stream."""
+    KV Stored / Removed events are recorded (``kv_events=None``, the default, or
+    True); ``kv_events=False`` skips them (faster). An SGLang rank reports its radix
+    cache's facts at the completion of a pass that runs a prefill batch, of every 40th
+    pass without one and of a pass after which nothing runs, as the reference does
+    (``sglang_core.run_pass``); facts of commands wait for the next such pass."""
 
     def __init__(self, configs: Iterable, *, kv_events: bool | None = None):
         from aisim_fast.replay import BatchRun, Simulation
@@ -423,21 +424,11 @@ class RankGroup:
         self.configs = [_rank_config(c) for c in configs]
         if not self.configs:
             raise ConfigError("ranks: at least one rank config is needed")
-        if kv_events and any(rank.backend == "sglang" for rank in self.configs):
-            # a replay records them; a rank would report a finished request's insert
-            # with the pass that finished it, the reference with the next one
-            raise ConfigError("kv_events: SGLang ranks driven one by one report no KV events yet "
-                              "(a replay records them); leave kv_events unset (SGLang ranks emit "
-                              "none) or False")
         kv_events = kv_events is not False
         sims = [Simulation(workload=_empty_workload(), rank=rank, workers=1) for rank in self.configs]
         self._event_rows = max(_event_rows_for(rank) for rank in self.configs)
         self._run = BatchRun(sims, event_rows=self._event_rows, log_outputs=True, growable=True,
                              log_kv=kv_events, kernel_parts=["rank"])
-        log = self._run.state.pool.event_log
-        for s, rank in enumerate(self.configs):
-            if rank.backend == "sglang" and log.shape[1] > 1:
-                log[s, 0, L.EVH_KV] = 0  # the radix cache logs none for a rank (see above)
         self._books = [_RankBook() for _ in sims]
         self.kv_events = kv_events
 
@@ -672,9 +663,10 @@ class RankGroup:
             pending, book.pending = book.pending, None
             late = self._drain_rows(r)  # the retry's evictions (commands drained their own)
             outputs = tuple(row[1] for row in pending.rows if row[0] == "output")
-            kv_rows = [row for row in pending.rows if row[0] == "kv"] + pending.late_kv_rows + late
+            kv_rows = [row for row in pending.rows if row[0] in ("kv", "kv_report")] + pending.late_kv_rows + late
             out.append(PassCompletionEffects(
-                outputs=outputs, lifecycle_events=tuple(pending.lifecycle), kv_events=self._kv_events(r, kv_rows),
+                outputs=outputs, lifecycle_events=tuple(pending.lifecycle),
+                kv_events=self._kv_events(r, self._reported(r, kv_rows)),
                 metrics=self._metrics(r, pending.pass_row), forward_pass_metrics=pending.fpm))
         return out
 
@@ -835,7 +827,7 @@ class RankGroup:
         return int(self._state.st.i64[r, L.SM_Q_OFF]) + logical
 
     def _drain_rows(self, r: int) -> list:
-        """The rank's engine-log rows since the last drain, decoded: ("kv", row),
+        """The rank's engine-log rows since the last drain, decoded: ("kv", row), ("kv_report", row),
         ("output", Output), ("admission", Admission), ("pressure", PressureEvent),
         ("finished", request id, status)."""
         from aisim_fast.replay import drained_event_rows
@@ -873,6 +865,8 @@ class RankGroup:
             k = kind_l[i]
             if k <= L.EV_KV_REMOVED:
                 decoded.append(("kv", rows[i]))
+            elif k == L.EV_KV_REPORTED:
+                decoded.append(("kv_report", rows[i]))
             elif k == L.EV_ADMITTED:
                 decoded.append(("admission", Admission(book.ids[a[i]], b[i])))
             elif k == L.EV_OUTPUT:
@@ -937,6 +931,22 @@ class RankGroup:
             return None
         return int(self._state.rq.i64[self._q(r, logical), L.RQ_FIRST_CACHED])
 
+    def _reported(self, r: int, kv_rows: list) -> list:
+        """The KV rows visible now among ``kv_rows`` (in log order): all of them on a
+        vLLM / TRT-LLM rank; on an SGLang rank those up to its latest report row, with
+        the ones it had not reported before (the rest wait for its next report)."""
+        if self.configs[r].backend != "sglang":
+            return kv_rows
+        book = self._books[r]
+        out = []
+        for row in kv_rows:
+            if row[0] == "kv_report":
+                out += book.kv_unreported
+                book.kv_unreported = []
+            else:
+                book.kv_unreported.append(row)
+        return out
+
     def _kv_events(self, r: int, kv_rows: list) -> tuple[KvEvent, ...]:
         """KvEvents of KV log rows: a Stored event per run of rows its first row opens
         (KV_FIRST / KV_FIRST_WITH_PARENT, then KV_NEXT), a Removed event likewise;
@@ -988,7 +998,7 @@ class RankGroup:
                 admissions.append(entry[1])
             elif tag == "pressure":
                 pressure.append(entry[1])
-            elif tag == "kv":
+            elif tag in ("kv", "kv_report"):
                 kv.append(entry)
             elif tag == "rejection":
                 rejections.append(entry)
@@ -1017,7 +1027,7 @@ class RankGroup:
                 _kernels().release_sources(st_.cfg, st_.pool, st_.rq, st_.wl, st_.wk, st_.st,
                                            np.array([r], np.int64), q, np.array([start_ms]), st_.max_lease,
                                            st_.max_bs)
-                pending.rows += [e for e in self._drain_rows(r) if e[0] == "kv"]
+                pending.rows += [e for e in self._drain_rows(r) if e[0] in ("kv", "kv_report")]
             else:
                 book.held.add(rid)
                 pending.lifecycle.append(SourceHeld(book.req_handoff[rid], rid, self._transfer_timing(r, rid)))
@@ -1030,13 +1040,13 @@ class RankGroup:
     def _command_effects(self, r: int, result, now_ms: float, retired=(), suppressed=False,
                          lifecycle=()) -> CommandEffects:
         decoded = self._drain_rows(r)
-        kv = [e for e in decoded if e[0] == "kv"]
+        kv = [e for e in decoded if e[0] in ("kv", "kv_report")]
         book = self._books[r]
         if book.pending is not None:
             book.pending.late_kv_rows.extend(kv)  # visible at the in-flight pass's end
             kv_events = ()
         else:
-            kv_events = self._kv_events(r, kv)
+            kv_events = self._kv_events(r, self._reported(r, kv))
         return CommandEffects(result=result, lifecycle_events=tuple(lifecycle), kv_events=kv_events,
                               retired_requests=tuple(retired),
                               metrics=self._metrics(r, None), suppressed_pending_output=suppressed)

@@ -1630,12 +1630,20 @@ def _kv_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataF
     (Stored: the block before its first one; <NA> at block 0 and for Removed) on each
     of its rows; ``tokens_hash`` the block's tokens-only hash (Stored). With the rank's
     ``emit_kv_token_ids``, ``token_ids`` lists each Stored block's tokens."""
+    rows = _kv_rows_as_reported(rows)
     rows = rows[rows[:, L.EV_KIND] <= L.EV_KV_REMOVED]
     worker = rows[:, L.EV_WORKER] - w_first
     group = rows[:, L.EV_C]
     first = group != L.KV_NEXT
+    # an event's rows follow its first one in its worker's stream (other workers' rows
+    # may come between them in the log)
+    by_worker = np.argsort(worker, kind="stable")
     index = np.arange(len(rows))
-    head = np.maximum.accumulate(np.where(first, index, 0)) if len(rows) else index
+    head_sorted = np.maximum.accumulate(np.where(first[by_worker], index, 0)) if len(rows) else index
+    head = np.empty(len(rows), np.int64)
+    head[by_worker] = by_worker[head_sorted]
+    position = np.empty(len(rows), np.int64)
+    position[by_worker] = index - head_sorted
     stored = rows[:, L.EV_KIND] == L.EV_KV_STORED
     parent = pd.array(rows[head, L.EV_B].view(np.uint64), dtype="UInt64")
     parent[group[head] != L.KV_FIRST_WITH_PARENT] = pd.NA
@@ -1648,7 +1656,7 @@ def _kv_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataF
         "event_id": event_id,
         "at_ms": np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64),
         "kind": np.array(L.EV_KIND_NAMES, dtype=object)[rows[:, L.EV_KIND]],
-        "position": index - head,
+        "position": position,
         "block_hash": rows[:, L.EV_A].view(np.uint64),
         "parent_hash": parent,
         "tokens_hash": tokens_hash,
@@ -1656,6 +1664,27 @@ def _kv_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataF
     if _kv_token_ids_wanted(sim):
         frame["token_ids"] = _kv_block_tokens(sim, rows, worker, stored)
     return frame
+
+
+def _kv_rows_as_reported(rows: np.ndarray) -> np.ndarray:
+    """KV rows at the time their worker reports them: a worker that reports at some
+    passes only (SGLang: ``EV_KV_REPORTED`` rows, ``sglang_radix.report_kv``) gives
+    each of its KV rows the time of its next report row; a row no report follows keeps
+    the end of the pass that caused it. Other workers' rows are as logged."""
+    kind = rows[:, L.EV_KIND]
+    reports = np.flatnonzero(kind == L.EV_KV_REPORTED)
+    if len(reports) == 0:
+        return rows
+    rows = rows.copy()
+    worker = rows[:, L.EV_WORKER]
+    kv = np.flatnonzero(kind <= L.EV_KV_REMOVED)
+    for w in np.unique(worker[reports]):
+        at = reports[worker[reports] == w]
+        mine = kv[worker[kv] == w]
+        nxt = np.searchsorted(at, mine)
+        reported = nxt < len(at)
+        rows[mine[reported], L.EV_TIME_BITS] = rows[at[nxt[reported]], L.EV_TIME_BITS]
+    return rows
 
 
 def _kv_token_ids_wanted(sim: Simulation) -> bool:

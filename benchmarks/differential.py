@@ -12,9 +12,10 @@ kept as a golden (payload, trace, reference CSV, both outcomes) under ``--keep``
     python benchmarks/differential.py --ref-python /tmp/refvenv/bin/python --cases 300 \\
         --keep tests/data/differential
 
-With ``--kv-artifacts`` every case is one aggregated vLLM / TRT-LLM worker (the only
-shape the reference's per-token artifacts cover) and its KV event stream and output
-token ids are compared too, exactly (``tests/kv_artifacts.py``).
+With ``--kv-artifacts`` every case is one aggregated worker (the only shape the
+reference's per-token artifacts cover; vLLM / TRT-LLM, and SGLang with
+``--sglang-fraction``) and its KV event stream and output token ids are compared too,
+exactly (``tests/kv_artifacts.py``).
 """
 
 from __future__ import annotations
@@ -156,8 +157,9 @@ def main() -> int:
     p.add_argument("--sglang-fraction", type=float, default=0.0,
                    help="share of aggregated SGLang configurations (0 keeps earlier seeds' draws)")
     p.add_argument("--kv-artifacts", action="store_true",
-                   help="one aggregated vLLM/TRT-LLM worker per case; compare KV events and "
-                        "output token ids with the reference's artifacts too")
+                   help="one aggregated worker per case (vLLM / TRT-LLM, SGLang with "
+                        "--sglang-fraction); compare KV events and output token ids with the "
+                        "reference's artifacts too")
     args = p.parse_args()
     tally = Counter()
     kinds = Counter()
@@ -168,8 +170,7 @@ def main() -> int:
             case.mkdir()
             trace = case / "trace.jsonl"
             random_trace(rng, trace)
-            cfg = random_config(rng, 0.0 if args.kv_artifacts else args.disagg_fraction,
-                                0.0 if args.kv_artifacts else args.sglang_fraction)
+            cfg = random_config(rng, 0.0 if args.kv_artifacts else args.disagg_fraction, args.sglang_fraction)
             if args.kv_artifacts:
                 cfg[cfg.index("--workers") + 1] = "1"
                 cfg += ["--artifacts", str(case / "ref.artifacts.json")]

@@ -535,8 +535,9 @@ EV_FINISHED = 4
 EV_OUTPUT = 5
 EV_PRESSURE = 6
 EV_PRESSURE_SGLANG = 7
+EV_KV_REPORTED = 8  # a worker reports its KV rows logged since its last report, at EV_TIME_BITS
 EV_KIND_NAMES = ("stored", "removed", "admitted", "preempted", "finished", "output", "pressure",
-                 "pressure_sglang")
+                 "pressure_sglang", "reported")
 (EV_KIND, EV_WORKER, EV_A, EV_B, EV_C, EV_TIME_BITS, EV_TOKENS_HASH, EV_REQUEST, EV_BLOCK) = range(9)
 EV_NUM_COLUMNS = 9
 (KV_FIRST, KV_FIRST_WITH_PARENT, KV_NEXT) = range(3)  # EV_C of KV rows
@@ -573,9 +574,16 @@ RADIX_W = _declare(FieldTable("RW_", "radix.w64", np.int64, [
     ("PAGE_SIZE", 1, "", "tokens per page"),
     ("INSERT_SHARED", 0, "", "keys the last insert found in the tree already (their pages not taken)"),
     ("SIM", 0, "", "the worker's simulation (its row of the event log)"),
-    ("LAST_KV_ROW", 0, "", "KV events: the worker's latest KV row in the log (0 = none)"),
+    ("KV_RUN", 0, "", "KV events: the worker's open event (rows not yet reported, the latest "
+                      "its): KV_RUN_NONE, KV_RUN_REMOVED (a Removed row continues it) or "
+                      "KV_RUN_STORED (a Stored insert chained to its last block continues it)"),
+    ("KV_TAIL_HASH", 0, "", "KV events: the last block hash of the open Stored event (as int64)"),
+    ("KV_UNREPORTED", 0, "", "KV events: the worker's KV rows logged since its last report"),
+    ("DECODE_PASSES", 0, "", "passes without a prefill batch since the run's start (the "
+                             "reference reports KV events at every DECODE_LOG_INTERVAL-th)"),
 ]))
 RW_FIELDS = RADIX_W.width
+KV_RUN_NONE, KV_RUN_REMOVED, KV_RUN_STORED = 0, 1, 2
 RADIX_P = _declare(FieldTable("RP_", "radix.pg32", np.int32, [
     ("NEXT", -1, "b", "next (newer) page of the same edge"),
     ("PREV", -1, "b", "previous (older) page of the same edge"),

@@ -41,13 +41,15 @@ from .layout import (
     RQ_ADMISSIONS, RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FIRST_CACHED, RQ_GENERATED,
     RQ_LEASE_OFF, RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PREEMPTIONS,
     RQ_PROMPT_LEN, RQ_SRC_ROW, RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
-    RS_DONE, RS_PREEMPTED, RS_RUNNING, RW_EVICTABLE, RW_INSERT_SHARED, RW_PAGES_USED, RW_PAGE_SIZE,
+    RS_DONE, RS_PREEMPTED, RS_RUNNING, RW_DECODE_PASSES, RW_EVICTABLE, RW_INSERT_SHARED, RW_PAGES_USED,
+    RW_PAGE_SIZE,
     SM_PASS_LOG_LEN,
     TERM_COMPLETED, TERM_NONE, TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
     WK_RUN_OFF, WK_SG_RATIO_BITS, WK_TERM_HEAD, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
 )
 
 RETRACT_STEPS = 20  # tokens of headroom per surviving request after a retraction
+DECODE_LOG_INTERVAL = 40  # SGLang's decode_log_interval: passes between decode stats reports
 
 
 # ---------------------------------------------------------------------------------
@@ -897,6 +899,14 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     if not had_effect:
         # a pass of the countdown only: it changed the worker, logs no forward
         return end_ms, rounds > 0, False
+    # KV events: the reference's SGLang rank reports the facts it buffered at the end
+    # of a pass that ran a prefill batch, of every DECODE_LOG_INTERVAL-th pass without
+    # one (counted from the run's start) and of a pass after which nothing runs
+    # (SGLang's prefill / decode stats logging, which publishes its KV events)
+    if b == 0:
+        r.w64[w, RW_DECODE_PASSES] += 1
+    if b > 0 or r.w64[w, RW_DECODE_PASSES] % DECODE_LOG_INTERVAL == 0 or wk.i64[w, WK_RUN_LEN] == 0:
+        rx.report_kv(r, w, end_ms)
     if sims.i64[s, SM_PASS_LOG_LEN] < sims.pass_log.shape[1]:
         row = sims.i64[s, SM_PASS_LOG_LEN]
         pf_kv = acc[3]

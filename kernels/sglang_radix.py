@@ -30,10 +30,11 @@ KV events (opt-in, ``kv_logged``): the tree's pages are the reference's KV block
 page that enters the tree gets its sequence hash (``pg_hash``: the tokens-only hash
 of the page chained to its parent page's, as vLLM's blocks) and the pages one insert
 adds form one Stored event (``log_inserted``); evicted pages are Removed rows, each
-leaf's in position order (oldest first), and Removed rows of a worker with no other
-KV row between them form one event.
-Each row is seen at the end of the pass that caused it (the reference reports the
-facts of some passes together, at a later pass: tests/test_kv_events.py).
+leaf's in position order (oldest first). The reference buffers these facts and
+reports them at some passes only (``sglang_core.run_pass`` says which): ``report_kv``
+then logs a report row that gives the worker's rows since its last report its time.
+Within one report a worker's consecutive Removed rows form one event, and an insert
+chained to the previous Stored event's last block extends that event.
 
 Every function takes the bundle and the worker; keys and pages of a request come
 in as slices of caller arrays (``keys[k0 : k0 + n]``, ``pages[p0 : p0 + n]``).
@@ -44,13 +45,14 @@ from numba import njit
 
 from .block_pool import log_row
 from .layout import (
-    EVH_CLOCK_BITS, EVH_KV, EVH_LEN, EV_BLOCK, EV_KIND, EV_KV_REMOVED, EV_KV_STORED, EV_REQUEST,
-    KV_FIRST, KV_FIRST_WITH_PARENT, KV_NEXT, RADIX_N, RADIX_W, RN_CHILDREN, RN_FIELDS,
-    RN_FREE_STACK, RN_HEAD, RN_LEN, RN_LOCK, RN_PARENT, RN_TAIL, RN_TIME, RP_FIELDS, RP_FREE_STACK,
-    RP_IN_TREE, RP_NEXT, RP_PREV, RW_CLOCK, RW_EVICTABLE, RW_HEAP_CAP, RW_HEAP_LEN,
-    RW_HEAP_OFF, RW_INSERT_SHARED, RW_LAST_KV_ROW, RW_NODE_BUMP, RW_NODE_FREE_TOP, RW_NODE_LEN,
-    RW_NODE_OFF, RW_PAGES_USED, RW_PAGE_BUMP, RW_PAGE_CAP, RW_PAGE_FREE_TOP, RW_PAGE_LEN,
-    RW_PAGE_OFF, RW_PAGE_SIZE, RW_PROTECTED, RW_SIM, RW_TAB_MASK, RW_TAB_OFF, Radix,
+    EVH_CLOCK_BITS, EVH_KV, EV_BLOCK, EV_KV_REMOVED, EV_KV_REPORTED, EV_KV_STORED, EV_REQUEST,
+    KV_FIRST, KV_FIRST_WITH_PARENT, KV_NEXT, KV_RUN_NONE, KV_RUN_REMOVED, KV_RUN_STORED, RADIX_N,
+    RADIX_W, RN_CHILDREN, RN_FIELDS, RN_FREE_STACK, RN_HEAD, RN_LEN, RN_LOCK, RN_PARENT, RN_TAIL,
+    RN_TIME, RP_FIELDS, RP_FREE_STACK, RP_IN_TREE, RP_NEXT, RP_PREV, RW_CLOCK, RW_EVICTABLE,
+    RW_HEAP_CAP, RW_HEAP_LEN, RW_HEAP_OFF, RW_INSERT_SHARED, RW_KV_RUN, RW_KV_TAIL_HASH,
+    RW_KV_UNREPORTED, RW_NODE_BUMP, RW_NODE_FREE_TOP, RW_NODE_LEN, RW_NODE_OFF, RW_PAGES_USED,
+    RW_PAGE_BUMP, RW_PAGE_CAP, RW_PAGE_FREE_TOP, RW_PAGE_LEN, RW_PAGE_OFF, RW_PAGE_SIZE,
+    RW_PROTECTED, RW_SIM, RW_TAB_MASK, RW_TAB_OFF, Radix,
 )
 from .xxh3 import hash_chain, xxh3_64_u32_seed1337
 
@@ -592,6 +594,9 @@ def log_inserted(r, w, end, q, pos0, n_new, scratch_tokens):
             prev = np.int32(r.nd[up, RN_TAIL])
     chained = prev != NO_PAGE
     parent = r.pg_hash[prev] if chained else np.uint64(0)
+    # an insert chained to the open Stored event's last block extends that event
+    extend = chained and r.w64[w, RW_KV_RUN] == KV_RUN_STORED \
+        and np.uint64(r.w64[w, RW_KV_TAIL_HASH]) == parent
     one_token = r.w64[w, RW_PAGE_SIZE] == 1
     for j in range(n_new):
         key = r.pg_key[b]
@@ -602,7 +607,7 @@ def log_inserted(r, w, end, q, pos0, n_new, scratch_tokens):
             tokens = key
         h = hash_chain(parent, tokens) if chained else tokens
         r.pg_hash[b] = h
-        if j > 0:
+        if j > 0 or extend:
             group = KV_NEXT
         elif chained:
             group = KV_FIRST_WITH_PARENT
@@ -613,30 +618,37 @@ def log_inserted(r, w, end, q, pos0, n_new, scratch_tokens):
         if row > 0:
             r.event_log[s, row, EV_REQUEST] = q
             r.event_log[s, row, EV_BLOCK] = pos0 + j
-            r.w64[w, RW_LAST_KV_ROW] = row
         parent = h
         chained = True
         b = r.pg32[b, RP_NEXT]
+    r.w64[w, RW_KV_RUN] = KV_RUN_STORED
+    r.w64[w, RW_KV_TAIL_HASH] = np.int64(parent)
+    r.w64[w, RW_KV_UNREPORTED] += n_new
 
 
 @njit(cache=True, _nrt=False)
 def _log_removed(r, w, b):
-    """Tree page b leaves the tree: a Removed row, continuing the worker's event when
-    its latest KV row (``RW_LAST_KV_ROW``) is a Removed one and no other KV row came
-    since: the reference reports the evictions of consecutive decode passes as one
-    event."""
+    """Tree page b leaves the tree: a Removed row, continuing the worker's open event
+    when that is a Removed one (``RW_KV_RUN``): the reference reports the evictions of
+    consecutive passes as one event, cut where it reports."""
     s = r.w64[w, RW_SIM]
-    last = r.w64[w, RW_LAST_KV_ROW]
-    more = last > 0 and r.event_log[s, last, EV_KIND] == EV_KV_REMOVED
-    if more:
-        for k in range(last + 1, min(r.event_log[s, 0, EVH_LEN], r.event_log.shape[1] - 1) + 1):
-            if r.event_log[s, k, EV_KIND] <= EV_KV_REMOVED:
-                more = False
-                break
-    row = log_row(r.event_log, s, w, EV_KV_REMOVED, np.int64(r.pg_hash[b]), np.int64(0),
-                  np.int64(KV_NEXT if more else KV_FIRST), r.event_log[s, 0, EVH_CLOCK_BITS])
-    if row > 0:
-        r.w64[w, RW_LAST_KV_ROW] = row
+    more = r.w64[w, RW_KV_RUN] == KV_RUN_REMOVED
+    log_row(r.event_log, s, w, EV_KV_REMOVED, np.int64(r.pg_hash[b]), np.int64(0),
+            np.int64(KV_NEXT if more else KV_FIRST), r.event_log[s, 0, EVH_CLOCK_BITS])
+    r.w64[w, RW_KV_RUN] = KV_RUN_REMOVED
+    r.w64[w, RW_KV_UNREPORTED] += 1
+
+
+@njit(cache=True, _nrt=False)
+def report_kv(r, w, t_ms):
+    """Worker w reports the KV rows it logged since its last report, at ``t_ms``: a
+    report row (``EV_KV_REPORTED``) after them in the log, which gives them that time
+    (``replay._kv_rows_as_reported``); a Removed row after it starts a new event."""
+    if r.w64[w, RW_KV_UNREPORTED] > 0 and kv_logged(r, w):
+        log_row(r.event_log, r.w64[w, RW_SIM], w, EV_KV_REPORTED, np.int64(0), np.int64(0),
+                np.int64(0), np.float64(t_ms).view(np.int64))
+    r.w64[w, RW_KV_UNREPORTED] = 0
+    r.w64[w, RW_KV_RUN] = KV_RUN_NONE
 
 
 @njit(cache=True, _nrt=False)

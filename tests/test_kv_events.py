@@ -31,8 +31,7 @@ from aisim_fast.replay import run_batch, simulation_from_setup
 from aisim_fast.workload import load_mooncake, prompt_tokens, select_rows, sequence_tokens
 
 DATA = Path(__file__).resolve().parent / "data"
-# the SGLang run (sglang-tokens) reports some of its KV facts later than they happen:
-# test_sglang_kv_events_are_the_references below
+# the SGLang runs (sglang-*) have their own tests below
 CASES = [name for name in ARTIFACT_CASES if not name.startswith("sglang")]
 
 
@@ -63,44 +62,38 @@ def test_output_token_ids_equal_the_references(name):
     assert token_rows(out, sim.workload) == gold
 
 
-def test_sglang_output_token_ids_equal_the_references():
-    """An SGLang rank (one-token pages, a pool tight enough to retract) emits the same
+SGLANG_CASES = [name for name in ARTIFACT_CASES if name.startswith("sglang")]
+
+
+@pytest.mark.parametrize("name", SGLANG_CASES)
+def test_sglang_output_token_ids_equal_the_references(name):
+    """SGLang ranks (pages of 1, 4 and 16, pools tight enough to retract) emit the same
     plan: every token id and its time."""
-    folder = DATA / "kv_events" / "sglang-tokens"
-    sim = simulation_from_setup(parse_payload(json.loads((folder / "spec.json").read_text()),
-                                              base_dir=folder))
-    artifacts = json.loads((folder / "ref.artifacts.json").read_text())
+    setup, artifacts = artifact_case(name)
+    sim = simulation_from_setup(setup)
     res = run_batch([sim], record_outputs=True).check()
     gold = reference_tokens(artifacts, sim.workload)
-    assert sum(map(len, gold.values())) == 1899 and res.requests[0]["preemptions"].sum() > 0
+    assert sum(map(len, gold.values())) > 1000
     assert token_rows(res.output_events[0], sim.workload) == gold
+    if name in ("sglang-tokens", "sglang-retractmany"):
+        assert res.requests[0]["preemptions"].sum() > 0
 
 
-def test_sglang_kv_events_are_the_references():
-    """The radix cache's KV events against the reference's SGLang run (one-token pages,
-    6000 of them, retractions): the same Stored and Removed rows in the same order,
-    every block, parent and tokens hash and every Stored event's blocks. The reference
-    reports the facts of consecutive passes together at a later pass (mostly one that
-    prefills; a finished request's insert at the next pass at the earliest): here each
-    row carries the end of the pass that caused it, so it is seen earlier, never later,
-    and Removed rows group by run, not by report: 3506 of 62658 rows earlier, 203
-    events against the reference's 207."""
-    sim = simulation_from_setup(artifact_case("sglang-tokens")[0])
-    gold = reference_kv_events(artifact_case("sglang-tokens")[1])
+@pytest.mark.parametrize("name", SGLANG_CASES)
+def test_sglang_kv_events_are_the_references(name):
+    """The radix cache's KV events against the reference's SGLang runs (one-token
+    pages with retractions, tight pools, idle gaps; pages of 4 with lpm and of 16):
+    every row's event id, time, kind, position, block, parent and tokens hash. The
+    reference reports a worker's facts at the end of a pass that prefills, of every
+    40th pass without a prefill batch and of a pass after which nothing runs, so a
+    fact is seen at the first such pass at or after the one that caused it; up to a
+    report a run of Removed rows is one event, and so is an insert chained to the
+    previous Stored event's last block with that event (sglang-chain16)."""
+    sim = simulation_from_setup(artifact_case(name)[0])
+    gold = reference_kv_events(artifact_case(name)[1])
     mine = kv_event_rows(run_batch([sim], record_events=True).check().kv_events[0])
-    assert len(mine) == len(gold) == 62658
-    # (event, at_ms, kind, position, block_hash, parent_hash, tokens_hash)
-    stored = [[r[3:] for r in rows if r[2] == "stored"] for rows in (mine, gold)]
-    assert stored[0] == stored[1] and len(stored[0]) == 34329
-    removed = [[r[4] for r in rows if r[2] == "removed"] for rows in (mine, gold)]
-    assert removed[0] == removed[1] and len(removed[0]) == 28329
-    # the same order of kinds: each fact at its place in the stream
-    assert [r[2] for r in mine] == [r[2] for r in gold]
-    at_mine = np.array([r[1] for r in mine])
-    at_gold = np.array([r[1] for r in gold])
-    assert (at_mine <= at_gold).all()
-    assert (at_mine < at_gold).sum() == 3506
-    assert len({r[0] for r in mine}) == 203 and len({r[0] for r in gold}) == 207
+    assert len(mine) == len(gold) > 1000
+    assert mine == gold
 
 
 @pytest.mark.parametrize("name", CASES)

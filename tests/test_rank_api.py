@@ -25,6 +25,7 @@ from aisim_fast.rank import (
 from aisim_fast.workload import load_mooncake, prompt_tokens, sequence_tokens
 
 KV_CASES = [name for name in ARTIFACT_CASES if not name.startswith("sglang")]
+SGLANG_KV_CASES = [name for name in ARTIFACT_CASES if name.startswith("sglang")]
 
 
 # ---------------------------------------------------------------------------------
@@ -762,18 +763,18 @@ def test_a_decode_rank_refuses_what_it_cannot_take_and_stays_unchanged():
     assert rank.apply(ActivateDestination("a"), 0.0).result == APPLIED
 
 
-def test_sglang_kv_events_are_refused_rather_than_empty():
-    """A replay records the radix cache's KV events; a rank does not report them yet
-    (it would report a finished request's insert with its own pass, the reference with
-    the next one): asking is an error, and by default an SGLang rank reports none."""
-    with pytest.raises(ValueError, match="kv_events: SGLang ranks driven one by one report no KV"):
-        Rank({"backend": "sglang"}, kv_events=True)
+def test_an_sglang_rank_reports_its_kv_facts_at_report_passes_only():
+    """One-token pages: the prefill's insert is reported with its pass (a prefill
+    batch reports), the first decode pass reports nothing, and the last one, after
+    which nothing runs, reports the finished request's insert."""
     rank = _sglang()
-    assert rank.group.kv_events  # recorded where simulated (none for SGLang ranks)
-    submitted = rank.apply(_req("R1", range(6), 3), 0.0)
-    effects = [submitted] + [done for _ in range(3) for _, done in [_step(rank)]]
-    assert effects[-1].outputs[-1].completed
-    assert all(not e.kv_events for e in effects)
+    assert rank.group.kv_events
+    assert not rank.apply(_req("R1", range(6), 3), 0.0).kv_events
+    done = [d for _ in range(3) for _, d in [_step(rank)]]
+    assert done[-1].outputs[-1].completed
+    stored = [[len(e.data.blocks) for e in d.kv_events if isinstance(e.data, Stored)] for d in done]
+    assert stored[0] and not stored[1] and stored[2]
+    assert [e.event_id for d in done for e in d.kv_events] == list(range(sum(map(len, stored))))
 
 
 def test_an_sglang_prefill_rank_holds_its_pages_until_released():
@@ -820,12 +821,16 @@ def test_an_sglang_decode_rank_reserves_activates_and_cancels():
     assert rank.apply(CancelDestination("c"), 100.0).result == NOOP
 
 
-def test_an_sglang_rank_driven_by_hand_emits_the_references_tokens():
-    """The reference's SGLang run with per-token artifacts (6000 one-token pages,
-    max_num_seqs 8, a retraction): every output token id and time (its KV events are
-    not simulated)."""
-    tokens, _, gold_tokens, _ = _driven("sglang-tokens")
+@pytest.mark.parametrize("name", SGLANG_KV_CASES)
+def test_an_sglang_rank_driven_by_hand_reproduces_the_references_tokens_and_kv_events(name):
+    """The reference's SGLang runs with per-token artifacts (pages of 1, 4 and 16,
+    retractions, idle gaps): every output token id and time, and every KV event as the
+    reference reports it (at the completion of a pass that prefills, of every 40th
+    pass without a prefill batch and of a pass after which nothing runs)."""
+    tokens, events, gold_tokens, gold_events = _driven(name)
     assert tokens == gold_tokens
+    assert len(gold_events) > 1000
+    assert events == gold_events
 
 
 # ---------------------------------------------------------------------------------

@@ -90,5 +90,7 @@ def test_radix_kv_events_follow_the_tree(seed):
         else:
             assert h in mine
             mine.remove(h)
+    # a worker reports its facts in order: its rows' times never go back
+    assert all(g["at_ms"].is_monotonic_increasing for _, g in events.groupby("worker"))
     if (res.requests[0]["cached_tokens"] > 0).any():
         assert (events["kind"] == "stored").any()
