@@ -8,6 +8,10 @@ one unit per worker on the kernel threads) and with ``placement: kv_router``
 (defaults; one unit, since routing couples the workers), alternating the two, after
 a warm-up of each; prints the best ``run_batch`` wall and CPU seconds of each and
 the ratio. The trace is loaded once, outside the timed calls.
+
+``--points N`` runs N simulations of each placement in one ``run_batch`` call, as a
+sweep's batch does (kv_router with router seeds 0..N-1): the kernel threads are then
+busy on both sides, so the wall ratio is the cost a sweep pays for the router.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ def main() -> None:
     ap.add_argument("--spec", default=str(REPO / "tests/data/golden/10k_vllm_agg8.spec.json"))
     ap.add_argument("--trace", default=str(REPO / "tests/data/traces/mooncake_10k.jsonl"))
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--points", type=int, default=1, help="simulations of each placement per call")
     args = ap.parse_args()
 
     from aisim_fast.config import parse_payload
@@ -34,26 +39,33 @@ def main() -> None:
     from aisim_fast.workload import load_mooncake
 
     base = json.loads(Path(args.spec).read_text())
-    routed = copy.deepcopy(base)
-    routed["spec"].setdefault("adapters", {})["placement"] = {"provider": "kv_router", "config": {}}
+    routed = []
+    for seed in range(args.points):
+        payload = copy.deepcopy(base)
+        payload["spec"].setdefault("adapters", {})["placement"] = {"provider": "kv_router",
+                                                                    "config": {"seed": seed}}
+        routed.append(payload)
     sims = {}
     workload = None
-    for name, payload in (("round_robin", base), ("kv_router", routed)):
-        setup = parse_payload(payload, Path(args.spec).parent, args.trace)
-        if workload is None:
-            workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
-                                     arrival_speedup_ratio=setup.arrival_speedup_ratio)
-        sims[name] = simulation_from_setup(setup, workload)
-        run_batch([sims[name]], record_passes=False).check()  # warm-up (compile / cache load)
+    for name, payloads in (("round_robin", [base] * args.points), ("kv_router", routed)):
+        sims[name] = []
+        for payload in payloads:
+            setup = parse_payload(payload, Path(args.spec).parent, args.trace)
+            if workload is None:
+                workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
+                                         arrival_speedup_ratio=setup.arrival_speedup_ratio)
+            sims[name].append(simulation_from_setup(setup, workload))
+        run_batch(sims[name], record_passes=False).check()  # warm-up (compile / cache load)
     best = {name: (float("inf"), float("inf")) for name in sims}
     for _ in range(args.rounds):
         for name, sim in sims.items():
             w0, c0 = time.perf_counter(), time.process_time()
-            res = run_batch([sim], record_passes=False).check()
-            res.requests[0]
+            res = run_batch(sim, record_passes=False).check()
+            res.requests[len(sim) - 1]
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
             best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
-    print(f"{Path(args.spec).name}, {workload.num_requests} requests, best of {args.rounds} "
+    print(f"{Path(args.spec).name}, {workload.num_requests} requests, {args.points} simulation(s) "
+          f"per call, best of {args.rounds} "
           f"(load average {os.getloadavg()[0]:.2f})")
     for name, (wall, cpu) in best.items():
         print(f"  {name:12s} wall {wall:.4f} s  CPU {cpu:.4f} s")
