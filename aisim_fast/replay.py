@@ -410,6 +410,8 @@ def _unplaced_rows(wl: Workload, first_src_row: int, max_output, blocks: np.ndar
     rows[:, L.RQ_MAX_OUTPUT] = max_output
     rows[:, L.RQ_SRC_ROW] = first_src_row + np.arange(n)
     rows[:, L.RQ_SESSION] = wl.session
+    if wl.session_row is not None:
+        rows[:, L.RQ_SESSION_ROW] = wl.session_row
     rows[:, L.RQ_TURN] = wl.turn_index
     rows[:, L.RQ_LEASE_OFF] = np.cumsum(blocks) - blocks
     return rows

@@ -153,6 +153,9 @@ class Workload(NamedTuple):
     # the rows' authored output_token_ids, concatenated in row order (uint32); None
     # when no row has any
     authored_tokens: np.ndarray | None = None
+    # bool[q]: the row names a ``session_id`` (a session turn; the reference's SGLang
+    # KV events treat its inserts apart); None when no row does
+    session_row: np.ndarray | None = None
 
     @property
     def num_requests(self) -> int:
@@ -392,6 +395,7 @@ def load_mooncake(
     workers: list[tuple[int, int, int]] = []
     authored_start: list[int] = []
     authored_tokens: list[int] = []
+    named_sessions: list[bool] = []  # the row names a session_id
 
     session_of: dict[str, int] = {}
     session_turns: list[int] = []  # turns seen so far, per session
@@ -454,6 +458,7 @@ def load_mooncake(
                     )
 
             sid = obj.get("session_id")
+            named_sessions.append(sid is not None)
             if sid is None:
                 name = f"request_{line_no}"
             elif type(sid) is str:
@@ -573,6 +578,7 @@ def load_mooncake(
         out_plan=_plan(session, np.array(output_lens, dtype=np.int64),
                        None if not authored_tokens else np.array(authored_start, np.int64)),
         authored_tokens=np.array(authored_tokens, np.uint32) if authored_tokens else None,
+        session_row=np.array(named_sessions, bool) if any(named_sessions) else None,
     )
 
 
@@ -667,7 +673,8 @@ def select_rows(w: Workload, rows) -> Workload:
         delay_ms=w.delay_ms[rows], input_len=w.input_len[rows], output_len=w.output_len[rows],
         hash_indptr=indptr, hash_ids=w.hash_ids[take],
         order=_start_order(turn == 0, start_ms).astype(w.order.dtype),
-        worker=None if w.worker is None else w.worker[rows])
+        worker=None if w.worker is None else w.worker[rows],
+        session_row=None if w.session_row is None else w.session_row[rows])
 
 
 def concat_workloads(a: Workload, b: Workload, buffers: dict | None = None) -> Workload:
@@ -699,7 +706,10 @@ def concat_workloads(a: Workload, b: Workload, buffers: dict | None = None) -> W
         order=_start_order(turn == 0, start_ms).astype(a.order.dtype),
         worker=None if a.worker is None and b.worker is None else np.concatenate(
             [np.full((a.num_requests, len(PIN_KEYS)), -1, np.int64) if a.worker is None else a.worker,
-             np.full((b.num_requests, len(PIN_KEYS)), -1, np.int64) if b.worker is None else b.worker]))
+             np.full((b.num_requests, len(PIN_KEYS)), -1, np.int64) if b.worker is None else b.worker]),
+        session_row=None if a.session_row is None and b.session_row is None else np.concatenate(
+            [np.zeros(a.num_requests, bool) if a.session_row is None else a.session_row,
+             np.zeros(b.num_requests, bool) if b.session_row is None else b.session_row]))
 
 
 def prompt_tokens(w: Workload, q: int) -> np.ndarray:

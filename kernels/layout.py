@@ -301,6 +301,8 @@ REQUEST_I = _declare(FieldTable("RQ_", "rq.i64", np.int64, [
     ("MAX_OUTPUT", 0, "", "output budget (TRT-LLM: clamped to the pool)"),
     ("SRC_ROW", 0, "", "workload row (trace row at this block size)"),
     ("SESSION", 0, "", "session index"),
+    ("SESSION_ROW", 0, "", "1 = its trace row names a session_id (SGLang KV events: its inserts "
+                           "are Stored events of their own)"),
     ("TURN", 0, "", "turn index in its session"),
     ("NEXT_TURN", -1, "q", "next turn of the session"),
     ("LEASE_OFF", 0, "k", "first entry of its block lease / hash row"),

@@ -40,7 +40,7 @@ from .layout import (
     RQF_FIRST_ADMIT_MS, RQF_TERMINAL_MS,
     RQ_ADMISSIONS, RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FIRST_CACHED, RQ_GENERATED,
     RQ_LEASE_OFF, RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PREEMPTIONS,
-    RQ_PROMPT_LEN, RQ_SRC_ROW, RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
+    RQ_PROMPT_LEN, RQ_SESSION_ROW, RQ_SRC_ROW, RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
     RS_DONE, RS_PREEMPTED, RS_RUNNING, RW_DECODE_PASSES, RW_EVICTABLE, RW_INSERT_SHARED, RW_PAGES_USED,
     RW_PAGE_SIZE,
     SM_PASS_LOG_LEN,
@@ -208,13 +208,14 @@ def _adopt_tree_pages(r, rq, w, q, node, lo, hi, path):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _log_insert(r, w, end, q, hi, n_keys, scratch_tokens):
+def _log_insert(r, rq, w, end, q, hi, n_keys, scratch_tokens):
     """KV events of an insert of q's pages up to ``hi`` (``n_keys`` of them offered):
     the ones the tree did not hold yet are Stored."""
     if rx.kv_logged(r, w) and end >= 0:
         n_new = n_keys - r.w64[w, RW_INSERT_SHARED]
         if n_new > 0:
-            rx.log_inserted(r, w, end, q, hi - n_new, n_new, scratch_tokens)
+            rx.log_inserted(r, w, end, q, hi - n_new, n_new, scratch_tokens,
+                            rq.i64[q, RQ_SESSION_ROW] != 0)
 
 
 @njit(cache=True, _nrt=False)
@@ -232,7 +233,7 @@ def cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens):
     k0 = rq.i64[q, RQ_LEASE_OFF]
     last = rq.i64[q, RQ_SG_LAST]
     new_last = rx.insert(r, w, last, rq.seq_hash, k0 + lo, hi - lo, rq.lease, k0 + lo)
-    _log_insert(r, w, new_last, q, hi, hi - lo, scratch_tokens)
+    _log_insert(r, rq, w, new_last, q, hi, hi - lo, scratch_tokens)
     if new_last != last:
         rx.inc_lock(r, w, new_last)
         if r.w64[w, RW_INSERT_SHARED] > 0:  # else the tree took every page given
@@ -266,7 +267,7 @@ def finish_kv(cfg, r, rq, wl, w, q, path, scratch_tokens):
             lo = rq.i64[q, RQ_SG_CACHED] // ps
             _ensure_keys(rq, wl, q, c_pages, ps, scratch_tokens)
             new_last = rx.insert(r, w, last, rq.seq_hash, k0 + lo, c_pages - lo, rq.lease, k0 + lo)
-            _log_insert(r, w, new_last, q, c_pages, c_pages - lo, scratch_tokens)
+            _log_insert(r, rq, w, new_last, q, c_pages, c_pages - lo, scratch_tokens)
             if r.w64[w, RW_INSERT_SHARED] > 0:
                 # lease pages the tree did not take are duplicates: back to the pool
                 depth = rx.path_pages(r, w, new_last, path, 0, lo)

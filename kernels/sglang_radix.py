@@ -34,7 +34,8 @@ leaf's in position order (oldest first). The reference buffers these facts and
 reports them at some passes only (``sglang_core.run_pass`` says which): ``report_kv``
 then logs a report row that gives the worker's rows since its last report its time.
 Within one report a worker's consecutive Removed rows form one event, and an insert
-chained to the previous Stored event's last block extends that event.
+chained to the previous Stored event's last block extends that event unless either
+belongs to a session turn (a trace row with a ``session_id``).
 
 Every function takes the bundle and the worker; keys and pages of a request come
 in as slices of caller arrays (``keys[k0 : k0 + n]``, ``pages[p0 : p0 + n]``).
@@ -576,10 +577,12 @@ def kv_logged(r, w):
 
 
 @njit(cache=True, _nrt=False)
-def log_inserted(r, w, end, q, pos0, n_new, scratch_tokens):
+def log_inserted(r, w, end, q, pos0, n_new, scratch_tokens, session_row):
     """The last ``n_new`` pages of node ``end``'s edge just entered the tree for request
     q (its pages ``pos0`` on): give each its sequence hash and log them as one KV
-    Stored event, parented on the page before them (none at the root). A page's
+    Stored event, parented on the page before them (none at the root), or as more
+    blocks of the worker's open Stored event when they continue its chain and neither
+    insert is a session turn's (``session_row``, as the reference groups them). A page's
     tokens-only hash is XXH3 (seed 1337) of its token with one-token pages, else its
     key (the tokens-only hash already)."""
     s = r.w64[w, RW_SIM]
@@ -594,8 +597,9 @@ def log_inserted(r, w, end, q, pos0, n_new, scratch_tokens):
             prev = np.int32(r.nd[up, RN_TAIL])
     chained = prev != NO_PAGE
     parent = r.pg_hash[prev] if chained else np.uint64(0)
-    # an insert chained to the open Stored event's last block extends that event
-    extend = chained and r.w64[w, RW_KV_RUN] == KV_RUN_STORED \
+    # an insert chained to the open Stored event's last block extends that event,
+    # unless either is a session turn's (``session_row``: those stand alone)
+    extend = chained and not session_row and r.w64[w, RW_KV_RUN] == KV_RUN_STORED \
         and np.uint64(r.w64[w, RW_KV_TAIL_HASH]) == parent
     one_token = r.w64[w, RW_PAGE_SIZE] == 1
     for j in range(n_new):
@@ -621,7 +625,7 @@ def log_inserted(r, w, end, q, pos0, n_new, scratch_tokens):
         parent = h
         chained = True
         b = r.pg32[b, RP_NEXT]
-    r.w64[w, RW_KV_RUN] = KV_RUN_STORED
+    r.w64[w, RW_KV_RUN] = KV_RUN_NONE if session_row else KV_RUN_STORED
     r.w64[w, RW_KV_TAIL_HASH] = np.int64(parent)
     r.w64[w, RW_KV_UNREPORTED] += n_new
 

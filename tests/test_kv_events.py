@@ -73,7 +73,7 @@ def test_sglang_output_token_ids_equal_the_references(name):
     sim = simulation_from_setup(setup)
     res = run_batch([sim], record_outputs=True).check()
     gold = reference_tokens(artifacts, sim.workload)
-    assert sum(map(len, gold.values())) > 1000
+    assert sum(map(len, gold.values())) > 0
     assert token_rows(res.output_events[0], sim.workload) == gold
     if name in ("sglang-tokens", "sglang-retractmany"):
         assert res.requests[0]["preemptions"].sum() > 0
@@ -88,11 +88,13 @@ def test_sglang_kv_events_are_the_references(name):
     40th pass without a prefill batch and of a pass after which nothing runs, so a
     fact is seen at the first such pass at or after the one that caused it; up to a
     report a run of Removed rows is one event, and so is an insert chained to the
-    previous Stored event's last block with that event (sglang-chain16)."""
+    previous Stored event's last block with that event (sglang-chain16,
+    sglang-chain-plain, sglang-chain-cross-pass), unless either belongs to a row with a
+    session_id (sglang-sessions16, sglang-chain-sessions, sglang-chain-session-partial)."""
     sim = simulation_from_setup(artifact_case(name)[0])
     gold = reference_kv_events(artifact_case(name)[1])
     mine = kv_event_rows(run_batch([sim], record_events=True).check().kv_events[0])
-    assert len(mine) == len(gold) > 1000
+    assert len(mine) == len(gold) > 0
     assert mine == gold
 
 
