@@ -663,7 +663,8 @@ class RankGroup:
             pending, book.pending = book.pending, None
             late = self._drain_rows(r)  # the retry's evictions (commands drained their own)
             outputs = tuple(row[1] for row in pending.rows if row[0] == "output")
-            kv_rows = [row for row in pending.rows if row[0] in ("kv", "kv_report")] + pending.late_kv_rows + late
+            kv_rows = [row for row in pending.rows if row[0] in ("kv", "kv_report")] \
+                + pending.late_kv_rows + late
             out.append(PassCompletionEffects(
                 outputs=outputs, lifecycle_events=tuple(pending.lifecycle),
                 kv_events=self._kv_events(r, self._reported(r, kv_rows)),
@@ -827,9 +828,9 @@ class RankGroup:
         return int(self._state.st.i64[r, L.SM_Q_OFF]) + logical
 
     def _drain_rows(self, r: int) -> list:
-        """The rank's engine-log rows since the last drain, decoded: ("kv", row), ("kv_report", row),
-        ("output", Output), ("admission", Admission), ("pressure", PressureEvent),
-        ("finished", request id, status)."""
+        """The rank's engine-log rows since the last drain, decoded: ("kv", row),
+        ("kv_report", row), ("output", Output), ("admission", Admission), ("pressure",
+        PressureEvent), ("finished", request id, status)."""
         from aisim_fast.replay import drained_event_rows
         state = self._state
         log = state.pool.event_log
