@@ -742,3 +742,25 @@ def test_a_trace_not_in_utf8_says_what_it_looks_like(tmp_path, raw, guess):
     p.write_bytes(raw)
     with pytest.raises(TraceError, match=rf"{p}:1: invalid JSON: .*{guess}.*save it as UTF-8"):
         load_mooncake(p)
+
+
+def test_session_rows_are_the_rows_naming_a_session_id(tmp_path):
+    """``session_row`` marks the rows that name a session_id (the reference's SGLang KV
+    events keep their inserts apart); a null session_id is no session; cutting and
+    joining workloads keeps each row's flag."""
+    from aisim_fast.workload import concat_workloads, select_rows
+
+    row = {"input_length": 512, "output_length": 2, "hash_ids": [1]}
+    p = write_trace(tmp_path / "t.jsonl", [
+        {**row, "timestamp": 0},
+        {**row, "timestamp": 1, "session_id": "a"},
+        {**row, "timestamp": 2, "session_id": None},
+        {**row, "timestamp": 3, "session_id": "request_1"},
+    ])
+    w = load_mooncake(p)
+    assert w.session_row.tolist() == [False, True, False, True]
+    assert select_rows(w, [2, 1]).session_row.tolist() == [False, True]
+    plain = load_mooncake(write_trace(tmp_path / "plain.jsonl", [{**row, "timestamp": 0}]))
+    assert plain.session_row is None
+    assert concat_workloads(plain, select_rows(w, [1])).session_row.tolist() == [False, True]
+    assert concat_workloads(plain, plain).session_row is None
