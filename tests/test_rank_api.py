@@ -11,7 +11,6 @@ in every request state.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +34,7 @@ def _session_trace(name):
     cannot know (the protocol's Request carries no session), so those runs are not
     driven through a rank here."""
     trace = Path(__file__).resolve().parent / "data" / "kv_events" / name / "trace.jsonl"
-    return any(json.loads(line).get("session_id") is not None
-               for line in trace.read_text().splitlines() if line.strip())
+    return load_mooncake(trace).session_row is not None
 
 
 SGLANG_KV_CASES = [name for name in ARTIFACT_CASES if name.startswith("sglang") and not _session_trace(name)]
