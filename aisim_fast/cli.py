@@ -376,7 +376,7 @@ def _setup_from_spec(args) -> tuple[ReplaySetup, int, dict]:
     setup = parse_payload(payload, spec_path.parent, args.trace_flag)
     source = {"mode": "spec", "spec_file": str(spec_path.resolve()),
               "trace_override": args.trace_flag is not None}
-    return setup, setup.tensor_parallel_size, source
+    return setup, setup.gpus_per_worker, source
 
 
 def _engine_args(text: str | None, flag: str, backend: str) -> dict:
@@ -543,7 +543,7 @@ def _setup_from_flag_payload(args, disaggregated: bool) -> tuple[ReplaySetup, in
                               if setup.concurrency else {})}}
     payload = set_aic_timing(payload, **_aic_flags(args), where="--")
     setup = parse_payload(payload, ".", None)
-    return setup, setup.tensor_parallel_size, source
+    return setup, setup.gpus_per_worker, source
 
 
 def _placement_config(setup: ReplaySetup) -> dict | None:

@@ -149,9 +149,10 @@ _UNSIMULATED = {
 }
 
 
-def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1) -> RankConfig:
+def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1, dp_size: int = 1) -> RankConfig:
     """Validate a reference rank dict and fill the reference's defaults
-    (``tensor_parallel_size``: the engine's, which an AIC timing config must match)."""
+    (``tensor_parallel_size``, ``dp_size``: the engine's, which an AIC timing config
+    must match)."""
     if not isinstance(raw, dict):
         _fail(path, f"must be an object, got {type(raw).__name__}")
     raw = dict(raw)
@@ -219,7 +220,7 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1) -> 
         try:
             out["aic"] = aic.parse_config(timing.get("config"), f"{path}.timing_model.config",
                                           backend=backend, block_size=out["block_size"],
-                                          tp=tensor_parallel_size)
+                                          tp=tensor_parallel_size, dp=dp_size)
             if "num_gpu_blocks" not in raw:
                 out["num_gpu_blocks"] = aic.estimate_num_gpu_blocks(
                     out["aic"], out["block_size"], out["max_num_batched_tokens"])
@@ -317,7 +318,8 @@ class ReplaySetup:
     arrival_speedup_ratio: float = 1.0
     concurrency: int = 0                 # closed-loop session cap; 0 = trace timestamps
     sla: dict = field(default_factory=dict)
-    tensor_parallel_size: int = 1        # GPUs per worker in the GPU-hour accounting
+    tensor_parallel_size: int = 1        # GPUs per rank in the GPU-hour accounting
+    dp_size: int = 1                     # attention-DP ranks per worker (kernels.attention_dp)
     # Disaggregated topology: ``rank``/``workers``/``tensor_parallel_size`` describe
     # the decode pool and these the prefill pool; prefill_workers 0 = aggregated.
     prefill_rank: RankConfig | None = None
@@ -331,6 +333,12 @@ class ReplaySetup:
     @property
     def disaggregated(self) -> bool:
         return self.prefill_workers > 0
+
+    @property
+    def gpus_per_worker(self) -> int:
+        """GPUs of one worker of the aggregated or decode pool: tensor parallelism x
+        attention-DP ranks (the reference's ``aic_gpus_per_worker``)."""
+        return self.tensor_parallel_size * self.dp_size
 
     @property
     def pools(self) -> list[tuple[str, RankConfig]]:
@@ -397,7 +405,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
             if engine.get(role) is not None:
                 _fail(f"spec.engine.{role}", "only for a disaggregated topology (kind: disaggregated)")
         workers = _pool_workers("spec.topology.workers", topo.get("workers"))
-        rank, tp = _engine_pool("spec.engine", engine, "aggregated")
+        rank, tp, dp = _engine_pool("spec.engine", engine, "aggregated")
     else:
         for key in topo:
             if key not in ("kind", "prefill", "decode", "handoff_latency_ms"):
@@ -407,9 +415,9 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         # a role without its own block runs the engine's top-level pool fields, as the
         # reference does (aggregated_role of the engine config)
         top = {k: v for k, v in engine.items() if k not in ("prefill", "decode")}
-        rank, tp = _engine_pool(*_role_block(engine, top, "decode"), "decode")
+        rank, tp, dp = _engine_pool(*_role_block(engine, top, "decode"), "decode")
         prefill_path, prefill_block = _role_block(engine, top, "prefill")
-        prefill_rank, prefill_tp = _engine_pool(prefill_path, prefill_block, "prefill")
+        prefill_rank, prefill_tp, _ = _engine_pool(prefill_path, prefill_block, "prefill")
         if prefill_rank.kv_transfer_bandwidth is not None and prefill_rank.kv_transfer_bytes_per_token is None:
             # the transfer is timed by the prefill side's model: the reference refuses
             # a bandwidth it could not use (and does not fall back to the latency)
@@ -425,6 +433,9 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         )
     adapters = _obj("spec.adapters", spec.get("adapters"))
     placement, placement_seed, router = parse_placement(adapters.get("placement"), "spec.adapters.placement")
+    if dp > 1 and placement == "kv_router":
+        _fail("spec.adapters.placement.provider", "kv_router with attention DP (spec.engine.dp_size "
+                                                  f"{dp}) is not simulated yet; use round_robin or random")
     if spec.get("max_sim_time_ms") is not None:
         _fail("spec.max_sim_time_ms", "a simulated-time cap is not supported yet; use null")
     if spec.get("requests"):
@@ -467,6 +478,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         concurrency=concurrency,
         sla={k: float(v) for k, v in sla.items() if v is not None},
         tensor_parallel_size=tp,
+        dp_size=dp,
         placement=placement,
         placement_seed=placement_seed,
         router=router,
@@ -513,7 +525,7 @@ def check_rank(rank: RankConfig, path: str = "rank") -> None:
     if rank.timing_model == "aic" and rank.aic is None:
         _fail(f"{path}.aic", "timing_model 'aic' needs its config (aisim_fast.aic.parse_config)")
     tp = rank.aic.tp if rank.aic is not None else 1
-    parse_rank(rank.payload(), path, tp)
+    parse_rank(rank.payload(), path, tp, rank.aic.attention_dp if rank.aic is not None else 1)
 
 
 def _pool_workers(path: str, raw: Any) -> int:
@@ -533,23 +545,40 @@ def _role_block(engine: dict, top: dict, role: str) -> tuple[str, dict]:
     return f"spec.engine.{role}", _obj(f"spec.engine.{role}", engine[role])
 
 
-def _engine_pool(path: str, engine: dict, worker_type: str) -> tuple[RankConfig, int]:
-    """One pool's engine block: rank fields, dp_size (only 1) and tensor parallelism."""
+def _engine_pool(path: str, engine: dict, worker_type: str) -> tuple[RankConfig, int, int]:
+    """One pool's engine block: (rank fields, tensor parallelism, attention-DP ranks per
+    worker; more than one in aggregated pools only)."""
     for key in engine:
         if key not in _ENGINE_POOL_KEYS and not (path == "spec.engine" and key in ("prefill", "decode")):
             _fail(f"{path}.{key}", "unknown field; allowed: " + ", ".join(_ENGINE_POOL_KEYS))
     if engine.get("prefill_context_parallel_size", 1) != 1:
         _fail(f"{path}.prefill_context_parallel_size",
               f"only 1 is simulated, got {engine.get('prefill_context_parallel_size')!r}")
-    if engine.get("dp_size", 1) != 1:
-        _fail(f"{path}.dp_size", f"only 1 is simulated, got {engine.get('dp_size')!r}")
+    dp = _int(f"{path}.dp_size", engine.get("dp_size", 1), 1)
+    if dp != 1 and worker_type != "aggregated":
+        _fail(f"{path}.dp_size", f"attention DP is simulated in aggregated topologies only; "
+                                 f"a disaggregated pool takes 1, got {dp}")
     tp = _int(f"{path}.tensor_parallel_size", engine.get("tensor_parallel_size", 1), 1)
     raw = dict(_obj(f"{path}.rank", engine.get("rank")))
     declared = raw.get("worker_type", worker_type)
     if declared != worker_type:
         _fail(f"{path}.rank.worker_type", f"must be {worker_type!r} in this pool, got {declared!r}")
     raw["worker_type"] = worker_type
-    return parse_rank(raw, f"{path}.rank", tp), tp
+    rank = parse_rank(raw, f"{path}.rank", tp, dp)
+    check_attention_dp(rank, dp, f"{path}.rank")
+    return rank, tp, dp
+
+
+def check_attention_dp(rank: RankConfig, dp_size: int, path: str = "rank") -> None:
+    """What a rank of an attention-DP group (``dp_size`` > 1) cannot take."""
+    if dp_size > 1 and rank.backend == "sglang":
+        if rank.prefill_decode_interval != 0:
+            _fail(f"{path}.prefill_decode_interval", "a group-wide countdown with attention DP "
+                                                     f"(dp_size {dp_size}) is not simulated yet; only 0")
+        if rank.sglang_chunked_prefill_size // dp_size == 0:
+            _fail(f"{path}.sglang.chunked_prefill_size",
+                  f"each of the {dp_size} attention-DP ranks takes chunked_prefill_size // dp_size "
+                  f"tokens, which is 0 for {rank.sglang_chunked_prefill_size}")
 
 
 def load_spec(path: str | Path, trace_override: str | None = None) -> ReplaySetup:

@@ -20,8 +20,8 @@ import numba
 import numpy as np
 import pandas as pd
 
-from aisim_fast.config import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, RouterConfig, check_disaggregated_pair,
-                               check_rank)
+from aisim_fast.config import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, RouterConfig, check_attention_dp,
+                               check_disaggregated_pair, check_rank)
 from aisim_fast.kernels import cache_lock, compile_notice, mark_compiled
 from aisim_fast.kernels import layout as L
 from aisim_fast.kernels import sglang_radix, sketch
@@ -78,10 +78,18 @@ class Simulation:
     # per-worker running/waiting queue slots; None = sized for the placement (a run
     # that overflows them is rerun with room for every request)
     queue_slots: int | None = None
+    # attention-DP ranks per worker (aggregated): a worker is a group of this many
+    # ranks behind one pass barrier (kernels.attention_dp), each a kernel worker
+    dp_size: int = 1
 
     @property
     def disaggregated(self) -> bool:
         return self.prefill_workers > 0
+
+    @property
+    def ranks(self) -> int:
+        """Kernel workers of the aggregated or decode pool (ranks)."""
+        return self.workers * self.dp_size
 
 
 @dataclass
@@ -140,7 +148,7 @@ def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) 
     return Simulation(workload, setup.rank, setup.workers, setup.concurrency,
                       prefill_rank=setup.prefill_rank, prefill_workers=setup.prefill_workers,
                       handoff_latency_ms=setup.handoff_latency_ms, placement=setup.placement,
-                      placement_seed=setup.placement_seed, router=setup.router)
+                      placement_seed=setup.placement_seed, router=setup.router, dp_size=setup.dp_size)
 
 
 def _router(sim: Simulation) -> RouterConfig:
@@ -155,6 +163,15 @@ def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
     if sim.concurrency < 0:
         raise ConfigError(f"concurrency: must be >= 0 (0 = open loop), got {sim.concurrency!r}")
     check_rank(sim.rank, "rank")
+    if not isinstance(sim.dp_size, (int, np.integer)) or sim.dp_size < 1:
+        raise ConfigError(f"dp_size: must be an integer >= 1, got {sim.dp_size!r}")
+    if sim.dp_size > 1:
+        if sim.disaggregated:
+            raise ConfigError("dp_size: attention DP is simulated in aggregated topologies only")
+        if sim.placement == "kv_router":
+            raise ConfigError("placement: kv_router with attention DP (dp_size > 1) is not simulated yet; "
+                              "use round_robin or random")
+        check_attention_dp(sim.rank, sim.dp_size, "rank")
     if sim.disaggregated:
         if sim.prefill_rank is None:
             raise ConfigError("prefill_rank: required with prefill_workers > 0")
@@ -284,7 +301,7 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
     rq_f = L.REQUEST_F.new(n)
     rq_f[:, L.RQF_DELAY_MS] = wl.delay_ms
     rq_f[:, L.RQF_START_MS] = wl.start_ms
-    pools = [(sim.prefill_workers, sim.workers, rank, blocks)]
+    pools = [(sim.prefill_workers, sim.ranks, rank, blocks)]
     prefill_rq_i = None
     pblocks = np.zeros(0, np.int64)
     if sim.disaggregated:
@@ -319,7 +336,7 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
                 worker_arena = min(worker_arena, resident + resident // 8 + 64)
         cfg_i = np.zeros((1, L.CFG_I_FIELDS), np.int64)
         cfg_f = np.zeros((1, L.CFG_F_FIELDS), np.float64)
-        _rank_config(cfg_i, cfg_f, slice(0, 1), pool_rank, sim.handoff_latency_ms)
+        _rank_config(cfg_i, cfg_f, slice(0, 1), pool_rank, sim.handoff_latency_ms, sim.dp_size)
         arena = min(pool_rank.num_gpu_blocks, worker_arena)
         # a request adds at most two tree nodes per insert (a split and a leaf) and
         # inserts a few times (chunks, first token, finish); a run that needs more is
@@ -379,7 +396,7 @@ def check_state_fits(sims, templates, n_q, pass_log_rows, event_rows=0) -> None:
     need = state_bytes(sims, templates, n_q, pass_log_rows, event_rows)
     have = available_memory_bytes()
     if have is not None and need > 0.75 * have:
-        workers = sum(s.workers + s.prefill_workers for s in sims)
+        workers = sum(s.ranks + s.prefill_workers for s in sims)
         raise StateTooLarge(
             f"the batch needs about {_size(need)} of simulator state ({len(sims)} kernel unit(s), "
             f"{workers} workers, {n_q} request rows), {_size(have)} is available: use fewer "
@@ -474,7 +491,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
 
     q_len = np.array([len(s.workload.input_len) for s in sims], np.int64)
     q_off = np.concatenate([[0], np.cumsum(q_len)[:-1]]).astype(np.int64)
-    w_len = np.array([s.workers + s.prefill_workers for s in sims], np.int64)
+    w_len = np.array([s.ranks + s.prefill_workers for s in sims], np.int64)
     w_off = np.concatenate([[0], np.cumsum(w_len)[:-1]]).astype(np.int64)
     n_logical = int(q_len.sum())
     # the prefill rows of disaggregated simulations follow every logical row
@@ -534,6 +551,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
             nodes[ws] = pool.nodes
             cfg_i[ws] = pool.cfg_i
             cfg_f[ws] = pool.cfg_f
+            cfg_i[ws, L.CFG_DP_RANK] = np.arange(n_workers) % pool.cfg_i[L.CFG_DP_SIZE]
     cfg = _with_aic_tables(L.RankConfig(i64=cfg_i, f64=cfg_f), sims, w_off)
 
     rq = L.Requests(i64=rq_i, f64=rq_f, lease=np.full(n_k, L.NO_BLOCK, np.int32),
@@ -665,7 +683,7 @@ def _reset_pools(pool: L.Pool) -> None:
 
 def _pools(sim: Simulation, first_worker: int):
     """(workers, rank) of each pool of a simulation whose first worker is given."""
-    out = [(slice(first_worker + sim.prefill_workers, first_worker + sim.prefill_workers + sim.workers),
+    out = [(slice(first_worker + sim.prefill_workers, first_worker + sim.prefill_workers + sim.ranks),
             sim.rank)]
     if sim.disaggregated:
         out.append((slice(first_worker, first_worker + sim.prefill_workers), sim.prefill_rank))
@@ -690,8 +708,9 @@ def _with_aic_tables(cfg: L.RankConfig, sims: Sequence[Simulation], w_off: np.nd
 
 
 def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConfig,
-                 handoff_latency_ms: float) -> None:
-    """Write one pool's rank configuration into the rows ``ws`` of the config matrices."""
+                 handoff_latency_ms: float, dp_size: int = 1) -> None:
+    """Write one pool's rank configuration into the rows ``ws`` of the config matrices
+    (``dp_size``: attention-DP ranks per worker; their rank numbers are set apart)."""
     cfg_i[ws, L.CFG_NUM_GPU_BLOCKS] = rank.num_gpu_blocks
     cfg_i[ws, L.CFG_BLOCK_SIZE] = rank.block_size
     cfg_i[ws, L.CFG_MAX_NUM_SEQS] = rank.max_num_seqs
@@ -720,14 +739,18 @@ def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConf
     cfg_f[ws, L.CFGF_KV_BYTES_PER_TOKEN] = (np.nan if rank.kv_transfer_bytes_per_token is None
                                             else rank.kv_transfer_bytes_per_token)
     cfg_f[ws, L.CFGF_HANDOFF_LATENCY_MS] = handoff_latency_ms
+    cfg_i[ws, L.CFG_DP_SIZE] = dp_size
     if rank.backend == "sglang":
         cfg_i[ws, L.CFG_SG_MAX_PREFILL_TOKENS] = rank.sglang_max_prefill_tokens
-        cfg_i[ws, L.CFG_SG_CHUNK_SIZE] = rank.sglang_chunked_prefill_size
+        # attention DP splits the chunk budget over the ranks (engine.md 7.9)
+        cfg_i[ws, L.CFG_SG_CHUNK_SIZE] = rank.sglang_chunked_prefill_size // dp_size
         cfg_i[ws, L.CFG_SG_CLIP] = rank.sglang_clip_max_new_tokens
         cfg_i[ws, L.CFG_SG_LPM] = rank.sglang_schedule_policy == "lpm"
         cfg_i[ws, L.CFG_SG_PD_INTERVAL] = rank.prefill_decode_interval
         # the reference's f64 sequence: init, its floor, the decay step in this order
-        init = 0.7 * rank.sglang_schedule_conservativeness
+        # and makes admission more conservative (x0.3, engine.md 7.9)
+        conservativeness = rank.sglang_schedule_conservativeness * (0.3 if dp_size > 1 else 1.0)
+        init = 0.7 * conservativeness
         floor = init * 0.14
         cfg_f[ws, L.CFGF_SG_INIT_RATIO] = init
         cfg_f[ws, L.CFGF_SG_MIN_RATIO] = floor
@@ -795,13 +818,17 @@ def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
     else:
         pi, pf = ri, rf  # one row serves both sides
         first_decode_worker = w_first
-    worker = _optional(ri[:, L.RQ_WORKER] - first_decode_worker, ri[:, L.RQ_WORKER] >= 0)
+    rank = ri[:, L.RQ_WORKER] - first_decode_worker
+    placed = ri[:, L.RQ_WORKER] >= 0
+    worker = _optional(rank // sim.dp_size, placed)
     cols = {
         "request_id": sim.workload.request_name,
         "trace_line": sim.workload.line_no,
         "turn_index": sim.workload.turn_index.astype(np.int64),
         "worker": worker,
     }
+    if sim.dp_size > 1:
+        cols["dp_rank"] = _optional(rank % sim.dp_size, placed)  # the attention-DP rank of its worker
     if not sim.disaggregated:
         cols["decode_worker"] = worker  # as the reference records it
     cols.update({
@@ -974,7 +1001,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
                 _, w, rows = owner[u]
                 q0, w0 = run.offsets(res.sources[u][1])
                 q_rows[rows] = q0 + np.arange(len(rows))
-                w_base[rows] = w0 - w
+                w_base[rows] = w0 - w * sims[s].dp_size  # a unit's ranks are its worker's
             return _request_frame(sims[s], run.state.rq, q_rows, w_base)
         frames = []
         for u in parts[s]:
@@ -1074,7 +1101,7 @@ def _worker_shards(sim: Simulation):
             _SHARD_CACHE.pop(next(iter(_SHARD_CACHE)))
         _SHARD_CACHE[key] = cached
     return [(sub.line_no_rows, Simulation(sub.workload, sim.rank, 1, 0, sim.arena_blocks,
-                                          queue_slots=sim.queue_slots))
+                                          queue_slots=sim.queue_slots, dp_size=sim.dp_size))
             for sub in cached[1]]
 
 
@@ -1539,8 +1566,9 @@ def _engine_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.D
 
     status = status.copy()
     status[~finished] = None
-    return pd.DataFrame({
-        "worker": rows[:, L.EV_WORKER] - w_first,
+    worker, dp_rank = _worker_and_rank(sim, rows[:, L.EV_WORKER] - w_first)
+    frame = pd.DataFrame({
+        "worker": worker,
         "time_ms": np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64),
         "kind": np.array(L.EV_KIND_NAMES, dtype=object)[kind],
         "request_id": sim.workload.request_name[logical],
@@ -1551,12 +1579,21 @@ def _engine_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.D
         "terminal_status": status,
         "output_tokens": only(rows[:, L.EV_C], finished),
     })
+    if sim.dp_size > 1:
+        frame.insert(1, "dp_rank", dp_rank)
+    return frame
+
+
+def _worker_and_rank(sim: Simulation, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(worker, attention-DP rank) of kernel workers numbered from the simulation's
+    first (a worker's ranks are consecutive)."""
+    return rank // sim.dp_size, rank % sim.dp_size
 
 
 def _pressure_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataFrame:
     """One simulation's pressure events (the seed's PressureEvent), in the order the
     engines took them: ``at_ms`` (the pass start), ``kind`` ``vllm_preemption`` /
-    ``sglang_retraction``, ``worker`` and ``rank`` (attention-DP rank; dp 1), the
+    ``sglang_retraction``, ``worker`` and ``rank`` (its attention-DP rank), the
     request, the worker's running / waiting requests and active blocks before and
     after, the request's active blocks before, and for SGLang the logically available
     and the required blocks of the decision (null for vLLM; waiting counts null for
@@ -1582,11 +1619,12 @@ def _pressure_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd
         return out
 
     has_waiting = waiting_before >= 0
+    worker, dp_rank = _worker_and_rank(sim, head[:, L.EV_WORKER] - w_first)
     return pd.DataFrame({
         "at_ms": np.ascontiguousarray(head[:, L.EV_TIME_BITS]).view(np.float64),
         "kind": np.where(retraction, "sglang_retraction", "vllm_preemption").astype(object),
-        "worker": head[:, L.EV_WORKER] - w_first,
-        "rank": np.zeros(len(at), np.int64),
+        "worker": worker,
+        "rank": dp_rank,
         "request_id": sim.workload.request_name[logical],
         "turn_index": sim.workload.turn_index[logical].astype(np.int64),
         "running_before": running_before,
@@ -1613,8 +1651,9 @@ def _output_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.D
     token_id = np.empty(len(rows), np.uint32)
     output_tokens_at(out_plan, authored, np.ascontiguousarray(logical),
                      np.ascontiguousarray(rows[:, L.EV_B] - 1), token_id)
-    return pd.DataFrame({
-        "worker": rows[:, L.EV_WORKER] - w_first,
+    worker, dp_rank = _worker_and_rank(sim, rows[:, L.EV_WORKER] - w_first)
+    frame = pd.DataFrame({
+        "worker": worker,
         "time_ms": np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64),
         "request_id": sim.workload.request_name[logical],
         "turn_index": sim.workload.turn_index[logical].astype(np.int64),
@@ -1622,6 +1661,9 @@ def _output_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.D
         "token_id": token_id,
         "last": rows[:, L.EV_C] != 0,
     })
+    if sim.dp_size > 1:
+        frame.insert(1, "dp_rank", dp_rank)
+    return frame
 
 
 def _kv_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataFrame:
@@ -1653,8 +1695,8 @@ def _kv_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataF
     tokens_hash[~stored] = pd.NA
     event_id = pd.Series(first.astype(np.int64)).groupby(worker).cumsum().to_numpy() - 1
     frame = pd.DataFrame({
-        "worker": worker,
-        "dp_rank": np.zeros(len(rows), np.int64),  # one attention-DP rank per worker
+        "worker": worker // sim.dp_size,
+        "dp_rank": worker % sim.dp_size,  # event ids count per rank
         "event_id": event_id,
         "at_ms": np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64),
         "kind": np.array(L.EV_KIND_NAMES, dtype=object)[rows[:, L.EV_KIND]],

@@ -123,8 +123,8 @@ def _size_one(base, base_dir, sla, goodput, max_workers, rate, disaggregated, jo
 def _gpu_cost(payload, base_dir, trace):
     setup = parse_payload(payload, base_dir, trace)
     if setup.disaggregated:
-        return lambda row: row[0] * setup.prefill_tensor_parallel_size + row[1] * setup.tensor_parallel_size
-    return lambda row: row[0] * setup.tensor_parallel_size
+        return lambda row: row[0] * setup.prefill_tensor_parallel_size + row[1] * setup.gpus_per_worker
+    return lambda row: row[0] * setup.gpus_per_worker
 
 
 def _judge(points: pd.DataFrame, columns, gpu_cost, goodput: float) -> pd.DataFrame:

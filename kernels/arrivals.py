@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from .layout import (
-    DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL, PLACE_KV_ROUTER, ROUTE_AGGREGATED, RQF_ARRIVAL_MS,
+    CFG_DP_SIZE, DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL, PLACE_KV_ROUTER, ROUTE_AGGREGATED, RQF_ARRIVAL_MS,
     RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS, RQF_TERMINAL_MS, RQ_ACTION, RQ_LEASE_OFF,
     RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT,
     RQ_TURN, RQ_UUID, RQ_WORKER, RS_WAITING, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD, SM_ACTQ_LEN,
@@ -22,6 +22,7 @@ from .layout import (
     SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, TERM_CANCELED, TERM_FAILED, TERM_NOT_SENT, WK_BUSY,
     WK_TERM_HEAD, WK_TERM_TAIL,
 )
+from .attention_dp import place_rank
 from .kv_router import pass_end, request_ended, route
 from .placement import place
 from .rank_queues import wait_push_back, wake
@@ -113,6 +114,8 @@ def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
     if sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER:
         w = route(cfg, p, rq, wl, wk, sims, s, q, arrival_ms, sims.i64[s, SM_W_OFF],
                   sims.i64[s, SM_W_LEN], ROUTE_AGGREGATED)
+    elif cfg.i64[sims.i64[s, SM_W_OFF], CFG_DP_SIZE] > 1:
+        w = place_rank(cfg, wk, sims, s, sims.i64[s, SM_W_OFF], sims.i64[s, SM_W_LEN])
     else:
         w = place(sims, s, sims.i64[s, SM_W_OFF], sims.i64[s, SM_W_LEN], SM_RR_CURSOR)
     rq.i64[q, RQ_WORKER] = w

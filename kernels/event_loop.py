@@ -39,12 +39,13 @@ from numba import njit
 from . import cache_lock, compile_notice, mark_compiled
 from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, outputs_logged
 from .arrivals import admit_arrivals, arrivals_due, complete_pass, next_release_ms
+from .attention_dp import begin_group_pass, end_group_pass, group_has_work, group_woken, rank_has_work
 from .backends import decode_run, run_pass, sglang_run_pass
 from .sglang_core import effect_free_pass_gives_up, worker_in_flight
 from .decode_run import quiet_until_ms
 from .disagg_handoff import complete_disagg_pass, drain_actions, drain_transfers, next_transfer_ms
 from .layout import (
-    CFG_POLICY, POLICY_SGLANG, SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END, SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH,
+    CFG_DP_RANK, CFG_DP_SIZE, CFG_POLICY, POLICY_SGLANG, SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END, SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH,
     SIM_PAUSED, SIM_RUNNING,
     EVH_LEN, SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
     SM_DEAD_IN_FLIGHT, SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_OVERFLOW, WK_RUN_LEN,
@@ -78,8 +79,12 @@ def _event_loop(disaggregated, sglang=False):
         for w in range(w0, w1):
             wk.ready[w] = 1
         events_on = event_log_on(p)
-        # a decode run emits without visiting each request: not while every token is logged
-        decode_runs = not outputs_logged(p, s)
+        # attention DP: ranks of dp_size per logical worker behind one pass barrier
+        # (kernels.attention_dp; aggregated pools only)
+        dp = cfg.i64[w0, CFG_DP_SIZE]
+        # a decode run emits without visiting each request: not while every token is
+        # logged, nor for ranks that wait for their siblings
+        decode_runs = not outputs_logged(p, s) and dp == 1
         n_event_rows = p.event_log.shape[1] - 1  # event rows
         while True:
             if events_on:
@@ -107,7 +112,8 @@ def _event_loop(disaggregated, sglang=False):
                                 sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                                 return
                         else:
-                            complete_pass(rq, wk, sims, s, w)
+                            for r in range(w, w + dp):  # a group completes every rank
+                                complete_pass(rq, wk, sims, s, r)
                     if disaggregated and drain_transfers(rq, sims, s, now_ms):
                         changed = True
                     if not disaggregated and arrivals_due(rq, sims, s, now_ms) \
@@ -124,6 +130,53 @@ def _event_loop(disaggregated, sglang=False):
                 # its worker goes again before higher ids; what its completion releases
                 # (arrivals, handoff actions) waits for the next iteration of the drain
                 for w in range(first_w, w1):
+                    if not disaggregated and dp > 1:
+                        if cfg.i64[w, CFG_DP_RANK] != 0 or not group_woken(wk, w, dp):
+                            continue  # a group is driven from its rank 0
+                        while group_has_work(wk, w, dp):
+                            if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] + dp > log_rows:
+                                wk.ready[w] = 1  # the resumed drive starts with it
+                                sims.now_ms[s] = now_ms
+                                sims.i64[s, SM_RESUME_WORKER] = w
+                                sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
+                                return
+                            first_row = sims.i64[s, SM_PASS_LOG_LEN]
+                            first_event = p.event_log[s, 0, EVH_LEN] if events_on else 0
+                            begin_group_pass(sims, s)
+                            end_ms = now_ms
+                            had_effect = False
+                            for r in range(w, w + dp):
+                                if not rank_has_work(wk, r):
+                                    continue  # it waits for the barrier all the same
+                                rank_end_ms, rank_effect, arena_full = pass_kernel(
+                                    cfg, p, rq, wl, wk, sims, s, r, now_ms, acc, hits, fresh, scratch_tokens)
+                                if arena_full:
+                                    sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                                    return
+                                end_ms = max(end_ms, rank_end_ms)
+                                if rank_effect:
+                                    had_effect = True
+                                else:
+                                    wk.i64[r, WK_STALLED] = 1  # until new work reaches it
+                            end_group_pass(p, rq, wk, sims, s, w, dp, end_ms, first_row, first_event)
+                            if end_ms != now_ms:
+                                busy_push(wk, sims, s, w)
+                            else:
+                                for r in range(w, w + dp):
+                                    complete_pass(rq, wk, sims, s, r)
+                            if not had_effect:
+                                if sglang and end_ms == now_ms:
+                                    # as a lone SGLang worker (below): a dead end
+                                    dead = 0
+                                    for r in range(w, w + dp):
+                                        dead += worker_in_flight(rq, sims, s, r)
+                                    sims.i64[s, SM_DEAD_IN_FLIGHT] = dead
+                                    sims.now_ms[s] = now_ms
+                                    sims.i64[s, SM_STATUS] = SIM_DEAD_END
+                                    return
+                                break
+                            changed = True
+                        continue
                     if wk.ready[w] == 0:
                         continue  # busy, stalled or without work since it was last driven
                     wk.ready[w] = 0

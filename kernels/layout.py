@@ -158,12 +158,13 @@ PL_INACTIVE_BLOCKS = 14
 PL_SUM_PREFILL_PROMPT_TOKENS = 15
 PL_TIMED_DECODE_REQUESTS = 16
 PL_TIMED_DECODE_KV_TOKENS = 17
+PL_DP_RANK = 18           # the attention-DP rank of the worker that ran the pass (0 without)
 PASS_LOG_COLUMNS = (
     "worker", "start_ms", "end_ms", "num_prefill_requests", "sum_prefill_tokens",
     "sum_prefill_kv_tokens", "num_decode_requests", "sum_decode_kv_tokens",
     "num_admitted", "num_preempted", "num_output_tokens", "num_running", "num_waiting",
     "active_blocks", "inactive_blocks", "sum_prefill_prompt_tokens", "timed_decode_requests",
-    "timed_decode_kv_tokens",
+    "timed_decode_kv_tokens", "dp_rank",
 )
 PL_NUM_COLUMNS = len(PASS_LOG_COLUMNS)
 
@@ -235,6 +236,9 @@ RANK_CONFIG_I = _declare(FieldTable("CFG_", "cfg.i64", np.int64, [
     ("SG_CLIP", 4096, "", "SGLang: clip_max_new_tokens (the output reserve of a request at most)"),
     ("SG_LPM", 0, "", "SGLang: 1 = longest-prefix-match scheduling, 0 = fifo"),
     ("SG_PD_INTERVAL", 0, "", "SGLang: prefill_decode_interval (passes without prefill after one)"),
+    ("DP_SIZE", 1, "", "attention-DP ranks of its logical worker (kernels.attention_dp); 1 = a worker "
+                       "is one rank"),
+    ("DP_RANK", 0, "", "its rank in that group: the group's rank 0 is worker w - DP_RANK"),
 ]))
 # CFGF_KV_BANDWIDTH_GBS / CFGF_KV_BYTES_PER_TOKEN are NaN when not configured (the
 # transfer then takes CFGF_HANDOFF_LATENCY_MS, the topology's fallback).
@@ -323,6 +327,8 @@ REQUEST_I = _declare(FieldTable("RQ_", "rq.i64", np.int64, [
     ("SCHED_PREFIX", 0, "", "prompt tokens computed before that pass"),
     ("SCHED_TERMINAL", 0, "", "1 = nothing left to generate after that pass"),
     ("TERM_NEXT", -1, "q", "next entry of its worker's terminal list"),
+    ("TOKEN_NEXT", -1, "q", "attention DP: next request whose token of the group pass in flight "
+                            "waits for the group's end to get its time"),
     ("TERMINAL", TERM_NONE, "", "how it ended, TERM_*"),
     ("COMMITTED_PREFILL", 0, "", "tokens of pass chunks that computed prompt tokens"),
     ("SCHED_LEN", 0, "", "sequence length when last scheduled"),
@@ -413,6 +419,7 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
                                "(the reference's prebuilt-ready FIFO, linked by RQ_SG_READY_NEXT)"),
     ("SG_READY_TAIL", -1, "q", "SGLang decode rank: newest entry of the ready list"),
     ("SG_READY_LEN", 0, "", "SGLang decode rank: entries of the ready list"),
+    ("DP_CURSOR", 0, "", "attention DP, on a group's rank 0: round-robin cursor over its ranks"),
 ]))
 WK_FIELDS = WORKER.width
 
@@ -456,6 +463,10 @@ SIMULATION = _declare(FieldTable("SM_", "sims.i64", np.int64, [
     ("DEAD_IN_FLIGHT", -1, "", "a dead end the reference reports for one worker (SGLang: an "
                                "effect-free zero-duration pass it does not retry): that worker's "
                                "requests in flight; -1 = the whole simulation's"),
+    ("GROUP_PASS", 0, "", "attention DP: 1 while the ranks of a group pass run (tokens wait "
+                          "for the group's end, kernels.attention_dp)"),
+    ("TOKEN_HEAD", -1, "q", "attention DP: first request with a token waiting for the group's end"),
+    ("TOKEN_TAIL", -1, "q", "attention DP: last one"),
     ("DEST_FIRST", 0, "", "disaggregated: 1 = DestinationFirst handoff order (SGLang: the decode "
                           "slot is reserved at arrival, the prefill submitted once it holds), "
                           "0 = SourceFirst (vLLM, TRT-LLM)"),

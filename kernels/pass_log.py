@@ -9,7 +9,7 @@ from .layout import (
     PL_NUM_OUTPUT_TOKENS, PL_NUM_PREEMPTED, PL_NUM_PREFILL_REQUESTS, PL_NUM_RUNNING,
     PL_NUM_WAITING, PL_START_MS, PL_SUM_DECODE_KV_TOKENS, PL_SUM_PREFILL_KV_TOKENS,
     PL_SUM_PREFILL_PROMPT_TOKENS, PL_SUM_PREFILL_TOKENS, PL_TIMED_DECODE_KV_TOKENS,
-    PL_TIMED_DECODE_REQUESTS, PL_WORKER, PW_LRU_LEN, SM_PASS_LOG_LEN, SM_W_OFF, WK_RUN_LEN,
+    PL_DP_RANK, PL_TIMED_DECODE_REQUESTS, PL_WORKER, PW_LRU_LEN, SM_PASS_LOG_LEN, SM_W_OFF, WK_RUN_LEN,
     WK_WAIT_LEN,
 )
 
@@ -23,7 +23,8 @@ def append_pass_row(p, wk, sims, s, w, start_ms, end_ms, n_pf, pf_tokens, pf_kv,
     row = sims.i64[s, SM_PASS_LOG_LEN]
     sims.i64[s, SM_PASS_LOG_LEN] = row + 1
     log = sims.pass_log[s, row]
-    log[PL_WORKER] = w - sims.i64[s, SM_W_OFF]
+    log[PL_WORKER] = w - sims.i64[s, SM_W_OFF]  # a rank: attention_dp makes it its worker's
+    log[PL_DP_RANK] = 0
     log[PL_START_MS] = start_ms
     log[PL_END_MS] = end_ms
     log[PL_NUM_PREFILL_REQUESTS] = n_pf

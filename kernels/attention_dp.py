@@ -1,0 +1,109 @@
+"""Attention data parallelism: a logical worker of ``dp_size`` ranks behind one pass
+barrier, as the reference's grouped engine runs it (engine.md §3.3, replay.md §5.6).
+
+Each rank is a kernel worker of its own (queues, KV pool, config row), numbered
+consecutively per logical worker (``CFG_DP_RANK``; rank 0 leads the group). The group
+has one pass in flight at a time: when it is free and any rank has work, every rank
+with work runs its pass at ``now`` in rank order, and the group's pass ends at the
+latest rank end. Every rank's outputs become visible then: its tokens get their
+time from the group's end (``token_output.token_times``), and so do its terminals,
+its pass-log rows and its KV events. A rank without work still waits for the
+barrier. The busy heap holds the group's rank 0 only; its completion completes
+every rank in rank order.
+
+Placement is the reference's two-level rotation: the pool cursor picks the logical
+worker, then the worker's own cursor (``WK_DP_CURSOR``) picks its rank.
+
+The event loop (``kernels.event_loop``) drives the group; the functions here are
+its pieces. Not simulated with attention DP (the configuration refuses them):
+disaggregated pools, the kv_router, the rank protocol, SGLang's
+``prefill_decode_interval`` (a group-wide countdown in the reference)."""
+
+import numpy as np
+from numba import njit
+
+from .block_pool import event_log_on
+from .layout import (
+    CFG_DP_SIZE, EVH_LEN, EV_KIND, EV_KV_REMOVED, EV_KV_REPORTED, EV_TIME_BITS, PL_DP_RANK, PL_END_MS, PL_WORKER,
+    RQF_TERMINAL_MS, RQ_TERM_NEXT, SM_GROUP_PASS, SM_PASS_LOG_LEN, SM_RR_CURSOR, SM_TOKEN_HEAD,
+    SM_TOKEN_TAIL, WK_BUSY, WK_DP_CURSOR, WK_RUN_LEN, WK_STALLED, WK_TERM_HEAD, WK_WAIT_LEN,
+)
+from .placement import place
+from .token_output import token_times
+
+
+@njit(cache=True, _nrt=False)
+def place_rank(cfg, wk, sims, s, w0, n_workers):
+    """The rank a new request of the pool ``[w0, w0 + n_workers)`` goes to: the pool's
+    placement picks the logical worker, its cursor the rank."""
+    dp = cfg.i64[w0, CFG_DP_SIZE]
+    lead = w0 + dp * place(sims, s, 0, n_workers // dp, SM_RR_CURSOR)
+    cursor = wk.i64[lead, WK_DP_CURSOR]
+    wk.i64[lead, WK_DP_CURSOR] = cursor + 1
+    return lead + cursor % dp
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def rank_has_work(wk, w):
+    """Rank w would run a pass now (the reference's ready rank; one whose last pass
+    changed nothing waits for new work, as a lone worker does)."""
+    return wk.i64[w, WK_STALLED] == 0 and (wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0)
+
+
+@njit(cache=True, _nrt=False)
+def group_has_work(wk, lead, dp):
+    if wk.i64[lead, WK_BUSY] != 0:
+        return False
+    for w in range(lead, lead + dp):
+        if rank_has_work(wk, w):
+            return True
+    return False
+
+
+@njit(cache=True, _nrt=False)
+def group_woken(wk, lead, dp):
+    """Whether something woke any rank of the group since its last drive (clears it)."""
+    woken = False
+    for w in range(lead, lead + dp):
+        if wk.ready[w] != 0:
+            woken = True
+            wk.ready[w] = 0
+    return woken
+
+
+@njit(cache=True, _nrt=False)
+def begin_group_pass(sims, s):
+    """The ranks' tokens from now on wait for the group's end."""
+    sims.i64[s, SM_GROUP_PASS] = 1
+    sims.i64[s, SM_TOKEN_HEAD] = -1
+    sims.i64[s, SM_TOKEN_TAIL] = -1
+
+
+@njit(cache=True, _nrt=False)
+def end_group_pass(p, rq, wk, sims, s, lead, dp, end_ms, first_log_row, first_event):
+    """Every output of the group pass that started when the pass log had
+    ``first_log_row`` rows and the event log ``first_event`` events becomes visible at
+    the group's end ``end_ms``; every rank is busy until then."""
+    sims.i64[s, SM_GROUP_PASS] = 0
+    token_times(p, rq, wk, sims, s, end_ms)
+    for w in range(lead, lead + dp):
+        q = wk.i64[w, WK_TERM_HEAD]
+        while q >= 0:
+            rq.f64[q, RQF_TERMINAL_MS] = end_ms
+            q = rq.i64[q, RQ_TERM_NEXT]
+        wk.i64[w, WK_BUSY] = 1
+        wk.pass_end_ms[w] = end_ms
+    for row in range(first_log_row, min(sims.i64[s, SM_PASS_LOG_LEN], sims.pass_log.shape[1])):
+        log = sims.pass_log[s, row]
+        log[PL_END_MS] = end_ms
+        rank = np.int64(log[PL_WORKER])
+        log[PL_WORKER] = rank // dp
+        log[PL_DP_RANK] = rank % dp
+    if event_log_on(p):
+        # KV facts (vLLM) and reports (SGLang) of the ranks: at the barrier
+        n = min(p.event_log[s, 0, EVH_LEN], p.event_log.shape[1] - 1)
+        bits = np.float64(end_ms).view(np.int64)
+        for r in range(first_event + 1, n + 1):
+            kind = p.event_log[s, r, EV_KIND]
+            if kind <= EV_KV_REMOVED or kind == EV_KV_REPORTED:
+                p.event_log[s, r, EV_TIME_BITS] = bits
