@@ -1,0 +1,160 @@
+"""Attention DP (``spec.engine.dp_size`` > 1, kernels.attention_dp): reference runs on
+every column, the group barrier in the pass log, the per-rank outputs, and the
+configurations it refuses."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from aisim_fast.config import ConfigError, parse_payload
+from aisim_fast.replay import run_batch, simulation_from_setup
+from parity_rules import as_key_part, row_differences
+
+DATA = Path(__file__).resolve().parent / "data"
+CASES = sorted(p for p in (DATA / "attention_dp").iterdir() if p.is_dir())
+
+
+def _payload(case: Path) -> dict:
+    return json.loads((case / "spec.json").read_text())
+
+
+def _setup(payload: dict):
+    return parse_payload(payload, DATA / "traces")
+
+
+def _sim(case: Path, **edits):
+    payload = _payload(case)
+    for key, value in edits.items():
+        node = payload
+        *parents, leaf = key.split("__")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return simulation_from_setup(_setup(payload))
+
+
+def _key(row):
+    return str(row["request_id"]).strip(), as_key_part(row["turn_index"])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_matches_reference_on_every_column(case):
+    sim = _sim(case)
+    assert sim.dp_size > 1
+    res = run_batch([sim], record_passes=False)
+    res.check()
+    frame = res.requests[0]
+    # the reference numbers a request's worker by its rank's scheduler id
+    scheduler = frame["worker"] * sim.dp_size + frame["dp_rank"]
+    frame = frame.assign(worker=scheduler, decode_worker=scheduler)
+    with open(case / "ref.csv", newline="", encoding="utf-8") as fh:
+        gold = {_key(r): r for r in csv.DictReader(fh)}
+    cand = {_key(r): r for r in frame.to_dict("records")}
+    assert sorted(cand) == sorted(gold), "request rows differ"
+    report = []
+    for key, row in gold.items():
+        for col, g, c in row_differences(row, cand[key]):
+            report.append(f"{'/'.join(key)} {col}: reference {g!r}, aisim_fast {c!r}")
+    assert not report, f"{len(report)} cells differ, first:\n" + "\n".join(report[:8])
+
+
+def test_ranks_pass_behind_one_barrier():
+    """Every pass of a worker's ranks that starts together ends together (the group's
+    end), the group has one pass in flight, and every rank takes requests in turn."""
+    case = DATA / "attention_dp" / "s_dp4w2"
+    sim = _sim(case)
+    res = run_batch([sim])
+    res.check()
+    passes = res.passes[0]
+    assert set(passes["dp_rank"]) == {0, 1, 2, 3} and set(passes["worker"]) == {0, 1}
+    for _, group in passes.groupby("worker"):
+        ends = group.groupby("start_ms")["end_ms"].agg(["min", "max"])
+        assert (ends["min"] == ends["max"]).all()
+        starts = ends.index.to_numpy()
+        assert np.all(starts[1:] >= ends["max"].to_numpy()[:-1])
+        assert not group.duplicated(["start_ms", "dp_rank"]).any()  # one pass per rank
+    requests = res.requests[0]
+    # round robin over workers, then each worker's ranks in turn (arrival order)
+    order = requests.sort_values(["arrival_ms", "trace_line"], kind="stable")
+    expected_worker = np.arange(len(order)) % 2
+    expected_rank = (np.arange(len(order)) // 2) % 4
+    assert (order["worker"].to_numpy() == expected_worker).all()
+    assert (order["dp_rank"].to_numpy() == expected_rank).all()
+    # a token is visible at its group's end: every first token is some pass's end
+    assert set(requests["first_token_ms"]) <= set(passes["end_ms"])
+
+
+def test_split_run_equals_whole_run():
+    """Round robin runs each worker's group as its own unit; the whole run (one unit,
+    as a run with recorded events takes it) gives the same rows bit for bit."""
+    sim = _sim(DATA / "attention_dp" / "s_dp4w2")
+    split = run_batch([sim], record_passes=False)
+    whole = run_batch([sim], record_passes=False, record_pressure=True)
+    split.check()
+    whole.check()
+    pd.testing.assert_frame_equal(split.requests[0], whole.requests[0])
+
+
+def test_retractions_are_pressure_events_of_their_rank():
+    res = run_batch([_sim(DATA / "attention_dp" / "s_dp3w1_tight")], record_pressure=True)
+    res.check()
+    pressure, requests = res.pressure_events[0], res.requests[0]
+    assert len(pressure) == int(requests["preemptions"].sum()) > 0
+    assert set(pressure["kind"]) == {"sglang_retraction"} and set(pressure["worker"]) == {0}
+    retracted = requests[requests["preemptions"] > 0].set_index("request_id")["dp_rank"]
+    assert (pressure["rank"].to_numpy() == retracted.loc[pressure["request_id"]].to_numpy()).all()
+
+
+def test_outputs_name_worker_and_rank():
+    sim = _sim(DATA / "attention_dp" / "v_dp2w1")
+    res = run_batch([sim], record_events=True, record_outputs=True)
+    res.check()
+    kv = res.kv_events[0]
+    assert set(kv["worker"]) == {0} and set(kv["dp_rank"]) == {0, 1}
+    # event ids count per rank, from 0
+    for _, rank in kv.groupby("dp_rank"):
+        assert rank["event_id"].min() == 0
+    outputs = res.output_events[0]
+    assert set(outputs["dp_rank"]) == {0, 1}
+    assert set(outputs["time_ms"]) <= set(res.passes[0]["end_ms"])
+    assert len(outputs) == int(res.requests[0]["output_tokens"].sum())
+    engine = res.engine_events[0]
+    assert set(engine["dp_rank"]) == {0, 1}
+
+
+def test_gpus_per_worker_count_every_rank():
+    payload = _payload(DATA / "attention_dp" / "t_dp3w2")
+    payload["spec"]["engine"]["tensor_parallel_size"] = 2
+    setup = _setup(payload)
+    assert (setup.dp_size, setup.gpus_per_worker) == (3, 6)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda p: p["spec"]["engine"].update(dp_size=0), "spec.engine.dp_size: must be an integer >= 1"),
+    (lambda p: p["spec"]["adapters"].update(placement={"provider": "kv_router"}),
+     "spec.adapters.placement.provider: kv_router with attention DP"),
+    (lambda p: p["spec"]["engine"]["rank"].update(prefill_decode_interval=2),
+     "spec.engine.rank.prefill_decode_interval: a group-wide countdown"),
+    (lambda p: p["spec"]["engine"]["rank"].update(sglang={"chunked_prefill_size": 1}),
+     "spec.engine.rank.sglang.chunked_prefill_size: each of the 2 attention-DP ranks"),
+])
+def test_refused_configurations(edit, message):
+    payload = _payload(DATA / "attention_dp" / "s_dp2w1")
+    edit(payload)
+    with pytest.raises(ConfigError) as err:
+        _setup(payload)
+    assert message in str(err.value)
+
+
+def test_disaggregated_pools_refuse_attention_dp():
+    payload = json.loads((DATA / "golden" / "1k_vllm_disagg1p2d.spec.json").read_text())
+    payload["spec"]["engine"]["decode"]["dp_size"] = 2
+    with pytest.raises(ConfigError, match=r"spec\.engine\.decode\.dp_size: attention DP is simulated "
+                                          r"in aggregated topologies only"):
+        _setup(payload)
