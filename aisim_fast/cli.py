@@ -45,6 +45,7 @@ from aisim_fast.config import (
     SIMULATED_BACKENDS,
     ConfigError,
     ReplaySetup,
+    check_attention_dp,
     check_disaggregated_pair,
     parse_payload,
     parse_placement,
@@ -91,7 +92,7 @@ NO_SPEC_FLAGS = (("backend", "--backend"), ("workers", "--workers"),
                  ("trace_block_size", "--trace-block-size"),
                  ("arrival_speedup_ratio", "--arrival-speedup-ratio"),
                  ("placement", "--placement"), ("placement_seed", "--placement-seed"),
-                 ("router_json", "--router-json")) + DISAGG_FLAGS
+                 ("router_json", "--router-json"), ("dp_size", "--dp-size")) + DISAGG_FLAGS
 DEFAULT_TRACE_BLOCK_SIZE = 512
 DEFAULT_ARRIVAL_SPEEDUP_RATIO = 1.0
 
@@ -128,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "tokens, default 1, so it is a token count; disaggregated sglang reserves "
                              "the decode slot before the prefill)")
     replay.add_argument("--workers", type=int, metavar="N", help="aggregated workers")
+    replay.add_argument("--dp-size", type=int, metavar="N",
+                        help="attention-DP ranks per aggregated worker, behind one pass barrier "
+                             "(default 1; spec: engine.dp_size)")
     replay.add_argument("--engine-args", metavar="JSON",
                         help="JSON object of reference rank fields, merged over {\"backend\": ...}; "
                              "SGLang knobs in its \"sglang\" block (schedule_policy, max_prefill_tokens, "
@@ -468,11 +472,18 @@ def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
             given = [flag for attr, flag in DISAGG_FLAGS if getattr(args, attr) is not None]
             raise UsageError(f"{', '.join(given)} need a disaggregated topology: give "
                              "--prefill-workers and --decode-workers")
+        if args.dp_size is not None:
+            raise UsageError("--dp-size: attention DP is simulated in aggregated topologies only")
         topology = _disaggregated_from_flags(args)
     else:
         topology = dict(rank=parse_rank(_engine_args(args.engine_args, "--engine-args", args.backend),
                                         "--engine-args"),
-                        workers=_flag_count(args.workers, "--workers"))
+                        workers=_flag_count(args.workers, "--workers"),
+                        dp_size=1 if args.dp_size is None else _flag_count(args.dp_size, "--dp-size"))
+        check_attention_dp(topology["rank"], topology["dp_size"], "--engine-args")
+        if topology["dp_size"] > 1 and args.placement == "kv_router":
+            raise ConfigError("--placement: kv_router with attention DP (--dp-size) is not simulated yet; "
+                              "use round_robin or random")
     concurrency = 0
     if args.concurrency is not None:
         if args.concurrency < 1:
@@ -508,7 +519,7 @@ def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
                         arrival_speedup_ratio=ratio, concurrency=concurrency, sla={},
                         placement=args.placement or "round_robin",
                         placement_seed=args.placement_seed or 0, router=router, **topology)
-    return setup, 1, {"mode": "flags", "default_trace": default_trace}
+    return setup, setup.gpus_per_worker, {"mode": "flags", "default_trace": default_trace}
 
 
 def _setup_from_flag_payload(args, disaggregated: bool) -> tuple[ReplaySetup, int, dict]:
@@ -530,7 +541,7 @@ def _setup_from_flag_payload(args, disaggregated: bool) -> tuple[ReplaySetup, in
         engine = {"prefill": block(setup.prefill_rank, 1), "decode": block(setup.rank, 1)}
     else:
         topology = {"kind": "aggregated", "workers": {"initial_workers": setup.workers}}
-        engine = block(setup.rank, 1)
+        engine = {**block(setup.rank, 1), "dp_size": setup.dp_size}
     if not explicit_blocks:  # no --*engine-args capacity: estimated from model + GPU memory
         for b in ([engine["prefill"], engine["decode"]] if disaggregated else [engine]):
             b["rank"].pop("num_gpu_blocks", None)
@@ -680,14 +691,12 @@ def run_replay(args) -> dict:
 
 
 def _with_rank(parts):
-    """Pass-log parts (Arrow tables) with the attention-DP ``rank`` after ``worker``
-    (ForwardPassMetrics name it; only dp_size 1 is simulated)."""
-    import pyarrow as pa
+    """Pass-log parts (Arrow tables) with the attention-DP ``rank`` right after
+    ``worker``, as ForwardPassMetrics name them."""
     for part in parts:
-        if "rank" not in part.column_names:
-            part = part.add_column(part.column_names.index("worker") + 1, "rank",
-                                   pa.array(np.zeros(part.num_rows, np.int64)))
-        yield part
+        names = [c for c in part.column_names if c != "rank"]
+        names.insert(names.index("worker") + 1, "rank")
+        yield part.select(names)
 
 
 def pressure_counts(setup: ReplaySetup, requests) -> dict:

@@ -16,6 +16,12 @@ With ``--kv-artifacts`` every case is one aggregated worker (the only shape the
 reference's per-token artifacts cover; vLLM / TRT-LLM, and SGLang with
 ``--sglang-fraction``) and its KV event stream and output token ids are compared too,
 exactly (``tests/kv_artifacts.py``).
+
+With ``--dp-fraction F`` that share of the aggregated cases runs with attention DP
+(``spec.engine.dp_size`` 2 or 3, drawn from a generator of its own so the other
+draws of a seed stay as they were): the reference reruns the dumped payload with it
+(``benchmarks/ref_payload_run.py``), and its per-request worker, the rank's scheduler
+id, is compared with ``worker * dp_size + dp_rank``.
 """
 
 from __future__ import annotations
@@ -134,9 +140,13 @@ def read_csv(path: Path) -> dict:
         return {(r["request_id"].strip(), as_key_part(r.get("turn_index"))): r for r in csv.DictReader(fh)}
 
 
-def compare(gold: dict, frame) -> list:
+def compare(gold: dict, frame, dp_size: int = 1) -> list:
     """Every column the reference writes, with the corner tests' rules
-    (``parity_rules.row_differences``)."""
+    (``parity_rules.row_differences``); with attention DP the reference's worker is
+    the rank's scheduler id."""
+    if dp_size > 1:
+        scheduler = frame["worker"] * dp_size + frame["dp_rank"]
+        frame = frame.assign(worker=scheduler, decode_worker=scheduler)
     cand = {(str(r["request_id"]).strip(), as_key_part(r["turn_index"])): r for r in frame.to_dict("records")}
     bad = [("missing", k) for k in gold if k not in cand]
     for key, row in gold.items():
@@ -156,6 +166,8 @@ def main() -> int:
     p.add_argument("--ref-timeout", type=float, default=120.0, help="seconds per reference run")
     p.add_argument("--sglang-fraction", type=float, default=0.0,
                    help="share of aggregated SGLang configurations (0 keeps earlier seeds' draws)")
+    p.add_argument("--dp-fraction", type=float, default=0.0,
+                   help="share of aggregated cases run with attention DP (dp_size 2 or 3)")
     p.add_argument("--kv-artifacts", action="store_true",
                    help="one aggregated worker per case (vLLM / TRT-LLM, SGLang with "
                         "--sglang-fraction); compare KV events and output token ids with the "
@@ -175,6 +187,13 @@ def main() -> int:
                 cfg[cfg.index("--workers") + 1] = "1"
                 cfg += ["--artifacts", str(case / "ref.artifacts.json")]
             kind = ("disagg" if "--prefill-workers" in cfg else "agg") + "/" + cfg[1]
+            dp_size = 1
+            if args.dp_fraction > 0 and "--workers" in cfg and not args.kv_artifacts \
+                    and "prefill_decode_interval" not in " ".join(cfg):
+                dp_rng = random.Random(args.seed * 100003 + i + 0x5EED)
+                if dp_rng.random() < args.dp_fraction:
+                    dp_size = dp_rng.choice([2, 3])
+                    kind += f"/dp{dp_size}"
             kinds[kind] += 1
             try:
                 ref = subprocess.run([args.ref_python, str(REF_DIR / "ref_replay.py"), "--trace", str(trace),
@@ -191,6 +210,21 @@ def main() -> int:
             if not (case / "spec.json").exists():
                 tally["reference refused the config"] += 1
                 continue
+            if dp_size > 1:
+                (case / "ref.csv").unlink(missing_ok=True)
+                try:
+                    ref = subprocess.run([args.ref_python, str(ROOT / "benchmarks" / "ref_payload_run.py"),
+                                          str(case / "spec.json"), str(case / "dp"),
+                                          f"spec.engine.dp_size={dp_size}"],
+                                         capture_output=True, text=True, timeout=args.ref_timeout)
+                except subprocess.TimeoutExpired:
+                    tally["reference timed out"] += 1
+                    print(f"{i:4d} {kind:12s} ref timed out after {args.ref_timeout:.0f} s", flush=True)
+                    continue
+                ref_failed = ref.returncode != 0 or not (case / "dp.csv").exists()
+                if not ref_failed:
+                    (case / "dp.csv").replace(case / "ref.csv")
+                    (case / "dp.spec.json").replace(case / "spec.json")
             payload = json.loads((case / "spec.json").read_text())
             try:
                 setup = parse_payload(payload, case, trace_override=str(trace))
@@ -210,7 +244,7 @@ def main() -> int:
                     tally["both stopped" if ok else "stop disagreement"] += 1
                 else:
                     gold = read_csv(case / "ref.csv")
-                    bad = compare(gold, res.requests[0])
+                    bad = compare(gold, res.requests[0], sim.dp_size)
                     if len(gold) != len(res.requests[0]):  # kept as a divergence, not a crash
                         bad.insert(0, ("rows", f"reference {len(gold)}, aisim_fast {len(res.requests[0])}"))
                     if args.kv_artifacts and not bad:

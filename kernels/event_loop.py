@@ -39,14 +39,15 @@ from numba import njit
 from . import cache_lock, compile_notice, mark_compiled
 from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, outputs_logged
 from .arrivals import admit_arrivals, arrivals_due, complete_pass, next_release_ms
-from .attention_dp import begin_group_pass, end_group_pass, group_has_work, group_woken, rank_has_work
+from .attention_dp import (begin_group_pass, end_group_pass, group_has_work, group_woken,
+                           rank_has_work)
 from .backends import decode_run, run_pass, sglang_run_pass
 from .sglang_core import effect_free_pass_gives_up, worker_in_flight
 from .decode_run import quiet_until_ms
 from .disagg_handoff import complete_disagg_pass, drain_actions, drain_transfers, next_transfer_ms
 from .layout import (
-    CFG_DP_RANK, CFG_DP_SIZE, CFG_POLICY, POLICY_SGLANG, SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END, SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH,
-    SIM_PAUSED, SIM_RUNNING,
+    CFG_DP_RANK, CFG_DP_SIZE, CFG_POLICY, POLICY_SGLANG, SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END,
+    SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH, SIM_PAUSED, SIM_RUNNING,
     EVH_LEN, SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
     SM_DEAD_IN_FLIGHT, SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_OVERFLOW, WK_RUN_LEN,
     WK_SG_READY_LEN, WK_STALLED, WK_WAIT_LEN,

@@ -164,7 +164,7 @@ PASS_LOG_COLUMNS = (
     "sum_prefill_kv_tokens", "num_decode_requests", "sum_decode_kv_tokens",
     "num_admitted", "num_preempted", "num_output_tokens", "num_running", "num_waiting",
     "active_blocks", "inactive_blocks", "sum_prefill_prompt_tokens", "timed_decode_requests",
-    "timed_decode_kv_tokens", "dp_rank",
+    "timed_decode_kv_tokens", "rank",
 )
 PL_NUM_COLUMNS = len(PASS_LOG_COLUMNS)
 

@@ -72,13 +72,13 @@ def test_ranks_pass_behind_one_barrier():
     res = run_batch([sim])
     res.check()
     passes = res.passes[0]
-    assert set(passes["dp_rank"]) == {0, 1, 2, 3} and set(passes["worker"]) == {0, 1}
+    assert set(passes["rank"]) == {0, 1, 2, 3} and set(passes["worker"]) == {0, 1}
     for _, group in passes.groupby("worker"):
         ends = group.groupby("start_ms")["end_ms"].agg(["min", "max"])
         assert (ends["min"] == ends["max"]).all()
         starts = ends.index.to_numpy()
         assert np.all(starts[1:] >= ends["max"].to_numpy()[:-1])
-        assert not group.duplicated(["start_ms", "dp_rank"]).any()  # one pass per rank
+        assert not group.duplicated(["start_ms", "rank"]).any()  # one pass per rank
     requests = res.requests[0]
     # round robin over workers, then each worker's ranks in turn (arrival order)
     order = requests.sort_values(["arrival_ms", "trace_line"], kind="stable")
