@@ -222,9 +222,12 @@ def main() -> int:
                     print(f"{i:4d} {kind:12s} ref timed out after {args.ref_timeout:.0f} s", flush=True)
                     continue
                 ref_failed = ref.returncode != 0 or not (case / "dp.csv").exists()
+                if (case / "dp.spec.json").exists():
+                    # the DP payload is what both sides run, whether the reference
+                    # finished it or stopped (a dead end is compared too)
+                    (case / "dp.spec.json").replace(case / "spec.json")
                 if not ref_failed:
                     (case / "dp.csv").replace(case / "ref.csv")
-                    (case / "dp.spec.json").replace(case / "spec.json")
             payload = json.loads((case / "spec.json").read_text())
             try:
                 setup = parse_payload(payload, case, trace_override=str(trace))
