@@ -101,6 +101,9 @@ class RankConfig:
     sglang_schedule_conservativeness: float = 1.0
     # SGLang: passes without prefill after one that prefilled (a top-level rank field)
     prefill_decode_interval: int = 0
+    # vLLM with attention DP: prefills are admitted on every N-th group pass only
+    # (engine.md 5.7; no effect with dp_size 1)
+    prefill_schedule_interval: int = 1
     # KV events (vLLM / TRT-LLM): a replay writes them (kv_events.parquet), with each
     # stored block's token ids too
     emit_kv_events: bool = False
@@ -136,7 +139,6 @@ class RankConfig:
 
 # Reference fields accepted only at their default (or absent): value = default.
 _UNSIMULATED = {
-    "prefill_schedule_interval": 1,
     "aic_nextn": None,
     "aic_nextn_accept_rates": None,
     "aic_mtp_seed": 42,
@@ -252,6 +254,13 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1, dp_
     if out["prefill_decode_interval"] != 0 and backend != "sglang":
         _fail(f"{path}.prefill_decode_interval", f"SGLang only (the reference refuses it for {backend} "
                                                  "unless 0)")
+    cadence = raw.get("prefill_schedule_interval")
+    out["prefill_schedule_interval"] = 1 if cadence is None else _int(
+        f"{path}.prefill_schedule_interval", cadence, 1)
+    if out["prefill_schedule_interval"] != 1 and backend != "vllm":
+        _fail(f"{path}.prefill_schedule_interval", f"vLLM only (the reference refuses it for {backend} "
+                                                   "unless 1" + ("; use prefill_decode_interval"
+                                                                 if backend == "sglang" else "") + ")")
     if backend == "sglang":
         out.update(_parse_sglang(raw, path, out))
         if out["timing_model"] == "aic":

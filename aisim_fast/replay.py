@@ -740,6 +740,8 @@ def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConf
                                             else rank.kv_transfer_bytes_per_token)
     cfg_f[ws, L.CFGF_HANDOFF_LATENCY_MS] = handoff_latency_ms
     cfg_i[ws, L.CFG_DP_SIZE] = dp_size
+    # the cadence acts with attention DP only (engine.md 5.7); 1 = every pass
+    cfg_i[ws, L.CFG_PREFILL_CADENCE] = rank.prefill_schedule_interval if dp_size > 1 else 1
     if rank.backend == "sglang":
         cfg_i[ws, L.CFG_SG_MAX_PREFILL_TOKENS] = rank.sglang_max_prefill_tokens
         # attention DP splits the chunk budget over the ranks (engine.md 7.9)

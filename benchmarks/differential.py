@@ -21,7 +21,8 @@ With ``--dp-fraction F`` that share of the aggregated cases runs with attention 
 (``spec.engine.dp_size`` 2 or 3, drawn from a generator of its own so the other
 draws of a seed stay as they were): the reference reruns the dumped payload with it
 (``benchmarks/ref_payload_run.py``), and its per-request worker, the rank's scheduler
-id, is compared with ``worker * dp_size + dp_rank``.
+id, is compared with ``worker * dp_size + dp_rank``. Half the vLLM ones also take a
+``prefill_schedule_interval`` of 2, 3, 4 or 8 (the cadence).
 """
 
 from __future__ import annotations
@@ -188,12 +189,16 @@ def main() -> int:
                 cfg += ["--artifacts", str(case / "ref.artifacts.json")]
             kind = ("disagg" if "--prefill-workers" in cfg else "agg") + "/" + cfg[1]
             dp_size = 1
+            cadence = 1  # vLLM's prefill_schedule_interval, drawn for half the vLLM DP cases
             if args.dp_fraction > 0 and "--workers" in cfg and not args.kv_artifacts \
                     and "prefill_decode_interval" not in " ".join(cfg):
                 dp_rng = random.Random(args.seed * 100003 + i + 0x5EED)
                 if dp_rng.random() < args.dp_fraction:
                     dp_size = dp_rng.choice([2, 3])
                     kind += f"/dp{dp_size}"
+                    if cfg[1] == "vllm" and dp_rng.random() < 0.5:
+                        cadence = dp_rng.choice([2, 3, 4, 8])
+                        kind += f"/i{cadence}"
             kinds[kind] += 1
             try:
                 ref = subprocess.run([args.ref_python, str(REF_DIR / "ref_replay.py"), "--trace", str(trace),
@@ -215,7 +220,8 @@ def main() -> int:
                 try:
                     ref = subprocess.run([args.ref_python, str(ROOT / "benchmarks" / "ref_payload_run.py"),
                                           str(case / "spec.json"), str(case / "dp"),
-                                          f"spec.engine.dp_size={dp_size}"],
+                                          f"spec.engine.dp_size={dp_size}",
+                                          f"spec.engine.rank.prefill_schedule_interval={cadence}"],
                                          capture_output=True, text=True, timeout=args.ref_timeout)
                 except subprocess.TimeoutExpired:
                     tally["reference timed out"] += 1

@@ -15,7 +15,15 @@ Placement is the reference's two-level rotation: the pool cursor picks the logic
 worker, then the worker's own cursor (``WK_DP_CURSOR``) picks its rank.
 
 The event loop (``kernels.event_loop``) drives the group; the functions here are
-its pieces. Not simulated with attention DP (the configuration refuses them):
+its pieces.
+
+vLLM ranks keep the reference's prefill cadence (engine.md 5.7): with
+``prefill_schedule_interval`` N > 1 a rank defers prefill work on group passes whose
+wave step (``WK_DP_WAVE`` on rank 0: group passes since the group was last drained)
+is not a multiple of N, unless its last pass that could prefill left requests
+waiting (``WK_CAPACITY_BOUND``) or it has no decode to protect.
+
+Not simulated with attention DP (the configuration refuses them):
 disaggregated pools, the kv_router, the rank protocol, SGLang's
 ``prefill_decode_interval`` (a group-wide countdown in the reference)."""
 
@@ -24,10 +32,10 @@ from numba import njit
 
 from .block_pool import event_log_on
 from .layout import (
-    CFG_DP_SIZE, EVH_LEN, EV_KIND, EV_KV_REMOVED, EV_KV_REPORTED, EV_TIME_BITS, PL_DP_RANK,
-    PL_END_MS, PL_WORKER, RQF_TERMINAL_MS, RQ_TERM_NEXT, SM_GROUP_PASS, SM_PASS_LOG_LEN,
-    SM_RR_CURSOR, SM_TOKEN_HEAD, SM_TOKEN_TAIL, WK_BUSY, WK_DP_CURSOR, WK_RUN_LEN, WK_STALLED,
-    WK_TERM_HEAD, WK_WAIT_LEN,
+    CFG_DP_RANK, CFG_DP_SIZE, CFG_PREFILL_CADENCE, EVH_LEN, EV_KIND, EV_KV_REMOVED, EV_KV_REPORTED, EV_TIME_BITS, PL_DP_RANK,
+    PL_END_MS, PL_WORKER, RQF_TERMINAL_MS, RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_TERM_NEXT, SM_GROUP_PASS, SM_PASS_LOG_LEN,
+    SM_RR_CURSOR, SM_TOKEN_HEAD, SM_TOKEN_TAIL, WK_BUSY, WK_CAPACITY_BOUND, WK_DP_CURSOR, WK_DP_WAVE,
+    WK_RUN_LEN, WK_RUN_OFF, WK_STALLED, WK_TERM_HEAD, WK_WAIT_LEN,
 )
 from .placement import place
 from .token_output import token_times
@@ -86,6 +94,7 @@ def end_group_pass(p, rq, wk, sims, s, lead, dp, end_ms, first_log_row, first_ev
     ``first_log_row`` rows and the event log ``first_event`` events becomes visible at
     the group's end ``end_ms``; every rank is busy until then."""
     sims.i64[s, SM_GROUP_PASS] = 0
+    wk.i64[lead, WK_DP_WAVE] += 1
     token_times(p, rq, wk, sims, s, end_ms)
     for w in range(lead, lead + dp):
         q = wk.i64[w, WK_TERM_HEAD]
@@ -108,3 +117,21 @@ def end_group_pass(p, rq, wk, sims, s, lead, dp, end_ms, first_log_row, first_ev
             kind = p.event_log[s, r, EV_KIND]
             if kind <= EV_KV_REMOVED or kind == EV_KV_REPORTED:
                 p.event_log[s, r, EV_TIME_BITS] = bits
+
+
+@njit(cache=True, _nrt=False)
+def defers_prefills(cfg, rq, wk, w):
+    """Whether vLLM rank w defers prefill work in the group pass starting now (the
+    reference's cadence, engine.md 5.7): off the cadence, not capacity-bound, and with
+    a running request past its prompt (a decode to protect)."""
+    cadence = cfg.i64[w, CFG_PREFILL_CADENCE]
+    if cadence <= 1 or wk.i64[w, WK_CAPACITY_BOUND] != 0:
+        return False
+    if wk.i64[w - cfg.i64[w, CFG_DP_RANK], WK_DP_WAVE] % cadence == 0:
+        return False
+    off = wk.i64[w, WK_RUN_OFF]
+    for j in range(wk.i64[w, WK_RUN_LEN]):
+        q = wk.run_q[off + j]
+        if rq.i64[q, RQ_NUM_COMPUTED] >= rq.i64[q, RQ_PROMPT_LEN]:
+            return True
+    return False

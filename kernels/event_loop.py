@@ -38,7 +38,7 @@ from numba import njit
 
 from . import cache_lock, compile_notice, mark_compiled
 from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, outputs_logged
-from .arrivals import admit_arrivals, arrivals_due, complete_pass, next_release_ms
+from .arrivals import admit_arrivals, arrivals_due, complete_group, complete_pass, next_release_ms
 from .attention_dp import (begin_group_pass, end_group_pass, group_has_work, group_woken,
                            rank_has_work)
 from .backends import decode_run, run_pass, sglang_run_pass
@@ -112,9 +112,10 @@ def _event_loop(disaggregated, sglang=False):
                             if full:
                                 sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                                 return
+                        elif dp > 1:
+                            complete_group(rq, wk, sims, s, w, dp)
                         else:
-                            for r in range(w, w + dp):  # a group completes every rank
-                                complete_pass(rq, wk, sims, s, r)
+                            complete_pass(rq, wk, sims, s, w)
                     if disaggregated and drain_transfers(rq, sims, s, now_ms):
                         changed = True
                     if not disaggregated and arrivals_due(rq, sims, s, now_ms) \
@@ -163,8 +164,7 @@ def _event_loop(disaggregated, sglang=False):
                             if end_ms != now_ms:
                                 busy_push(wk, sims, s, w)
                             else:
-                                for r in range(w, w + dp):
-                                    complete_pass(rq, wk, sims, s, r)
+                                complete_group(rq, wk, sims, s, w, dp)
                             if not had_effect:
                                 if sglang and end_ms == now_ms:
                                     # as a lone SGLang worker (below): a dead end

@@ -239,6 +239,8 @@ RANK_CONFIG_I = _declare(FieldTable("CFG_", "cfg.i64", np.int64, [
     ("DP_SIZE", 1, "", "attention-DP ranks of its logical worker (kernels.attention_dp); 1 = a worker "
                        "is one rank"),
     ("DP_RANK", 0, "", "its rank in that group: the group's rank 0 is worker w - DP_RANK"),
+    ("PREFILL_CADENCE", 1, "", "vLLM with attention DP: prefill_schedule_interval (prefills on every "
+                               "N-th group pass unless capacity-bound; engine.md 5.7)"),
 ]))
 # CFGF_KV_BANDWIDTH_GBS / CFGF_KV_BYTES_PER_TOKEN are NaN when not configured (the
 # transfer then takes CFGF_HANDOFF_LATENCY_MS, the topology's fallback).
@@ -420,6 +422,10 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
     ("SG_READY_TAIL", -1, "q", "SGLang decode rank: newest entry of the ready list"),
     ("SG_READY_LEN", 0, "", "SGLang decode rank: entries of the ready list"),
     ("DP_CURSOR", 0, "", "attention DP, on a group's rank 0: round-robin cursor over its ranks"),
+    ("DP_WAVE", 0, "", "attention DP, on a group's rank 0: group passes since the group was last "
+                       "drained (the reference's wave step)"),
+    ("CAPACITY_BOUND", 0, "", "vLLM cadence: 1 = the last pass that could prefill left requests "
+                              "waiting (the next passes prefill whatever the cadence)"),
 ]))
 WK_FIELDS = WORKER.width
 

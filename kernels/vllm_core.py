@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from . import capacity_policy
+from .attention_dp import defers_prefills
 from .block_pool import event_log_on, note_event, num_active, outputs_logged
 from .decode_step import CLASS_COMPLETE, CLASS_DECODE, classify, fast_decode_step, stamp_scheduled
 from .kv_lease import allocate, finalize, prefix_cost, release_lease
@@ -38,7 +39,7 @@ from .layout import (
     RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RS_ACTIVATED,
     RS_DONE, RS_HELD, RS_PREEMPTED, RS_RUNNING, RS_WAITING, SM_PASS_LOG_LEN, TERM_COMPLETED,
     TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP, WK_PEND_LEN, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
-    WK_RUN_OFF, WK_TERM_HEAD, WK_WAIT_LEN,
+    WK_CAPACITY_BOUND, WK_RUN_OFF, WK_TERM_HEAD, WK_WAIT_LEN,
 )
 
 # schedule_request outcomes
@@ -132,11 +133,18 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     acc[0] = cfg.i64[w, CFG_MAX_NUM_BATCHED_TOKENS]
     limit = cfg.i64[w, CFG_MAX_MODEL_LEN]
 
+    # attention DP's prefill cadence: a deferring pass continues no prompt chunk and
+    # admits nothing that needs more than one new token
+    defer = defers_prefills(cfg, rq, wk, w)
+
     # running first; the cursor is an index (a fifo victim before it shifts the list)
     rq_i = rq.i64
     i = 0
     while i < wk.i64[w, WK_RUN_LEN] and acc[0] > 0:
         q = wk.run_q[wk.i64[w, WK_RUN_OFF] + i]
+        if defer and rq_i[q, RQ_NUM_COMPUTED] < rq_i[q, RQ_PROMPT_LEN]:
+            i += 1
+            continue
         # the fast path first (the bulk of all scheduling, inline: a call would pass
         # the whole state), else the full schedule step
         if fast_decode_step(rq_i, q, acc, stamp, limit) > 0:
@@ -192,6 +200,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         cached, active_cached = capped_prefix_cost(cfg, p, rq, w, q)
         if capacity_policy.admission_shortfall(cfg, p, rq, wk, w, q, active_cached, capacity) > 0:
             break
+        if defer and seq_len(rq, q) - cached > 1:
+            break
         budget_before = acc[0]
         out = schedule_request(cfg, p, rq, wl, wk, w, q, np.bool_(True), cached, now_ms, stamp, acc,
                                hits, fresh, scratch_tokens, not_decode, np.int64(0))
@@ -201,6 +211,11 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             break
         if budget_before == acc[0] and acc[0] == 0:
             break
+
+    if acc[4] == 0 and not defer:
+        # a pass that could prefill and left requests waiting: the cadence yields until
+        # one clears the queue (the reference's prefill_capacity_bound)
+        wk.i64[w, WK_CAPACITY_BOUND] = 1 if wk.i64[w, WK_WAIT_LEN] > 0 else 0
 
     # timing: prefill first, then the decode batch
     pf_ns = prefill_ns(cfg, w, acc[1], acc[2], acc[3])

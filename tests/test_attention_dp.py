@@ -152,6 +152,45 @@ def test_refused_configurations(edit, message):
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize("backend_case, value, message", [
+    ("s_dp2w1", 2, "spec.engine.rank.prefill_schedule_interval: vLLM only (the reference refuses it for "
+                   "sglang unless 1; use prefill_decode_interval)"),
+    ("t_dp3w2", 2, "spec.engine.rank.prefill_schedule_interval: vLLM only"),
+    ("v_dp2w1", 0, "spec.engine.rank.prefill_schedule_interval: must be an integer >= 1, got 0"),
+])
+def test_prefill_cadence_is_vllm_only_and_positive(backend_case, value, message):
+    payload = _payload(DATA / "attention_dp" / backend_case)
+    payload["spec"]["engine"]["rank"]["prefill_schedule_interval"] = value
+    with pytest.raises(ConfigError) as err:
+        _setup(payload)
+    assert message in str(err.value)
+
+
+def test_prefill_cadence_needs_attention_dp():
+    """With one rank per worker the interval changes nothing (engine.md 5.7)."""
+    payload = json.loads((DATA / "golden" / "1k_vllm_agg2.spec.json").read_text())
+    plain = run_batch([simulation_from_setup(_setup(payload))], record_passes=False).requests[0]
+    payload["spec"]["engine"]["rank"]["prefill_schedule_interval"] = 4
+    cadenced = run_batch([simulation_from_setup(_setup(payload))], record_passes=False).requests[0]
+    pd.testing.assert_frame_equal(plain, cadenced)
+
+
+def test_prefill_cadence_defers_prefills_off_the_wave():
+    """dp 2, interval 4 (reference run v_cadence_dp2w1_i4): a rank prefills on a group
+    pass off the cadence only when it has no decode to protect or its last prefilling
+    pass left requests waiting, so most prefill work lands on every 4th group pass."""
+    res = run_batch([_sim(DATA / "attention_dp" / "v_cadence_dp2w1_i4")])
+    res.check()
+    passes = res.passes[0]
+    groups = passes.drop_duplicates("start_ms").reset_index(drop=True)
+    assert len(groups) > 1000
+    prefill_starts = set(passes.loc[passes["sum_prefill_tokens"] > 0, "start_ms"])
+    on_cadence = groups.index % 4 == 0  # no drained gap in this run resets the wave
+    share = groups.loc[on_cadence, "start_ms"].isin(prefill_starts).mean()
+    share_off = groups.loc[~on_cadence, "start_ms"].isin(prefill_starts).mean()
+    assert share > 10 * share_off, (share, share_off)
+
+
 def test_disaggregated_pools_refuse_attention_dp():
     payload = json.loads((DATA / "golden" / "1k_vllm_disagg1p2d.spec.json").read_text())
     payload["spec"]["engine"]["decode"]["dp_size"] = 2
