@@ -277,8 +277,6 @@ def _parse_sglang(raw: dict, path: str, out: dict) -> dict:
     """The ``sglang`` block of an SGLang rank, checked as the reference checks it."""
     if not out["enable_chunked_prefill"]:
         _fail(f"{path}.enable_chunked_prefill", "SGLang requires chunked prefill (true)")
-    if out.get("max_model_len") is not None:
-        _fail(f"{path}.max_model_len", "not simulated by aisim_fast for SGLang yet")
     sg = raw.get("sglang") or {}
     if not isinstance(sg, dict):
         _fail(f"{path}.sglang", f"must be an object, got {type(sg).__name__}")
@@ -369,6 +367,12 @@ def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str)
     if prefill.backend != decode.backend:
         _fail(f"{path}.backend", f"prefill and decode backends must match; got prefill "
                                  f"{prefill.backend!r} and decode {decode.backend!r}")
+    if decode.backend == "sglang" and decode.max_model_len is not None:
+        # the reference fails the destination of a prompt past the decode limit before
+        # its prefill (terminal "failed"): a path not simulated
+        _fail(f"{path}.max_model_len", "not simulated on an SGLang decode pool (the reference "
+                                       "fails such destinations); set it on the prefill pool or "
+                                       "leave it unset")
 
 
 _PAYLOAD_KEYS = {"spec", "traffic", "determinism"}

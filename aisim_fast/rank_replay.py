@@ -409,8 +409,11 @@ def _frame(sim: Simulation, rec: _Requests) -> pd.DataFrame:
         "source_released_ms": rec.source_released_ms,
         "transfer_done_ms": rec.transfer_done_ms,
         "transferable_prompt_tokens": rec.transferable_prompt_tokens,
-        "decode_cached_tokens": optional(np.where(rec.decode_worker >= 0, np.maximum(rec.decode_cached_tokens, 0),
-                                                  -1)),
+        # as replay's request frame: none without a destination, or with one never
+        # admitted because the prefill side rejected the prompt (SGLang reserves first)
+        "decode_cached_tokens": optional(np.where(
+            (rec.decode_worker >= 0) & ~((rec.decode_admissions == 0) & (rec.status == "rejected")),
+            np.maximum(rec.decode_cached_tokens, 0), -1)),
         "admission_count": admissions,
         "readmission_count": np.maximum(rec.prefill_admissions - 1, 0) + np.maximum(rec.decode_admissions - 1, 0),
         "preemptions": rec.preemptions,

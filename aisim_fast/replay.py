@@ -228,13 +228,18 @@ def _pow2_at_least(n: int) -> int:
 
 
 def _effective_max_output(sim: Simulation) -> np.ndarray:
-    """TRT-LLM clamps the output budget to the pool when the prompt fits in it."""
+    """The output budget of a request on the rank that generates it: TRT-LLM clamps it
+    to the pool when the prompt fits in it; SGLang to ``max_model_len`` (sglang.md 2;
+    a prompt at or past the limit is rejected by the pass instead)."""
     wl, rank = sim.workload, sim.rank
     out = wl.output_len.astype(np.int64)
     if rank.backend == "trtllm":
         pool_tokens = rank.num_gpu_blocks * rank.block_size
         fits = wl.input_len < pool_tokens
         out = np.where(fits, np.minimum(out, pool_tokens - wl.input_len), out)
+    elif rank.backend == "sglang" and rank.max_model_len is not None:
+        fits = wl.input_len < rank.max_model_len
+        out = np.where(fits, np.minimum(out, rank.max_model_len - wl.input_len), out)
     return out
 
 
@@ -874,8 +879,12 @@ def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
             "transferable_prompt_tokens": np.where(
                 np.isfinite(rf[:, L.RQF_DEST_RESERVED_MS]),
                 ri[:, L.RQ_RESERVED_FRESH] * sim.rank.block_size, -1),
-            # no destination (rejected by the prefill side): no decode-side reuse either
-            "decode_cached_tokens": _optional(np.maximum(ri[:, L.RQ_MAX_CACHED], 0), ri[:, L.RQ_WORKER] >= 0),
+            # no destination, or (SGLang reserves it first) one never admitted because the
+            # prefill side rejected the prompt: no decode-side reuse either
+            "decode_cached_tokens": _optional(
+                np.maximum(ri[:, L.RQ_MAX_CACHED], 0),
+                (ri[:, L.RQ_WORKER] >= 0) & ~((ri[:, L.RQ_ADMISSIONS] == 0)
+                                              & (ri[:, L.RQ_TERMINAL] == L.TERM_REJECTED))),
         })
         readmissions = readmissions + np.maximum(pi[:, L.RQ_ADMISSIONS] - 1, 0)
         admissions = admissions + pi[:, L.RQ_ADMISSIONS]
