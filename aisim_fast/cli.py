@@ -86,7 +86,8 @@ DISAGG_FLAGS = (("prefill_workers", "--prefill-workers"), ("decode_workers", "--
                 ("decode_engine_args", "--decode-engine-args"),
                 ("kv_transfer_bandwidth", "--kv-transfer-bandwidth"),
                 ("kv_bytes_per_token", "--kv-bytes-per-token"),
-                ("handoff_latency_ms", "--handoff-latency-ms"))
+                ("handoff_latency_ms", "--handoff-latency-ms"),
+                ("prefill_dp_size", "--prefill-dp-size"), ("decode_dp_size", "--decode-dp-size"))
 NO_SPEC_FLAGS = (("backend", "--backend"), ("workers", "--workers"),
                  ("engine_args", "--engine-args"), ("concurrency", "--concurrency"),
                  ("trace_block_size", "--trace-block-size"),
@@ -142,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     disagg.add_argument("--decode-workers", type=int, metavar="D", help="decode pool size")
     disagg.add_argument("--prefill-engine-args", metavar="JSON", help="rank fields of the prefill pool")
     disagg.add_argument("--decode-engine-args", metavar="JSON", help="rank fields of the decode pool")
+    disagg.add_argument("--prefill-dp-size", type=int, metavar="N",
+                        help="attention-DP ranks per prefill worker (default 1; spec: "
+                             "engine.prefill.dp_size)")
+    disagg.add_argument("--decode-dp-size", type=int, metavar="N",
+                        help="attention-DP ranks per decode worker (default 1; spec: engine.decode.dp_size)")
     disagg.add_argument("--kv-transfer-bandwidth", type=float, metavar="GBPS",
                         help="KV transfer bandwidth, decimal GB/s (0 or unset: --handoff-latency-ms)")
     disagg.add_argument("--kv-bytes-per-token", type=int, metavar="N",
@@ -446,10 +452,18 @@ def _disaggregated_from_flags(args) -> dict:
             raise ConfigError(f"{flag}.worker_type: must be {role!r}, got {fields['worker_type']!r}")
         pools[role] = parse_rank(fields, flag)
     check_disaggregated_pair(pools["prefill"], pools["decode"], "--decode-engine-args")
+    dp = {role: 1 if value is None else _flag_count(value, flag)
+          for role, value, flag in (("prefill", args.prefill_dp_size, "--prefill-dp-size"),
+                                    ("decode", args.decode_dp_size, "--decode-dp-size"))}
+    for role, flag in (("prefill", "--prefill-engine-args"), ("decode", "--decode-engine-args")):
+        check_attention_dp(pools[role], dp[role], flag, role)
+    if max(dp.values()) > 1 and args.placement == "kv_router":
+        raise ConfigError("--placement: kv_router with attention DP (--prefill-dp-size / --decode-dp-size) "
+                          "is not simulated yet; use round_robin or random")
     return dict(rank=pools["decode"], workers=_flag_count(args.decode_workers, "--decode-workers"),
                 prefill_rank=pools["prefill"],
                 prefill_workers=_flag_count(args.prefill_workers, "--prefill-workers"),
-                handoff_latency_ms=float(latency))
+                handoff_latency_ms=float(latency), dp_size=dp["decode"], prefill_dp_size=dp["prefill"])
 
 
 def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
@@ -473,7 +487,8 @@ def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
             raise UsageError(f"{', '.join(given)} need a disaggregated topology: give "
                              "--prefill-workers and --decode-workers")
         if args.dp_size is not None:
-            raise UsageError("--dp-size: attention DP is simulated in aggregated topologies only")
+            raise UsageError("--dp-size: sets the aggregated workers' ranks; a disaggregated pool's are "
+                             "--prefill-dp-size and --decode-dp-size")
         topology = _disaggregated_from_flags(args)
     else:
         topology = dict(rank=parse_rank(_engine_args(args.engine_args, "--engine-args", args.backend),
@@ -538,7 +553,8 @@ def _setup_from_flag_payload(args, disaggregated: bool) -> tuple[ReplaySetup, in
         topology = {"kind": "disaggregated", "prefill": {"initial_workers": setup.prefill_workers},
                     "decode": {"initial_workers": setup.workers},
                     "handoff_latency_ms": setup.handoff_latency_ms}
-        engine = {"prefill": block(setup.prefill_rank, 1), "decode": block(setup.rank, 1)}
+        engine = {"prefill": {**block(setup.prefill_rank, 1), "dp_size": setup.prefill_dp_size},
+                  "decode": {**block(setup.rank, 1), "dp_size": setup.dp_size}}
     else:
         topology = {"kind": "aggregated", "workers": {"initial_workers": setup.workers}}
         engine = {**block(setup.rank, 1), "dp_size": setup.dp_size}

@@ -332,6 +332,7 @@ class ReplaySetup:
     prefill_rank: RankConfig | None = None
     prefill_workers: int = 0
     prefill_tensor_parallel_size: int = 1
+    prefill_dp_size: int = 1             # attention-DP ranks per prefill worker
     handoff_latency_ms: float = 0.0      # transfer delay when the timing model is incomplete
     placement: str = "round_robin"       # one of PLACEMENTS
     placement_seed: int = 0              # generator seed of the random placement / router ties
@@ -346,6 +347,11 @@ class ReplaySetup:
         """GPUs of one worker of the aggregated or decode pool: tensor parallelism x
         attention-DP ranks (the reference's ``aic_gpus_per_worker``)."""
         return self.tensor_parallel_size * self.dp_size
+
+    @property
+    def prefill_gpus_per_worker(self) -> int:
+        """GPUs of one prefill worker (disaggregated): its tensor parallelism x ranks."""
+        return self.prefill_tensor_parallel_size * self.prefill_dp_size
 
     @property
     def pools(self) -> list[tuple[str, RankConfig]]:
@@ -430,7 +436,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         top = {k: v for k, v in engine.items() if k not in ("prefill", "decode")}
         rank, tp, dp = _engine_pool(*_role_block(engine, top, "decode"), "decode")
         prefill_path, prefill_block = _role_block(engine, top, "prefill")
-        prefill_rank, prefill_tp, _ = _engine_pool(prefill_path, prefill_block, "prefill")
+        prefill_rank, prefill_tp, prefill_dp = _engine_pool(prefill_path, prefill_block, "prefill")
         if prefill_rank.kv_transfer_bandwidth is not None and prefill_rank.kv_transfer_bytes_per_token is None:
             # the transfer is timed by the prefill side's model: the reference refuses
             # a bandwidth it could not use (and does not fall back to the latency)
@@ -441,12 +447,13 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
             prefill_rank=prefill_rank,
             prefill_workers=_pool_workers("spec.topology.prefill", topo.get("prefill")),
             prefill_tensor_parallel_size=prefill_tp,
+            prefill_dp_size=prefill_dp,
             handoff_latency_ms=_float("spec.topology.handoff_latency_ms",
                                       topo.get("handoff_latency_ms", 0.0)),
         )
     adapters = _obj("spec.adapters", spec.get("adapters"))
     placement, placement_seed, router = parse_placement(adapters.get("placement"), "spec.adapters.placement")
-    if dp > 1 and placement == "kv_router":
+    if max(dp, disagg.get("prefill_dp_size", 1)) > 1 and placement == "kv_router":
         _fail("spec.adapters.placement.provider", "kv_router with attention DP (spec.engine.dp_size "
                                                   f"{dp}) is not simulated yet; use round_robin or random")
     if spec.get("max_sim_time_ms") is not None:
@@ -568,9 +575,6 @@ def _engine_pool(path: str, engine: dict, worker_type: str) -> tuple[RankConfig,
         _fail(f"{path}.prefill_context_parallel_size",
               f"only 1 is simulated, got {engine.get('prefill_context_parallel_size')!r}")
     dp = _int(f"{path}.dp_size", engine.get("dp_size", 1), 1)
-    if dp != 1 and worker_type != "aggregated":
-        _fail(f"{path}.dp_size", f"attention DP is simulated in aggregated topologies only; "
-                                 f"a disaggregated pool takes 1, got {dp}")
     tp = _int(f"{path}.tensor_parallel_size", engine.get("tensor_parallel_size", 1), 1)
     raw = dict(_obj(f"{path}.rank", engine.get("rank")))
     declared = raw.get("worker_type", worker_type)
@@ -578,12 +582,16 @@ def _engine_pool(path: str, engine: dict, worker_type: str) -> tuple[RankConfig,
         _fail(f"{path}.rank.worker_type", f"must be {worker_type!r} in this pool, got {declared!r}")
     raw["worker_type"] = worker_type
     rank = parse_rank(raw, f"{path}.rank", tp, dp)
-    check_attention_dp(rank, dp, f"{path}.rank")
+    check_attention_dp(rank, dp, f"{path}.rank", worker_type)
     return rank, tp, dp
 
 
-def check_attention_dp(rank: RankConfig, dp_size: int, path: str = "rank") -> None:
+def check_attention_dp(rank: RankConfig, dp_size: int, path: str = "rank",
+                       worker_type: str = "aggregated") -> None:
     """What a rank of an attention-DP group (``dp_size`` > 1) cannot take."""
+    if dp_size > 1 and worker_type != "aggregated" and rank.prefill_schedule_interval != 1:
+        _fail(f"{path}.prefill_schedule_interval", "the prefill cadence in a disaggregated pool is not "
+                                                   "simulated yet; only 1")
     if dp_size > 1 and rank.backend == "sglang":
         if rank.prefill_decode_interval != 0:
             _fail(f"{path}.prefill_decode_interval", "a group-wide countdown with attention DP "

@@ -165,7 +165,7 @@ def summarize_replay(setup, requests: pd.DataFrame, token_stat_row, token_hist_r
         return summarize_disaggregated_run(
             requests, token_stat_row, token_hist_row,
             prefill_workers=setup.prefill_workers, decode_workers=setup.workers, end_ms=end_ms,
-            prefill_gpus_per_worker=setup.prefill_tensor_parallel_size,
+            prefill_gpus_per_worker=setup.prefill_gpus_per_worker,
             decode_gpus_per_worker=setup.tensor_parallel_size, sla=setup.sla,
             wall_time_ms=wall_time_ms)
     return summarize_aggregated_run(

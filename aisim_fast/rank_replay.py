@@ -63,6 +63,9 @@ def _check(sim: Simulation) -> None:
     if sim.placement != "round_robin":
         raise ConfigError(f"adapters.placement: the rank-driven replay places round robin, "
                           f"got {sim.placement!r}")
+    if max(sim.dp_size, sim.prefill_dp_size) > 1:
+        raise ConfigError("dp_size: the rank protocol has no attention-DP groups yet (one rank per "
+                          "worker); run_batch replays them")
 
 
 class _Requests:

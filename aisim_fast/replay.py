@@ -78,9 +78,11 @@ class Simulation:
     # per-worker running/waiting queue slots; None = sized for the placement (a run
     # that overflows them is rerun with room for every request)
     queue_slots: int | None = None
-    # attention-DP ranks per worker (aggregated): a worker is a group of this many
-    # ranks behind one pass barrier (kernels.attention_dp), each a kernel worker
+    # attention-DP ranks per worker of the aggregated or decode pool: a worker is a
+    # group of this many ranks behind one pass barrier (kernels.attention_dp), each a
+    # kernel worker; ``prefill_dp_size`` the same for the prefill pool
     dp_size: int = 1
+    prefill_dp_size: int = 1
 
     @property
     def disaggregated(self) -> bool:
@@ -90,6 +92,11 @@ class Simulation:
     def ranks(self) -> int:
         """Kernel workers of the aggregated or decode pool (ranks)."""
         return self.workers * self.dp_size
+
+    @property
+    def prefill_ranks(self) -> int:
+        """Kernel workers of the prefill pool (0 when aggregated)."""
+        return self.prefill_workers * self.prefill_dp_size
 
 
 @dataclass
@@ -148,7 +155,8 @@ def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) 
     return Simulation(workload, setup.rank, setup.workers, setup.concurrency,
                       prefill_rank=setup.prefill_rank, prefill_workers=setup.prefill_workers,
                       handoff_latency_ms=setup.handoff_latency_ms, placement=setup.placement,
-                      placement_seed=setup.placement_seed, router=setup.router, dp_size=setup.dp_size)
+                      placement_seed=setup.placement_seed, router=setup.router, dp_size=setup.dp_size,
+                      prefill_dp_size=setup.prefill_dp_size)
 
 
 def _router(sim: Simulation) -> RouterConfig:
@@ -163,19 +171,21 @@ def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
     if sim.concurrency < 0:
         raise ConfigError(f"concurrency: must be >= 0 (0 = open loop), got {sim.concurrency!r}")
     check_rank(sim.rank, "rank")
-    if not isinstance(sim.dp_size, (int, np.integer)) or sim.dp_size < 1:
-        raise ConfigError(f"dp_size: must be an integer >= 1, got {sim.dp_size!r}")
-    if sim.dp_size > 1:
-        if sim.disaggregated:
-            raise ConfigError("dp_size: attention DP is simulated in aggregated topologies only")
-        if sim.placement == "kv_router":
-            raise ConfigError("placement: kv_router with attention DP (dp_size > 1) is not simulated yet; "
-                              "use round_robin or random")
-        check_attention_dp(sim.rank, sim.dp_size, "rank")
+    for name in ("dp_size", "prefill_dp_size"):
+        value = getattr(sim, name)
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(f"{name}: must be an integer >= 1, got {value!r}")
+    if max(sim.dp_size, sim.prefill_dp_size) > 1 and sim.placement == "kv_router":
+        raise ConfigError("placement: kv_router with attention DP (dp_size > 1) is not simulated yet; "
+                          "use round_robin or random")
+    check_attention_dp(sim.rank, sim.dp_size, "rank", "decode" if sim.disaggregated else "aggregated")
+    if sim.prefill_dp_size > 1 and not sim.disaggregated:
+        raise ConfigError("prefill_dp_size: only for a disaggregated simulation (prefill_workers > 0)")
     if sim.disaggregated:
         if sim.prefill_rank is None:
             raise ConfigError("prefill_rank: required with prefill_workers > 0")
         check_rank(sim.prefill_rank, "prefill_rank")
+        check_attention_dp(sim.prefill_rank, sim.prefill_dp_size, "prefill_rank", "prefill")
         check_disaggregated_pair(sim.prefill_rank, sim.rank, "rank")
     elif sim.prefill_workers < 0:
         raise ConfigError(f"prefill_workers: must be >= 0, got {sim.prefill_workers!r}")
@@ -306,7 +316,7 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
     rq_f = L.REQUEST_F.new(n)
     rq_f[:, L.RQF_DELAY_MS] = wl.delay_ms
     rq_f[:, L.RQF_START_MS] = wl.start_ms
-    pools = [(sim.prefill_workers, sim.ranks, rank, blocks)]
+    pools = [(sim.prefill_ranks, sim.ranks, rank, blocks, sim.dp_size)]
     prefill_rq_i = None
     pblocks = np.zeros(0, np.int64)
     if sim.disaggregated:
@@ -317,9 +327,9 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
         prefill_rq_i[:, L.RQ_NEXT_TURN] = -1
         if pinned:
             prefill_rq_i[:, L.RQ_PIN_WORKER] = wl.worker[:, 1]
-        pools.append((0, sim.prefill_workers, prank, pblocks))
+        pools.append((0, sim.prefill_ranks, prank, pblocks, sim.prefill_dp_size))
     pool_templates = []
-    for first, n_workers, pool_rank, pool_blocks in pools:
+    for first, n_workers, pool_rank, pool_blocks, pool_dp in pools:
         per_worker = -(-n // n_workers) + 1
         queued = (_default_queue_slots(n, n_workers, sim.placement) if sim.queue_slots is None
                   else sim.queue_slots) - 1
@@ -341,7 +351,7 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
                 worker_arena = min(worker_arena, resident + resident // 8 + 64)
         cfg_i = np.zeros((1, L.CFG_I_FIELDS), np.int64)
         cfg_f = np.zeros((1, L.CFG_F_FIELDS), np.float64)
-        _rank_config(cfg_i, cfg_f, slice(0, 1), pool_rank, sim.handoff_latency_ms, sim.dp_size)
+        _rank_config(cfg_i, cfg_f, slice(0, 1), pool_rank, sim.handoff_latency_ms, pool_dp)
         arena = min(pool_rank.num_gpu_blocks, worker_arena)
         # a request adds at most two tree nodes per insert (a split and a leaf) and
         # inserts a few times (chunks, first token, finish); a run that needs more is
@@ -401,7 +411,7 @@ def check_state_fits(sims, templates, n_q, pass_log_rows, event_rows=0) -> None:
     need = state_bytes(sims, templates, n_q, pass_log_rows, event_rows)
     have = available_memory_bytes()
     if have is not None and need > 0.75 * have:
-        workers = sum(s.ranks + s.prefill_workers for s in sims)
+        workers = sum(s.ranks + s.prefill_ranks for s in sims)
         raise StateTooLarge(
             f"the batch needs about {_size(need)} of simulator state ({len(sims)} kernel unit(s), "
             f"{workers} workers, {n_q} request rows), {_size(have)} is available: use fewer "
@@ -496,7 +506,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
 
     q_len = np.array([len(s.workload.input_len) for s in sims], np.int64)
     q_off = np.concatenate([[0], np.cumsum(q_len)[:-1]]).astype(np.int64)
-    w_len = np.array([s.ranks + s.prefill_workers for s in sims], np.int64)
+    w_len = np.array([s.ranks + s.prefill_ranks for s in sims], np.int64)
     w_off = np.concatenate([[0], np.cumsum(w_len)[:-1]]).astype(np.int64)
     n_logical = int(q_len.sum())
     # the prefill rows of disaggregated simulations follow every logical row
@@ -637,7 +647,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     sm_i[:, L.SM_Q_LEN] = q_len
     sm_i[:, L.SM_W_OFF] = w_off
     sm_i[:, L.SM_W_LEN] = w_len
-    sm_i[:, L.SM_PREFILL_LEN] = [sim.prefill_workers for sim in sims]
+    sm_i[:, L.SM_PREFILL_LEN] = [sim.prefill_ranks for sim in sims]
     sm_i[:, L.SM_PLACEMENT] = [L.PLACEMENT_NAMES.index(sim.placement) for sim in sims]
     sm_i[:, L.SM_RNG_STATE] = [sim.placement_seed for sim in sims]
     sm_i[:, L.SM_PREFILL_Q_OFF] = np.where([s.disaggregated for s in sims], p_off, -1)
@@ -688,10 +698,10 @@ def _reset_pools(pool: L.Pool) -> None:
 
 def _pools(sim: Simulation, first_worker: int):
     """(workers, rank) of each pool of a simulation whose first worker is given."""
-    out = [(slice(first_worker + sim.prefill_workers, first_worker + sim.prefill_workers + sim.ranks),
+    out = [(slice(first_worker + sim.prefill_ranks, first_worker + sim.prefill_ranks + sim.ranks),
             sim.rank)]
     if sim.disaggregated:
-        out.append((slice(first_worker, first_worker + sim.prefill_workers), sim.prefill_rank))
+        out.append((slice(first_worker, first_worker + sim.prefill_ranks), sim.prefill_rank))
     return out
 
 
@@ -820,8 +830,10 @@ def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
         tpot = np.where(n_out >= 2, (last - first) / np.maximum(n_out - 1, 1), np.nan)
     if sim.disaggregated:
         pi, pf = rq.i64[ri[:, L.RQ_PEER]], rq.f64[ri[:, L.RQ_PEER]]
-        prefill_worker = _optional(pi[:, L.RQ_WORKER] - w_first, pi[:, L.RQ_WORKER] >= 0)
-        first_decode_worker = w_first + sim.prefill_workers
+        prefill_rank = pi[:, L.RQ_WORKER] - w_first
+        prefill_placed = pi[:, L.RQ_WORKER] >= 0
+        prefill_worker = _optional(prefill_rank // sim.prefill_dp_size, prefill_placed)
+        first_decode_worker = w_first + sim.prefill_ranks
     else:
         pi, pf = ri, rf  # one row serves both sides
         first_decode_worker = w_first
@@ -836,6 +848,8 @@ def _request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
     }
     if sim.dp_size > 1:
         cols["dp_rank"] = _optional(rank % sim.dp_size, placed)  # the attention-DP rank of its worker
+    if sim.prefill_dp_size > 1:
+        cols["prefill_dp_rank"] = _optional(prefill_rank % sim.prefill_dp_size, prefill_placed)
     if not sim.disaggregated:
         cols["decode_worker"] = worker  # as the reference records it
     cols.update({
@@ -1475,6 +1489,15 @@ class BatchRun:
     def pass_chunks(self, s: int) -> Iterator[np.ndarray]:
         """Simulation s's drained pass-log rows (raw PL_* columns), in drain order (read
         back one by one when they were spilled)."""
+        for chunk in self._raw_pass_chunks(s):
+            if _any_attention_dp(self.sims[s]):
+                # the kernel logs a pass under its rank: name the rank's worker and number
+                chunk = chunk.copy()
+                chunk[:, L.PL_WORKER], chunk[:, L.PL_DP_RANK] = _worker_and_rank(
+                    self.sims[s], chunk[:, L.PL_WORKER].astype(np.int64))
+            yield chunk
+
+    def _raw_pass_chunks(self, s: int) -> Iterator[np.ndarray]:
         if self._spill is None:
             yield from self._pass_chunks[s]
             return
@@ -1590,15 +1613,27 @@ def _engine_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.D
         "terminal_status": status,
         "output_tokens": only(rows[:, L.EV_C], finished),
     })
-    if sim.dp_size > 1:
+    if _any_attention_dp(sim):
         frame.insert(1, "dp_rank", dp_rank)
     return frame
 
 
 def _worker_and_rank(sim: Simulation, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(worker, attention-DP rank) of kernel workers numbered from the simulation's
-    first (a worker's ranks are consecutive)."""
-    return rank // sim.dp_size, rank % sim.dp_size
+    first (a worker's ranks are consecutive; disaggregated: the prefill pool's ranks
+    first, its workers numbered before the decode pool's, as without attention DP)."""
+    rank = np.asarray(rank)
+    if not sim.disaggregated:
+        return rank // sim.dp_size, rank % sim.dp_size
+    prefill = rank < sim.prefill_ranks
+    decode_rank = rank - sim.prefill_ranks
+    worker = np.where(prefill, rank // sim.prefill_dp_size, sim.prefill_workers + decode_rank // sim.dp_size)
+    dp_rank = np.where(prefill, rank % sim.prefill_dp_size, decode_rank % sim.dp_size)
+    return worker, dp_rank
+
+
+def _any_attention_dp(sim: Simulation) -> bool:
+    return max(sim.dp_size, sim.prefill_dp_size) > 1
 
 
 def _pressure_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataFrame:
@@ -1672,7 +1707,7 @@ def _output_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.D
         "token_id": token_id,
         "last": rows[:, L.EV_C] != 0,
     })
-    if sim.dp_size > 1:
+    if _any_attention_dp(sim):
         frame.insert(1, "dp_rank", dp_rank)
     return frame
 
@@ -1705,9 +1740,10 @@ def _kv_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataF
     tokens_hash = pd.array(rows[:, L.EV_TOKENS_HASH].view(np.uint64), dtype="UInt64")
     tokens_hash[~stored] = pd.NA
     event_id = pd.Series(first.astype(np.int64)).groupby(worker).cumsum().to_numpy() - 1
+    logical, dp_rank = _worker_and_rank(sim, worker)
     frame = pd.DataFrame({
-        "worker": worker // sim.dp_size,
-        "dp_rank": worker % sim.dp_size,  # event ids count per rank
+        "worker": logical,
+        "dp_rank": dp_rank,  # event ids count per rank
         "event_id": event_id,
         "at_ms": np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64),
         "kind": np.array(L.EV_KIND_NAMES, dtype=object)[rows[:, L.EV_KIND]],
@@ -1750,7 +1786,7 @@ def _kv_token_ids_wanted(sim: Simulation) -> bool:
 def _kv_block_tokens(sim: Simulation, rows: np.ndarray, worker: np.ndarray, stored: np.ndarray):
     """The tokens of each Stored row's block (None for Removed rows and for workers
     whose rank does not emit token ids)."""
-    n_prefill = sim.prefill_workers if sim.disaggregated else 0
+    n_prefill = sim.prefill_ranks
     out = [None] * len(rows)
     for r in np.flatnonzero(stored):
         rank = sim.prefill_rank if worker[r] < n_prefill else sim.rank

@@ -123,7 +123,7 @@ def _size_one(base, base_dir, sla, goodput, max_workers, rate, disaggregated, jo
 def _gpu_cost(payload, base_dir, trace):
     setup = parse_payload(payload, base_dir, trace)
     if setup.disaggregated:
-        return lambda row: row[0] * setup.prefill_tensor_parallel_size + row[1] * setup.gpus_per_worker
+        return lambda row: row[0] * setup.prefill_gpus_per_worker + row[1] * setup.gpus_per_worker
     return lambda row: row[0] * setup.gpus_per_worker
 
 

@@ -368,7 +368,7 @@ def _workload(setup):
 def _gpus(setup) -> int:
     gpus = setup.workers * setup.gpus_per_worker
     if setup.disaggregated:
-        gpus += setup.prefill_workers * setup.prefill_tensor_parallel_size
+        gpus += setup.prefill_workers * setup.prefill_gpus_per_worker
     return gpus
 
 

@@ -22,7 +22,8 @@ With ``--dp-fraction F`` that share of the aggregated cases runs with attention 
 draws of a seed stay as they were): the reference reruns the dumped payload with it
 (``benchmarks/ref_payload_run.py``), and its per-request worker, the rank's scheduler
 id, is compared with ``worker * dp_size + dp_rank``. Half the vLLM ones also take a
-``prefill_schedule_interval`` of 2, 3, 4 or 8 (the cadence).
+``prefill_schedule_interval`` of 2, 3, 4 or 8 (the cadence). Disaggregated cases draw
+(prefill, decode) ``dp_size`` from (1, 2), (2, 1), (2, 2), (2, 3).
 """
 
 from __future__ import annotations
@@ -141,13 +142,16 @@ def read_csv(path: Path) -> dict:
         return {(r["request_id"].strip(), as_key_part(r.get("turn_index"))): r for r in csv.DictReader(fh)}
 
 
-def compare(gold: dict, frame, dp_size: int = 1) -> list:
+def compare(gold: dict, frame, dp_size: int = 1, prefill_dp_size: int = 1) -> list:
     """Every column the reference writes, with the corner tests' rules
     (``parity_rules.row_differences``); with attention DP the reference's worker is
-    the rank's scheduler id."""
+    the rank's scheduler id (in its pool)."""
     if dp_size > 1:
         scheduler = frame["worker"] * dp_size + frame["dp_rank"]
         frame = frame.assign(worker=scheduler, decode_worker=scheduler)
+    if prefill_dp_size > 1:
+        frame = frame.assign(prefill_worker=frame["prefill_worker"] * prefill_dp_size
+                             + frame["prefill_dp_rank"])
     cand = {(str(r["request_id"]).strip(), as_key_part(r["turn_index"])): r for r in frame.to_dict("records")}
     bad = [("missing", k) for k in gold if k not in cand]
     for key, row in gold.items():
@@ -189,16 +193,21 @@ def main() -> int:
                 cfg += ["--artifacts", str(case / "ref.artifacts.json")]
             kind = ("disagg" if "--prefill-workers" in cfg else "agg") + "/" + cfg[1]
             dp_size = 1
+            prefill_dp = 1  # disaggregated cases: the prefill pool's
             cadence = 1  # vLLM's prefill_schedule_interval, drawn for half the vLLM DP cases
-            if args.dp_fraction > 0 and "--workers" in cfg and not args.kv_artifacts \
+            if args.dp_fraction > 0 and not args.kv_artifacts \
                     and "prefill_decode_interval" not in " ".join(cfg):
                 dp_rng = random.Random(args.seed * 100003 + i + 0x5EED)
                 if dp_rng.random() < args.dp_fraction:
-                    dp_size = dp_rng.choice([2, 3])
-                    kind += f"/dp{dp_size}"
-                    if cfg[1] == "vllm" and dp_rng.random() < 0.5:
-                        cadence = dp_rng.choice([2, 3, 4, 8])
-                        kind += f"/i{cadence}"
+                    if "--workers" in cfg:
+                        dp_size = dp_rng.choice([2, 3])
+                        kind += f"/dp{dp_size}"
+                        if cfg[1] == "vllm" and dp_rng.random() < 0.5:
+                            cadence = dp_rng.choice([2, 3, 4, 8])
+                            kind += f"/i{cadence}"
+                    else:
+                        dp_size, prefill_dp = dp_rng.choice([(2, 1), (1, 2), (2, 2), (3, 2)])
+                        kind += f"/dp{prefill_dp}x{dp_size}"
             kinds[kind] += 1
             try:
                 ref = subprocess.run([args.ref_python, str(REF_DIR / "ref_replay.py"), "--trace", str(trace),
@@ -215,13 +224,16 @@ def main() -> int:
             if not (case / "spec.json").exists():
                 tally["reference refused the config"] += 1
                 continue
-            if dp_size > 1:
+            if max(dp_size, prefill_dp) > 1:
                 (case / "ref.csv").unlink(missing_ok=True)
+                if "--workers" in cfg:
+                    edits = [f"spec.engine.dp_size={dp_size}",
+                             f"spec.engine.rank.prefill_schedule_interval={cadence}"]
+                else:
+                    edits = [f"spec.engine.decode.dp_size={dp_size}", f"spec.engine.prefill.dp_size={prefill_dp}"]
                 try:
                     ref = subprocess.run([args.ref_python, str(ROOT / "benchmarks" / "ref_payload_run.py"),
-                                          str(case / "spec.json"), str(case / "dp"),
-                                          f"spec.engine.dp_size={dp_size}",
-                                          f"spec.engine.rank.prefill_schedule_interval={cadence}"],
+                                          str(case / "spec.json"), str(case / "dp"), *edits],
                                          capture_output=True, text=True, timeout=args.ref_timeout)
                 except subprocess.TimeoutExpired:
                     tally["reference timed out"] += 1
@@ -253,7 +265,7 @@ def main() -> int:
                     tally["both stopped" if ok else "stop disagreement"] += 1
                 else:
                     gold = read_csv(case / "ref.csv")
-                    bad = compare(gold, res.requests[0], sim.dp_size)
+                    bad = compare(gold, res.requests[0], sim.dp_size, sim.prefill_dp_size)
                     if len(gold) != len(res.requests[0]):  # kept as a divergence, not a crash
                         bad.insert(0, ("rows", f"reference {len(gold)}, aisim_fast {len(res.requests[0])}"))
                     if args.kv_artifacts and not bad:

@@ -23,19 +23,23 @@ wave step (``WK_DP_WAVE`` on rank 0: group passes since the group was last drain
 is not a multiple of N, unless its last pass that could prefill left requests
 waiting (``WK_CAPACITY_BOUND``) or it has no decode to protect.
 
-Not simulated with attention DP (the configuration refuses them):
-disaggregated pools, the kv_router, the rank protocol, SGLang's
-``prefill_decode_interval`` (a group-wide countdown in the reference)."""
+Disaggregated pools group their ranks the same way, each pool with its own
+``dp_size``; their placement is one flat rotation over every rank of the pool (the
+reference's pool round robin), so no rank cursor there.
+
+Not simulated with attention DP (the configuration refuses them): the kv_router,
+the rank protocol, SGLang's ``prefill_decode_interval`` (a group-wide countdown in
+the reference), the vLLM cadence in a disaggregated pool."""
 
 import numpy as np
 from numba import njit
 
 from .block_pool import event_log_on
 from .layout import (
-    CFG_DP_RANK, CFG_DP_SIZE, CFG_PREFILL_CADENCE, EVH_LEN, EV_KIND, EV_KV_REMOVED, EV_KV_REPORTED, EV_TIME_BITS, PL_DP_RANK,
-    PL_END_MS, PL_WORKER, RQF_TERMINAL_MS, RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_TERM_NEXT, SM_GROUP_PASS, SM_PASS_LOG_LEN,
+    CFG_DP_RANK, CFG_DP_SIZE, CFG_PREFILL_CADENCE, EVH_LEN, EV_KIND, EV_KV_REMOVED, EV_KV_REPORTED, EV_TIME_BITS, 
+    PL_END_MS, RQF_TERMINAL_MS, RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_TERM_NEXT, SM_GROUP_PASS, SM_PASS_LOG_LEN,
     SM_RR_CURSOR, SM_TOKEN_HEAD, SM_TOKEN_TAIL, WK_BUSY, WK_CAPACITY_BOUND, WK_DP_CURSOR, WK_DP_WAVE,
-    WK_RUN_LEN, WK_RUN_OFF, WK_STALLED, WK_TERM_HEAD, WK_WAIT_LEN,
+    WK_RUN_LEN, WK_RUN_OFF, WK_SG_READY_LEN, WK_STALLED, WK_TERM_HEAD, WK_WAIT_LEN,
 )
 from .placement import place
 from .token_output import token_times
@@ -53,10 +57,17 @@ def place_rank(cfg, wk, sims, s, w0, n_workers):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def rank_queued(wk, w):
+    """Rank w holds requests it can schedule (running, waiting, or activated ones of an
+    SGLang decode rank waiting for a slot)."""
+    return wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0 or wk.i64[w, WK_SG_READY_LEN] > 0
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def rank_has_work(wk, w):
     """Rank w would run a pass now (the reference's ready rank; one whose last pass
     changed nothing waits for new work, as a lone worker does)."""
-    return wk.i64[w, WK_STALLED] == 0 and (wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0)
+    return wk.i64[w, WK_STALLED] == 0 and rank_queued(wk, w)
 
 
 @njit(cache=True, _nrt=False)
@@ -104,11 +115,7 @@ def end_group_pass(p, rq, wk, sims, s, lead, dp, end_ms, first_log_row, first_ev
         wk.i64[w, WK_BUSY] = 1
         wk.pass_end_ms[w] = end_ms
     for row in range(first_log_row, min(sims.i64[s, SM_PASS_LOG_LEN], sims.pass_log.shape[1])):
-        log = sims.pass_log[s, row]
-        log[PL_END_MS] = end_ms
-        rank = np.int64(log[PL_WORKER])
-        log[PL_WORKER] = rank // dp
-        log[PL_DP_RANK] = rank % dp
+        sims.pass_log[s, row, PL_END_MS] = end_ms  # (the driver names the rank's worker)
     if event_log_on(p):
         # KV facts (vLLM) and reports (SGLang) of the ranks: at the barrier
         n = min(p.event_log[s, 0, EVH_LEN], p.event_log.shape[1] - 1)

@@ -40,7 +40,7 @@ from . import cache_lock, compile_notice, mark_compiled
 from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, outputs_logged
 from .arrivals import admit_arrivals, arrivals_due, complete_group, complete_pass, next_release_ms
 from .attention_dp import (begin_group_pass, end_group_pass, group_has_work, group_woken,
-                           rank_has_work)
+                           rank_has_work, rank_queued)
 from .backends import decode_run, run_pass, sglang_run_pass
 from .sglang_core import effect_free_pass_gives_up, worker_in_flight
 from .decode_run import quiet_until_ms
@@ -81,11 +81,11 @@ def _event_loop(disaggregated, sglang=False):
             wk.ready[w] = 1
         events_on = event_log_on(p)
         # attention DP: ranks of dp_size per logical worker behind one pass barrier
-        # (kernels.attention_dp; aggregated pools only)
-        dp = cfg.i64[w0, CFG_DP_SIZE]
+        # (kernels.attention_dp; each pool of a disaggregated simulation its own size)
+        dp_any = max(cfg.i64[w0, CFG_DP_SIZE], cfg.i64[w0 + sims.i64[s, SM_PREFILL_LEN], CFG_DP_SIZE])
         # a decode run emits without visiting each request: not while every token is
         # logged, nor for ranks that wait for their siblings
-        decode_runs = not outputs_logged(p, s) and dp == 1
+        decode_runs = not outputs_logged(p, s) and dp_any == 1
         n_event_rows = p.event_log.shape[1] - 1  # event rows
         while True:
             if events_on:
@@ -106,12 +106,14 @@ def _event_loop(disaggregated, sglang=False):
                         w = busy_pop(wk, sims, s)
                         wk.ready[w] = 1
                         changed = True
+                        dp = cfg.i64[w, CFG_DP_SIZE]  # a group: its rank 0 is in the heap
                         if disaggregated:
-                            _, full = complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits,
-                                                           fresh, scratch_tokens, sg)
-                            if full:
-                                sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
-                                return
+                            for r in range(w, w + dp):
+                                _, full = complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, r, now_ms,
+                                                               hits, fresh, scratch_tokens, sg)
+                                if full:
+                                    sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                                    return
                         elif dp > 1:
                             complete_group(rq, wk, sims, s, w, dp)
                         else:
@@ -132,7 +134,8 @@ def _event_loop(disaggregated, sglang=False):
                 # its worker goes again before higher ids; what its completion releases
                 # (arrivals, handoff actions) waits for the next iteration of the drain
                 for w in range(first_w, w1):
-                    if not disaggregated and dp > 1:
+                    dp = cfg.i64[w, CFG_DP_SIZE]
+                    if dp > 1:
                         if cfg.i64[w, CFG_DP_RANK] != 0 or not group_woken(wk, w, dp):
                             continue  # a group is driven from its rank 0
                         while group_has_work(wk, w, dp):
@@ -163,10 +166,25 @@ def _event_loop(disaggregated, sglang=False):
                             end_group_pass(p, rq, wk, sims, s, w, dp, end_ms, first_row, first_event)
                             if end_ms != now_ms:
                                 busy_push(wk, sims, s, w)
+                            elif disaggregated:
+                                for r in range(w, w + dp):
+                                    # a decode rank's reservation retry at completion is an effect
+                                    reserved, full = complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, r,
+                                                                          now_ms, hits, fresh, scratch_tokens, sg)
+                                    if full:
+                                        sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                                        return
+                                    had_effect = had_effect or reserved
                             else:
                                 complete_group(rq, wk, sims, s, w, dp)
                             if not had_effect:
-                                if sglang and end_ms == now_ms:
+                                gives_up = sglang and end_ms == now_ms and not disaggregated
+                                if sglang and end_ms == now_ms and disaggregated:
+                                    # the group retries while any rank's ratio still decays
+                                    for r in range(w, w + dp):
+                                        if rank_queued(wk, r) and effect_free_pass_gives_up(cfg, wk, r):
+                                            gives_up = True
+                                if gives_up:
                                     # as a lone SGLang worker (below): a dead end
                                     dead = 0
                                     for r in range(w, w + dp):

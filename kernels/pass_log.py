@@ -23,7 +23,7 @@ def append_pass_row(p, wk, sims, s, w, start_ms, end_ms, n_pf, pf_tokens, pf_kv,
     row = sims.i64[s, SM_PASS_LOG_LEN]
     sims.i64[s, SM_PASS_LOG_LEN] = row + 1
     log = sims.pass_log[s, row]
-    log[PL_WORKER] = w - sims.i64[s, SM_W_OFF]  # a rank: attention_dp makes it its worker's
+    log[PL_WORKER] = w - sims.i64[s, SM_W_OFF]  # a rank (the driver names its worker and number)
     log[PL_DP_RANK] = 0
     log[PL_START_MS] = start_ms
     log[PL_END_MS] = end_ms

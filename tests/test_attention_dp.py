@@ -46,13 +46,16 @@ def _key(row):
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_matches_reference_on_every_column(case):
     sim = _sim(case)
-    assert sim.dp_size > 1
+    assert max(sim.dp_size, sim.prefill_dp_size) > 1
     res = run_batch([sim], record_passes=False)
     res.check()
     frame = res.requests[0]
-    # the reference numbers a request's worker by its rank's scheduler id
-    scheduler = frame["worker"] * sim.dp_size + frame["dp_rank"]
+    # the reference numbers a request's worker by its rank's scheduler id (in its pool)
+    scheduler = frame["worker"] * sim.dp_size + frame["dp_rank"] if sim.dp_size > 1 else frame["worker"]
     frame = frame.assign(worker=scheduler, decode_worker=scheduler)
+    if sim.prefill_dp_size > 1:
+        frame = frame.assign(prefill_worker=frame["prefill_worker"] * sim.prefill_dp_size
+                             + frame["prefill_dp_rank"])
     with open(case / "ref.csv", newline="", encoding="utf-8") as fh:
         gold = {_key(r): r for r in csv.DictReader(fh)}
     cand = {_key(r): r for r in frame.to_dict("records")}
@@ -191,9 +194,27 @@ def test_prefill_cadence_defers_prefills_off_the_wave():
     assert share > 10 * share_off, (share, share_off)
 
 
-def test_disaggregated_pools_refuse_attention_dp():
-    payload = json.loads((DATA / "golden" / "1k_vllm_disagg1p2d.spec.json").read_text())
-    payload["spec"]["engine"]["decode"]["dp_size"] = 2
-    with pytest.raises(ConfigError, match=r"spec\.engine\.decode\.dp_size: attention DP is simulated "
-                                          r"in aggregated topologies only"):
+def test_disaggregated_pools_refuse_the_cadence():
+    payload = _payload(DATA / "attention_dp" / "d_v_p2d2")
+    payload["spec"]["engine"]["decode"]["rank"]["prefill_schedule_interval"] = 2
+    with pytest.raises(ConfigError, match=r"spec\.engine\.decode\.rank\.prefill_schedule_interval: the "
+                                          r"prefill cadence in a disaggregated pool"):
         _setup(payload)
+
+
+def test_disaggregated_outputs_name_pool_workers_and_ranks():
+    """Prefill dp 2 on one worker, decode dp 2 on two: the requests name both sides'
+    workers and ranks; passes and events number the prefill worker 0 and the decode
+    workers 1 and 2 (as without attention DP), each with its rank."""
+    sim = _sim(DATA / "attention_dp" / "d_v_p2d2")
+    assert (sim.prefill_ranks, sim.ranks) == (2, 4)
+    res = run_batch([sim], record_events=True)
+    res.check()
+    requests, passes, kv = res.requests[0], res.passes[0], res.kv_events[0]
+    assert set(requests["prefill_worker"]) == {0} and set(requests["prefill_dp_rank"]) == {0, 1}
+    assert set(requests["worker"]) == {0, 1} and set(requests["dp_rank"]) == {0, 1}
+    assert set(zip(passes["worker"], passes["rank"])) == {(w, r) for w in (0, 1, 2) for r in (0, 1)}
+    assert set(zip(kv["worker"], kv["dp_rank"])) == {(w, r) for w in (0, 1, 2) for r in (0, 1)}
+    # a group's ranks pass together: one end per group pass
+    for _, group in passes.groupby(["worker", "start_ms"]):
+        assert group["end_ms"].nunique() == 1

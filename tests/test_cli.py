@@ -951,3 +951,23 @@ def test_passes_file_is_the_pass_log_written_in_parts(tmp_path, capsys, monkeypa
     by_time = written.sort_values(["start_ms", "worker"], kind="stable", ignore_index=True)
     # the file has the table's columns, the attention-DP rank moved after the worker
     pd.testing.assert_frame_equal(by_time, table[list(written.columns)], check_exact=True)
+
+
+def test_disaggregated_attention_dp_flags_reproduce_the_spec_run(tmp_path, capsys):
+    """--prefill-dp-size / --decode-dp-size give the pools' ranks as the spec's
+    engine.prefill.dp_size / engine.decode.dp_size do (reference run d_v_p2d2)."""
+    case = Path(__file__).resolve().parent / "data" / "attention_dp" / "d_v_p2d2"
+    trace = str(Path(__file__).resolve().parent / "data" / "traces" / "mooncake_1k.jsonl")
+    code, _, err = run_cli(["replay", "--spec", case / "spec.json", "--trace", trace, "--no-passes",
+                            "--out", tmp_path / "spec"], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["replay", trace, "--backend", "vllm", "--prefill-workers", "1",
+                            "--decode-workers", "2", "--prefill-dp-size", "2", "--decode-dp-size", "2",
+                            "--no-passes", "--out", tmp_path / "flags"], capsys)
+    assert code == 0, err
+    flags_req = output.read_requests(tmp_path / "flags")
+    assert {"dp_rank", "prefill_dp_rank"} <= set(flags_req.columns)
+    pd.testing.assert_frame_equal(flags_req, output.read_requests(tmp_path / "spec"))
+    code, _, err = run_cli(["replay", trace, "--backend", "vllm", "--prefill-workers", "1",
+                            "--decode-workers", "2", "--dp-size", "2", "--out", tmp_path / "bad"], capsys)
+    assert_user_error(code, err, "--dp-size", "--prefill-dp-size and --decode-dp-size")
