@@ -593,9 +593,6 @@ def check_attention_dp(rank: RankConfig, dp_size: int, path: str = "rank",
         _fail(f"{path}.prefill_schedule_interval", "the prefill cadence in a disaggregated pool is not "
                                                    "simulated yet; only 1")
     if dp_size > 1 and rank.backend == "sglang":
-        if rank.prefill_decode_interval != 0:
-            _fail(f"{path}.prefill_decode_interval", "a group-wide countdown with attention DP "
-                                                     f"(dp_size {dp_size}) is not simulated yet; only 0")
         if rank.sglang_chunked_prefill_size // dp_size == 0:
             _fail(f"{path}.sglang.chunked_prefill_size",
                   f"each of the {dp_size} attention-DP ranks takes chunked_prefill_size // dp_size "

@@ -195,8 +195,7 @@ def main() -> int:
             dp_size = 1
             prefill_dp = 1  # disaggregated cases: the prefill pool's
             cadence = 1  # vLLM's prefill_schedule_interval, drawn for half the vLLM DP cases
-            if args.dp_fraction > 0 and not args.kv_artifacts \
-                    and "prefill_decode_interval" not in " ".join(cfg):
+            if args.dp_fraction > 0 and not args.kv_artifacts:
                 dp_rng = random.Random(args.seed * 100003 + i + 0x5EED)
                 if dp_rng.random() < args.dp_fraction:
                     if "--workers" in cfg:

@@ -27,9 +27,12 @@ Disaggregated pools group their ranks the same way, each pool with its own
 ``dp_size``; their placement is one flat rotation over every rank of the pool (the
 reference's pool round robin), so no rank cursor there.
 
+SGLang's ``prefill_decode_interval`` counts group passes: each rank notes what its
+pass did and the group's end applies the countdown to every rank
+(``sglang_core.finish_group_pass``).
+
 Not simulated with attention DP (the configuration refuses them): the kv_router,
-the rank protocol, SGLang's ``prefill_decode_interval`` (a group-wide countdown in
-the reference), the vLLM cadence in a disaggregated pool."""
+the rank protocol, the vLLM cadence in a disaggregated pool."""
 
 import numpy as np
 from numba import njit
@@ -39,7 +42,8 @@ from .layout import (
     CFG_DP_RANK, CFG_DP_SIZE, CFG_PREFILL_CADENCE, EVH_LEN, EV_KIND, EV_KV_REMOVED, EV_KV_REPORTED, EV_TIME_BITS, 
     PL_END_MS, RQF_TERMINAL_MS, RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_TERM_NEXT, SM_GROUP_PASS, SM_PASS_LOG_LEN,
     SM_RR_CURSOR, SM_TOKEN_HEAD, SM_TOKEN_TAIL, WK_BUSY, WK_CAPACITY_BOUND, WK_DP_CURSOR, WK_DP_WAVE,
-    WK_RUN_LEN, WK_RUN_OFF, WK_SG_READY_LEN, WK_STALLED, WK_TERM_HEAD, WK_WAIT_LEN,
+    WK_RUN_LEN, WK_RUN_OFF, WK_SG_PREFILL_ROUNDS, WK_SG_READY_LEN, WK_STALLED, WK_TERM_HEAD,
+    WK_WAIT_LEN,
 )
 from .placement import place
 from .token_output import token_times
@@ -66,8 +70,10 @@ def rank_queued(wk, w):
 @njit(cache=True, _nrt=False, inline="always")
 def rank_has_work(wk, w):
     """Rank w would run a pass now (the reference's ready rank; one whose last pass
-    changed nothing waits for new work, as a lone worker does)."""
-    return wk.i64[w, WK_STALLED] == 0 and rank_queued(wk, w)
+    changed nothing waits for new work, as a lone worker does). An SGLang rank still
+    counting down its prefill_decode_interval runs (zero-duration) passes of the
+    countdown too."""
+    return (wk.i64[w, WK_STALLED] == 0 and rank_queued(wk, w)) or wk.i64[w, WK_SG_PREFILL_ROUNDS] > 0
 
 
 @njit(cache=True, _nrt=False)

@@ -42,7 +42,7 @@ from .arrivals import admit_arrivals, arrivals_due, complete_group, complete_pas
 from .attention_dp import (begin_group_pass, end_group_pass, group_has_work, group_woken,
                            rank_has_work, rank_queued)
 from .backends import decode_run, run_pass, sglang_run_pass
-from .sglang_core import effect_free_pass_gives_up, worker_in_flight
+from .sglang_core import effect_free_pass_gives_up, finish_group_pass, worker_in_flight
 from .decode_run import quiet_until_ms
 from .disagg_handoff import complete_disagg_pass, drain_actions, drain_transfers, next_transfer_ms
 from .layout import (
@@ -163,6 +163,8 @@ def _event_loop(disaggregated, sglang=False):
                                     had_effect = True
                                 else:
                                     wk.i64[r, WK_STALLED] = 1  # until new work reaches it
+                            if sglang:
+                                finish_group_pass(cfg, wk, w, dp)
                             end_group_pass(p, rq, wk, sims, s, w, dp, end_ms, first_row, first_event)
                             if end_ms != now_ms:
                                 busy_push(wk, sims, s, w)

@@ -34,7 +34,8 @@ from .layout import (
     CFGF_SG_DECAY_STEP, CFGF_SG_INIT_RATIO, CFGF_SG_MIN_RATIO, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS,
     CFG_ROLE, CFG_SG_PD_INTERVAL, ROLE_DECODE, ROLE_PREFILL, RQ_SG_READY_NEXT, RQ_WORKER, RS_HELD,
     RS_NOT_ARRIVED, RS_WAITING, SM_PREFILL_Q_OFF, SM_Q_LEN, SM_Q_OFF, WK_PEND_LEN,
-    WK_SG_PREFILL_ROUNDS, WK_SG_READY_HEAD, WK_SG_READY_LEN, WK_SG_READY_TAIL,
+    WK_SG_PASS_FLAGS, WK_SG_PREFILL_ROUNDS, WK_SG_READY_HEAD, WK_SG_READY_LEN, WK_SG_READY_TAIL,
+    SM_GROUP_PASS,
     CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM, CFG_SG_MAX_PREFILL_TOKENS,
     EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE, EV_PRESSURE_SGLANG, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
     RQF_FIRST_ADMIT_MS, RQF_TERMINAL_MS,
@@ -387,6 +388,33 @@ def effect_free_pass_gives_up(cfg, wk, w):
         ratio = decayed
     _set_ratio(wk, w, ratio)
     return True
+
+
+# what a rank's pass did, for its attention-DP group's end (WK_SG_PASS_FLAGS)
+PASS_PREFILLED = 1
+PASS_MODEL_WORK = 2
+PASS_INTERVAL_IDLE = 4
+
+
+@njit(cache=True, _nrt=False)
+def finish_group_pass(cfg, wk, lead, dp):
+    """The end of an attention-DP group pass for every rank of the group, idle ones
+    included (the reference's synchronized EXTEND signal): ``prefill_decode_interval``
+    counts group passes, restarting when any rank prefilled; a rank whose deferred pass
+    had nothing to decode goes back to its initial new-token ratio only when no rank
+    of the group ran the model."""
+    any_prefilled = False
+    any_model = False
+    for w in range(lead, lead + dp):
+        any_prefilled = any_prefilled or (wk.i64[w, WK_SG_PASS_FLAGS] & PASS_PREFILLED) != 0
+        any_model = any_model or (wk.i64[w, WK_SG_PASS_FLAGS] & PASS_MODEL_WORK) != 0
+    for w in range(lead, lead + dp):
+        if (wk.i64[w, WK_SG_PASS_FLAGS] & PASS_INTERVAL_IDLE) != 0 and not any_model:
+            _set_ratio(wk, w, cfg.f64[w, CFGF_SG_INIT_RATIO])
+        rounds = wk.i64[w, WK_SG_PREFILL_ROUNDS]
+        wk.i64[w, WK_SG_PREFILL_ROUNDS] = cfg.i64[w, CFG_SG_PD_INTERVAL] if any_prefilled \
+            else max(rounds - 1, 0)
+        wk.i64[w, WK_SG_PASS_FLAGS] = 0
 
 
 @njit(cache=True, _nrt=False)
@@ -893,10 +921,17 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     had_effect = b > 0 or n_tokens > 0 or n_rejected > 0 or n_retracted > 0 or n_promoted > 0 \
         or wk.i64[w, WK_TERM_HEAD] >= 0
     prefilled = acc[2] - acc[3] > 0  # a fully cached zero-output admission is no prefill
-    if interval_idle and not (prefilled or (b == 0 and n_tokens > 0)):
-        _set_ratio(wk, w, cfg.f64[w, CFGF_SG_INIT_RATIO])
-    interval = cfg.i64[w, CFG_SG_PD_INTERVAL]
-    wk.i64[w, WK_SG_PREFILL_ROUNDS] = interval if prefilled else max(rounds - 1, 0)
+    model_work = prefilled or (b == 0 and n_tokens > 0)
+    if sims.i64[s, SM_GROUP_PASS] != 0:
+        # an attention-DP rank: the group's end applies the interval over all its ranks
+        wk.i64[w, WK_SG_PASS_FLAGS] = (PASS_PREFILLED if prefilled else 0) \
+            | (PASS_MODEL_WORK if model_work else 0) | (PASS_INTERVAL_IDLE if interval_idle else 0)
+    else:
+        # one rank: its own synchronization domain (finish_group_pass of itself)
+        if interval_idle and not model_work:
+            _set_ratio(wk, w, cfg.f64[w, CFGF_SG_INIT_RATIO])
+        interval = cfg.i64[w, CFG_SG_PD_INTERVAL]
+        wk.i64[w, WK_SG_PREFILL_ROUNDS] = interval if prefilled else max(rounds - 1, 0)
     if not had_effect:
         # a pass of the countdown only: it changed the worker, logs no forward
         return end_ms, rounds > 0, False
