@@ -160,17 +160,18 @@ def summarize_replay(setup, requests: pd.DataFrame, token_stat_row, token_hist_r
                      wall_time_ms: float | None = None) -> dict:
     """Summary of one replay of ``setup`` (a ``config.ReplaySetup``), ``requests`` in
     uuid order: the aggregated or disaggregated accounting as its topology asks.
-    ``gpus_per_worker``: the aggregated pool's (default its tensor parallelism)."""
+    ``gpus_per_worker``: the aggregated pool's (default its tensor parallelism x
+    attention-DP ranks, as the reference's ``aic_gpus_per_worker``)."""
     if setup.disaggregated:
         return summarize_disaggregated_run(
             requests, token_stat_row, token_hist_row,
             prefill_workers=setup.prefill_workers, decode_workers=setup.workers, end_ms=end_ms,
             prefill_gpus_per_worker=setup.prefill_gpus_per_worker,
-            decode_gpus_per_worker=setup.tensor_parallel_size, sla=setup.sla,
+            decode_gpus_per_worker=setup.gpus_per_worker, sla=setup.sla,
             wall_time_ms=wall_time_ms)
     return summarize_aggregated_run(
         requests, token_stat_row, token_hist_row, workers=setup.workers,
-        gpus_per_worker=setup.tensor_parallel_size if gpus_per_worker is None else gpus_per_worker,
+        gpus_per_worker=setup.gpus_per_worker if gpus_per_worker is None else gpus_per_worker,
         sla=setup.sla, wall_time_ms=wall_time_ms)
 
 

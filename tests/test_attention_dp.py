@@ -67,6 +67,27 @@ def test_matches_reference_on_every_column(case):
     assert not report, f"{len(report)} cells differ, first:\n" + "\n".join(report[:8])
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_summary_matches_reference_report(case):
+    """Every summary key the reference reports (latencies, token-level distributions,
+    throughput, worker-seconds and GPU-hours with tensor parallelism x attention-DP
+    GPUs per worker in each pool) equals the run's report."""
+    from test_cli import NOT_COMPARED, assert_summary_matches
+
+    from aisim_fast.output import requests_in_uuid_order, summarize_replay
+
+    setup = _setup(_payload(case))
+    sim = simulation_from_setup(setup)
+    res = run_batch([sim], record_passes=False)
+    res.check()
+    requests = requests_in_uuid_order(res.requests[0], sim.workload.session, sim.workload.turn_index)
+    summary = summarize_replay(setup, requests, res.token_stat[0], res.token_hist[0],
+                               end_ms=float(res.end_ms[0]))
+    golden = json.loads((case / "ref.report.json").read_text())
+    assert summary["decode_gpus_per_worker"] == setup.gpus_per_worker > 1 or setup.disaggregated
+    assert_summary_matches(summary, golden, [k for k in golden if k not in NOT_COMPARED])
+
+
 def test_ranks_pass_behind_one_barrier():
     """Every pass of a worker's ranks that starts together ends together (the group's
     end), the group has one pass in flight, and every rank takes requests in turn."""
