@@ -125,6 +125,55 @@ def test_split_run_equals_whole_run():
     pd.testing.assert_frame_equal(split.requests[0], whole.requests[0])
 
 
+@pytest.mark.parametrize("name", ["v_cadence_dp2w1_i4", "s_dp2_pdi2", "d_s_p3d2_tight"])
+def test_stepped_run_equals_one_call(name):
+    """Advancing to horizons 137 ms apart (as progress slices and the rank protocol do)
+    pauses group passes, waves and interval countdowns in flight and resumes them
+    exactly."""
+    from aisim_fast.replay import BatchRun
+
+    sim = _sim(DATA / "attention_dp" / name)
+    whole = run_batch([sim], record_passes=False)
+    whole.check()
+    run = BatchRun([sim], record_passes=False)
+    horizon_ms = 0.0
+    while run.status[0] in ("running", "paused"):
+        horizon_ms += 137.0
+        run.advance(horizon_ms)
+    assert run.status[0] == "done" and run.kernel_calls > 100
+    pd.testing.assert_frame_equal(whole.requests[0], run.requests(0))
+
+
+@pytest.mark.parametrize("name", ["v_dp2w1", "d_v_p2d2", "s_dp2_pdi2"])
+def test_requests_added_between_steps_equal_one_run(name):
+    """A growable run given the second half of the trace at its first arrival equals
+    one run of the whole trace: the groups' queues, cursors and waves survive the
+    state's growth."""
+    import dataclasses
+
+    from aisim_fast.replay import BatchRun
+    from aisim_fast.workload import select_rows
+
+    sim = _sim(DATA / "attention_dp" / name)
+    wl = sim.workload
+    whole = BatchRun([sim], record_passes=False, growable=True)
+    whole.advance()
+    cut = wl.start_ms[wl.order][wl.num_requests // 2]
+    early = [q for q in range(wl.num_requests) if wl.start_ms[q] < cut]
+    late = [q for q in range(wl.num_requests) if wl.start_ms[q] >= cut]
+    run = BatchRun([dataclasses.replace(sim, workload=select_rows(wl, early))], record_passes=False,
+                   growable=True)
+    run.advance(cut - 1e-6)
+    run.add_requests(0, select_rows(wl, late))
+    run.advance()
+    assert run.status[0] == whole.status[0] == "done"
+    by_id = ["request_id", "turn_index"]
+    a = whole.requests(0).sort_values(by_id, ignore_index=True)
+    b = run.requests(0).sort_values(by_id, ignore_index=True)
+    columns = [c for c in a.columns if c not in ("trace_line",)]
+    pd.testing.assert_frame_equal(a[columns], b[columns])
+
+
 def test_retractions_are_pressure_events_of_their_rank():
     res = run_batch([_sim(DATA / "attention_dp" / "s_dp3w1_tight")], record_pressure=True)
     res.check()
