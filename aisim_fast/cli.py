@@ -776,9 +776,14 @@ def format_summary(setup: ReplaySetup, summary: dict, requests, written: dict,
     simulated_rps = summary["num_requests"] / wall_s if wall_s > 0 else math.inf
     pools = (f"{setup.prefill_workers} prefill + {setup.workers} decode" if setup.disaggregated
              else f"{setup.workers}")
+    dp = ""  # attention-DP ranks per worker, when some pool has several
+    if setup.disaggregated and max(setup.prefill_dp_size, setup.dp_size) > 1:
+        dp = f", attention DP {setup.prefill_dp_size} / {setup.dp_size} ranks per prefill / decode worker"
+    elif not setup.disaggregated and setup.dp_size > 1:
+        dp = f", attention DP {setup.dp_size} ranks per worker"
     lines = [
         f"replay: {Path(setup.trace_path).name} on {pools} {setup.rank.backend} "
-        f"worker(s)" + (f", closed loop {setup.concurrency}" if setup.concurrency else ""),
+        f"worker(s)" + dp + (f", closed loop {setup.concurrency}" if setup.concurrency else ""),
         f"  requests            {summary['num_requests']} arrived, "
         f"{summary['completed_requests']} completed, {rejected} rejected",
         *(["  rejected            " + "; ".join(_describe_rejections(

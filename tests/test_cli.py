@@ -961,10 +961,12 @@ def test_disaggregated_attention_dp_flags_reproduce_the_spec_run(tmp_path, capsy
     code, _, err = run_cli(["replay", "--spec", case / "spec.json", "--trace", trace, "--no-passes",
                             "--out", tmp_path / "spec"], capsys)
     assert code == 0, err
-    code, _, err = run_cli(["replay", trace, "--backend", "vllm", "--prefill-workers", "1",
-                            "--decode-workers", "2", "--prefill-dp-size", "2", "--decode-dp-size", "2",
-                            "--no-passes", "--out", tmp_path / "flags"], capsys)
+    code, stdout, err = run_cli(["replay", trace, "--backend", "vllm", "--prefill-workers", "1",
+                                 "--decode-workers", "2", "--prefill-dp-size", "2", "--decode-dp-size", "2",
+                                 "--no-passes", "--out", tmp_path / "flags"], capsys)
     assert code == 0, err
+    assert ("1 prefill + 2 decode vllm worker(s), attention DP 2 / 2 ranks per prefill / decode "
+            "worker") in stdout
     flags_req = output.read_requests(tmp_path / "flags")
     assert {"dp_rank", "prefill_dp_rank"} <= set(flags_req.columns)
     pd.testing.assert_frame_equal(flags_req, output.read_requests(tmp_path / "spec"))
