@@ -589,9 +589,6 @@ def _engine_pool(path: str, engine: dict, worker_type: str) -> tuple[RankConfig,
 def check_attention_dp(rank: RankConfig, dp_size: int, path: str = "rank",
                        worker_type: str = "aggregated") -> None:
     """What a rank of an attention-DP group (``dp_size`` > 1) cannot take."""
-    if dp_size > 1 and worker_type != "aggregated" and rank.prefill_schedule_interval != 1:
-        _fail(f"{path}.prefill_schedule_interval", "the prefill cadence in a disaggregated pool is not "
-                                                   "simulated yet; only 1")
     if dp_size > 1 and rank.backend == "sglang":
         if rank.sglang_chunked_prefill_size // dp_size == 0:
             _fail(f"{path}.sglang.chunked_prefill_size",

@@ -23,7 +23,8 @@ draws of a seed stay as they were): the reference reruns the dumped payload with
 (``benchmarks/ref_payload_run.py``), and its per-request worker, the rank's scheduler
 id, is compared with ``worker * dp_size + dp_rank``. Half the vLLM ones also take a
 ``prefill_schedule_interval`` of 2, 3, 4 or 8 (the cadence). Disaggregated cases draw
-(prefill, decode) ``dp_size`` from (1, 2), (2, 1), (2, 2), (2, 3).
+(prefill, decode) ``dp_size`` from (1, 2), (2, 1), (2, 2), (2, 3), and half the vLLM
+ones the cadence in both pools.
 """
 
 from __future__ import annotations
@@ -207,6 +208,9 @@ def main() -> int:
                     else:
                         dp_size, prefill_dp = dp_rng.choice([(2, 1), (1, 2), (2, 2), (3, 2)])
                         kind += f"/dp{prefill_dp}x{dp_size}"
+                        if cfg[1] == "vllm" and dp_rng.random() < 0.5:
+                            cadence = dp_rng.choice([2, 3, 4, 8])
+                            kind += f"/i{cadence}"
             kinds[kind] += 1
             try:
                 ref = subprocess.run([args.ref_python, str(REF_DIR / "ref_replay.py"), "--trace", str(trace),
@@ -229,7 +233,9 @@ def main() -> int:
                     edits = [f"spec.engine.dp_size={dp_size}",
                              f"spec.engine.rank.prefill_schedule_interval={cadence}"]
                 else:
-                    edits = [f"spec.engine.decode.dp_size={dp_size}", f"spec.engine.prefill.dp_size={prefill_dp}"]
+                    edits = [f"spec.engine.decode.dp_size={dp_size}", f"spec.engine.prefill.dp_size={prefill_dp}",
+                             f"spec.engine.decode.rank.prefill_schedule_interval={cadence}",
+                             f"spec.engine.prefill.rank.prefill_schedule_interval={cadence}"]
                 try:
                     ref = subprocess.run([args.ref_python, str(ROOT / "benchmarks" / "ref_payload_run.py"),
                                           str(case / "spec.json"), str(case / "dp"), *edits],

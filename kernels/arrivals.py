@@ -20,9 +20,9 @@ from .layout import (
     SM_CONCURRENCY, SM_DEST_FIRST, SM_HEAP_LEN, SM_NUM_ARRIVED, SM_NUM_NOT_SENT, SM_NUM_STARTS,
     SM_NUM_TERMINAL, SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_START_PTR,
     SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, TERM_CANCELED, TERM_FAILED, TERM_NOT_SENT, WK_BUSY,
-    WK_DP_WAVE, WK_RUN_LEN, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_LEN,
+    WK_TERM_HEAD, WK_TERM_TAIL,
 )
-from .attention_dp import place_rank
+from .attention_dp import place_rank, reset_wave_if_drained
 from .kv_router import pass_end, request_ended, route
 from .placement import place
 from .rank_queues import wait_push_back, wake
@@ -209,13 +209,9 @@ def complete_pass(rq, wk, sims, s, w):
 def complete_group(rq, wk, sims, s, lead, dp):
     """The group's pass ends: every rank completes in rank order; a group left without
     requests starts its wave count again."""
-    drained = True
     for w in range(lead, lead + dp):
         complete_pass(rq, wk, sims, s, w)
-        if wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0:
-            drained = False
-    if drained:
-        wk.i64[lead, WK_DP_WAVE] = 0
+    reset_wave_if_drained(wk, lead, dp)
 
 
 @njit(cache=True, _nrt=False, inline="always")

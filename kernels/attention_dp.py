@@ -32,7 +32,7 @@ pass did and the group's end applies the countdown to every rank
 (``sglang_core.finish_group_pass``).
 
 Not simulated with attention DP (the configuration refuses them): the kv_router,
-the rank protocol, the vLLM cadence in a disaggregated pool."""
+the rank protocol."""
 
 import numpy as np
 from numba import njit
@@ -42,8 +42,8 @@ from .layout import (
     CFG_DP_RANK, CFG_DP_SIZE, CFG_PREFILL_CADENCE, EVH_LEN, EV_KIND, EV_KV_REMOVED, EV_KV_REPORTED, EV_TIME_BITS, 
     PL_END_MS, RQF_TERMINAL_MS, RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_TERM_NEXT, SM_GROUP_PASS, SM_PASS_LOG_LEN,
     SM_RR_CURSOR, SM_TOKEN_HEAD, SM_TOKEN_TAIL, WK_BUSY, WK_CAPACITY_BOUND, WK_DP_CURSOR, WK_DP_WAVE,
-    WK_RUN_LEN, WK_RUN_OFF, WK_SG_PREFILL_ROUNDS, WK_SG_READY_LEN, WK_STALLED, WK_TERM_HEAD,
-    WK_WAIT_LEN,
+    WK_PEND_LEN, WK_RESERVED_LEN, WK_RUN_LEN, WK_RUN_OFF, WK_SG_PREFILL_ROUNDS, WK_SG_READY_LEN,
+    WK_STALLED, WK_TERM_HEAD, WK_WAIT_LEN,
 )
 from .placement import place
 from .token_output import token_times
@@ -74,6 +74,19 @@ def rank_has_work(wk, w):
     counting down its prefill_decode_interval runs (zero-duration) passes of the
     countdown too."""
     return (wk.i64[w, WK_STALLED] == 0 and rank_queued(wk, w)) or wk.i64[w, WK_SG_PREFILL_ROUNDS] > 0
+
+
+@njit(cache=True, _nrt=False)
+def reset_wave_if_drained(wk, lead, dp):
+    """A group none of whose ranks owns a request any more (queued, running, or a
+    destination pending or reserved) counts its passes from 0 again (the reference's
+    wave step, read by vLLM's prefill cadence). A prefill rank's held sources are
+    not counted: on a prefill rank no running request is past its prompt, so the
+    cadence never defers there."""
+    for w in range(lead, lead + dp):
+        if rank_queued(wk, w) or wk.i64[w, WK_PEND_LEN] > 0 or wk.i64[w, WK_RESERVED_LEN] > 0:
+            return
+    wk.i64[lead, WK_DP_WAVE] = 0
 
 
 @njit(cache=True, _nrt=False)

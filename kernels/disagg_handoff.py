@@ -57,7 +57,7 @@ from .layout import (
     SM_XFER_SEQ, TERM_CANCELED, TERM_COMPLETED, TERM_FAILED, TERM_REJECTED,
     TRANSFER_DESTINATION_MISSING, WK_BUSY, WK_CAP_GEN, WK_DEFER_HEAD, WK_DEFER_TAIL,
     WK_ORDINAL_NEXT, WK_PEND_HEAD, WK_PEND_LEN, WK_PEND_TAIL, WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD,
-    WK_TERM_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
+    WK_TERM_TAIL, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF, WK_RESERVED_LEN,
 )
 from . import capacity_policy, sglang_core, sglang_handoff
 from .arrivals import logical_terminal, queue_action
@@ -226,6 +226,7 @@ def retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens, sg):
         rq.i64[q, RQ_RESERVED_HITS] = n_hit
         rq.i64[q, RQ_RESERVED_FRESH] = n_blocks - n_hit
     rq.i64[q, RQ_STATUS] = RS_RESERVED
+    wk.i64[w, WK_RESERVED_LEN] += 1
     wk.i64[w, WK_PEND_HEAD] = rq.i64[q, RQ_LINK]
     if rq.i64[q, RQ_LINK] < 0:
         wk.i64[w, WK_PEND_TAIL] = -1
@@ -274,6 +275,7 @@ def _activate(cfg, p, rq, wk, w, q):
     rq.i64[q, RQ_NUM_COMPUTED] = prompt
     rq.i64[q, RQ_FAST_LIMIT] = 0
     rq.i64[q, RQ_STATUS] = RS_ACTIVATED
+    wk.i64[w, WK_RESERVED_LEN] -= 1
     _insert_by_ordinal(rq, wk, w, q)
     wake(wk, w)
     return published, visible_before
@@ -432,6 +434,8 @@ def cancel_destination(cfg, p, rq, wk, q, sg):
             return CMD_NOOP
     else:
         return CMD_NOOP
+    if status == RS_RESERVED:
+        wk.i64[wd, WK_RESERVED_LEN] -= 1
     rq.i64[q, RQ_STATUS] = RS_DONE
     rq.i64[q, RQ_TERMINAL] = TERM_CANCELED
     wk.i64[wd, WK_CAP_GEN] += 1

@@ -40,7 +40,7 @@ from . import cache_lock, compile_notice, mark_compiled
 from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, outputs_logged
 from .arrivals import admit_arrivals, arrivals_due, complete_group, complete_pass, next_release_ms
 from .attention_dp import (begin_group_pass, end_group_pass, group_has_work, group_woken,
-                           rank_has_work, rank_queued)
+                           rank_has_work, rank_queued, reset_wave_if_drained)
 from .backends import decode_run, run_pass, sglang_run_pass
 from .sglang_core import effect_free_pass_gives_up, finish_group_pass, worker_in_flight
 from .decode_run import quiet_until_ms
@@ -114,6 +114,8 @@ def _event_loop(disaggregated, sglang=False):
                                 if full:
                                     sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                                     return
+                            if dp > 1:
+                                reset_wave_if_drained(wk, w, dp)
                         elif dp > 1:
                             complete_group(rq, wk, sims, s, w, dp)
                         else:
@@ -177,6 +179,7 @@ def _event_loop(disaggregated, sglang=False):
                                         sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                                         return
                                     had_effect = had_effect or reserved
+                                reset_wave_if_drained(wk, w, dp)
                             else:
                                 complete_group(rq, wk, sims, s, w, dp)
                             if not had_effect:

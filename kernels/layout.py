@@ -424,6 +424,7 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
     ("DP_CURSOR", 0, "", "attention DP, on a group's rank 0: round-robin cursor over its ranks"),
     ("DP_WAVE", 0, "", "attention DP, on a group's rank 0: group passes since the group was last "
                        "drained (the reference's wave step)"),
+    ("RESERVED_LEN", 0, "", "disaggregated decode rank: destinations reserved and not yet activated"),
     ("SG_PASS_FLAGS", 0, "", "SGLang attention-DP rank: what its pass of the group pass in flight "
                              "did (sglang_core.PASS_*), for the group's end"),
     ("CAPACITY_BOUND", 0, "", "vLLM cadence: 1 = the last pass that could prefill left requests "

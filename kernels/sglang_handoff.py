@@ -25,7 +25,7 @@ from . import sglang_radix as rx
 from .layout import (
     CFG_BLOCK_SIZE, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, RQ_ALLOCATED, RQ_LEASE_OFF,
     RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_RESERVED_FRESH, RQ_RESERVED_HITS, RQ_SG_CACHED, RQ_SG_LAST,
-    RQ_STATUS, RS_ACTIVATED, RW_EVICTABLE, RW_PAGE_SIZE, WK_CAP_GEN,
+    RQ_STATUS, RS_ACTIVATED, RW_EVICTABLE, RW_PAGE_SIZE, WK_CAP_GEN, WK_RESERVED_LEN,
 )
 from .request_state import ceil_div
 from .sglang_core import (
@@ -84,6 +84,7 @@ def activate_destination(cfg, p, rq, wk, w, q):
     rq.i64[q, RQ_NUM_COMPUTED] = prompt
     rq.i64[q, RQ_ALLOCATED] = ceil_div(prompt, ps) * ps
     rq.i64[q, RQ_STATUS] = RS_ACTIVATED
+    wk.i64[w, WK_RESERVED_LEN] -= 1
     ready_push(rq, wk, w, q)
 
 

@@ -262,14 +262,6 @@ def test_prefill_cadence_defers_prefills_off_the_wave():
     assert share > 10 * share_off, (share, share_off)
 
 
-def test_disaggregated_pools_refuse_the_cadence():
-    payload = _payload(DATA / "attention_dp" / "d_v_p2d2")
-    payload["spec"]["engine"]["decode"]["rank"]["prefill_schedule_interval"] = 2
-    with pytest.raises(ConfigError, match=r"spec\.engine\.decode\.rank\.prefill_schedule_interval: the "
-                                          r"prefill cadence in a disaggregated pool"):
-        _setup(payload)
-
-
 def test_disaggregated_outputs_name_pool_workers_and_ranks():
     """Prefill dp 2 on one worker, decode dp 2 on two: the requests name both sides'
     workers and ranks; passes and events number the prefill worker 0 and the decode
