@@ -161,6 +161,19 @@ def compare(gold: dict, frame, dp_size: int = 1, prefill_dp_size: int = 1) -> li
     return bad
 
 
+def ours_alone(spec: Path, trace: Path) -> str:
+    """aisim_fast's outcome on a payload the reference did not finish in time (it
+    should stop with a named error, not spin): ``ok``, or its status."""
+    if not spec.exists():
+        return "not run (no payload)"
+    try:
+        setup = parse_payload(json.loads(spec.read_text()), spec.parent, trace_override=str(trace))
+    except Exception as exc:  # a field aisim_fast refuses
+        return f"refused ({str(exc)[:60]})"
+    res = run_batch([simulation_from_setup(setup)], record_passes=False)
+    return res.status[0]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ref-python", required=True)
@@ -220,8 +233,10 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 # the reference spins on some SGLang livelocks (a lone request that can
                 # neither grow nor be retracted) instead of aborting
-                tally["reference timed out"] += 1
-                print(f"{i:4d} {kind:12s} ref timed out after {args.ref_timeout:.0f} s", flush=True)
+                ours = ours_alone(case / "spec.json", trace)
+                tally[f"reference timed out, aisim_fast {ours}"] += 1
+                print(f"{i:4d} {kind:12s} ref timed out after {args.ref_timeout:.0f} s; aisim_fast {ours}",
+                      flush=True)
                 continue
             ref_failed = ref.returncode != 0 or not (case / "ref.csv").exists()
             if not (case / "spec.json").exists():
@@ -241,8 +256,10 @@ def main() -> int:
                                           str(case / "spec.json"), str(case / "dp"), *edits],
                                          capture_output=True, text=True, timeout=args.ref_timeout)
                 except subprocess.TimeoutExpired:
-                    tally["reference timed out"] += 1
-                    print(f"{i:4d} {kind:12s} ref timed out after {args.ref_timeout:.0f} s", flush=True)
+                    ours = ours_alone(case / "dp.spec.json", trace)
+                    tally[f"reference timed out, aisim_fast {ours}"] += 1
+                    print(f"{i:4d} {kind:12s} ref timed out after {args.ref_timeout:.0f} s; aisim_fast {ours}",
+                          flush=True)
                     continue
                 ref_failed = ref.returncode != 0 or not (case / "dp.csv").exists()
                 if (case / "dp.spec.json").exists():
