@@ -23,7 +23,7 @@ from numba import njit
 
 from . import sglang_radix as rx
 from .layout import (
-    CFG_BLOCK_SIZE, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, RQ_ALLOCATED, RQ_LEASE_OFF,
+    CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, RQ_ALLOCATED, RQ_LEASE_OFF,
     RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_RESERVED_FRESH, RQ_RESERVED_HITS, RQ_SG_CACHED, RQ_SG_LAST,
     RQ_STATUS, RS_ACTIVATED, RW_EVICTABLE, RW_PAGE_SIZE, WK_CAP_GEN, WK_RESERVED_LEN,
 )
@@ -36,8 +36,12 @@ from .sglang_core import (
 @njit(cache=True, _nrt=False)
 def destination_impossible(cfg, rq, w, q):
     """The rank refuses the destination outright (the reference's ReserveDestination
-    error): its page-rounded prompt exceeds the whole pool."""
+    error): its page-rounded prompt exceeds the whole pool, or the prompt is at or
+    past the rank's ``max_model_len`` (the request fails before its prefill)."""
     ps = cfg.i64[w, CFG_BLOCK_SIZE]
+    limit = cfg.i64[w, CFG_MAX_MODEL_LEN]
+    if limit >= 0 and rq.i64[q, RQ_PROMPT_LEN] >= limit:
+        return True
     return ceil_div(rq.i64[q, RQ_PROMPT_LEN], ps) > cfg.i64[w, CFG_NUM_GPU_BLOCKS]
 
 

@@ -624,19 +624,3 @@ def test_engine_fields_checked_and_roles_fall_back_to_the_top_level_engine():
     b = run_batch([simulation_from_setup(parse_payload(golden, trace_override=trace))]).check()
     pd.testing.assert_frame_equal(a.requests[0], b.requests[0], check_exact=True)
 
-
-def test_sglang_decode_pool_refuses_max_model_len():
-    """The reference fails a destination whose prompt is past the decode pool's
-    max_model_len before its prefill: not simulated, so refused by name (the prefill
-    pool's limit is simulated: tests/data/golden_sglang/sx-pd-mml-prefill)."""
-    import json as _json
-    from pathlib import Path as _Path
-
-    from aisim_fast.config import ConfigError, parse_payload
-
-    data = _Path(__file__).resolve().parent / "data"
-    payload = _json.loads((data / "golden" / "1k_sglang_disagg1p2d.spec.json").read_text())
-    payload["spec"]["engine"]["decode"]["rank"]["max_model_len"] = 1150
-    with pytest.raises(ConfigError, match=r"^spec\.engine\.decode\.rank\.max_model_len: not simulated on an "
-                                          r"SGLang decode pool"):
-        parse_payload(payload, trace_override=str(data / "traces" / "mooncake_1k.jsonl"))
