@@ -457,9 +457,6 @@ def _disaggregated_from_flags(args) -> dict:
                                     ("decode", args.decode_dp_size, "--decode-dp-size"))}
     for role, flag in (("prefill", "--prefill-engine-args"), ("decode", "--decode-engine-args")):
         check_attention_dp(pools[role], dp[role], flag, role)
-    if max(dp.values()) > 1 and args.placement == "kv_router":
-        raise ConfigError("--placement: kv_router with attention DP (--prefill-dp-size / --decode-dp-size) "
-                          "is not simulated yet; use round_robin or random")
     return dict(rank=pools["decode"], workers=_flag_count(args.decode_workers, "--decode-workers"),
                 prefill_rank=pools["prefill"],
                 prefill_workers=_flag_count(args.prefill_workers, "--prefill-workers"),
@@ -496,9 +493,9 @@ def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
                         workers=_flag_count(args.workers, "--workers"),
                         dp_size=1 if args.dp_size is None else _flag_count(args.dp_size, "--dp-size"))
         check_attention_dp(topology["rank"], topology["dp_size"], "--engine-args")
-        if topology["dp_size"] > 1 and args.placement == "kv_router":
-            raise ConfigError("--placement: kv_router with attention DP (--dp-size) is not simulated yet; "
-                              "use round_robin or random")
+    if max(topology["dp_size"], topology.get("prefill_dp_size", 1)) > 1 and args.placement == "kv_router":
+        raise ConfigError("--placement: kv_router with attention DP (--dp-size, --prefill-dp-size, "
+                          "--decode-dp-size) is not simulated yet; use round_robin or random")
     concurrency = 0
     if args.concurrency is not None:
         if args.concurrency < 1:

@@ -174,6 +174,14 @@ def ours_alone(spec: Path, trace: Path) -> str:
     return res.status[0]
 
 
+def reference_timed_out(tally: Counter, i: int, kind: str, timeout_s: float, spec: Path,
+                        trace: Path) -> None:
+    """Count and print a case the reference did not finish, with aisim_fast's outcome."""
+    ours = ours_alone(spec, trace)
+    tally[f"reference timed out, aisim_fast {ours}"] += 1
+    print(f"{i:4d} {kind:12s} ref timed out after {timeout_s:.0f} s; aisim_fast {ours}", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ref-python", required=True)
@@ -233,10 +241,7 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 # the reference spins on some SGLang livelocks (a lone request that can
                 # neither grow nor be retracted) instead of aborting
-                ours = ours_alone(case / "spec.json", trace)
-                tally[f"reference timed out, aisim_fast {ours}"] += 1
-                print(f"{i:4d} {kind:12s} ref timed out after {args.ref_timeout:.0f} s; aisim_fast {ours}",
-                      flush=True)
+                reference_timed_out(tally, i, kind, args.ref_timeout, case / "spec.json", trace)
                 continue
             ref_failed = ref.returncode != 0 or not (case / "ref.csv").exists()
             if not (case / "spec.json").exists():
@@ -256,10 +261,7 @@ def main() -> int:
                                           str(case / "spec.json"), str(case / "dp"), *edits],
                                          capture_output=True, text=True, timeout=args.ref_timeout)
                 except subprocess.TimeoutExpired:
-                    ours = ours_alone(case / "dp.spec.json", trace)
-                    tally[f"reference timed out, aisim_fast {ours}"] += 1
-                    print(f"{i:4d} {kind:12s} ref timed out after {args.ref_timeout:.0f} s; aisim_fast {ours}",
-                          flush=True)
+                    reference_timed_out(tally, i, kind, args.ref_timeout, case / "dp.spec.json", trace)
                     continue
                 ref_failed = ref.returncode != 0 or not (case / "dp.csv").exists()
                 if (case / "dp.spec.json").exists():

@@ -61,6 +61,7 @@ from .layout import (
 )
 from . import capacity_policy, sglang_core, sglang_handoff
 from .arrivals import logical_terminal, queue_action
+from .attention_dp import reset_wave_if_drained
 from .kv_lease import publish_block, release_lease
 from .kv_router import pass_end, request_ended, route
 from .placement import place
@@ -619,6 +620,23 @@ def complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, sc
     if prefill:
         return False, False
     return _retry_and_report(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens, sg)
+
+
+@njit(cache=True, _nrt=False)
+def complete_disagg_ranks(cfg, p, rq, wl, wk, sims, s, w, dp, now_ms, hits, fresh, scratch_tokens, sg):
+    """Pass end of worker w, or of every rank of the attention-DP group it leads
+    (``dp`` ranks, idle ones included; a drained group restarts its wave count).
+    Returns (a decode rank reserved a destination, arena exhausted)."""
+    reserved_any = False
+    for r in range(w, w + dp):
+        reserved, full = complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, r, now_ms, hits, fresh,
+                                              scratch_tokens, sg)
+        if full:
+            return reserved_any, True
+        reserved_any = reserved_any or reserved
+    if dp > 1:
+        reset_wave_if_drained(wk, w, dp)
+    return reserved_any, False
 
 
 @njit(cache=True, _nrt=False)

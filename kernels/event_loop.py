@@ -40,11 +40,11 @@ from . import cache_lock, compile_notice, mark_compiled
 from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, outputs_logged
 from .arrivals import admit_arrivals, arrivals_due, complete_group, complete_pass, next_release_ms
 from .attention_dp import (begin_group_pass, end_group_pass, group_has_work, group_woken,
-                           rank_has_work, rank_queued, reset_wave_if_drained)
+                           rank_has_work, rank_queued)
 from .backends import decode_run, run_pass, sglang_run_pass
 from .sglang_core import effect_free_pass_gives_up, finish_group_pass, worker_in_flight
 from .decode_run import quiet_until_ms
-from .disagg_handoff import complete_disagg_pass, drain_actions, drain_transfers, next_transfer_ms
+from .disagg_handoff import complete_disagg_ranks, drain_actions, drain_transfers, next_transfer_ms
 from .layout import (
     CFG_DP_RANK, CFG_DP_SIZE, CFG_POLICY, POLICY_SGLANG, SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END,
     SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH, SIM_PAUSED, SIM_RUNNING,
@@ -108,14 +108,11 @@ def _event_loop(disaggregated, sglang=False):
                         changed = True
                         dp = cfg.i64[w, CFG_DP_SIZE]  # a group: its rank 0 is in the heap
                         if disaggregated:
-                            for r in range(w, w + dp):
-                                _, full = complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, r, now_ms,
-                                                               hits, fresh, scratch_tokens, sg)
-                                if full:
-                                    sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
-                                    return
-                            if dp > 1:
-                                reset_wave_if_drained(wk, w, dp)
+                            _, full = complete_disagg_ranks(cfg, p, rq, wl, wk, sims, s, w, dp, now_ms,
+                                                            hits, fresh, scratch_tokens, sg)
+                            if full:
+                                sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                                return
                         elif dp > 1:
                             complete_group(rq, wk, sims, s, w, dp)
                         else:
@@ -171,15 +168,13 @@ def _event_loop(disaggregated, sglang=False):
                             if end_ms != now_ms:
                                 busy_push(wk, sims, s, w)
                             elif disaggregated:
-                                for r in range(w, w + dp):
-                                    # a decode rank's reservation retry at completion is an effect
-                                    reserved, full = complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, r,
-                                                                          now_ms, hits, fresh, scratch_tokens, sg)
-                                    if full:
-                                        sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
-                                        return
-                                    had_effect = had_effect or reserved
-                                reset_wave_if_drained(wk, w, dp)
+                                # a decode rank's reservation retry at completion is an effect
+                                reserved, full = complete_disagg_ranks(cfg, p, rq, wl, wk, sims, s, w, dp,
+                                                                       now_ms, hits, fresh, scratch_tokens, sg)
+                                if full:
+                                    sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
+                                    return
+                                had_effect = had_effect or reserved
                             else:
                                 complete_group(rq, wk, sims, s, w, dp)
                             if not had_effect:
@@ -246,8 +241,8 @@ def _event_loop(disaggregated, sglang=False):
                         if end_ms == now_ms:
                             if disaggregated:
                                 # a decode worker's reservation retry at completion is an effect
-                                reserved, full = complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w,
-                                                                      now_ms, hits, fresh, scratch_tokens, sg)
+                                reserved, full = complete_disagg_ranks(cfg, p, rq, wl, wk, sims, s, w, np.int64(1),
+                                                                       now_ms, hits, fresh, scratch_tokens, sg)
                                 if full:
                                     sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                                     return
