@@ -395,7 +395,7 @@ def _executor(n_threads: int) -> ThreadPoolExecutor:
     return pool
 
 
-_CHECKED: set = set()  # (batch entry, ids contiguous) compiled or loaded in this process
+_CHECKED: set = set()  # batch entries compiled or loaded in this process
 
 
 def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_size,
@@ -425,22 +425,24 @@ def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_
         # small chunks keep the threads busy until the end
         order = ids[np.argsort(-sims.i64[ids, SM_Q_LEN], kind="stable")]
         n_chunks = min(len(order), 4 * n_threads)
-        jobs.extend((entry, order[c::n_chunks]) for c in range(n_chunks))
+        # each chunk a contiguous copy: one compiled version per entry (a strided
+        # slice is another array type, and so another 20-70 s compile the first time a
+        # run splits, after the part's compile notice had already been given)
+        jobs.extend((entry, np.ascontiguousarray(order[c::n_chunks])) for c in range(n_chunks))
     horizon_ms = float(horizon_ms)
     compile_notice(parts)
     for entry, ids in jobs:
-        # compile (or load) each version first, under the cache lock; then run unlocked.
-        # The state's types are fixed by its layout: only the ids' layout varies (a
-        # chunk is a strided slice), and typing the whole state costs ~1 ms, so each
-        # (entry, ids layout) is checked once per process
-        key = (entry, ids.flags.c_contiguous)
-        if key not in _CHECKED:
+        # compile (or load) each entry first, under the cache lock; then run unlocked.
+        # The state's types are fixed by its layout and the ids are always contiguous,
+        # and typing the whole state costs ~1 ms, so each entry is checked once per
+        # process
+        if entry not in _CHECKED:
             sig = tuple(numba.typeof(a) for a in (cfg, p, rq, wl, wk, sims, ids, horizon_ms,
                                                    max_lease_blocks, max_block_size))
             if sig not in entry.overloads:
                 with cache_lock():
                     entry.compile(sig)
-            _CHECKED.add(key)
+            _CHECKED.add(entry)
     if n_threads == 1 or len(jobs) == 1:
         for entry, ids in jobs:
             entry(cfg, p, rq, wl, wk, sims, ids, horizon_ms, max_lease_blocks, max_block_size)

@@ -598,3 +598,32 @@ def test_kernel_sets_compile_under_names_of_their_own():
     for group in (loops, entries):
         names = [d.py_func.__qualname__ for d in group]
         assert len(set(names)) == len(names), names
+
+
+def test_one_compiled_version_per_batch_entry(monkeypatch):
+    """A batch of one simulation and a batch split into chunks over the kernel threads
+    run the same machine code: the chunks' ids are contiguous copies, not strided
+    slices (a strided slice is another array type, which once compiled a second
+    version of the entry silently, 20 s into a user's first multi-worker run, after
+    the compile notice had been given)."""
+    from aisim_fast.kernels import event_loop as E
+    monkeypatch.setattr(E, "_THREADS", [2])
+    seen = []
+    real = E.replay_aggregated_batch
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def __call__(self, *args):
+            seen.append(args[6])
+            return real(*args)
+
+    monkeypatch.setattr(E, "replay_aggregated_batch", Spy())
+    monkeypatch.setattr(E, "_CHECKED", set())
+    sims = [_golden_sim("1k_vllm_agg2", workers=w) for w in (1, 4, 8)]
+    run_batch(sims[:1]).check()
+    run_batch(sims).check()  # 13 worker units in 8 chunks: some chunks hold two
+    assert len(seen) == 9 and max(len(ids) for ids in seen) == 2
+    assert all(ids.flags.c_contiguous and ids.dtype == np.int64 for ids in seen)
+    assert len(real.overloads) == 1, list(real.overloads)
