@@ -93,7 +93,8 @@ NO_SPEC_FLAGS = (("backend", "--backend"), ("workers", "--workers"),
                  ("trace_block_size", "--trace-block-size"),
                  ("arrival_speedup_ratio", "--arrival-speedup-ratio"),
                  ("placement", "--placement"), ("placement_seed", "--placement-seed"),
-                 ("router_json", "--router-json"), ("dp_size", "--dp-size")) + DISAGG_FLAGS
+                 ("router_json", "--router-json"), ("dp_size", "--dp-size"),
+                 ("max_sim_time_ms", "--max-sim-time-ms")) + DISAGG_FLAGS
 DEFAULT_TRACE_BLOCK_SIZE = 512
 DEFAULT_ARRIVAL_SPEEDUP_RATIO = 1.0
 
@@ -160,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"tokens per trace hash id (default {DEFAULT_TRACE_BLOCK_SIZE})")
     replay.add_argument("--arrival-speedup-ratio", type=float, metavar="RATIO",
                         help="divide trace timestamps and think times by RATIO (default 1.0)")
+    replay.add_argument("--max-sim-time-ms", type=float, metavar="MS",
+                        help="stop the simulation after its last instant at or before MS of "
+                             "simulated time: requests unfinished by then get no row and "
+                             "count only as arrivals (spec: max_sim_time_ms)")
     replay.add_argument("--placement", choices=PLACEMENTS,
                         help="worker placement (default round_robin, the reference's; random: "
                              "uniform from a seeded generator)")
@@ -527,10 +532,16 @@ def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
             raise ConfigError("--router-json: must be a JSON object of router knobs (the seed is "
                               "--placement-seed)")
         _, _, router = parse_placement({"provider": "kv_router", "config": knobs}, "--router-json")
+    max_sim_time_ms = None
+    if args.max_sim_time_ms is not None:
+        max_sim_time_ms = args.max_sim_time_ms
+        if not (math.isfinite(max_sim_time_ms) and max_sim_time_ms >= 0.0):
+            raise ConfigError(f"--max-sim-time-ms: must be a finite number >= 0, got {max_sim_time_ms}")
     setup = ReplaySetup(trace_path=trace_path, trace_block_size=block_tokens,
                         arrival_speedup_ratio=ratio, concurrency=concurrency, sla={},
                         placement=args.placement or "round_robin",
-                        placement_seed=args.placement_seed or 0, router=router, **topology)
+                        placement_seed=args.placement_seed or 0, router=router,
+                        max_sim_time_ms=max_sim_time_ms, **topology)
     return setup, setup.gpus_per_worker, {"mode": "flags", "default_trace": default_trace}
 
 
@@ -560,7 +571,8 @@ def _setup_from_flag_payload(args, disaggregated: bool) -> tuple[ReplaySetup, in
             b["rank"].pop("num_gpu_blocks", None)
     payload = {"spec": {"topology": topology, "engine": engine,
                         "adapters": {"placement": {"provider": setup.placement,
-                                                   "config": _placement_config(setup)}}},
+                                                   "config": _placement_config(setup)}},
+                        "max_sim_time_ms": setup.max_sim_time_ms},
                "traffic": {"trace_path": setup.trace_path, "trace_block_size": setup.trace_block_size,
                            "arrival_speedup_ratio": setup.arrival_speedup_ratio,
                            **({"load_type": "concurrency", "replay_concurrency": setup.concurrency}
@@ -647,14 +659,15 @@ def run_replay(args) -> dict:
     wall_time_ms = max((time.perf_counter() - run_start_s) * MS_PER_S, 1e-6)
 
     requests = requests_in_uuid_order(result.requests[0], workload.session, workload.turn_index)
-    if not (requests["terminal_status"] == "completed").any():
+    # (a time cap may end a run before anything completes: it still reports)
+    if not (requests["terminal_status"] == "completed").any() and setup.max_sim_time_ms is None:
         raise SimulationError(_nothing_completed(setup, requests))
     if setup.disaggregated:
         # every handoff re-checked by the coordinator (outside the timed run)
         audit_handoffs(audited_runs([simulation], result))
     summary = summarize_replay(setup, requests, result.token_stat[0], result.token_hist[0],
                                end_ms=float(result.end_ms[0]), gpus_per_worker=gpus_per_worker,
-                               wall_time_ms=wall_time_ms)
+                               wall_time_ms=wall_time_ms, cap=result.capped[0])
     resolved = {
         "command": "replay",
         **source,
@@ -782,7 +795,10 @@ def format_summary(setup: ReplaySetup, summary: dict, requests, written: dict,
         f"replay: {Path(setup.trace_path).name} on {pools} {setup.rank.backend} "
         f"worker(s)" + dp + (f", closed loop {setup.concurrency}" if setup.concurrency else ""),
         f"  requests            {summary['num_requests']} arrived, "
-        f"{summary['completed_requests']} completed, {rejected} rejected",
+        f"{summary['completed_requests']} completed, {rejected} rejected"
+        + ("" if setup.max_sim_time_ms is None else
+           f", {summary['num_requests'] - len(requests)} unfinished at the "
+           f"{_fmt(setup.max_sim_time_ms)} ms cap"),
         *(["  rejected            " + "; ".join(_describe_rejections(
             setup, summary.get("rejected_by_cause") or rejection_causes(setup, requests)))]
           if rejected else []),

@@ -337,6 +337,9 @@ class ReplaySetup:
     placement: str = "round_robin"       # one of PLACEMENTS
     placement_seed: int = 0              # generator seed of the random placement / router ties
     router: RouterConfig | None = None   # placement kv_router
+    # simulated-time cap (spec replay.md 12.11): the run stops after the last instant at
+    # or before it; requests unfinished then have no record. None = run to the end
+    max_sim_time_ms: float | None = None
 
     @property
     def disaggregated(self) -> bool:
@@ -450,8 +453,9 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     if max(dp, disagg.get("prefill_dp_size", 1)) > 1 and placement == "kv_router":
         _fail("spec.adapters.placement.provider", "kv_router with attention DP (spec.engine.dp_size "
                                                   f"{dp}) is not simulated yet; use round_robin or random")
+    max_sim_time_ms = None
     if spec.get("max_sim_time_ms") is not None:
-        _fail("spec.max_sim_time_ms", "a simulated-time cap is not supported yet; use null")
+        max_sim_time_ms = _float("spec.max_sim_time_ms", spec["max_sim_time_ms"])
     if spec.get("requests"):
         _fail("spec.requests", "inline requests are not supported; give traffic.trace_path")
     sla = _obj("spec.sla", spec.get("sla"))
@@ -496,6 +500,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         placement=placement,
         placement_seed=placement_seed,
         router=router,
+        max_sim_time_ms=max_sim_time_ms,
         **disagg,
     )
 

@@ -94,9 +94,17 @@ def canonical_uuids(n: int) -> np.ndarray:
 
 def requests_in_uuid_order(frame: pd.DataFrame, session, turn_index) -> pd.DataFrame:
     """The simulator's request frame (trace-row order) re-ordered by uuid, with a
-    ``uuid`` column spelled as in the golden CSVs so rows can be joined with them."""
-    out = frame.iloc[uuid_order(session, turn_index)].reset_index(drop=True)
-    out["uuid"] = canonical_uuids(len(out))
+    ``uuid`` column spelled as in the golden CSVs so rows can be joined with them.
+    A frame of some of the rows (a run with a time cap keeps its terminal requests,
+    indexed by trace row) keeps each row's uuid among all of them."""
+    order = uuid_order(session, turn_index)
+    if len(frame) == len(order):
+        out = frame.iloc[order].reset_index(drop=True)
+        out["uuid"] = canonical_uuids(len(out))
+        return out
+    kept = np.isin(order, frame.index.to_numpy())
+    out = frame.loc[order[kept]].reset_index(drop=True)
+    out["uuid"] = canonical_uuids(len(order))[kept]
     return out
 
 
@@ -112,36 +120,48 @@ def completed_duration_ms(requests: pd.DataFrame) -> float:
 
 def summarize_aggregated_run(requests: pd.DataFrame, token_stat_row, token_hist_row, *,
                              workers: int, gpus_per_worker: int = 1, sla: dict | None = None,
-                             wall_time_ms: float | None = None) -> dict:
+                             wall_time_ms: float | None = None, cap=None) -> dict:
     """Summary of one aggregated replay, ``requests`` in uuid order.
 
     Aggregated topologies provision ``workers`` decode-role workers for the whole run
     and no prefill workers (spec replay.md 12.7): decode worker-seconds are
     ``workers * duration_s`` and the prefill side reports 0 seconds and 0 GPUs.
     ``committed_prefill_tokens`` is the prompt work the kernel counted per admission.
+    ``cap``: the run's ``replay.CapFacts`` when it had a time cap (spec replay.md
+    12.11): worker-seconds then run to its last instant by the cap, and the arrivals
+    and committed prefill are the cap's.
     """
     duration_s = completed_duration_ms(requests) / MS_PER_S
+    if cap is not None:
+        duration_s = cap.last_instant_ms / MS_PER_S
     return summarize(
         requests, token_stat_row, token_hist_row,
         sla=sla or None,
         worker_seconds=(0.0, workers * duration_s),
         gpus_per_worker=(0, gpus_per_worker),
-        committed_prefill_tokens=int(requests["committed_prefill_tokens"].sum()),
+        committed_prefill_tokens=_committed(requests, cap),
         wall_time_ms=wall_time_ms,
+        num_requests=None if cap is None else cap.num_requests,
     )
+
+
+def _committed(requests: pd.DataFrame, cap) -> int:
+    return int(requests["committed_prefill_tokens"].sum()) if cap is None else cap.committed_prefill_tokens
 
 
 def summarize_disaggregated_run(requests: pd.DataFrame, token_stat_row, token_hist_row, *,
                                 prefill_workers: int, decode_workers: int, end_ms: float,
                                 prefill_gpus_per_worker: int = 1, decode_gpus_per_worker: int = 1,
-                                sla: dict | None = None, wall_time_ms: float | None = None) -> dict:
+                                sla: dict | None = None, wall_time_ms: float | None = None,
+                                cap=None) -> dict:
     """Summary of one disaggregated replay, ``requests`` in uuid order.
 
     Each pool is provisioned for the whole virtual run, 0 to ``end_ms`` (the last clock
     advance, which a source release may put after the last token). The prefix-reuse
     ratio counts a request's largest reuse over all its admissions, decode re-admissions
     after a preemption included, while the per-request ``cached_tokens`` is the
-    prefill side's (spec replay.md 5.4)."""
+    prefill side's (spec replay.md 5.4). ``cap``: as in ``summarize_aggregated_run``
+    (``end_ms`` is then the last instant by the cap)."""
     end_s = end_ms / MS_PER_S
     reuse = np.maximum(requests["cached_tokens"].to_numpy(np.int64),
                        requests["decode_cached_tokens"].to_numpy(np.int64, na_value=0))
@@ -150,29 +170,31 @@ def summarize_disaggregated_run(requests: pd.DataFrame, token_stat_row, token_hi
         sla=sla or None,
         worker_seconds=(prefill_workers * end_s, decode_workers * end_s),
         gpus_per_worker=(prefill_gpus_per_worker, decode_gpus_per_worker),
-        committed_prefill_tokens=int(requests["committed_prefill_tokens"].sum()),
+        committed_prefill_tokens=_committed(requests, cap),
         wall_time_ms=wall_time_ms,
+        num_requests=None if cap is None else cap.num_requests,
     )
 
 
 def summarize_replay(setup, requests: pd.DataFrame, token_stat_row, token_hist_row, *,
                      end_ms: float, gpus_per_worker: int | None = None,
-                     wall_time_ms: float | None = None) -> dict:
+                     wall_time_ms: float | None = None, cap=None) -> dict:
     """Summary of one replay of ``setup`` (a ``config.ReplaySetup``), ``requests`` in
     uuid order: the aggregated or disaggregated accounting as its topology asks.
     ``gpus_per_worker``: the aggregated pool's (default its tensor parallelism x
-    attention-DP ranks, as the reference's ``aic_gpus_per_worker``)."""
+    attention-DP ranks, as the reference's ``aic_gpus_per_worker``). ``cap``: the run's
+    ``replay.CapFacts`` (``BatchResult.capped``) when it had a time cap."""
     if setup.disaggregated:
         return summarize_disaggregated_run(
             requests, token_stat_row, token_hist_row,
             prefill_workers=setup.prefill_workers, decode_workers=setup.workers, end_ms=end_ms,
             prefill_gpus_per_worker=setup.prefill_gpus_per_worker,
             decode_gpus_per_worker=setup.gpus_per_worker, sla=setup.sla,
-            wall_time_ms=wall_time_ms)
+            wall_time_ms=wall_time_ms, cap=cap)
     return summarize_aggregated_run(
         requests, token_stat_row, token_hist_row, workers=setup.workers,
         gpus_per_worker=setup.gpus_per_worker if gpus_per_worker is None else gpus_per_worker,
-        sla=setup.sla, wall_time_ms=wall_time_ms)
+        sla=setup.sla, wall_time_ms=wall_time_ms, cap=cap)
 
 
 def prediction_provenance(setup) -> dict:

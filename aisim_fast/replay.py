@@ -83,6 +83,11 @@ class Simulation:
     # kernel worker; ``prefill_dp_size`` the same for the prefill pool
     dp_size: int = 1
     prefill_dp_size: int = 1
+    # simulated-time cap (spec replay.md 12.11): the simulation ends after its last
+    # instant at or before it (``run_batch`` then keeps what the reference reports)
+    max_sim_time_ms: float | None = None
+    # requests (logical rows) whose token gaps stay out of the token statistics
+    token_stats_excluded: np.ndarray | None = None
 
     @property
     def disaggregated(self) -> bool:
@@ -132,6 +137,8 @@ class BatchResult:
     # the rows of ``passes[s]`` grouped by worker unit (a run split per worker: by
     # worker, each in time order) and in drain order within one; for writing big runs
     pass_parts: Callable[[int], Iterator] | None = None
+    # per simulation: its CapFacts when it ran with a time cap, else None
+    capped: Sequence = ()
 
     def check(self) -> "BatchResult":
         """Raise SimulationError for the first simulation that did not finish."""
@@ -156,7 +163,7 @@ def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) 
                       prefill_rank=setup.prefill_rank, prefill_workers=setup.prefill_workers,
                       handoff_latency_ms=setup.handoff_latency_ms, placement=setup.placement,
                       placement_seed=setup.placement_seed, router=setup.router, dp_size=setup.dp_size,
-                      prefill_dp_size=setup.prefill_dp_size)
+                      prefill_dp_size=setup.prefill_dp_size, max_sim_time_ms=setup.max_sim_time_ms)
 
 
 def _router(sim: Simulation) -> RouterConfig:
@@ -292,7 +299,10 @@ class _SimTemplate:
 
 
 # Simulation fields besides the workload that shape its template
-_SIM_SETTINGS = tuple(f for f in dataclasses.fields(Simulation) if f.name != "workload")
+# what a simulation's kernel template depends on (a time cap and the requests left out
+# of the token statistics are applied to the built state)
+_SIM_SETTINGS = tuple(f for f in dataclasses.fields(Simulation)
+                      if f.name not in ("workload", "max_sim_time_ms", "token_stats_excluded"))
 
 
 def _table_key(wl: Workload, rank: RankConfig) -> tuple[int, int]:
@@ -971,7 +981,9 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
                 units.append(unit)
                 owner.append((s, w, rows))
     logged = record_events or record_outputs or record_pressure
-    res = _run_units_resized(units, pass_log_rows, record_passes, [s for s, _, _ in owner],
+    # a capped simulation's committed prefill and last instant come from its passes
+    any_capped = any(sim.max_sim_time_ms is not None for sim in sims)
+    res = _run_units_resized(units, pass_log_rows, record_passes or any_capped, [s for s, _, _ in owner],
                              record_handoffs, DEFAULT_EVENT_ROWS if logged else 0,
                              record_outputs, progress, log_kv=record_events, spill_passes=spill_passes)
     parts: list[list[int]] = [[] for _ in sims]
@@ -986,6 +998,7 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         if len(parts[s]) > 1 and status[s] != STATUS_OK:
             whole = _run_units_resized([sims[s]], 0, False, [s], False)
             status[s], error[s] = whole.status[0], whole.error[0]
+    capped = _end_at_caps(sims, parts, status, res)
     aic_configs = {rank.aic for sim in sims for _, rank in _pools(sim, 0) if rank.aic is not None}
     if aic_configs:
         from aisim_fast import aic
@@ -1099,13 +1112,89 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         return res.routing[parts[s][0]]  # routed simulations are never split
 
     end_ms = np.array([res.end_ms[parts[s]].max() if parts[s] else np.nan for s in range(n_sims)])
+    for s, facts in enumerate(capped):
+        if facts is not None:
+            end_ms[s] = facts.last_instant_ms
     leftovers = [_merge_leftovers([res.leftovers[u] for u in parts[s]]) if parts[s] else {}
                  for s in range(n_sims)]
-    return BatchResult(_LazyFrames(n_sims, requests), _LazyFrames(n_sims, passes),
-                       stat, hist, res.kernel_calls, end_ms, _LazyFrames(n_sims, handoffs),
-                       leftovers, status, error, _LazyFrames(n_sims, kv_events),
-                       _LazyFrames(n_sims, engine_events), _LazyFrames(n_sims, output_events),
-                       _LazyFrames(n_sims, routing), _LazyFrames(n_sims, pressure_events), pass_parts)
+
+    def by_cap(table):
+        # a capped simulation keeps what happened by its cap (spec replay.md 12.11)
+        def read(s):
+            frame = table(s)
+            return frame if capped[s] is None else _until_cap(frame, capped[s].cap_ms)
+        return _LazyFrames(n_sims, read)
+
+    def capped_pass_parts(s):
+        for part in pass_parts(s):
+            yield part if capped[s] is None else _until_cap(part, capped[s].cap_ms)
+
+    return BatchResult(by_cap(requests), by_cap(passes),
+                       stat, hist, res.kernel_calls, end_ms, by_cap(handoffs),
+                       leftovers, status, error, by_cap(kv_events),
+                       by_cap(engine_events), by_cap(output_events),
+                       by_cap(routing), by_cap(pressure_events), capped_pass_parts, capped)
+
+
+@dataclass(frozen=True)
+class CapFacts:
+    """What a simulation with a time cap reports besides its records (spec replay.md
+    12.11): every arrival by the cap counts, worker-seconds run to its last instant at
+    or before the cap, and only passes that end by the cap commit prefill tokens."""
+    cap_ms: float
+    num_requests: int            # arrivals at or before the cap
+    last_instant_ms: float       # the last arrival or pass end at or before the cap
+    committed_prefill_tokens: int
+
+
+def _until_cap(table, cap_ms: float):
+    """The rows of a result table (a frame, or an Arrow table of passes) that happened
+    by the cap: requests terminal by then, passes that end by then, events and
+    decisions at or before it. A pass that ends after the cap is dropped whole."""
+    columns = table.columns if isinstance(table, pd.DataFrame) else table.column_names
+    column = next(c for c in ("completion_ms", "end_ms", "time_ms", "at_ms") if c in columns)
+    if isinstance(table, pd.DataFrame):
+        kept = table[table[column].to_numpy(np.float64) <= cap_ms]
+        # requests keep their trace rows as the index (``requests_in_uuid_order``)
+        return kept if column == "completion_ms" else kept.reset_index(drop=True)
+    import pyarrow.compute as pc
+    return table.filter(pc.less_equal(table[column], cap_ms))
+
+
+def _end_at_caps(sims, parts, status, res) -> list:
+    """For each capped simulation that ran (unsplit, its passes recorded) to its cap:
+    its CapFacts, and token statistics over the requests completed by the cap. Token
+    gaps are folded as they are emitted, so a second run with the others' gaps left
+    out gives them (the reference folds a request's gaps when it completes). None for
+    the others."""
+    facts: list = [None] * len(sims)
+    reruns, where = [], []
+    for s, sim in enumerate(sims):
+        if sim.max_sim_time_ms is None or status[s] != STATUS_OK:
+            continue
+        cap_ms = float(sim.max_sim_time_ms)
+        (u,) = parts[s]
+        requests, passes = res.requests[u], res.passes[u]
+        arrival_ms = requests["arrival_ms"].to_numpy(np.float64)
+        arrived = arrival_ms <= cap_ms
+        start_ms, end_ms = passes["start_ms"].to_numpy(np.float64), passes["end_ms"].to_numpy(np.float64)
+        ended = end_ms <= cap_ms
+        straddling = (start_ms <= cap_ms) & ~ended  # at most one per rank: its work never commits
+        committed = int(requests["committed_prefill_tokens"].sum()) \
+            - int(passes["sum_prefill_tokens"].to_numpy(np.int64)[straddling].sum())
+        last_ms = max(float(arrival_ms[arrived].max(initial=0.0)), float(end_ms[ended].max(initial=0.0)))
+        facts[s] = CapFacts(cap_ms, int(arrived.sum()), last_ms, committed)
+        unfinished = np.flatnonzero(~(requests["completion_ms"].to_numpy(np.float64) <= cap_ms))
+        # (no rerun when none of them emitted a token gap yet)
+        if (requests["output_tokens"].to_numpy(np.int64)[unfinished] > 1).any():
+            reruns.append(dataclasses.replace(sim, token_stats_excluded=unfinished))
+            where.append(u)
+    if reruns:
+        again = _run_units_resized(reruns, 0, False, where, False)
+        for i, u in enumerate(where):
+            res.token_stat[u] = again.token_stat[i]
+            res.token_hist[u] = again.token_hist[i]
+    return facts
 
 
 def _worker_shards(sim: Simulation):
@@ -1113,7 +1202,7 @@ def _worker_shards(sim: Simulation):
     None when its workers interact (closed loop, sessions) or there is one."""
     wl = sim.workload
     if sim.disaggregated or sim.workers == 1 or sim.concurrency or sim.placement != "round_robin" \
-            or np.any(wl.turn_index != 0):
+            or np.any(wl.turn_index != 0) or sim.max_sim_time_ms is not None:
         return None
     key = (id(wl), sim.workers)
     cached = _SHARD_CACHE.get(key)
@@ -1303,6 +1392,16 @@ class BatchRun:
                                               record_handoffs, event_rows, log_outputs, log_kv))
         if event_rows:
             _compile_event_kernels(self.state)
+        # a simulation's time cap ends it at its last instant at or before the cap
+        self._cap_ms = np.array([np.inf if sim.max_sim_time_ms is None else float(sim.max_sim_time_ms)
+                                 for sim in self.sims])
+        st = self.state.st
+        for s, sim in enumerate(self.sims):
+            if sim.token_stats_excluded is not None and len(sim.token_stats_excluded):
+                rows = np.asarray(sim.token_stats_excluded, np.int64)
+                self.state.rq.i64[st.i64[s, L.SM_Q_OFF] + rows, L.RQ_NO_TOKEN_STATS] = 1
+                if st.i64[s, L.SM_PREFILL_Q_OFF] >= 0:
+                    self.state.rq.i64[st.i64[s, L.SM_PREFILL_Q_OFF] + rows, L.RQ_NO_TOKEN_STATS] = 1
         self._pass_chunks: list[list[np.ndarray]] = [[] for _ in sims]
         # spill_passes: drained pass-log rows go to an unnamed temporary file (removed
         # with it) instead of memory, indexed by (byte offset, rows) per simulation: a
@@ -1319,13 +1418,21 @@ class BatchRun:
         st = self.state.st
         live = np.flatnonzero(np.isin(st.i64[:, L.SM_STATUS], _RUNNABLE))
         self._advanced[live] = True
-        while len(live):
-            s_ = self.state
-            replay_batch(s_.cfg, s_.pool, s_.rq, s_.wl, s_.wk, s_.st, live, s_.max_lease, s_.max_bs,
-                         horizon_ms)
-            self.kernel_calls += 1
-            self._drain()
-            live = live[st.i64[live, L.SM_STATUS] == L.SIM_NEED_FLUSH]
+        # a capped simulation stops at its cap: one kernel call per distinct stop (a
+        # batch's simulations share the horizon, and almost always their cap)
+        stop_ms = np.minimum(float(horizon_ms), self._cap_ms[live])
+        for stop in np.unique(stop_ms):
+            ids = live[stop_ms == stop]
+            while len(ids):
+                s_ = self.state
+                replay_batch(s_.cfg, s_.pool, s_.rq, s_.wl, s_.wk, s_.st, ids, s_.max_lease, s_.max_bs,
+                             stop)
+                self.kernel_calls += 1
+                self._drain()
+                ids = ids[st.i64[ids, L.SM_STATUS] == L.SIM_NEED_FLUSH]
+        # every instant up to its cap drained: the simulation has ended
+        ended = live[(self._cap_ms[live] <= horizon_ms) & (st.i64[live, L.SM_STATUS] == L.SIM_PAUSED)]
+        st.i64[ended, L.SM_STATUS] = L.SIM_DONE
         return self.status
 
     def advance_in_slices(self, progress, slice_s: float | None = None) -> list[str]:

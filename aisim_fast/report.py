@@ -217,6 +217,7 @@ def summarize(
     worker_seconds=None,
     gpus_per_worker=None,
     committed_prefill_tokens=None,
+    num_requests=None,
     wall_time_ms=None,
 ) -> dict:
     """Reference summary dict for one simulation.
@@ -231,6 +232,9 @@ def summarize(
     worker_seconds:  (prefill_s, decode_s) or {"prefill": .., "decode": ..}
     gpus_per_worker: (prefill, decode) or mapping; with worker_seconds adds gpu_hours
     committed_prefill_tokens: passed through when given
+    num_requests:    requests that arrived, when not every row of ``req`` is one (a run
+                     with a time cap reports its arrivals by the cap, rows for its
+                     terminal requests only)
     wall_time_ms:    host wall time; adds wall_time_ms and the processed_*_per_s keys
     Returns a dict with the reference's key names, sorted by key.
     """
@@ -255,7 +259,7 @@ def summarize(
     duration_s = max(duration_ms / MS_PER_S, MIN_DURATION_S)
 
     out = {
-        "num_requests": int(np.isfinite(c["arrival_ms"]).sum()),
+        "num_requests": int(np.isfinite(c["arrival_ms"]).sum()) if num_requests is None else int(num_requests),
         "completed_requests": completed,
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,

@@ -426,7 +426,7 @@ def _run_batch_rows(ids, setups, sims, with_requests) -> list:
             requests = requests_in_uuid_order(result.requests[s], sim.workload.session,
                                               sim.workload.turn_index)
             summary = summarize_replay(setup, requests, result.token_stat[s], result.token_hist[s],
-                                       end_ms=float(result.end_ms[s]))
+                                       end_ms=float(result.end_ms[s]), cap=result.capped[s])
             row.update(summary)
             if setup.placement == "kv_router":
                 row.update(routing_summary(result.routing[s]))

@@ -25,6 +25,13 @@ id, is compared with ``worker * dp_size + dp_rank``. Half the vLLM ones also tak
 ``prefill_schedule_interval`` of 2, 3, 4 or 8 (the cadence). Disaggregated cases draw
 (prefill, decode) ``dp_size`` from (1, 2), (2, 1), (2, 2), (2, 3), and half the vLLM
 ones the cadence in both pools.
+
+With ``--cap-fraction F`` that share of the cases runs with a time cap
+(``spec.max_sim_time_ms``) drawn uniformly over the trace's span, from a generator
+of its own, now and then exactly at one of its arrivals: the reference reruns the
+payload with it, and besides the rows of the requests terminal by the cap, the
+summary is compared with the reference's report on every key (arrivals by the cap,
+worker-seconds to its last instant, committed prefill, token statistics).
 """
 
 from __future__ import annotations
@@ -48,10 +55,33 @@ from kv_artifacts import kv_event_rows, reference_kv_events, reference_tokens, t
 from parity_rules import as_key_part, row_differences, same_stop  # noqa: E402
 
 from aisim_fast.config import parse_payload  # noqa: E402
+from aisim_fast.output import requests_in_uuid_order, summarize_replay  # noqa: E402
 from aisim_fast.replay import run_batch, simulation_from_setup  # noqa: E402
 
 REF_DIR = ROOT.parent / "shared" / "reference"
 TRACE = REF_DIR / "traces" / "mooncake_1k.jsonl"
+
+
+def summary_differences(setup, sim, res, report_path: Path) -> list[tuple]:
+    """Keys of the run's summary that differ from the reference's report (1e-9 rel)."""
+    import math
+
+    from test_cli import NOT_COMPARED
+
+    requests = requests_in_uuid_order(res.requests[0], sim.workload.session, sim.workload.turn_index)
+    summary = summarize_replay(setup, requests, res.token_stat[0], res.token_hist[0],
+                               end_ms=float(res.end_ms[0]), cap=res.capped[0])
+    bad = []
+    for key, want in json.loads(report_path.read_text()).items():
+        if key in NOT_COMPARED:
+            continue
+        got = summary.get(key)
+        same = (math.isclose(got, want, rel_tol=1e-9, abs_tol=0.0)
+                if isinstance(want, (int, float)) and not isinstance(want, bool) and got is not None
+                else got == want)
+        if not same:
+            bad.append((f"summary {key}", got, want))
+    return bad
 
 
 def random_trace(rng: random.Random, path: Path) -> None:
@@ -193,6 +223,9 @@ def main() -> int:
     p.add_argument("--ref-timeout", type=float, default=120.0, help="seconds per reference run")
     p.add_argument("--sglang-fraction", type=float, default=0.0,
                    help="share of aggregated SGLang configurations (0 keeps earlier seeds' draws)")
+    p.add_argument("--cap-fraction", type=float, default=0.0,
+                   help="share of the cases run with a time cap (spec.max_sim_time_ms), their "
+                        "summary compared with the reference's report too")
     p.add_argument("--dp-fraction", type=float, default=0.0,
                    help="share of aggregated cases run with attention DP (dp_size 2 or 3)")
     p.add_argument("--kv-artifacts", action="store_true",
@@ -232,6 +265,16 @@ def main() -> int:
                         if cfg[1] == "vllm" and dp_rng.random() < 0.5:
                             cadence = dp_rng.choice([2, 3, 4, 8])
                             kind += f"/i{cadence}"
+            cap_ms = None
+            if args.cap_fraction > 0 and not args.kv_artifacts:
+                cap_rng = random.Random(args.seed * 100003 + i + 0xCA9)
+                if cap_rng.random() < args.cap_fraction:
+                    arrivals = [json.loads(line).get("timestamp") for line in trace.read_text().splitlines()]
+                    arrivals = [t for t in arrivals if t is not None]
+                    span = max(arrivals) + 2000.0
+                    cap_ms = float(cap_rng.choice(arrivals)) if cap_rng.random() < 0.2 \
+                        else round(cap_rng.uniform(0.0, span), 3)
+                    kind += "/cap"
             kinds[kind] += 1
             try:
                 ref = subprocess.run([args.ref_python, str(REF_DIR / "ref_replay.py"), "--trace", str(trace),
@@ -247,15 +290,17 @@ def main() -> int:
             if not (case / "spec.json").exists():
                 tally["reference refused the config"] += 1
                 continue
+            edits = [] if cap_ms is None else [f"spec.max_sim_time_ms={cap_ms}"]
             if max(dp_size, prefill_dp) > 1:
-                (case / "ref.csv").unlink(missing_ok=True)
                 if "--workers" in cfg:
-                    edits = [f"spec.engine.dp_size={dp_size}",
-                             f"spec.engine.rank.prefill_schedule_interval={cadence}"]
+                    edits += [f"spec.engine.dp_size={dp_size}",
+                              f"spec.engine.rank.prefill_schedule_interval={cadence}"]
                 else:
-                    edits = [f"spec.engine.decode.dp_size={dp_size}", f"spec.engine.prefill.dp_size={prefill_dp}",
-                             f"spec.engine.decode.rank.prefill_schedule_interval={cadence}",
-                             f"spec.engine.prefill.rank.prefill_schedule_interval={cadence}"]
+                    edits += [f"spec.engine.decode.dp_size={dp_size}", f"spec.engine.prefill.dp_size={prefill_dp}",
+                              f"spec.engine.decode.rank.prefill_schedule_interval={cadence}",
+                              f"spec.engine.prefill.rank.prefill_schedule_interval={cadence}"]
+            if edits:
+                (case / "ref.csv").unlink(missing_ok=True)
                 try:
                     ref = subprocess.run([args.ref_python, str(ROOT / "benchmarks" / "ref_payload_run.py"),
                                           str(case / "spec.json"), str(case / "dp"), *edits],
@@ -270,6 +315,7 @@ def main() -> int:
                     (case / "dp.spec.json").replace(case / "spec.json")
                 if not ref_failed:
                     (case / "dp.csv").replace(case / "ref.csv")
+                    (case / "dp.report.json").replace(case / "ref.report.json")
             payload = json.loads((case / "spec.json").read_text())
             try:
                 setup = parse_payload(payload, case, trace_override=str(trace))
@@ -292,6 +338,8 @@ def main() -> int:
                     bad = compare(gold, res.requests[0], sim.dp_size, sim.prefill_dp_size)
                     if len(gold) != len(res.requests[0]):  # kept as a divergence, not a crash
                         bad.insert(0, ("rows", f"reference {len(gold)}, aisim_fast {len(res.requests[0])}"))
+                    if cap_ms is not None and not bad:
+                        bad += summary_differences(setup, sim, res, case / "ref.report.json")
                     if args.kv_artifacts and not bad:
                         artifacts = json.loads((case / "ref.artifacts.json").read_text())
                         if kv_event_rows(res.kv_events[0]) != reference_kv_events(artifacts):

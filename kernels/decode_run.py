@@ -28,8 +28,8 @@ from .layout import (
     CFG_BLOCK_SIZE, EVH_LEN,
     CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
     CFG_ROLE, PW_LRU_LEN, PW_PASS_NUM, ROLE_AGGREGATED, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS,
-    RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PROMPT_LEN,
-    SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF, WK_STALLED,
+    RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT, RQ_NO_TOKEN_STATS, RQ_NUM_COMPUTED,
+    RQ_PROMPT_LEN, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF, WK_STALLED,
     WK_WAIT_LEN,
 )
 from .arrivals import arrivals_due, next_release_ms
@@ -90,8 +90,10 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
     k_last = max_passes
     next_event = max_passes + 1
     kv_tokens = np.int64(0)
+    n_gaps = n  # tokens per pass whose gaps enter the token statistics
     for j in range(n):
         q = wk.run_q[off + j]
+        n_gaps -= rq_i[q, RQ_NO_TOKEN_STATS]
         prompt = rq_i[q, RQ_PROMPT_LEN]
         generated = rq_i[q, RQ_GENERATED]
         computed = rq_i[q, RQ_NUM_COMPUTED]
@@ -158,7 +160,7 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
         end_ms = (start_ms + 0.0) + ns_to_ms(dc_ns)
         if first_event >= 0:
             kv_events_visible_at(p, s, first_event, end_ms)  # this step's KV events: at its end
-        fold_gap_run(sims.token_stat, sims.token_hist, s, end_ms - start_ms, n)
+        fold_gap_run(sims.token_stat, sims.token_hist, s, end_ms - start_ms, n_gaps)
         if log_on:
             # a decode pass: n decode requests, n tokens, nothing else
             zero = np.int64(0)  # typed, not a literal: one compiled copy of the row writer

@@ -332,6 +332,9 @@ REQUEST_I = _declare(FieldTable("RQ_", "rq.i64", np.int64, [
     ("TOKEN_NEXT", -1, "q", "attention DP: next request whose token of the group pass in flight "
                             "waits for the group's end to get its time"),
     ("TERMINAL", TERM_NONE, "", "how it ended, TERM_*"),
+    ("NO_TOKEN_STATS", 0, "", "1 = its token gaps stay out of the token statistics (a request "
+                              "a time cap leaves unfinished: the reference folds a request's "
+                              "gaps when it completes)"),
     ("COMMITTED_PREFILL", 0, "", "tokens of pass chunks that computed prompt tokens"),
     ("SCHED_LEN", 0, "", "sequence length when last scheduled"),
     ("PEER", -1, "q", "disaggregated: the other row of the same logical request"),

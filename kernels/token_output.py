@@ -14,7 +14,7 @@ from numba import njit
 from .block_pool import note_event_at, outputs_logged
 from .kv_router import first_token_seen
 from .layout import (EV_OUTPUT, RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS,
-                     RQ_GENERATED, RQ_RT_PENDING, RQ_STATUS, RQ_TOKEN_NEXT, RQ_WORKER, RS_DONE,
+                     RQ_GENERATED, RQ_NO_TOKEN_STATS, RQ_RT_PENDING, RQ_STATUS, RQ_TOKEN_NEXT, RQ_WORKER, RS_DONE,
                      SM_GROUP_PASS, SM_TOKEN_HEAD, SM_TOKEN_TAIL)
 from .sketch import fold_gap_run
 
@@ -49,12 +49,13 @@ def _token_time(p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_out
     else:
         if g == 2:
             rq.f64[q, RQF_SECOND_TOKEN_MS] = end_ms
-        gap_ms = end_ms - rq.f64[q, RQF_LAST_TOKEN_MS]
-        if gap_ms != run_gap:
-            fold_gap_run(sims.token_stat, sims.token_hist, s, run_gap, run_count)
-            run_gap = gap_ms
-            run_count = 0
-        run_count += 1
+        if rq.i64[q, RQ_NO_TOKEN_STATS] == 0:
+            gap_ms = end_ms - rq.f64[q, RQF_LAST_TOKEN_MS]
+            if gap_ms != run_gap:
+                fold_gap_run(sims.token_stat, sims.token_hist, s, run_gap, run_count)
+                run_gap = gap_ms
+                run_count = 0
+            run_count += 1
     rq.f64[q, RQF_LAST_TOKEN_MS] = end_ms
     if log_outputs:
         note_event_at(p, w, EV_OUTPUT, q, g, np.int64(1 if is_last else 0),
