@@ -24,8 +24,8 @@ Prefill ranks take ``SubmitHandoffPrefill``, hold each completed prefill's KV (a
 comes at once on an idle rank or at a later retry), ``ActivateDestination`` once the
 transfer is done, and ``CancelDestination``.
 ``aisim_fast.rank_replay`` drives prefill and decode ranks with the handoff
-coordinator. Not simulated yet: SGLang KV events, attention DP (one dp_rank 0 per
-rank), and the variance and queued-work fields of ``ForwardPassMetrics``.
+coordinator. Not simulated yet: attention DP (one dp_rank 0 per rank), and the
+variance and queued-work fields of ``ForwardPassMetrics``.
 """
 
 from __future__ import annotations

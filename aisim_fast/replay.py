@@ -549,10 +549,14 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     nodes = np.zeros(n_w, np.int64)
     run_cap = np.empty(n_w, np.int64)
     wait_cap = np.empty(n_w, np.int64)
+    lease_ranges = []  # (first, end) lease entries of each vLLM / TRT-LLM simulation
     for s, sim in enumerate(sims):
         tpl = sim_templates[s]
         a, n = int(q_off[s]), int(q_len[s])
         sl = slice(a, a + n)
+        if sim.rank.backend != "sglang":
+            lease_ranges.append((n_k, n_k + tpl.lease_entries + (tpl.prefill_lease_entries
+                                                                  if sim.disaggregated else 0)))
         rq_i[sl] = tpl.rq_i
         rq_i[sl, L.RQ_LEASE_OFF] += n_k
         n_k += tpl.lease_entries
@@ -579,8 +583,13 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
             cfg_i[ws, L.CFG_DP_RANK] = np.arange(n_workers) % pool.cfg_i[L.CFG_DP_SIZE]
     cfg = _with_aic_tables(L.RankConfig(i64=cfg_i, f64=cfg_f), sims, w_off)
 
-    rq = L.Requests(i64=rq_i, f64=rq_f, lease=np.full(n_k, L.NO_BLOCK, np.int32),
-                    seq_hash=np.zeros(n_k, np.uint64))
+    # a block lease starts empty; an SGLang lease is written before it is read (a page
+    # per position as the request takes it), and filling its tens of megabytes would
+    # cost a 10k-request SGLang replay 5-10 ms of its ~100
+    lease = np.empty(n_k, np.int32)
+    for first, end in lease_ranges:
+        lease[first:end] = L.NO_BLOCK
+    rq = L.Requests(i64=rq_i, f64=rq_f, lease=lease, seq_hash=np.zeros(n_k, np.uint64))
 
     # SGLang workers keep their KV in a radix cache (kernels.sglang_radix), sized like
     # the block arena it replaces: a page slot per resident page, a node per page
