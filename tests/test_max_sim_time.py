@@ -190,3 +190,21 @@ def test_cli_refuses_a_negative_cap(tmp_path, capsys):
                      "--out", str(tmp_path / "run")])
     assert code == 2
     assert "--max-sim-time-ms: must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_a_sweep_over_caps_reports_each_points_cap(tmp_path):
+    """``spec.max_sim_time_ms`` is a sweep axis like any other: the capped point's row
+    is the reference's report of that cap, the uncapped point's the whole run."""
+    from aisim_fast.sweeps import run_sweep
+
+    case = DATA / "max_sim_time" / "vllm_agg2_cap20000"
+    base = _payload(case)
+    base["traffic"]["trace_path"] = str(DATA / "traces" / base["traffic"]["trace_path"])
+    rows = run_sweep({"base": {"spec": base}, "grid": {"spec.max_sim_time_ms": [20000, None]}},
+                     None, quiet=True)
+    golden = json.loads((case / "ref.report.json").read_text())
+    capped, whole = rows.iloc[0], rows.iloc[1]
+    for key in ("num_requests", "completed_requests", "decode_worker_seconds",
+                "committed_prefill_tokens", "mean_itl_ms", "p99_ttft_ms"):
+        assert capped[key] == pytest.approx(golden[key], rel=1e-9), key
+    assert whole["num_requests"] == whole["completed_requests"] == 1000
