@@ -614,6 +614,9 @@ RADIX_P = _declare(FieldTable("RP_", "radix.pg32", np.int32, [
     ("PREV", -1, "b", "previous (older) page of the same edge"),
     ("IN_TREE", 0, "", "1 = the page belongs to a tree edge, 0 = to a lease alone (or free)"),
     ("FREE_STACK", -1, "b", "free-page stack entry (rows [0, RW_PAGE_FREE_TOP) of the slots)"),
+    ("RUN_LAST", -1, "b", "in the tree: the last page of its run, a stretch of its edge's pages "
+                          "with equal keys (runs need not be maximal; matching skips them)"),
+    ("RUN_LEFT", 0, "", "in the tree: pages from this one to RUN_LAST, both included"),
 ]))
 RP_FIELDS = RADIX_P.width
 RADIX_N = _declare(FieldTable("RN_", "radix.nd", np.int64, [

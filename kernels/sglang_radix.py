@@ -13,6 +13,13 @@ Layout (``layout.Radix``, sliced per worker by ``RW_*_OFF``):
   chain of its pages, oldest position first, so a split, an append or a tail
   eviction relinks pages and moves no keys. The page pool of a worker is
   ``RW_PAGE_LEN`` slots (``num_gpu_blocks`` pages); free slots are a stack.
+* runs: the pages of an edge fall into runs of equal keys (a prompt's trace block
+  is one key over its tokens with one-token pages), each page knowing its run's
+  last page and how many pages are left to it (``RP_RUN_LAST``, ``RP_RUN_LEFT``).
+  Matching compares a run's key once and steps over the run, so a prefix hit costs
+  a walk over runs, not a pointer chase per token. Runs are formed when pages are
+  appended, cut where a split or a tail eviction cuts the edge, and need not be
+  maximal (two adjacent runs may share a key: only a longer walk).
 * nodes: ``nd[n, RN_*]``; slot ``RW_NODE_OFF`` is the root (no edge, never
   locked, never evicted). Children are found through one open-addressing table per
   worker keyed by (parent, first key of the child's edge); the key of an entry is
@@ -49,7 +56,8 @@ from .layout import (
     EVH_CLOCK_BITS, EVH_KV, EV_BLOCK, EV_KV_REMOVED, EV_KV_REPORTED, EV_KV_STORED, EV_REQUEST,
     KV_FIRST, KV_FIRST_WITH_PARENT, KV_NEXT, KV_RUN_NONE, KV_RUN_REMOVED, KV_RUN_STORED, RADIX_N,
     RADIX_W, RN_CHILDREN, RN_FIELDS, RN_FREE_STACK, RN_HEAD, RN_LEN, RN_LOCK, RN_PARENT, RN_TAIL,
-    RN_TIME, RP_FIELDS, RP_FREE_STACK, RP_IN_TREE, RP_NEXT, RP_PREV, RW_CLOCK, RW_EVICTABLE,
+    RN_TIME, RP_FIELDS, RP_FREE_STACK, RP_IN_TREE, RP_NEXT, RP_PREV, RP_RUN_LAST, RP_RUN_LEFT,
+    RW_CLOCK, RW_EVICTABLE,
     RW_HEAP_CAP, RW_HEAP_LEN, RW_HEAP_OFF, RW_INSERT_SHARED, RW_KV_RUN, RW_KV_TAIL_HASH,
     RW_KV_UNREPORTED, RW_NODE_BUMP, RW_NODE_FREE_TOP, RW_NODE_LEN, RW_NODE_OFF, RW_PAGES_USED,
     RW_PAGE_BUMP, RW_PAGE_CAP, RW_PAGE_FREE_TOP, RW_PAGE_LEN, RW_PAGE_OFF, RW_PAGE_SIZE,
@@ -373,6 +381,38 @@ def dec_lock(r, w, n):
 # ---------------------------------------------------------------------------------
 # split, match, insert
 # ---------------------------------------------------------------------------------
+@njit(cache=True, _nrt=False, inline="always")
+def _page_at(r, b, steps):
+    """The page ``steps`` pages after b in its edge (which has them), run by run."""
+    while steps > 0:
+        ahead = r.pg32[b, RP_RUN_LEFT] - 1  # pages after b in its run
+        if ahead >= steps:
+            if ahead == steps:
+                return r.pg32[b, RP_RUN_LAST]
+            for _ in range(steps):
+                b = r.pg32[b, RP_NEXT]
+            return b
+        steps -= ahead + 1
+        b = r.pg32[r.pg32[b, RP_RUN_LAST], RP_NEXT]
+    return b
+
+
+@njit(cache=True, _nrt=False)
+def _end_run_at(r, b):
+    """The edge now ends at page b (a split or a tail eviction cut what followed): the
+    pages of b's run up to b get b as their run's last page."""
+    if r.pg32[b, RP_RUN_LEFT] == 1:
+        return  # b ends its run already
+    last = r.pg32[b, RP_RUN_LAST]
+    end = b
+    left = np.int32(1)
+    while b != NO_PAGE and r.pg32[b, RP_RUN_LAST] == last:
+        r.pg32[b, RP_RUN_LAST] = end
+        r.pg32[b, RP_RUN_LEFT] = left
+        left += 1
+        b = r.pg32[b, RP_PREV]
+
+
 @njit(cache=True, _nrt=False)
 def _split(r, w, x, k):
     """Split node x after its first k pages (0 < k < len): a new upper node U takes
@@ -384,10 +424,9 @@ def _split(r, w, x, k):
         return NO_NODE
     parent = r.nd[x, RN_PARENT]
     head = r.nd[x, RN_HEAD]
-    cut = head
-    for _ in range(k - 1):
-        cut = r.pg32[cut, RP_NEXT]
+    cut = _page_at(r, head, k - 1)
     lower = r.pg32[cut, RP_NEXT]
+    _end_run_at(r, cut)  # the upper edge ends at cut, and so does its last run
     r.nd[u, RN_PARENT] = parent
     r.nd[u, RN_HEAD] = head
     r.nd[u, RN_TAIL] = cut
@@ -413,10 +452,21 @@ def _common(r, n, keys, k0, n_keys):
     """Pages of n's edge that equal keys[k0:], at most n_keys."""
     b = r.nd[n, RN_HEAD]
     m = 0
-    length = r.nd[n, RN_LEN]
-    while m < length and m < n_keys and r.pg_key[b] == keys[k0 + m]:
-        b = r.pg32[b, RP_NEXT]
-        m += 1
+    limit = min(r.nd[n, RN_LEN], n_keys)
+    while m < limit:
+        key = r.pg_key[b]
+        if key != keys[k0 + m]:
+            break
+        # b's run holds ``run`` more pages of this key: compare the keys alone (a
+        # sequential scan) instead of following the pages one by one
+        run = min(np.int64(r.pg32[b, RP_RUN_LEFT]), limit - m)
+        j = 1
+        while j < run and keys[k0 + m + j] == key:
+            j += 1
+        m += j
+        if j < r.pg32[b, RP_RUN_LEFT]:
+            break  # the keys left the run (a mismatch next) or a limit was reached
+        b = r.pg32[r.pg32[b, RP_RUN_LAST], RP_NEXT]
     return m
 
 
@@ -504,6 +554,17 @@ def _link_new_pages(r, w, n, pages, p0, count, keys, k0):
         tail = b
     r.nd[n, RN_TAIL] = tail
     r.nd[n, RN_LEN] += count
+    # the appended pages' runs (their own: the edge's last run is not extended)
+    last = NO_PAGE
+    left = np.int32(0)
+    for j in range(count - 1, -1, -1):
+        b = pages[p0 + j]
+        if last == NO_PAGE or keys[k0 + j] != keys[k0 + j + 1]:
+            last = b
+            left = np.int32(0)
+        left += 1
+        r.pg32[b, RP_RUN_LAST] = last
+        r.pg32[b, RP_RUN_LEFT] = left
 
 
 @njit(cache=True, _nrt=False)
@@ -712,6 +773,7 @@ def evict(r, w, n_tokens):
                 page_free(r, w, b)
                 b = nxt
             r.pg32[tail, RP_NEXT] = NO_PAGE
+            _end_run_at(r, tail)
             r.nd[leaf, RN_TAIL] = tail
             r.nd[leaf, RN_LEN] = length - need
             r.w64[w, RW_EVICTABLE] -= need * ps

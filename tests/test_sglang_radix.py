@@ -157,6 +157,21 @@ def test_insert_keeps_the_trees_pages_for_keys_it_has():
     assert path[3:] == mine[3:].tolist()
 
 
+def _check_runs(r, used):
+    """Every tree page's run: RUN_LEFT - 1 pages further along its edge is RUN_LAST,
+    which ends the run, and every page on the way has the same key and run."""
+    for b in range(used):
+        if r.pg32[b, X.RP_IN_TREE] != 1:
+            continue
+        left, last, c = int(r.pg32[b, X.RP_RUN_LEFT]), int(r.pg32[b, X.RP_RUN_LAST]), b
+        assert left >= 1
+        for k in range(left - 1):
+            c = int(r.pg32[c, X.RP_NEXT])
+            assert c >= 0 and r.pg_key[c] == r.pg_key[b] and r.pg32[c, X.RP_RUN_LAST] == last
+            assert r.pg32[c, X.RP_RUN_LEFT] == left - 1 - k
+        assert c == last
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_counters_add_up_after_random_work(page_size):
     """Every page is free, in a lease or in the tree exactly once; evictable +
@@ -187,6 +202,8 @@ def test_counters_add_up_after_random_work(page_size):
             X.dec_lock(t.r, 0, held.pop(rng.integers(0, len(held))))
         used = int(t.r.w64[0, X.RW_PAGE_BUMP])  # slots past it were never handed out
         in_tree = int((t.r.pg32[:used, X.RP_IN_TREE] == 1).sum())
+        _check_runs(t.r, used)
+        assert X.match_readonly(t.r, 0, keys, 0, len(keys)) == len(keys)
         assert t.evictable + t.protected == in_tree * page_size
         assert X.free_pages(t.r, 0) + in_tree == 400
     for n in held:
