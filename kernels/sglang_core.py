@@ -577,6 +577,9 @@ def _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
     acc[2] total isl, acc[3] total prefix, acc[5] first admissions. Returns False
     when the page slots ran out."""
     r = p.radix
+    slots = max(0, cfg.i64[w, CFG_MAX_NUM_SEQS] - wk.i64[w, WK_RUN_LEN])
+    if slots == 0 or wk.i64[w, WK_WAIT_LEN] == 0:
+        return True  # nothing to admit (and no budget to work out over the running batch)
     ps = r.w64[w, RW_PAGE_SIZE]
     ratio = _ratio(wk, w)
     clip = cfg.i64[w, CFG_SG_CLIP]
@@ -587,7 +590,6 @@ def _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
     rem_total = float(rx.available_tokens(r, w) + r.w64[w, RW_EVICTABLE]) - reserved
     rem_input = float(cfg.i64[w, CFG_SG_MAX_PREFILL_TOKENS])
     rem_chunk = float(cfg.i64[w, CFG_SG_CHUNK_SIZE])
-    slots = max(0, cfg.i64[w, CFG_MAX_NUM_SEQS] - wk.i64[w, WK_RUN_LEN])
     caching = cfg.i64[w, CFG_PREFIX_CACHING] != 0
     partial = -1
     while acc[1] < slots and wk.i64[w, WK_WAIT_LEN] > 0:
