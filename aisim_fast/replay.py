@@ -298,7 +298,6 @@ class _SimTemplate:
     pools: tuple                # ((first worker, workers, _PoolTemplate), ...)
 
 
-# Simulation fields besides the workload that shape its template
 # what a simulation's kernel template depends on (a time cap and the requests left out
 # of the token statistics are applied to the built state)
 _SIM_SETTINGS = tuple(f for f in dataclasses.fields(Simulation)
