@@ -107,3 +107,20 @@ def values_outside_run(frame) -> list:
                 bad.append((col, v))
                 break
     return bad
+
+
+def assert_rows_match_reference_csv(csv_path, frame) -> None:
+    """The run's request rows (``frame``) are the reference CSV's rows, joined on
+    (request id, turn), and agree with them cell by cell (``row_differences``)."""
+    import csv
+
+    def key(row):
+        return str(row["request_id"]).strip(), as_key_part(row["turn_index"])
+
+    with open(csv_path, newline="", encoding="utf-8") as fh:
+        gold = {key(r): r for r in csv.DictReader(fh)}
+    cand = {key(r): r for r in frame.to_dict("records")}
+    assert sorted(cand) == sorted(gold), "request rows differ"
+    report = [f"{'/'.join(k)} {col}: reference {g!r}, aisim_fast {c!r}"
+              for k, row in gold.items() for col, g, c in row_differences(row, cand[k])]
+    assert not report, f"{len(report)} cells differ, first:\n" + "\n".join(report[:8])

@@ -4,7 +4,6 @@ configurations it refuses."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from aisim_fast.config import ConfigError, parse_payload
 from aisim_fast.replay import run_batch, simulation_from_setup
-from parity_rules import as_key_part, row_differences
+from parity_rules import assert_rows_match_reference_csv
 
 DATA = Path(__file__).resolve().parent / "data"
 CASES = sorted(p for p in (DATA / "attention_dp").iterdir() if p.is_dir())
@@ -39,10 +38,6 @@ def _sim(case: Path, **edits):
     return simulation_from_setup(_setup(payload))
 
 
-def _key(row):
-    return str(row["request_id"]).strip(), as_key_part(row["turn_index"])
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_matches_reference_on_every_column(case):
     sim = _sim(case)
@@ -56,15 +51,7 @@ def test_matches_reference_on_every_column(case):
     if sim.prefill_dp_size > 1:
         frame = frame.assign(prefill_worker=frame["prefill_worker"] * sim.prefill_dp_size
                              + frame["prefill_dp_rank"])
-    with open(case / "ref.csv", newline="", encoding="utf-8") as fh:
-        gold = {_key(r): r for r in csv.DictReader(fh)}
-    cand = {_key(r): r for r in frame.to_dict("records")}
-    assert sorted(cand) == sorted(gold), "request rows differ"
-    report = []
-    for key, row in gold.items():
-        for col, g, c in row_differences(row, cand[key]):
-            report.append(f"{'/'.join(key)} {col}: reference {g!r}, aisim_fast {c!r}")
-    assert not report, f"{len(report)} cells differ, first:\n" + "\n".join(report[:8])
+    assert_rows_match_reference_csv(case / "ref.csv", frame)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

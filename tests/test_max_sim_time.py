@@ -4,7 +4,6 @@ run leaves in its outputs."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from aisim_fast import cli
 from aisim_fast.config import ConfigError, parse_payload
 from aisim_fast.output import requests_in_uuid_order, summarize_replay
 from aisim_fast.replay import BatchRun, run_batch, simulation_from_setup
-from parity_rules import as_key_part, row_differences
+from parity_rules import assert_rows_match_reference_csv
 from test_cli import NOT_COMPARED, assert_summary_matches
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -29,10 +28,6 @@ def _payload(case: Path) -> dict:
 
 def _setup(payload: dict):
     return parse_payload(payload, DATA / "traces")
-
-
-def _key(row):
-    return str(row["request_id"]).strip(), as_key_part(row["turn_index"])
 
 
 def _scheduler_ids(frame: pd.DataFrame, dp_size: int) -> pd.DataFrame:
@@ -54,13 +49,7 @@ def test_matches_reference_rows_and_report(case):
     sim = simulation_from_setup(setup)
     res = run_batch([sim], record_passes=False).check()
     frame = _scheduler_ids(res.requests[0], sim.dp_size)
-    with open(case / "ref.csv", newline="", encoding="utf-8") as fh:
-        gold = {_key(r): r for r in csv.DictReader(fh)}
-    cand = {_key(r): r for r in frame.to_dict("records")}
-    assert sorted(cand) == sorted(gold), "request rows differ"
-    report = [f"{'/'.join(key)} {col}: reference {g!r}, aisim_fast {c!r}"
-              for key, row in gold.items() for col, g, c in row_differences(row, cand[key])]
-    assert not report, f"{len(report)} cells differ, first:\n" + "\n".join(report[:8])
+    assert_rows_match_reference_csv(case / "ref.csv", frame)
 
     requests = requests_in_uuid_order(res.requests[0], sim.workload.session, sim.workload.turn_index)
     summary = summarize_replay(setup, requests, res.token_stat[0], res.token_hist[0],
