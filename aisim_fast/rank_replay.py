@@ -95,7 +95,8 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
     """Replay a disaggregated simulation with the handoff coordinator driving prefill
     and decode ranks through the rank API; returns one row per request with the
     in-kernel replay's columns (``run_batch(...).requests``) that the rank protocol
-    exposes. Raises SimulationError on a dead end (requests that can never finish)."""
+    exposes (with a time cap, those of the requests terminal by it). Raises
+    SimulationError on a dead end (requests that can never finish)."""
     _check(sim)
     wl = sim.workload
     n = wl.num_requests
@@ -372,8 +373,14 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
             stuck = int((rec.status == "in_flight").sum())
             raise SimulationError(f"dead end at {now_ms} ms: {stuck} requests in flight can never finish "
                                   "(rank-driven replay)")
+        if sim.max_sim_time_ms is not None and min(candidates) > sim.max_sim_time_ms:
+            break  # every instant up to the time cap is drained
         now_ms = min(candidates)
-    return _frame(sim, rec)
+    frame = _frame(sim, rec)
+    if sim.max_sim_time_ms is not None:
+        # the requests terminal by the cap, indexed by trace row (as run_batch keeps them)
+        frame = frame[frame["completion_ms"].to_numpy(np.float64) <= sim.max_sim_time_ms]
+    return frame
 
 
 def _frame(sim: Simulation, rec: _Requests) -> pd.DataFrame:

@@ -1151,7 +1151,7 @@ class CapFacts:
     or before the cap, and only passes that end by the cap commit prefill tokens."""
     cap_ms: float
     num_requests: int            # arrivals at or before the cap
-    last_instant_ms: float       # the last arrival or pass end at or before the cap
+    last_instant_ms: float       # the last arrival, pass end or transfer at or before the cap
     committed_prefill_tokens: int
 
 
@@ -1190,7 +1190,11 @@ def _end_at_caps(sims, parts, status, res) -> list:
         straddling = (start_ms <= cap_ms) & ~ended  # at most one per rank: its work never commits
         committed = int(requests["committed_prefill_tokens"].sum()) \
             - int(passes["sum_prefill_tokens"].to_numpy(np.int64)[straddling].sum())
+        # the instants the run drained by the cap: arrivals, pass ends, KV transfers done
         last_ms = max(float(arrival_ms[arrived].max(initial=0.0)), float(end_ms[ended].max(initial=0.0)))
+        if "transfer_done_ms" in requests:
+            done_ms = requests["transfer_done_ms"].to_numpy(np.float64)
+            last_ms = max(last_ms, float(done_ms[done_ms <= cap_ms].max(initial=0.0)))
         facts[s] = CapFacts(cap_ms, int(arrived.sum()), last_ms, committed)
         unfinished = np.flatnonzero(~(requests["completion_ms"].to_numpy(np.float64) <= cap_ms))
         # (no rerun when none of them emitted a token gap yet)

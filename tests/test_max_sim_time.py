@@ -197,3 +197,24 @@ def test_a_sweep_over_caps_reports_each_points_cap(tmp_path):
                 "committed_prefill_tokens", "mean_itl_ms", "p99_ttft_ms"):
         assert capped[key] == pytest.approx(golden[key], rel=1e-9), key
     assert whole["num_requests"] == whole["completed_requests"] == 1000
+
+
+CAPPED_DIFFERENTIAL_CASES = [c for c in sorted(DATA.glob("differential/seed*"))
+                             if json.loads((c / "spec.json").read_text())["spec"].get("max_sim_time_ms")
+                             is not None and (c / "ref.report.json").exists()]
+
+
+@pytest.mark.parametrize("case", CAPPED_DIFFERENTIAL_CASES, ids=[c.name for c in CAPPED_DIFFERENTIAL_CASES])
+def test_capped_differential_cases_match_their_report(case):
+    """Capped cases the differential kept (their rows are checked in
+    test_reference_runs): every summary key of the reference's report. seed89_case0029
+    put the last instant at a KV transfer's completion, after the last pass end."""
+    payload = json.loads((case / "spec.json").read_text())
+    setup = parse_payload(payload, case, trace_override=str(case / "trace.jsonl"))
+    sim = simulation_from_setup(setup)
+    res = run_batch([sim], record_passes=False).check()
+    requests = requests_in_uuid_order(res.requests[0], sim.workload.session, sim.workload.turn_index)
+    summary = summarize_replay(setup, requests, res.token_stat[0], res.token_hist[0],
+                               end_ms=float(res.end_ms[0]), cap=res.capped[0])
+    golden = json.loads((case / "ref.report.json").read_text())
+    assert_summary_matches(summary, golden, [k for k in golden if k not in NOT_COMPARED])

@@ -20,7 +20,6 @@ entry into a failure until it is removed from the list.
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import pytest
 
 from aisim_fast.config import ConfigError, parse_payload
 from aisim_fast.replay import run_batch, simulation_from_setup
-from parity_rules import as_key_part, row_differences, same_stop, values_outside_run
+from parity_rules import assert_rows_match_reference_csv, same_stop, values_outside_run
 
 DATA = Path(__file__).resolve().parent / "data"
 CASES = sorted([*DATA.glob("differential/seed*"), *DATA.glob("disagg_corners/*/"),
@@ -50,10 +49,6 @@ def _run(case: Path):
     return res.status[0], res.error[0], res.requests[0]
 
 
-def _key(row):
-    return str(row["request_id"]).strip(), as_key_part(row["turn_index"])
-
-
 @pytest.mark.parametrize("case", [
     pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=OPEN[c.name])]
                  if c.name in OPEN else []) for c in CASES])
@@ -66,15 +61,7 @@ def test_matches_reference_on_every_column(case):
         assert same_stop(expected, error), f"reference: {expected!r}\naisim_fast: {error!r}"
         return
     assert status == "ok", error
-    with open(case / "ref.csv", newline="", encoding="utf-8") as fh:
-        gold = {_key(r): r for r in csv.DictReader(fh)}
-    cand = {_key(r): r for r in frame.to_dict("records")}
-    assert sorted(cand) == sorted(gold), "request rows differ"
-    report = []
-    for key, row in gold.items():
-        for col, g, c in row_differences(row, cand[key]):
-            report.append(f"{'/'.join(key)} {col}: reference {g!r}, aisim_fast {c!r}")
-    assert not report, f"{len(report)} cells differ, first:\n" + "\n".join(report[:8])
+    assert_rows_match_reference_csv(case / "ref.csv", frame)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in CASES
