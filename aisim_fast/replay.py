@@ -20,6 +20,7 @@ import numba
 import numpy as np
 import pandas as pd
 
+from aisim_fast import reused_buffers
 from aisim_fast.config import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, RouterConfig, check_attention_dp,
                                check_disaggregated_pair, check_rank)
 from aisim_fast.kernels import cache_lock, compile_notice, mark_compiled
@@ -585,10 +586,11 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     # a block lease starts empty; an SGLang lease is written before it is read (a page
     # per position as the request takes it), and filling its tens of megabytes would
     # cost a 10k-request SGLang replay 5-10 ms of its ~100
-    lease = np.empty(n_k, np.int32)
+    lease = reused_buffers.empty("lease", n_k, np.int32)
     for first, end in lease_ranges:
         lease[first:end] = L.NO_BLOCK
-    rq = L.Requests(i64=rq_i, f64=rq_f, lease=lease, seq_hash=np.zeros(n_k, np.uint64))
+    # a key is written before it is read (RQ_NUM_HASHED counts the written ones)
+    rq = L.Requests(i64=rq_i, f64=rq_f, lease=lease, seq_hash=reused_buffers.empty("seq_hash", n_k, np.uint64))
 
     # SGLang workers keep their KV in a radix cache (kernels.sglang_radix), sized like
     # the block arena it replaces: a page slot per resident page, a node per page
@@ -597,7 +599,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     if sglang.any():
         radix = dict(radix=sglang_radix.make_radix(
             np.where(sglang, cfg_i[:, L.CFG_NUM_GPU_BLOCKS], 0), np.where(sglang, nodes, 0),
-            page_size=np.where(sglang, cfg_i[:, L.CFG_BLOCK_SIZE], 1), page_slots=np.where(sglang, arena, 0)))
+            page_size=np.where(sglang, cfg_i[:, L.CFG_BLOCK_SIZE], 1), page_slots=np.where(sglang, arena, 0),
+            empty=reused_buffers.empty))
         arena = np.where(sglang, 1, arena)
     tab_size = np.array([_pow2_at_least(2 * a) for a in arena], np.int64)
     pool_w = L.POOL_W.new(n_w)
@@ -608,8 +611,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     n_b = int(arena.sum())
     # arena slots are initialized when first used (block_pool._take_slot)
     with _small_pages():
-        b32 = np.empty((n_b, L.PB_FIELDS), np.int32)
-        blk_hash = np.empty(n_b, np.uint64)
+        b32 = reused_buffers.empty("block_fields", (n_b, L.PB_FIELDS), np.int32)
+        blk_hash = reused_buffers.empty("block_hash", n_b, np.uint64)
     pool_w[:, L.PW_SIM] = np.repeat(np.arange(n_sims), w_len)
     event_log = {}
     if event_rows > 0:  # row 0 of each simulation is its header (len, clock)
@@ -623,7 +626,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
             rad.w64[:, L.RW_SIM] = np.repeat(np.arange(n_sims), w_len)
             radix["radix"] = rad._replace(pg_hash=np.empty(len(rad.pg_key), np.uint64),
                                           event_log=event_log["event_log"])
-    pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=np.empty(int(tab_size.sum()), np.int32),
+    pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=reused_buffers.empty("block_table", int(tab_size.sum()), np.int32),
                   **event_log, **radix)
     _reset_pools(pool)
 

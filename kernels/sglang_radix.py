@@ -800,10 +800,12 @@ def evict(r, w, n_tokens):
 # ---------------------------------------------------------------------------------
 # state
 # ---------------------------------------------------------------------------------
-def make_radix(pages_per_worker, nodes_per_worker, page_size=1, page_slots=None) -> Radix:
+def make_radix(pages_per_worker, nodes_per_worker, page_size=1, page_slots=None, empty=None) -> Radix:
     """Empty radix caches for workers with the given page pools (``num_gpu_blocks``
     pages each), page slots (resident pages at most; default the pool) and node slots
-    (a worker never holds more nodes than resident pages + 1)."""
+    (a worker never holds more nodes than resident pages + 1). ``empty(name, shape,
+    dtype)`` allocates the page slots (default ``np.empty``; the driver's reuses a
+    previous run's memory)."""
     cap = np.asarray(pages_per_worker, np.int64)
     pages = cap if page_slots is None else np.minimum(cap, np.asarray(page_slots, np.int64))
     nodes = np.asarray(nodes_per_worker, np.int64) + 1  # the root
@@ -829,8 +831,10 @@ def make_radix(pages_per_worker, nodes_per_worker, page_size=1, page_slots=None)
     # roots need it now: an arena costs memory only as far as it is used
     nd = np.empty((int(nodes.sum()), RN_FIELDS), np.int64)
     nd[node_off] = RADIX_N.new(1)[0]
-    return Radix(w64=w64, pg32=np.empty((int(pages.sum()), RP_FIELDS), np.int32),
-                 pg_key=np.empty(int(pages.sum()), np.uint64),
+    if empty is None:
+        empty = lambda name, shape, dtype: np.empty(shape, dtype)  # noqa: E731
+    return Radix(w64=w64, pg32=empty("radix_pg32", (int(pages.sum()), RP_FIELDS), np.int32),
+                 pg_key=empty("radix_pg_key", int(pages.sum()), np.uint64),
                  nd=nd, tab=np.full(int(tab_sizes.sum()), -1, np.int32),
                  heap_time=np.empty(int(heap_caps.sum()), np.int64),
                  heap_node=np.empty(int(heap_caps.sum()), np.int64))

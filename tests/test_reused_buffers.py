@@ -1,0 +1,67 @@
+"""The state buffers a run leaves for the next one (aisim_fast.reused_buffers): lent
+only when idle, and never read before they are written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from aisim_fast import reused_buffers
+from aisim_fast.replay import run_batch
+from test_parity import simulation
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+@pytest.fixture
+def keep_everything(monkeypatch):
+    """Every array is kept, however small, starting from none."""
+    monkeypatch.setattr(reused_buffers, "MIN_KEPT_BYTES", 0)
+    reused_buffers.release()
+    yield
+    reused_buffers.release()
+
+
+def test_a_buffer_is_lent_again_only_when_nothing_sees_it(keep_everything):
+    a = reused_buffers.empty("t", 100, np.int64)
+    b = reused_buffers.empty("t", 100, np.int64)
+    assert not np.shares_memory(a, b)  # a is still in use
+    at = _address(a)
+    del a, b
+    c = reused_buffers.empty("t", (5, 10), np.int32)  # smaller: the idle kept buffer
+    assert _address(c) == at and c.shape == (5, 10) and c.dtype == np.int32
+    derived = c[2:].T
+    del c
+    d = reused_buffers.empty("t", 10, np.int32)  # a view of a view still holds it
+    assert not np.shares_memory(d, derived)
+    del derived, d
+    bigger = reused_buffers.empty("t", 1000, np.int64)  # too small now: replaced
+    assert _address(bigger) != at and reused_buffers.kept_bytes() == 8000
+    other = reused_buffers.empty("u", 10, np.int64)  # names do not share
+    assert not np.shares_memory(bigger, other)
+
+
+def test_small_arrays_are_not_kept(monkeypatch):
+    reused_buffers.release()
+    assert reused_buffers.empty("t", 10, np.int64).shape == (10,)
+    assert reused_buffers.kept_bytes() == 0
+
+
+@pytest.mark.parametrize("cases", [("1k_sglang_agg2", "1k_vllm_agg2"), ("1k_sglang_disagg1p2d", "seqs2")])
+def test_a_run_reads_nothing_a_previous_run_left(keep_everything, cases):
+    """Kept buffers filled with garbage between two runs change nothing: every kept
+    array (leases, keys, radix pages, block arenas and tables) is written before it
+    is read."""
+    sims = [simulation(case) for case in cases]
+    first = run_batch(sims)
+    assert reused_buffers.kept_bytes() > 0
+    for buf in reused_buffers._kept.values():
+        buf.fill(0xA5)
+    second = run_batch(sims)
+    for s in range(len(sims)):
+        pd.testing.assert_frame_equal(first.requests[s], second.requests[s])
+        pd.testing.assert_frame_equal(first.passes[s], second.passes[s])
+        np.testing.assert_array_equal(first.token_stat[s], second.token_stat[s])
