@@ -538,8 +538,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
 
     # per-request state, field-major (see kernels.layout)
     # every row is written from its simulation's template below
-    rq_i = np.empty((n_q, L.RQ_I_FIELDS), np.int64)
-    rq_f = np.empty((n_q, L.RQ_F_FIELDS), np.float64)
+    rq_i = reused_buffers.empty("request_fields", (n_q, L.RQ_I_FIELDS), np.int64)
+    rq_f = reused_buffers.empty("request_times", (n_q, L.RQ_F_FIELDS), np.float64)
     n_k = 0  # lease entries so far: each row's lease follows the previous one
     start_order = np.zeros(n_logical, np.int64)
     cfg_i = np.zeros((n_w, L.CFG_I_FIELDS), np.int64)

@@ -1,7 +1,8 @@
 """The kernel state's largest arrays, kept for the next run of the same process.
 
-A run's biggest arrays are write-before-read scratch: the per-entry lease and key
-arrays of the requests, SGLang's radix page slots, the vLLM / TRT-LLM block arenas.
+A run's biggest arrays are written before they are read: the request rows, the
+per-entry lease and key arrays of the requests, SGLang's radix page slots, the vLLM /
+TRT-LLM block arenas and prefix tables.
 Fresh from the allocator, each of their pages is faulted in and zeroed by the
 operating system on first touch: in a warm 10k-request SGLang replay that is about a
 tenth of the run (260 MB of pages), more when two threads fault at once. A process
@@ -29,7 +30,7 @@ import threading
 
 import numpy as np
 
-MIN_KEPT_BYTES = 4 << 20
+MIN_KEPT_BYTES = 1 << 20
 
 _kept: dict[str, np.ndarray] = {}  # name -> 1-D uint8 buffer
 _lock = threading.Lock()

@@ -50,18 +50,39 @@ def test_small_arrays_are_not_kept(monkeypatch):
     assert reused_buffers.kept_bytes() == 0
 
 
+KEPT = {"request_fields", "request_times", "lease", "seq_hash", "radix_pg32", "radix_pg_key",
+        "block_fields", "block_hash", "block_table"}
+
+
 @pytest.mark.parametrize("cases", [("1k_sglang_agg2", "1k_vllm_agg2"), ("1k_sglang_disagg1p2d", "seqs2")])
-def test_a_run_reads_nothing_a_previous_run_left(keep_everything, cases):
+def test_a_run_reads_nothing_a_previous_run_left(keep_everything, monkeypatch, cases):
     """Kept buffers filled with garbage between two runs change nothing: every kept
-    array (leases, keys, radix pages, block arenas and tables) is written before it
-    is read."""
+    array (request rows, leases, keys, radix pages, block arenas and tables) is
+    written before it is read."""
     sims = [simulation(case) for case in cases]
     first = run_batch(sims)
-    assert reused_buffers.kept_bytes() > 0
-    for buf in reused_buffers._kept.values():
-        buf.fill(0xA5)
+    expected = [(first.requests[s].copy(), first.passes[s].copy(), first.token_stat[s].copy())
+                for s in range(len(sims))]
+    del first  # its frames no longer hold any buffer
+    idle = [name for name in reused_buffers._kept if reused_buffers._idle(name)]
+    assert set(idle) == KEPT
+    poisoned = {}  # name -> address (a reference would keep the buffer busy)
+    for name in idle:
+        reused_buffers._kept[name].fill(0x7F)  # int32 2139062143, float64 1.4e306
+        poisoned[name] = _address(reused_buffers._kept[name])
+    lent = set()
+    take = reused_buffers.empty
+
+    def watched(name, shape, dtype):
+        out = take(name, shape, dtype)
+        if poisoned.get(name) == _address(out):
+            lent.add(name)
+        return out
+
+    monkeypatch.setattr(reused_buffers, "empty", watched)
     second = run_batch(sims)
-    for s in range(len(sims)):
-        pd.testing.assert_frame_equal(first.requests[s], second.requests[s])
-        pd.testing.assert_frame_equal(first.passes[s], second.passes[s])
-        np.testing.assert_array_equal(first.token_stat[s], second.token_stat[s])
+    assert lent == KEPT  # the second run had every poisoned buffer
+    for s, (requests, passes, token_stat) in enumerate(expected):
+        pd.testing.assert_frame_equal(requests, second.requests[s])
+        pd.testing.assert_frame_equal(passes, second.passes[s])
+        np.testing.assert_array_equal(token_stat, second.token_stat[s])
