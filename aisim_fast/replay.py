@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import tempfile
 import time
@@ -284,14 +285,42 @@ class _PoolTemplate:
     nodes: int = 0  # SGLang: radix-tree node slots per worker
 
 
+class _Rows:
+    """Rows of a state matrix (``layout.FieldTable``) as the columns that differ from a
+    fresh row: written straight into the state, so a batch builds its request rows
+    once, in memory that a previous run may have mapped already."""
+
+    def __init__(self, table, n: int, columns: dict):
+        self.table, self.n, self.columns = table, n, columns  # column -> values or scalar
+
+    def __len__(self) -> int:
+        return self.n
+
+    def write(self, out: np.ndarray, **shift) -> None:
+        """Into ``out`` (n rows); ``shift``: a column name's offset (``RQ_LEASE_OFF=k``)."""
+        out[:] = _fresh_row(self.table)
+        for col, values in self.columns.items():
+            out[:, col] = values
+        for name, by in shift.items():
+            out[:, getattr(L, name)] += by
+
+    def shifted(self, col: int, by: int) -> "_Rows":
+        return _Rows(self.table, self.n, {**self.columns, col: self.columns[col] + by})
+
+
+@functools.lru_cache(maxsize=None)
+def _fresh_row(table) -> np.ndarray:
+    return table.new(1)[0]
+
+
 @dataclass(frozen=True)
 class _SimTemplate:
     """What build_state writes for one simulation, relative to its offsets: a sweep
     packs many simulations of one trace and config, which share it."""
-    rq_i: np.ndarray            # int64[n, RQ_I_FIELDS] logical rows; RQ_LEASE_OFF from 0
-    rq_f: np.ndarray            # float64[n, RQ_F_FIELDS] logical rows
+    rq_i: _Rows                 # logical rows (REQUEST_I); RQ_LEASE_OFF from 0
+    rq_f: _Rows                 # logical rows (REQUEST_F)
     lease_entries: int          # blocks of all logical rows' leases
-    prefill_rq_i: np.ndarray | None
+    prefill_rq_i: _Rows | None
     prefill_lease_entries: int
     max_lease_blocks: int
     next_turn: np.ndarray       # int64[n] row of the next turn of the session, -1 none
@@ -322,10 +351,8 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
     pinned = sim.placement == "kv_router" and wl.worker is not None
     if pinned:
         # a disaggregated request's logical row goes to the decode pool
-        rq_i[:, L.RQ_PIN_WORKER] = wl.worker[:, 2 if sim.disaggregated else 0]
-    rq_f = L.REQUEST_F.new(n)
-    rq_f[:, L.RQF_DELAY_MS] = wl.delay_ms
-    rq_f[:, L.RQF_START_MS] = wl.start_ms
+        rq_i.columns[L.RQ_PIN_WORKER] = wl.worker[:, 2 if sim.disaggregated else 0]
+    rq_f = _Rows(L.REQUEST_F, n, {L.RQF_DELAY_MS: wl.delay_ms, L.RQF_START_MS: wl.start_ms})
     pools = [(sim.prefill_ranks, sim.ranks, rank, blocks, sim.dp_size)]
     prefill_rq_i = None
     pblocks = np.zeros(0, np.int64)
@@ -334,9 +361,9 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
         pblocks = -(-(wl.input_len + 1) // prank.block_size)
         # the source computes the prompt and one hidden token
         prefill_rq_i = _unplaced_rows(wl, table_rows[_table_key(wl, prank)], 1, pblocks)
-        prefill_rq_i[:, L.RQ_NEXT_TURN] = -1
+        prefill_rq_i.columns[L.RQ_NEXT_TURN] = -1
         if pinned:
-            prefill_rq_i[:, L.RQ_PIN_WORKER] = wl.worker[:, 1]
+            prefill_rq_i.columns[L.RQ_PIN_WORKER] = wl.worker[:, 1]
         pools.append((0, sim.prefill_ranks, prank, pblocks, sim.prefill_dp_size))
     pool_templates = []
     for first, n_workers, pool_rank, pool_blocks, pool_dp in pools:
@@ -443,20 +470,17 @@ def _default_queue_slots(n: int, n_workers: int, placement: str) -> int:
     return min(n, per_worker + per_worker // 2 + 8) + 1
 
 
-def _unplaced_rows(wl: Workload, first_src_row: int, max_output, blocks: np.ndarray) -> np.ndarray:
+def _unplaced_rows(wl: Workload, first_src_row: int, max_output, blocks: np.ndarray) -> _Rows:
     """Request rows of a trace before arrival: prompt, output budget, trace row, session,
-    lease offsets from 0 (``blocks`` per row); nothing computed, no worker, no links."""
+    lease offsets from 0 (``blocks`` per row); nothing computed, no worker, no links
+    (a fresh row's links are -1, its status not arrived, its counters 0)."""
     n = len(wl.input_len)
-    rows = L.REQUEST_I.new(n)  # links -1, status not arrived, counters 0
-    rows[:, L.RQ_PROMPT_LEN] = wl.input_len
-    rows[:, L.RQ_MAX_OUTPUT] = max_output
-    rows[:, L.RQ_SRC_ROW] = first_src_row + np.arange(n)
-    rows[:, L.RQ_SESSION] = wl.session
+    columns = {L.RQ_PROMPT_LEN: wl.input_len, L.RQ_MAX_OUTPUT: max_output,
+               L.RQ_SRC_ROW: first_src_row + np.arange(n), L.RQ_SESSION: wl.session,
+               L.RQ_TURN: wl.turn_index, L.RQ_LEASE_OFF: np.cumsum(blocks) - blocks}
     if wl.session_row is not None:
-        rows[:, L.RQ_SESSION_ROW] = wl.session_row
-    rows[:, L.RQ_TURN] = wl.turn_index
-    rows[:, L.RQ_LEASE_OFF] = np.cumsum(blocks) - blocks
-    return rows
+        columns[L.RQ_SESSION_ROW] = wl.session_row
+    return _Rows(L.REQUEST_I, n, columns)
 
 
 def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
@@ -557,10 +581,9 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         if sim.rank.backend != "sglang":
             lease_ranges.append((n_k, n_k + tpl.lease_entries + (tpl.prefill_lease_entries
                                                                   if sim.disaggregated else 0)))
-        rq_i[sl] = tpl.rq_i
-        rq_i[sl, L.RQ_LEASE_OFF] += n_k
+        tpl.rq_i.write(rq_i[sl], RQ_LEASE_OFF=n_k)
         n_k += tpl.lease_entries
-        rq_f[sl] = tpl.rq_f
+        tpl.rq_f.write(rq_f[sl])
         rq_i[sl, L.RQ_NEXT_TURN] = np.where(tpl.next_turn >= 0, tpl.next_turn + a, -1)
         start_order[a:a + len(tpl.firsts)] = tpl.firsts + a
         sm_i[s, L.SM_NUM_STARTS] = len(tpl.firsts)
@@ -568,9 +591,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         if sim.disaggregated:
             pa = int(p_off[s])
             psl = slice(pa, pa + n)
-            rq_i[psl] = tpl.prefill_rq_i
-            rq_f[psl] = L.REQUEST_F.new(n)
-            rq_i[psl, L.RQ_LEASE_OFF] += n_k
+            tpl.prefill_rq_i.write(rq_i[psl], RQ_LEASE_OFF=n_k)
+            rq_f[psl] = _fresh_row(L.REQUEST_F)
             n_k += tpl.prefill_lease_entries
             rq_i[psl, L.RQ_PEER] = np.arange(a, a + n)
             rq_i[sl, L.RQ_PEER] = np.arange(pa, pa + n)
@@ -1543,9 +1565,10 @@ class BatchRun:
             tpl = _sim_template(dataclasses.replace(sim, workload=workload), table_rows, {})
             # the new sessions follow the old ones (release ties go by session)
             n_sessions = int(sim.workload.session.max(initial=-1)) + 1
-            tpl.rq_i[:, L.RQ_SESSION] += n_sessions
-            if tpl.prefill_rq_i is not None:
-                tpl.prefill_rq_i[:, L.RQ_SESSION] += n_sessions
+            tpl = dataclasses.replace(
+                tpl, rq_i=tpl.rq_i.shifted(L.RQ_SESSION, n_sessions),
+                prefill_rq_i=None if tpl.prefill_rq_i is None
+                else tpl.prefill_rq_i.shifted(L.RQ_SESSION, n_sessions))
             n_total = merged.num_requests
             grow = not self._fixed_queues[s]
             rows.append((s, tpl, n_total + 1 if grow else None, n_total + 1 if grow else None))

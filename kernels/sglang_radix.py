@@ -804,8 +804,8 @@ def make_radix(pages_per_worker, nodes_per_worker, page_size=1, page_slots=None,
     """Empty radix caches for workers with the given page pools (``num_gpu_blocks``
     pages each), page slots (resident pages at most; default the pool) and node slots
     (a worker never holds more nodes than resident pages + 1). ``empty(name, shape,
-    dtype)`` allocates the page slots (default ``np.empty``; the driver's reuses a
-    previous run's memory)."""
+    dtype)`` allocates the arrays (default ``np.empty``; the driver's reuses a previous
+    run's memory)."""
     cap = np.asarray(pages_per_worker, np.int64)
     pages = cap if page_slots is None else np.minimum(cap, np.asarray(page_slots, np.int64))
     nodes = np.asarray(nodes_per_worker, np.int64) + 1  # the root
@@ -829,12 +829,13 @@ def make_radix(pages_per_worker, nodes_per_worker, page_size=1, page_slots=None,
     w64[:, RW_PAGE_SIZE] = np.broadcast_to(np.asarray(page_size, np.int64), (n_workers,))
     # slots are initialized when first handed out (page_alloc, _node_new), so only the
     # roots need it now: an arena costs memory only as far as it is used
-    nd = np.empty((int(nodes.sum()), RN_FIELDS), np.int64)
-    nd[node_off] = RADIX_N.new(1)[0]
     if empty is None:
         empty = lambda name, shape, dtype: np.empty(shape, dtype)  # noqa: E731
+    nd = empty("radix_nodes", (int(nodes.sum()), RN_FIELDS), np.int64)
+    nd[node_off] = RADIX_N.new(1)[0]
+    tab = empty("radix_table", int(tab_sizes.sum()), np.int32)
+    tab.fill(-1)
     return Radix(w64=w64, pg32=empty("radix_pg32", (int(pages.sum()), RP_FIELDS), np.int32),
-                 pg_key=empty("radix_pg_key", int(pages.sum()), np.uint64),
-                 nd=nd, tab=np.full(int(tab_sizes.sum()), -1, np.int32),
-                 heap_time=np.empty(int(heap_caps.sum()), np.int64),
-                 heap_node=np.empty(int(heap_caps.sum()), np.int64))
+                 pg_key=empty("radix_pg_key", int(pages.sum()), np.uint64), nd=nd, tab=tab,
+                 heap_time=empty("radix_heap_time", int(heap_caps.sum()), np.int64),
+                 heap_node=empty("radix_heap_node", int(heap_caps.sum()), np.int64))

@@ -51,14 +51,15 @@ def test_small_arrays_are_not_kept(monkeypatch):
 
 
 KEPT = {"request_fields", "request_times", "lease", "seq_hash", "radix_pg32", "radix_pg_key",
-        "block_fields", "block_hash", "block_table"}
+        "radix_nodes", "radix_table", "radix_heap_time", "radix_heap_node", "block_fields",
+        "block_hash", "block_table"}
 
 
 @pytest.mark.parametrize("cases", [("1k_sglang_agg2", "1k_vllm_agg2"), ("1k_sglang_disagg1p2d", "seqs2")])
 def test_a_run_reads_nothing_a_previous_run_left(keep_everything, monkeypatch, cases):
     """Kept buffers filled with garbage between two runs change nothing: every kept
-    array (request rows, leases, keys, radix pages, block arenas and tables) is
-    written before it is read."""
+    array (request rows, leases, keys, radix pages, nodes, child tables and heaps,
+    block arenas and tables) is written before it is read."""
     sims = [simulation(case) for case in cases]
     first = run_batch(sims)
     expected = [(first.requests[s].copy(), first.passes[s].copy(), first.token_stat[s].copy())
