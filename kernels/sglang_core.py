@@ -95,14 +95,14 @@ def _ensure_keys(rq, wl, q, n_pages, ps, scratch_tokens):
         tbs = wl.trace_block_size[row]
         h0 = wl.hash_indptr[row]
         # prompt tokens: a trace block's id over its run of tokens (one division per
-        # call, not per token: this fills millions of keys)
+        # call, not per token: this fills millions of keys). A slice fill, not an
+        # element loop: Numba's loop keeps a negative-index check per store and is not
+        # vectorized (4x slower on a 10k-request trace's 11.5M keys)
         end = min(n_pages, prompt)
         block = i // tbs
         while i < end:
             stop = min((block + 1) * tbs, end)
-            key = np.uint64(wl.hash_ids[h0 + block])
-            for t in range(k0 + i, k0 + stop):
-                rq.seq_hash[t] = key
+            rq.seq_hash[k0 + i:k0 + stop] = np.uint64(wl.hash_ids[h0 + block])
             i = stop
             block += 1
         if i < n_pages:
