@@ -296,13 +296,13 @@ class _Rows:
     def __len__(self) -> int:
         return self.n
 
-    def write(self, out: np.ndarray, **shift) -> None:
-        """Into ``out`` (n rows); ``shift``: a column name's offset (``RQ_LEASE_OFF=k``)."""
+    def write(self, out: np.ndarray, lease_off: int = 0) -> None:
+        """Into ``out`` (n rows), request leases starting at entry ``lease_off``."""
         out[:] = _fresh_row(self.table)
         for col, values in self.columns.items():
             out[:, col] = values
-        for name, by in shift.items():
-            out[:, getattr(L, name)] += by
+        if lease_off:
+            out[:, L.RQ_LEASE_OFF] += lease_off
 
     def shifted(self, col: int, by: int) -> "_Rows":
         return _Rows(self.table, self.n, {**self.columns, col: self.columns[col] + by})
@@ -581,7 +581,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         if sim.rank.backend != "sglang":
             lease_ranges.append((n_k, n_k + tpl.lease_entries + (tpl.prefill_lease_entries
                                                                   if sim.disaggregated else 0)))
-        tpl.rq_i.write(rq_i[sl], RQ_LEASE_OFF=n_k)
+        tpl.rq_i.write(rq_i[sl], lease_off=n_k)
         n_k += tpl.lease_entries
         tpl.rq_f.write(rq_f[sl])
         rq_i[sl, L.RQ_NEXT_TURN] = np.where(tpl.next_turn >= 0, tpl.next_turn + a, -1)
@@ -591,7 +591,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         if sim.disaggregated:
             pa = int(p_off[s])
             psl = slice(pa, pa + n)
-            tpl.prefill_rq_i.write(rq_i[psl], RQ_LEASE_OFF=n_k)
+            tpl.prefill_rq_i.write(rq_i[psl], lease_off=n_k)
             rq_f[psl] = _fresh_row(L.REQUEST_F)
             n_k += tpl.prefill_lease_entries
             rq_i[psl, L.RQ_PEER] = np.arange(a, a + n)
@@ -612,7 +612,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     for first, end in lease_ranges:
         lease[first:end] = L.NO_BLOCK
     # a key is written before it is read (RQ_NUM_HASHED counts the written ones)
-    rq = L.Requests(i64=rq_i, f64=rq_f, lease=lease, seq_hash=reused_buffers.empty("seq_hash", n_k, np.uint64))
+    rq = L.Requests(i64=rq_i, f64=rq_f, lease=lease,
+                    seq_hash=reused_buffers.empty("seq_hash", n_k, np.uint64))
 
     # SGLang workers keep their KV in a radix cache (kernels.sglang_radix), sized like
     # the block arena it replaces: a page slot per resident page, a node per page
@@ -648,8 +649,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
             rad.w64[:, L.RW_SIM] = np.repeat(np.arange(n_sims), w_len)
             radix["radix"] = rad._replace(pg_hash=np.empty(len(rad.pg_key), np.uint64),
                                           event_log=event_log["event_log"])
-    pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash, tab=reused_buffers.empty("block_table", int(tab_size.sum()), np.int32),
-                  **event_log, **radix)
+    pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash,
+                  tab=reused_buffers.empty("block_table", int(tab_size.sum()), np.int32), **event_log, **radix)
     _reset_pools(pool)
 
     wk_i = L.WORKER.new(n_w)

@@ -171,13 +171,13 @@ def add_rows_many(state: KernelState, items) -> None:
         k = int(m[s])
         a = int(new_q_off[s] + q_len[s])  # s's first new logical row
         a_new[s] = a
-        tpl.rq_i.write(rq_i[a:a + k], RQ_LEASE_OFF=n_k_new)
+        tpl.rq_i.write(rq_i[a:a + k], lease_off=n_k_new)
         rq_i[a:a + k, L.RQ_NEXT_TURN] = np.where(tpl.next_turn >= 0, tpl.next_turn + a, -1)
         tpl.rq_f.write(rq_f[a:a + k])
         n_k_new += tpl.lease_entries
         if disagg[s]:
             pa = int(new_p_off[s] + q_len[s])  # s's first new prefill row
-            tpl.prefill_rq_i.write(rq_i[pa:pa + k], RQ_LEASE_OFF=n_k_new)
+            tpl.prefill_rq_i.write(rq_i[pa:pa + k], lease_off=n_k_new)
             rq_i[pa:pa + k, L.RQ_PEER] = np.arange(a, a + k)
             rq_i[a:a + k, L.RQ_PEER] = np.arange(pa, pa + k)
             rq_f[pa:pa + k] = L.REQUEST_F.new(k)
