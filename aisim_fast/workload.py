@@ -288,14 +288,12 @@ def _intern(flat: list) -> np.ndarray:
     """Map raw u64 hash ids to dense uint32 ids in order of first appearance."""
     if len(flat) == 0:
         return np.zeros(0, dtype=np.uint32)
-    raw = np.asarray(flat, dtype=np.uint64)
-    uniq, first_pos, inverse = np.unique(raw, return_index=True, return_inverse=True)
+    import pandas as pd  # its hash factorizer: O(n), codes in order of first appearance
+
+    codes, uniq = pd.factorize(np.asarray(flat, dtype=np.uint64))
     if uniq.shape[0] > _U32_END:
         raise ValueError("trace contains more distinct hash ids than uint32 can represent")
-    # np.unique numbers ids by value; renumber them by the position of their first use.
-    dense = np.empty(uniq.shape[0], dtype=np.uint32)
-    dense[np.argsort(first_pos, kind="stable")] = np.arange(uniq.shape[0], dtype=np.uint32)
-    return dense[inverse.reshape(-1)]
+    return codes.astype(np.uint32)
 
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -646,6 +644,12 @@ def select_rows(w: Workload, rows) -> Workload:
     rows = np.asarray(rows, np.int64)
     if len(rows) and (rows.min() < 0 or rows.max() >= w.num_requests):
         raise ValueError(f"rows must lie in [0, {w.num_requests})")
+    if w.num_sessions == w.num_requests:
+        # every row its own one-turn session: any rows are whole sessions, numbered
+        # by position (a worker shard of a single-turn trace, cut on every run)
+        if len(np.unique(rows)) != len(rows):
+            raise ValueError("select_rows needs whole sessions with their turns in order")
+        return _take_rows(w, rows, np.arange(len(rows), dtype=w.session.dtype), w.turn_index[rows])
     sessions, first_pos, session = np.unique(w.session[rows], return_index=True, return_inverse=True)
     dense = np.empty(len(sessions), np.int64)
     dense[np.argsort(first_pos, kind="stable")] = np.arange(len(sessions))
@@ -660,6 +664,11 @@ def select_rows(w: Workload, rows) -> Workload:
     expected[by_session] = np.arange(len(rows)) - group_start[session[by_session]]
     if np.any(turns_in != turns_all) or np.any(turn != expected):
         raise ValueError("select_rows needs whole sessions with their turns in order")
+    return _take_rows(w, rows, session.astype(w.session.dtype), turn)
+
+
+def _take_rows(w: Workload, rows: np.ndarray, session: np.ndarray, turn: np.ndarray) -> Workload:
+    """``select_rows`` once the sessions are checked and renumbered."""
     counts = w.hash_indptr[rows + 1] - w.hash_indptr[rows]
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     # every hash id of the rows, in row order: each row's run of its source's ids
@@ -669,7 +678,7 @@ def select_rows(w: Workload, rows) -> Workload:
     return w._replace(
         out_plan=out_plan[rows], authored_tokens=authored_tokens,
         line_no=w.line_no[rows], request_name=w.request_name[rows],
-        session=session.astype(w.session.dtype), turn_index=turn, start_ms=start_ms,
+        session=session, turn_index=turn, start_ms=start_ms,
         delay_ms=w.delay_ms[rows], input_len=w.input_len[rows], output_len=w.output_len[rows],
         hash_indptr=indptr, hash_ids=w.hash_ids[take],
         order=_start_order(turn == 0, start_ms).astype(w.order.dtype),

@@ -764,3 +764,27 @@ def test_session_rows_are_the_rows_naming_a_session_id(tmp_path):
     assert plain.session_row is None
     assert concat_workloads(plain, select_rows(w, [1])).session_row.tolist() == [False, True]
     assert concat_workloads(plain, plain).session_row is None
+
+
+def test_select_rows_of_single_turn_rows_keeps_each_row(tmp_path):
+    """Cutting a trace of one-turn rows (a round-robin worker shard) keeps each
+    picked row's fields and hash ids, numbers the rows' sessions by position,
+    orders them by start, and rejects a row picked twice."""
+    from aisim_fast.workload import select_rows
+
+    rows = [{"timestamp": t, "input_length": 300 + 10 * i, "output_length": 2 + i,
+             "hash_ids": [i % 3, 7, i]} for i, t in enumerate([5, 0, 9, 3, 3, 1])]
+    w = load_mooncake(write_trace(tmp_path / "t.jsonl", rows))
+    assert w.num_sessions == w.num_requests
+    picked = [4, 0, 3, 5]
+    cut = select_rows(w, picked)
+    assert cut.session.tolist() == [0, 1, 2, 3] and cut.turn_index.tolist() == [0] * 4
+    assert cut.input_len.tolist() == w.input_len[picked].tolist()
+    assert cut.output_len.tolist() == w.output_len[picked].tolist()
+    assert cut.request_name.tolist() == w.request_name[picked].tolist()
+    assert [row_hashes(cut, i).tolist() for i in range(4)] == [row_hashes(w, q).tolist() for q in picked]
+    # starts 3, 5, 3, 1 (ms): the tie keeps row order
+    assert cut.order.tolist() == [3, 0, 2, 1]
+    assert cut.output_plan()[0].tolist() == w.output_plan()[0][picked].tolist()
+    with pytest.raises(ValueError, match="whole sessions"):
+        select_rows(w, [1, 2, 1])
