@@ -341,18 +341,30 @@ def _table_key(wl: Workload, rank: RankConfig) -> tuple[int, int]:
     return (id(wl), 0 if rank.backend == "sglang" else rank.block_size)
 
 
-def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dict) -> _SimTemplate:
+def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dict,
+                  memo: dict | None = None) -> _SimTemplate:
+    """``memo``: a dict the caller keeps for one build; simulations of one workload
+    (a sweep's points, a worker's shard under many configs) share what depends only
+    on it, and equal pools their config rows."""
+    memo = {} if memo is None else memo
     wl, rank = sim.workload, sim.rank
     n = len(wl.input_len)
     bs = rank.block_size
     out = _effective_max_output(sim)
-    blocks = -(-(wl.input_len + out) // bs)
-    rq_i = _unplaced_rows(wl, table_rows[_table_key(wl, rank)], out, blocks)
+    # the output budget depends on the rank only where it is clamped (TRT-LLM, SGLang)
+    rows_key = ("rows", id(wl), table_rows[_table_key(wl, rank)], bs, rank.backend,
+                rank.num_gpu_blocks if rank.backend == "trtllm" else 0,
+                rank.max_model_len if rank.backend == "sglang" else 0)
+    if rows_key not in memo:
+        blocks = -(-(wl.input_len + out) // bs)
+        memo[rows_key] = (blocks, _unplaced_rows(wl, table_rows[_table_key(wl, rank)], out, blocks),
+                          _Rows(L.REQUEST_F, n, {L.RQF_DELAY_MS: wl.delay_ms, L.RQF_START_MS: wl.start_ms}))
+    blocks, rq_i, rq_f = memo[rows_key]
+    rq_i = _Rows(L.REQUEST_I, n, dict(rq_i.columns))  # its columns may be set below
     pinned = sim.placement == "kv_router" and wl.worker is not None
     if pinned:
         # a disaggregated request's logical row goes to the decode pool
         rq_i.columns[L.RQ_PIN_WORKER] = wl.worker[:, 2 if sim.disaggregated else 0]
-    rq_f = _Rows(L.REQUEST_F, n, {L.RQF_DELAY_MS: wl.delay_ms, L.RQF_START_MS: wl.start_ms})
     pools = [(sim.prefill_ranks, sim.ranks, rank, blocks, sim.dp_size)]
     prefill_rq_i = None
     pblocks = np.zeros(0, np.int64)
@@ -375,20 +387,33 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
         else:
             # resident copies rarely exceed the blocks of the requests a worker
             # serves; a run that does is rerun with the full pool (SIM_ARENA_FULL)
-            largest = np.sort(pool_blocks)[::-1][:per_worker]
-            worker_arena = int(largest.sum()) + 16
+            # (keyed by the blocks array: the main pool's lives in the memo for the build)
+            sized_key = ("sized", rows_key, per_worker) if pool_blocks is blocks else None
+            if sized_key is None or sized_key not in memo:
+                sized = (int(np.sort(pool_blocks)[::-1][:per_worker].sum()),
+                         int((pool_blocks - wl.input_len // pool_rank.block_size).sum()))
+                if sized_key is None:
+                    largest, private = sized
+                else:
+                    memo[sized_key] = sized
+            if sized_key is not None:
+                largest, private = memo[sized_key]
+            worker_arena = largest + 16
             if not sim.disaggregated and pool_rank.backend != "sglang":
                 # an aggregated worker's resident copies are at most one per
                 # distinct full prompt block plus every request's private blocks
                 # (partial prompt block and output), give or take duplicates of
                 # a prefix computed twice concurrently: an eighth more covers
                 # every reference run by a wide margin
-                private = int((pool_blocks - wl.input_len // bs).sum())
                 resident = distinct_prompt_blocks[(id(wl), bs)] + private
                 worker_arena = min(worker_arena, resident + resident // 8 + 64)
-        cfg_i = np.zeros((1, L.CFG_I_FIELDS), np.int64)
-        cfg_f = np.zeros((1, L.CFG_F_FIELDS), np.float64)
-        _rank_config(cfg_i, cfg_f, slice(0, 1), pool_rank, sim.handoff_latency_ms, pool_dp)
+        cfg_key = ("cfg", pool_rank, sim.handoff_latency_ms, pool_dp)
+        if cfg_key not in memo:
+            cfg_i = np.zeros((1, L.CFG_I_FIELDS), np.int64)
+            cfg_f = np.zeros((1, L.CFG_F_FIELDS), np.float64)
+            _rank_config(cfg_i, cfg_f, slice(0, 1), pool_rank, sim.handoff_latency_ms, pool_dp)
+            memo[cfg_key] = cfg_i, cfg_f
+        cfg_i, cfg_f = memo[cfg_key]
         arena = min(pool_rank.num_gpu_blocks, worker_arena)
         # a request adds at most two tree nodes per insert (a split and a leaf) and
         # inserts a few times (chunks, first token, finish); a run that needs more is
@@ -398,10 +423,13 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
             arena=arena, run_cap=min(pool_rank.max_num_seqs, queued) + 1, wait_cap=queued + 1,
             cfg_i=cfg_i[0], cfg_f=cfg_f[0], nodes=nodes)))
     firsts = wl.order if sim.concurrency == 0 else np.flatnonzero(wl.turn_index == 0)
+    turns_key = ("next_turn", id(wl))
+    if turns_key not in memo:
+        memo[turns_key] = _next_turns(wl)
     return _SimTemplate(rq_i=rq_i, rq_f=rq_f, lease_entries=int(blocks.sum()),
                         prefill_rq_i=prefill_rq_i, prefill_lease_entries=int(pblocks.sum()),
                         max_lease_blocks=int(max(blocks.max(initial=1), pblocks.max(initial=1))),
-                        next_turn=_next_turns(wl), firsts=firsts, pools=tuple(pool_templates))
+                        next_turn=memo[turns_key], firsts=firsts, pools=tuple(pool_templates))
 
 
 class StateTooLarge(SimulationError):
@@ -552,11 +580,12 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     # every simulation's template first: the state's size is known before any of it
     # is allocated, and a batch that cannot fit is refused in one line
     templates: dict[tuple, _SimTemplate] = {}
+    memo: dict = {}  # what templates of one workload or pool share
     sim_templates = []
     for sim in sims:
         key = (id(sim.workload),) + tuple(getattr(sim, f.name) for f in _SIM_SETTINGS)
         if key not in templates:
-            templates[key] = _sim_template(sim, table_rows, distinct_prompt_blocks)
+            templates[key] = _sim_template(sim, table_rows, distinct_prompt_blocks, memo)
         sim_templates.append(templates[key])
     check_state_fits(sims, sim_templates, n_q, pass_log_rows, event_rows)
 
