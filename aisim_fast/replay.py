@@ -710,8 +710,13 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
             cfg_i[ws, L.CFG_ROUTER_PIN] = router.pin_to_trace_worker
         wk_i[:, L.WK_RT_OFF] = np.concatenate([[0], np.cumsum(rt_slots)[:-1]])
         wk_i[:, L.WK_RT_MASK] = rt_slots - 1
-        router_state = dict(rt_key=np.zeros(int(rt_slots.sum()), np.uint64),
-                            rt_count=np.full(int(rt_slots.sum()), -1, np.int32))
+        # a slot's key is read only once its count says it was taken (kernels.kv_router):
+        # the keys need no initial value. Both are large and sparse: reused buffers,
+        # whose pages a previous run has mapped already
+        rt_count = reused_buffers.empty("router_counts", int(rt_slots.sum()), np.int32)
+        rt_count.fill(-1)  # kv_router.RT_NEVER_USED
+        router_state = dict(rt_key=reused_buffers.empty("router_keys", int(rt_slots.sum()), np.uint64),
+                            rt_count=rt_count)
     wk = L.Workers(i64=wk_i, pass_end_ms=np.zeros(n_w),
                    run_q=np.zeros(int(run_cap.sum()), np.int64),
                    wait_q=np.zeros(int(wait_cap.sum()), np.int64),

@@ -3,6 +3,8 @@ only when idle, and never read before they are written."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -55,18 +57,32 @@ KEPT = {"request_fields", "request_times", "lease", "seq_hash", "radix_pg32", "r
         "block_hash", "block_table"}
 
 
-@pytest.mark.parametrize("cases", [("1k_sglang_agg2", "1k_vllm_agg2"), ("1k_sglang_disagg1p2d", "seqs2")])
+ROUTER_KEPT = {"router_counts", "router_keys"}
+
+
+def _case(case: str):
+    """A golden case, with ``+PLACEMENT`` another placement."""
+    name, _, placement = case.partition("+")
+    sim = simulation(name)
+    return dataclasses.replace(sim, placement=placement) if placement else sim
+
+
+@pytest.mark.parametrize("cases", [("1k_sglang_agg2", "1k_vllm_agg2"), ("1k_sglang_disagg1p2d", "seqs2"),
+                                   ("1k_vllm_agg2+kv_router", "1k_sglang_agg2")])
 def test_a_run_reads_nothing_a_previous_run_left(keep_everything, monkeypatch, cases):
     """Kept buffers filled with garbage between two runs change nothing: every kept
     array (request rows, leases, keys, radix pages, nodes, child tables and heaps,
-    block arenas and tables) is written before it is read."""
-    sims = [simulation(case) for case in cases]
+    block arenas and tables, the KV router's active-block sets) is written before it
+    is read."""
+    sims = [_case(case) for case in cases]
+    routed = [s for s, sim in enumerate(sims) if sim.placement == "kv_router"]
     first = run_batch(sims)
     expected = [(first.requests[s].copy(), first.passes[s].copy(), first.token_stat[s].copy())
                 for s in range(len(sims))]
+    expected_routing = {s: first.routing[s].copy() for s in routed}
     del first  # its frames no longer hold any buffer
     idle = [name for name in reused_buffers._kept if reused_buffers._idle(name)]
-    assert set(idle) == KEPT
+    assert set(idle) == KEPT | (ROUTER_KEPT if routed else set())
     poisoned = {}  # name -> address (a reference would keep the buffer busy)
     for name in idle:
         reused_buffers._kept[name].fill(0x7F)  # int32 2139062143, float64 1.4e306
@@ -82,7 +98,9 @@ def test_a_run_reads_nothing_a_previous_run_left(keep_everything, monkeypatch, c
 
     monkeypatch.setattr(reused_buffers, "empty", watched)
     second = run_batch(sims)
-    assert lent == KEPT  # the second run had every poisoned buffer
+    assert lent == set(idle)  # the second run had every poisoned buffer
+    for s, routing in expected_routing.items():
+        pd.testing.assert_frame_equal(routing, second.routing[s])
     for s, (requests, passes, token_stat) in enumerate(expected):
         pd.testing.assert_frame_equal(requests, second.requests[s])
         pd.testing.assert_frame_equal(passes, second.passes[s])
