@@ -364,13 +364,20 @@ def _with_run_metadata(table: pa.Table, config_json: str) -> pa.Table:
 ROW_GROUP_ROWS = 1 << 20
 
 
-def _write_parquet(frame, path: Path, config_json: str) -> None:
+# Per-request tables are written without dictionary pages: their ids are unique and
+# their times distinct, so a dictionary only costs (100k requests: 83 ms and 10.5 MB
+# with, 35 ms and 9.6 MB without). The pass log's small counts do compress by it.
+REQUEST_TABLE_OPTIONS = {"use_dictionary": False}
+
+
+def _write_parquet(frame, path: Path, config_json: str, options: dict | None = None) -> None:
     """A DataFrame, or an iterable of DataFrames or Arrow tables with the same columns
     written as consecutive row groups of about ROW_GROUP_ROWS rows (so a table too
-    big to hold twice is never joined in memory)."""
+    big to hold twice is never joined in memory). ``options``: of the Parquet writer."""
+    options = options or {}
     if isinstance(frame, pd.DataFrame):
         pq.write_table(_with_run_metadata(pa.Table.from_pandas(frame, preserve_index=False),
-                                          config_json), path)
+                                          config_json), path, **options)
         return
     writer = None
     pending: list = []
@@ -383,7 +390,7 @@ def _write_parquet(frame, path: Path, config_json: str) -> None:
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         if writer is None:
             table = _with_run_metadata(table, config_json)
-            writer = pq.ParquetWriter(path, table.schema)
+            writer = pq.ParquetWriter(path, table.schema, **options)
         writer.write_table(table.replace_schema_metadata(writer.schema.metadata))
         pending, pending_rows = [], 0
 
@@ -454,7 +461,7 @@ def write_run(out_dir, requests_df: pd.DataFrame, passes_df: pd.DataFrame | None
         staging = _fresh_sibling(out, "partial")
         staging.mkdir()  # plain mkdir: the umask applies, unlike mkdtemp's 0700
         written = {"requests": out / REQUESTS_FILE}
-        _write_parquet(requests_df, staging / REQUESTS_FILE, config_json)
+        _write_parquet(requests_df, staging / REQUESTS_FILE, config_json, REQUEST_TABLE_OPTIONS)
         if passes_df is not None:
             _write_parquet(passes_df, staging / PASSES_FILE, config_json)
             written["passes"] = out / PASSES_FILE

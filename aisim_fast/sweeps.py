@@ -567,6 +567,8 @@ def _write_batch(out: Path, sweep: Sweep, results: list, with_requests: bool) ->
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from aisim_fast.output import REQUEST_TABLE_OPTIONS
+
         # one pandas -> Arrow conversion for the batch, then a slice per point
         table = pa.Table.from_pandas(pd.concat([f for _, f in frames], ignore_index=True),
                                      preserve_index=False)
@@ -576,7 +578,7 @@ def _write_batch(out: Path, sweep: Sweep, results: list, with_requests: bool) ->
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / "part-0.parquet"
             tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-            pq.write_table(table.slice(start, len(requests)), tmp)
+            pq.write_table(table.slice(start, len(requests)), tmp, **REQUEST_TABLE_OPTIONS)
             os.replace(tmp, path)
             start += len(requests)
     ids = [r[0] for r in results]

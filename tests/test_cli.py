@@ -327,11 +327,11 @@ def test_failure_while_writing_leaves_nothing_behind(tmp_path, capsys, monkeypat
     real_write = output._write_parquet
     calls = []
 
-    def failing_write(frame, path, config_json):
+    def failing_write(frame, path, config_json, options=None):
         calls.append(path)
         if len(calls) == 2:
             raise OSError(28, "No space left on device", str(path))
-        real_write(frame, path, config_json)
+        real_write(frame, path, config_json, options)
 
     monkeypatch.setattr(output, "_write_parquet", failing_write)
     args = ["replay", TINY_TRACE, "--backend", "vllm", "--workers", "1", "--out", out]
@@ -973,3 +973,18 @@ def test_disaggregated_attention_dp_flags_reproduce_the_spec_run(tmp_path, capsy
     code, _, err = run_cli(["replay", trace, "--backend", "vllm", "--prefill-workers", "1",
                             "--decode-workers", "2", "--dp-size", "2", "--out", tmp_path / "bad"], capsys)
     assert_user_error(code, err, "--dp-size", "--prefill-dp-size and --decode-dp-size")
+
+
+def test_request_tables_are_written_without_dictionary_pages(tmp_path, capsys):
+    """Per-request rows (unique ids, distinct times) are plain-encoded: a dictionary
+    would only cost time and bytes (output.REQUEST_TABLE_OPTIONS)."""
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "out"
+    code, _, err = run_cli(["replay", str(TINY_TRACE), "--backend", "vllm", "--workers", "2",
+                            "--out", str(out), "--quiet"], capsys)
+    assert code == 0, err
+    meta = pq.ParquetFile(out / "requests.parquet").metadata
+    encodings = {e for g in range(meta.num_row_groups) for c in range(meta.num_columns)
+                 for e in meta.row_group(g).column(c).encodings}
+    assert meta.num_rows == 20 and not any("DICTIONARY" in e for e in encodings), encodings
