@@ -12,6 +12,11 @@ the ratio. The trace is loaded once, outside the timed calls.
 ``--points N`` runs N simulations of each placement in one ``run_batch`` call, as a
 sweep's batch does (kv_router with router seeds 0..N-1): the kernel threads are then
 busy on both sides, so the wall ratio is the cost a sweep pays for the router.
+
+``--whole`` adds two placements that tell the router's own cost from that of running
+the workers as one simulation: ``round_robin_whole``, the same round-robin run without
+the per-worker split (``replay._worker_shards`` is patched to decline it, in this
+process only), and ``random`` (seeded, a whole simulation like kv_router's).
 """
 
 from __future__ import annotations
@@ -32,22 +37,47 @@ def main() -> None:
     ap.add_argument("--trace", default=str(REPO / "tests/data/traces/mooncake_10k.jsonl"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--points", type=int, default=1, help="simulations of each placement per call")
+    ap.add_argument("--whole", action="store_true",
+                    help="also round robin run whole (no per-worker split) and random placement")
     args = ap.parse_args()
 
+    import contextlib
+
+    from aisim_fast import replay
     from aisim_fast.config import parse_payload
     from aisim_fast.replay import run_batch, simulation_from_setup
     from aisim_fast.workload import load_mooncake
 
     base = json.loads(Path(args.spec).read_text())
-    routed = []
-    for seed in range(args.points):
-        payload = copy.deepcopy(base)
-        payload["spec"].setdefault("adapters", {})["placement"] = {"provider": "kv_router",
-                                                                    "config": {"seed": seed}}
-        routed.append(payload)
+
+    def placed(provider):
+        payloads = []
+        for seed in range(args.points):
+            payload = copy.deepcopy(base)
+            payload["spec"].setdefault("adapters", {})["placement"] = {"provider": provider,
+                                                                        "config": {"seed": seed}}
+            payloads.append(payload)
+        return payloads
+
+    @contextlib.contextmanager
+    def unsplit(name):
+        if name != "round_robin_whole":
+            yield
+            return
+        split = replay._worker_shards
+        replay._worker_shards = lambda sim: None  # every simulation runs as one unit
+        try:
+            yield
+        finally:
+            replay._worker_shards = split
+
+    variants = [("round_robin", [base] * args.points)]
+    if args.whole:
+        variants += [("round_robin_whole", [base] * args.points), ("random", placed("random"))]
+    variants.append(("kv_router", placed("kv_router")))
     sims = {}
     workload = None
-    for name, payloads in (("round_robin", [base] * args.points), ("kv_router", routed)):
+    for name, payloads in variants:
         sims[name] = []
         for payload in payloads:
             setup = parse_payload(payload, Path(args.spec).parent, args.trace)
@@ -55,20 +85,22 @@ def main() -> None:
                 workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
                                          arrival_speedup_ratio=setup.arrival_speedup_ratio)
             sims[name].append(simulation_from_setup(setup, workload))
-        run_batch(sims[name], record_passes=False).check()  # warm-up (compile / cache load)
+        with unsplit(name):
+            run_batch(sims[name], record_passes=False).check()  # warm-up (compile / cache load)
     best = {name: (float("inf"), float("inf")) for name in sims}
     for _ in range(args.rounds):
         for name, sim in sims.items():
-            w0, c0 = time.perf_counter(), time.process_time()
-            res = run_batch(sim, record_passes=False).check()
-            res.requests[len(sim) - 1]
-            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            with unsplit(name):
+                w0, c0 = time.perf_counter(), time.process_time()
+                res = run_batch(sim, record_passes=False).check()
+                res.requests[len(sim) - 1]
+                wall, cpu = time.perf_counter() - w0, time.process_time() - c0
             best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
     print(f"{Path(args.spec).name}, {workload.num_requests} requests, {args.points} simulation(s) "
           f"per call, best of {args.rounds} "
           f"(load average {os.getloadavg()[0]:.2f})")
     for name, (wall, cpu) in best.items():
-        print(f"  {name:12s} wall {wall:.4f} s  CPU {cpu:.4f} s")
+        print(f"  {name:17s} wall {wall:.4f} s  CPU {cpu:.4f} s")
     rr, kv = best["round_robin"], best["kv_router"]
     print(f"  kv_router / round_robin: wall {kv[0] / rr[0]:.2f}x, CPU {kv[1] / rr[1]:.2f}x")
 
