@@ -242,6 +242,10 @@ def _check_pins(sim: Simulation) -> None:
                               f"is not in the pool of {n_workers} workers")
 
 
+# slots of a KV-router active-block multiset to begin with (kernels.kv_router grows it)
+ROUTER_INITIAL_SLOTS = 1024
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(4, int(n - 1).bit_length())
 
@@ -709,12 +713,18 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
             cfg_f[ws, L.CFGF_ROUTER_TEMPERATURE] = router.router_temperature
             cfg_i[ws, L.CFG_ROUTER_PIN] = router.pin_to_trace_worker
         wk_i[:, L.WK_RT_OFF] = np.concatenate([[0], np.cumsum(rt_slots)[:-1]])
-        wk_i[:, L.WK_RT_MASK] = rt_slots - 1
-        # a slot's key is read only once its count says it was taken (kernels.kv_router):
-        # the keys need no initial value. Both are large and sparse: reused buffers,
-        # whose pages a previous run has mapped already
+        wk_i[:, L.WK_RT_LIMIT] = rt_slots
+        # each multiset starts in the first slots of its region and grows in the kernel
+        # (kv_router._make_room): a worker holds a few hundred active blocks at once
+        # where its region has room for every distinct block of the trace
+        in_use = np.minimum(rt_slots, ROUTER_INITIAL_SLOTS)
+        wk_i[:, L.WK_RT_MASK] = in_use - 1
+        # a slot's key is read only once its count says it was taken, and the counts
+        # only where the multiset is (a rebuild fills what it grows into): reused
+        # buffers, whose pages a previous run has mapped already
         rt_count = reused_buffers.empty("router_counts", int(rt_slots.sum()), np.int32)
-        rt_count.fill(-1)  # kv_router.RT_NEVER_USED
+        for w in np.flatnonzero(rt_slots > 1):
+            rt_count[wk_i[w, L.WK_RT_OFF]:wk_i[w, L.WK_RT_OFF] + in_use[w]] = -1  # RT_NEVER_USED
         router_state = dict(rt_key=reused_buffers.empty("router_keys", int(rt_slots.sum()), np.uint64),
                             rt_count=rt_count)
     wk = L.Workers(i64=wk_i, pass_end_ms=np.zeros(n_w),

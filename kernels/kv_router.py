@@ -14,7 +14,9 @@ the pool costs (reference/dynamo/README.md, verified there on every decision)::
 * ``D_w`` (``WK_RT_ACTIVE_BLOCKS``): distinct complete prompt blocks over the
   requests active on w (routed, not completed), this request's included; kept in
   a per-worker multiset of block hashes (``wk.rt_key`` / ``rt_count``), released at
-  the end of the pass that completes the request.
+  the end of the pass that completes the request. The multiset starts in the first
+  slots of its region and grows there (``_make_room``): a worker holds a few hundred
+  active blocks at a time, and a small table stays in cache.
 
 Temperature 0 picks the lowest cost; exact ties go to a uniform draw among them
 (reservoir order, as Dynamo's selector) from the simulation's seeded generator, so
@@ -44,12 +46,14 @@ from .layout import (
     CFG_ROUTER_PIN, NO_BLOCK, PB_PUB_PASS, PW_PASS_NUM, RL_BEST_OVERLAP, RL_COST, RL_OVERLAP,
     RL_POOL, RL_REQUEST, RL_TIED, RL_TIME_MS, RL_WORKER, ROUTE_AGGREGATED, ROUTE_DECODE,
     ROUTE_PREFILL, RQ_LEASE_OFF, RQ_PEER, RQ_PIN_WORKER, RQ_PROMPT_LEN, RQ_RT_ACTIVE, RQ_RT_PENDING,
-    RQ_SRC_ROW, SM_Q_OFF, SM_RT_LOG_LEN, WK_BUSY, WK_RT_ACTIVE_BLOCKS, WK_RT_FREED_TOKENS,
-    WK_RT_MASK, WK_RT_OFF, WK_RT_PREFILL_TOKENS,
+    RQ_SRC_ROW, RQ_TERM_NEXT, SM_Q_OFF, SM_RT_LOG_LEN, WK_BUSY, WK_RT_ACTIVE_BLOCKS,
+    WK_RT_FREED_TOKENS, WK_RT_LIMIT, WK_RT_MASK, WK_RT_OFF, WK_RT_PREFILL_TOKENS, WK_RT_USED,
+    WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_WAIT_LEN,
 )
 from .placement import next_random
+from .rank_queues import wait_at
 
-RT_NEVER_USED = -1  # rt_count of a slot no hash ever took
+RT_NEVER_USED = -1  # rt_count of a slot no hash took since the multiset was (re)built
 PASS_NUM_MASK = 0x7FFFFFFF
 
 
@@ -64,6 +68,66 @@ def _slot(wk, w, h):
         if c == RT_NEVER_USED or wk.rt_key[off + i] == h:
             return off + i
         i = (i + 1) & mask
+
+
+@njit(cache=True, _nrt=False)
+def _count_in(wk, w, h, n):
+    """Add ``n`` to the count of hash h in worker w's multiset."""
+    at = _slot(wk, w, h)
+    if wk.rt_count[at] == RT_NEVER_USED:
+        wk.rt_key[at] = h
+        wk.rt_count[at] = 0
+        wk.i64[w, WK_RT_USED] += 1
+    if wk.rt_count[at] == 0:
+        wk.i64[w, WK_RT_ACTIVE_BLOCKS] += 1
+    wk.rt_count[at] += n
+
+
+@njit(cache=True, _nrt=False)
+def _recount(rq, wk, w, q):
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    for i in range(rq.i64[q, RQ_RT_ACTIVE]):
+        _count_in(wk, w, rq.seq_hash[k0 + i], 1)
+
+
+@njit(cache=True, _nrt=False)
+def _rebuild(rq, wk, w, slots):
+    """Worker w's multiset anew in ``slots`` slots (a power of two, at most its region's):
+    the blocks of the requests active here and nothing else, so the slots of released
+    blocks are free again. Its active requests are those its queues hold: running,
+    waiting, and the terminals of the pass in flight (released at its end)."""
+    off = wk.i64[w, WK_RT_OFF]
+    wk.rt_count[off:off + slots] = RT_NEVER_USED
+    wk.i64[w, WK_RT_MASK] = slots - 1
+    wk.i64[w, WK_RT_USED] = 0
+    wk.i64[w, WK_RT_ACTIVE_BLOCKS] = 0
+    for j in range(wk.i64[w, WK_RUN_LEN]):
+        _recount(rq, wk, w, wk.run_q[wk.i64[w, WK_RUN_OFF] + j])
+    for j in range(wk.i64[w, WK_WAIT_LEN]):
+        _recount(rq, wk, w, wait_at(wk, w, j))
+    q = wk.i64[w, WK_TERM_HEAD]
+    while q >= 0:
+        _recount(rq, wk, w, q)
+        q = rq.i64[q, RQ_TERM_NEXT]
+
+
+@njit(cache=True, _nrt=False)
+def _make_room(rq, wk, w, n):
+    """Room in worker w's multiset for ``n`` more hashes at a load of at most a half:
+    a multiset starts small (a slot per block most workers ever hold at once, and the
+    table stays in cache) and keeps the slots of released blocks until a rebuild drops
+    them; it doubles while its active blocks would fill more than a quarter."""
+    slots = wk.i64[w, WK_RT_MASK] + 1
+    used = wk.i64[w, WK_RT_USED]
+    if 2 * (used + n) <= slots:
+        return
+    live = wk.i64[w, WK_RT_ACTIVE_BLOCKS]
+    limit = wk.i64[w, WK_RT_LIMIT]
+    if slots == limit and 4 * (used - live) < slots:
+        return  # the region's whole: it holds every distinct block twice over
+    while slots < limit and 4 * (live + n) > slots:
+        slots *= 2
+    _rebuild(rq, wk, w, slots)
 
 
 @njit(cache=True, _nrt=False)
@@ -186,13 +250,9 @@ def route(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, pool):
     wk.i64[w, WK_RT_PREFILL_TOKENS] += pending
     rq.i64[q, RQ_RT_PENDING] = pending
     if pool == ROUTE_AGGREGATED:
+        _make_room(rq, wk, w, n_blocks)
         for i in range(n_blocks):
-            at = _slot(wk, w, wl.phash[p0 + i])
-            if wk.rt_count[at] <= 0:
-                wk.rt_key[at] = wl.phash[p0 + i]
-                wk.rt_count[at] = 0
-                wk.i64[w, WK_RT_ACTIVE_BLOCKS] += 1
-            wk.rt_count[at] += 1
+            _count_in(wk, w, wl.phash[p0 + i], 1)
         rq.i64[q, RQ_RT_ACTIVE] = n_blocks
     return w
 

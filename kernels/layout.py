@@ -417,7 +417,10 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
     ("RT_FREED_TOKENS", 0, "", "part of P_w the pass in flight releases at its end (first tokens)"),
     ("RT_ACTIVE_BLOCKS", 0, "", "D_w: complete prompt blocks of requests active here (distinct ones aggregated)"),
     ("RT_OFF", 0, "", "first slot of its active-block multiset in wk.rt_key / rt_count"),
-    ("RT_MASK", -1, "", "multiset slots - 1 (a power of two); -1 = none"),
+    ("RT_MASK", -1, "", "multiset slots in use - 1 (a power of two); -1 = none"),
+    ("RT_USED", 0, "", "multiset slots taken: by a block active here, or released and not yet "
+                       "dropped by a rebuild"),
+    ("RT_LIMIT", 0, "", "multiset slots its region holds, the most RT_MASK + 1 grows to"),
     ("SG_RATIO_BITS", 0, "", "SGLang: the new-token ratio (float64 bits)"),
     ("SG_PREFILL_ROUNDS", 0, "", "SGLang: passes left before prefill may run again (the interval)"),
     ("SG_READY_HEAD", -1, "q", "SGLang decode rank: oldest activated request not running yet "

@@ -255,6 +255,10 @@ def test_router_view_recomputed_from_the_records():
     complete prompt blocks of the requests routed to w and not completed, with this
     one's), so every logged cost of every worker is recomputed independently."""
     setup, sim, requests, routing, _ = run("sess200_vllm_agg4_kv_credit0", pin=False, seed=1)
+    _assert_router_view_is_the_records(sim, requests, routing)
+
+
+def _assert_router_view_is_the_records(sim, requests, routing):
     wl = sim.workload
     isl = wl.input_len.astype(np.int64)
     indptr = count_prompt_blocks(isl, BLOCK)
@@ -388,3 +392,38 @@ def test_cli_writes_the_routing_log(tmp_path):
     assert summary["mean_ttft_ms"] == pytest.approx(
         json.loads((DATA / "sess200_vllm_agg4_kv.report.json").read_text())["summary"]["mean_ttft_ms"],
         rel=1e-12)
+
+
+@pytest.mark.parametrize("case", ["sess200_vllm_agg4_kv_credit0", "1k_vllm_agg4_kv"])
+def test_active_block_sets_grow_and_rebuild_without_changing_a_decision(case, monkeypatch):
+    """Each worker's active-block multiset starts small and grows in the kernel,
+    dropping released blocks' slots when it rebuilds from the worker's queues
+    (kernels.kv_router._make_room). Starting from two slots, so that it rebuilds and
+    doubles from the first request on, every decision, cost and request is the same
+    as with the default start."""
+    from aisim_fast import replay
+
+    def routed_run():
+        sim = simulation_from_setup(parse_payload(payload(case, pin=False, seed=3)))
+        res = run_batch([sim]).check()
+        return res.routing[0], res.requests[0]
+
+    routing, requests = routed_run()
+    monkeypatch.setattr(replay, "ROUTER_INITIAL_SLOTS", 2)
+    small_routing, small_requests = routed_run()
+    pd.testing.assert_frame_equal(routing, small_routing)
+    pd.testing.assert_frame_equal(requests, small_requests)
+
+
+@pytest.mark.parametrize("case", ["sess200_vllm_agg4_kv_credit0", "1k_vllm_agg4_kv_credit0"])
+def test_router_view_recomputed_from_the_records_through_rebuilds(case, monkeypatch):
+    """The recomputation above with multisets that start at two slots: rebuilt and
+    grown from the worker's queues while requests arrive, run and finish, every
+    worker's cost at every decision still follows from the records (credit 0; the
+    worker's own seed)."""
+    from aisim_fast import replay
+
+    monkeypatch.setattr(replay, "ROUTER_INITIAL_SLOTS", 2)
+    sim = simulation_from_setup(parse_payload(payload(case, pin=False, seed=2)))
+    res = run_batch([sim]).check()
+    _assert_router_view_is_the_records(sim, res.requests[0], res.routing[0])
