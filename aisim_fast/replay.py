@@ -391,17 +391,12 @@ def _sim_template(sim: Simulation, table_rows: dict, distinct_prompt_blocks: dic
         else:
             # resident copies rarely exceed the blocks of the requests a worker
             # serves; a run that does is rerun with the full pool (SIM_ARENA_FULL)
-            # (keyed by the blocks array: the main pool's lives in the memo for the build)
-            sized_key = ("sized", rows_key, per_worker) if pool_blocks is blocks else None
-            if sized_key is None or sized_key not in memo:
-                sized = (int(np.sort(pool_blocks)[::-1][:per_worker].sum()),
-                         int((pool_blocks - wl.input_len // pool_rank.block_size).sum()))
-                if sized_key is None:
-                    largest, private = sized
-                else:
-                    memo[sized_key] = sized
-            if sized_key is not None:
-                largest, private = memo[sized_key]
+            # (the main pool's blocks are the build's, shared through the memo)
+            sized_key = ("sized", rows_key, per_worker, pool_blocks is blocks)
+            if pool_blocks is not blocks or sized_key not in memo:
+                memo[sized_key] = (int(np.sort(pool_blocks)[::-1][:per_worker].sum()),
+                                   int((pool_blocks - wl.input_len // pool_rank.block_size).sum()))
+            largest, private = memo[sized_key]
             worker_arena = largest + 16
             if not sim.disaggregated and pool_rank.backend != "sglang":
                 # an aggregated worker's resident copies are at most one per

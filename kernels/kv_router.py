@@ -71,8 +71,8 @@ def _slot(wk, w, h):
 
 
 @njit(cache=True, _nrt=False)
-def _count_in(wk, w, h, n):
-    """Add ``n`` to the count of hash h in worker w's multiset."""
+def _count_in(wk, w, h):
+    """One more active block of hash h in worker w's multiset."""
     at = _slot(wk, w, h)
     if wk.rt_count[at] == RT_NEVER_USED:
         wk.rt_key[at] = h
@@ -80,14 +80,14 @@ def _count_in(wk, w, h, n):
         wk.i64[w, WK_RT_USED] += 1
     if wk.rt_count[at] == 0:
         wk.i64[w, WK_RT_ACTIVE_BLOCKS] += 1
-    wk.rt_count[at] += n
+    wk.rt_count[at] += 1
 
 
 @njit(cache=True, _nrt=False)
 def _recount(rq, wk, w, q):
     k0 = rq.i64[q, RQ_LEASE_OFF]
     for i in range(rq.i64[q, RQ_RT_ACTIVE]):
-        _count_in(wk, w, rq.seq_hash[k0 + i], 1)
+        _count_in(wk, w, rq.seq_hash[k0 + i])
 
 
 @njit(cache=True, _nrt=False)
@@ -252,7 +252,7 @@ def route(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, pool):
     if pool == ROUTE_AGGREGATED:
         _make_room(rq, wk, w, n_blocks)
         for i in range(n_blocks):
-            _count_in(wk, w, wl.phash[p0 + i], 1)
+            _count_in(wk, w, wl.phash[p0 + i])
         rq.i64[q, RQ_RT_ACTIVE] = n_blocks
     return w
 
