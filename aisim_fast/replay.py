@@ -716,12 +716,15 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         wk_i[:, L.WK_RT_MASK] = in_use - 1
         # a slot's key is read only once its count says it was taken, and the counts
         # only where the multiset is (a rebuild fills what it grows into): reused
-        # buffers, whose pages a previous run has mapped already
-        rt_count = reused_buffers.empty("router_counts", int(rt_slots.sum()), np.int32)
+        # buffers, whose pages a previous run has mapped already; small pages, as each
+        # region is used from its start only (a huge page would zero 2 MiB for the
+        # first 1,024 slots of a few workers)
+        with _small_pages():
+            rt_count = reused_buffers.empty("router_counts", int(rt_slots.sum()), np.int32)
+            rt_key = reused_buffers.empty("router_keys", int(rt_slots.sum()), np.uint64)
         for w in np.flatnonzero(rt_slots > 1):
             rt_count[wk_i[w, L.WK_RT_OFF]:wk_i[w, L.WK_RT_OFF] + in_use[w]] = -1  # RT_NEVER_USED
-        router_state = dict(rt_key=reused_buffers.empty("router_keys", int(rt_slots.sum()), np.uint64),
-                            rt_count=rt_count)
+        router_state = dict(rt_key=rt_key, rt_count=rt_count)
     wk = L.Workers(i64=wk_i, pass_end_ms=np.zeros(n_w),
                    run_q=np.zeros(int(run_cap.sum()), np.int64),
                    wait_q=np.zeros(int(wait_cap.sum()), np.int64),

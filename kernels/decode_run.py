@@ -17,7 +17,9 @@ A run ends before the first pass that finishes a request or whose fresh blocks
 the pool cannot give without preempting, and before any other event of the
 simulation: a pass may only start at the previous pass's end ``e`` when nothing
 else happens at ``e`` - no release due by then, and no other worker's pass
-ending by then.
+ending by then. So the event loop runs them for a lone worker only (a round-robin
+worker unit, a one-worker simulation): beside other workers a run holds a pass or
+two, and its two walks of the running list then cost more than the plain passes.
 """
 
 import numpy as np

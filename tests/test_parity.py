@@ -320,14 +320,27 @@ def test_aggregated_summary_matches_reference_report(case):
     assert_summary_matches(summary, golden, [k for k in golden if k not in NOT_COMPARED])
 
 
-@pytest.mark.parametrize("case,at_least", [("1k_vllm_agg2", 0.8), ("1k_vllm_agg1_conc16", 0.7),
-                                           ("sess200_vllm_agg2", 0.9)])
-def test_most_passes_run_inside_decode_runs(case, at_least):
-    """The decode-run fast path (kernels/decode_run.py) carries most passes of these
-    runs (85%, 78% and 97% today), so losing it cannot go unnoticed; the parity tests
-    above hold those same runs to the reference."""
+def _decode_run_share(case):
     cfg, pool, rq, wl, wk, sims, max_lease, max_bs = build_state([simulation(case)], 0)
     replay_batch(cfg, pool, rq, wl, wk, sims, np.arange(1), max_lease, max_bs)
     assert sims.i64[0, L.SM_STATUS] == L.SIM_DONE
-    all_passes = wk.i64[:, L.WK_PASS_STAMP].sum()
-    assert sims.i64[0, L.SM_DECODE_RUN_PASSES] >= at_least * all_passes
+    return sims.i64[0, L.SM_DECODE_RUN_PASSES] / wk.i64[:, L.WK_PASS_STAMP].sum()
+
+
+@pytest.mark.parametrize("case,at_least", [("1k_vllm_agg1", 0.6), ("1k_vllm_agg1_conc16", 0.7),
+                                           ("1k_vllm_agg1_fixed", 0.7)])
+def test_most_passes_of_a_lone_worker_run_inside_decode_runs(case, at_least):
+    """The decode-run fast path (kernels/decode_run.py) carries most passes of these
+    one-worker runs (65%, 78% and 75% today), as of each round-robin worker unit, so
+    losing it cannot go unnoticed; the parity tests above hold those same runs to the
+    reference."""
+    assert _decode_run_share(case) >= at_least
+
+
+@pytest.mark.parametrize("case", ["1k_vllm_agg2", "sess200_vllm_agg2"])
+def test_workers_run_together_take_no_decode_runs(case):
+    """Beside other workers a decode run ends at each of their pass ends and costs
+    more than the plain passes it replaces (kernels.event_loop), so a simulation run
+    whole with several workers takes none; its results are those of the runs it
+    had (the parity tests above)."""
+    assert _decode_run_share(case) == 0
