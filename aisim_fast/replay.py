@@ -512,10 +512,14 @@ def _unplaced_rows(wl: Workload, first_src_row: int, max_output, blocks: np.ndar
 
 def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
                 record_handoffs: bool = False, event_rows: int = 0, log_outputs: bool = False,
-                log_kv: bool = True):
+                log_kv: bool = True, independent_workers: bool = False):
     """Allocate and initialise the kernel state of a batch (``event_rows`` > 0: an engine
     event log of that many rows per simulation; ``log_outputs``: every output token in
-    it too; ``log_kv``: the KV Stored / Removed facts too, else engine facts only)."""
+    it too; ``log_kv``: the KV Stored / Removed facts too, else engine facts only).
+    ``independent_workers``: the simulations whose workers share nothing between
+    releases (``_workers_independent``; the batch logs nothing and does not grow) run
+    so (``SM_INDEPENDENT``), each worker folding its token gaps into a row of its own
+    after the simulations' rows (``BatchRun`` merges them when the simulation ends)."""
     n_sims = len(sims)
     # workload tables: one block of rows per distinct (trace, engine block size)
     table_rows: dict[tuple[int, int], int] = {}
@@ -683,6 +687,14 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
 
     wk_i = L.WORKER.new(n_w)
     wk_i[:, L.WK_SIM] = np.repeat(np.arange(n_sims), w_len)
+    wk_i[:, L.WK_STAT_ROW] = wk_i[:, L.WK_SIM]
+    independent = [s for s, sim in enumerate(sims) if independent_workers and not pass_log_rows
+                   and not event_rows and not log_outputs and _workers_independent(sim)]
+    n_stat_rows = n_sims
+    for s in independent:
+        ws = slice(int(w_off[s]), int(w_off[s] + w_len[s]))
+        wk_i[ws, L.WK_STAT_ROW] = np.arange(n_stat_rows, n_stat_rows + w_len[s])
+        n_stat_rows += int(w_len[s])
     wk_i[:, L.WK_SIM_W0] = np.repeat(w_off, w_len)
     wk_i[:, L.WK_RUN_OFF] = np.concatenate([[0], np.cumsum(run_cap)[:-1]])
     wk_i[:, L.WK_WAIT_OFF] = np.concatenate([[0], np.cumsum(wait_cap)[:-1]])
@@ -739,9 +751,10 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     sm_i[:, L.SM_PREFILL_Q_OFF] = np.where([s.disaggregated for s in sims], p_off, -1)
     # the handoff order is the backend's (spec/replay.md 5.2): SGLang reserves first
     sm_i[:, L.SM_DEST_FIRST] = [s.disaggregated and s.rank.backend == "sglang" for s in sims]
+    sm_i[independent, L.SM_INDEPENDENT] = 1
     decisions = max([int(q_len[s]) * (2 if sims[s].disaggregated else 1) for s in routed], default=0)
     with _small_pages():
-        token_stat, token_hist = sketch.token_stats_new(n_sims)
+        token_stat, token_hist = sketch.token_stats_new(n_stat_rows)
     sim_state = L.Sims(
         i64=sm_i, now_ms=np.zeros(n_sims), start_order=start_order,
         heap_q=np.zeros(n_logical, np.int64), actq=np.zeros(n_logical, np.int64),
@@ -1277,6 +1290,19 @@ def _end_at_caps(sims, parts, status, res) -> list:
     return facts
 
 
+def _workers_independent(sim: Simulation) -> bool:
+    """Whether the workers of a simulation run whole share nothing between its
+    releases: a routed (kv_router or random) open-loop single-turn aggregated run of
+    vLLM / TRT-LLM workers, one rank each, fixed timing. Between two releases a worker
+    sees no other worker's pass end, so its decode runs need not end there
+    (kernels.decode_run); at a release the router reads every worker as the whole
+    loop leaves it. Round robin splits such a run into worker units instead."""
+    return (sim.placement in ("kv_router", "random") and not sim.disaggregated and sim.workers > 1
+            and sim.rank.backend != "sglang" and sim.dp_size == 1 and sim.rank.aic is None
+            and not sim.concurrency and sim.max_sim_time_ms is None
+            and not np.any(sim.workload.turn_index != 0))
+
+
 def _worker_shards(sim: Simulation):
     """Per-worker sub-simulations of an open-loop single-turn aggregated run, or
     None when its workers interact (closed loop, sessions) or there is one."""
@@ -1412,7 +1438,7 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
                         _LazyFrames(n, run.pressure_events),
                         _LazyFrames(n, run.output_events), _LazyFrames(n, run.routing),
                         [(run, s) for s in range(n)],
-                        [run.leftovers(s) for s in range(n)], st.token_stat, st.token_hist,
+                        [run.leftovers(s) for s in range(n)], st.token_stat[:n], st.token_hist[:n],
                         st.now_ms.copy(), run.kernel_calls)
 
 
@@ -1469,7 +1495,9 @@ class BatchRun:
         # simulations (or worker units) shares one budget instead of 64k rows each
         rows = min(pass_log_rows, max(MIN_PASS_LOG_ROWS, PASS_LOG_BUDGET_ROWS // max(1, len(sims))))
         self.state = KernelState(*build_state(self.sims, rows if record_passes else 0,
-                                              record_handoffs, event_rows, log_outputs, log_kv))
+                                              record_handoffs, event_rows, log_outputs, log_kv,
+                                              independent_workers=not growable))
+        self._stats_merged: set[int] = set()  # independent simulations merged (_merge_worker_stats)
         if event_rows:
             _compile_event_kernels(self.state)
         # a simulation's time cap ends it at its last instant at or before the cap
@@ -1510,10 +1538,27 @@ class BatchRun:
                 self.kernel_calls += 1
                 self._drain()
                 ids = ids[st.i64[ids, L.SM_STATUS] == L.SIM_NEED_FLUSH]
+        self._merge_worker_stats()
         # every instant up to its cap drained: the simulation has ended
         ended = live[(self._cap_ms[live] <= horizon_ms) & (st.i64[live, L.SM_STATUS] == L.SIM_PAUSED)]
         st.i64[ended, L.SM_STATUS] = L.SIM_DONE
         return self.status
+
+    def _merge_worker_stats(self) -> None:
+        """An independent simulation (``build_state``) that has ended gets its workers'
+        token-gap rows merged into its own, once: Chan's merge of the moments in worker
+        order, as the round-robin split's units are merged, so the result does not
+        depend on how its calls were sliced."""
+        st, wk = self.state.st, self.state.wk
+        for s in np.flatnonzero(st.i64[:, L.SM_INDEPENDENT]):
+            if s in self._stats_merged or np.isin(st.i64[s, L.SM_STATUS], _RUNNABLE):
+                continue
+            self._stats_merged.add(s)
+            w0 = st.i64[s, L.SM_W_OFF]
+            rows = wk.i64[w0:w0 + st.i64[s, L.SM_W_LEN], L.WK_STAT_ROW]
+            st.token_stat[s] = sketch_merge_rows(st.token_stat[rows])
+            sketch.add_hist_rows(st.token_hist, np.full(len(rows), s, np.int64), st.token_stat[rows],
+                                 st.token_hist[rows])
 
     def advance_in_slices(self, progress, slice_s: float | None = None) -> list[str]:
         """``advance()`` in virtual-time slices sized to take about ``slice_s`` wall

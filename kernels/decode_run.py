@@ -17,9 +17,12 @@ A run ends before the first pass that finishes a request or whose fresh blocks
 the pool cannot give without preempting, and before any other event of the
 simulation: a pass may only start at the previous pass's end ``e`` when nothing
 else happens at ``e`` - no release due by then, and no other worker's pass
-ending by then. So the event loop runs them for a lone worker only (a round-robin
-worker unit, a one-worker simulation): beside other workers a run holds a pass or
-two, and its two walks of the running list then cost more than the plain passes.
+ending by then. So the event loop runs them for a lone worker (a round-robin worker
+unit, a one-worker simulation), and for workers that share nothing between releases
+(``SM_INDEPENDENT``: a routed open-loop single-turn run without logs, whose workers
+fold their token gaps into rows of their own), whose runs end only at a release.
+Beside other workers a run would hold a pass or two, and its two walks of the
+running list then cost more than the plain passes.
 """
 
 import numpy as np
@@ -31,8 +34,8 @@ from .layout import (
     CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
     CFG_ROLE, PW_LRU_LEN, PW_PASS_NUM, ROLE_AGGREGATED, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS,
     RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT, RQ_NO_TOKEN_STATS, RQ_NUM_COMPUTED,
-    RQ_PROMPT_LEN, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF, WK_STALLED,
-    WK_WAIT_LEN,
+    RQ_PROMPT_LEN, SM_INDEPENDENT, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF,
+    WK_STALLED, WK_STAT_ROW, WK_WAIT_LEN,
 )
 from .arrivals import arrivals_due, next_release_ms
 from .busy_heap import next_pass_end_ms
@@ -47,12 +50,17 @@ from .vllm_core import ALLOC_ARENA_FULL, schedule_request_ahead
 @njit(cache=True, _nrt=False, inline="always")
 def quiet_until_ms(rq, wk, sims, s, w, now_ms):
     """Earliest time at which something other than worker w's own passes happens in
-    its simulation: the next release, or another worker's pass end. ``-inf`` when
+    its simulation: the next release, or another worker's pass end (unless the
+    workers are independent, ``SM_INDEPENDENT``). ``-inf`` when
     something else happens at this instant: a closed-loop slot freed by a terminal
     of the drive (its arrival comes in the drain's next round), or another worker
     about to be driven."""
     if arrivals_due(rq, sims, s, now_ms):
         return -np.inf
+    if sims.i64[s, SM_INDEPENDENT]:
+        # the other workers' passes change nothing here, and their token gaps go to
+        # rows of their own: only a release can
+        return next_release_ms(rq, sims, s)
     w0 = sims.i64[s, SM_W_OFF]
     w1 = w0 + sims.i64[s, SM_W_LEN]
     # a worker that can start a pass now is one the drive has marked ready
@@ -162,7 +170,7 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
         end_ms = (start_ms + 0.0) + ns_to_ms(dc_ns)
         if first_event >= 0:
             kv_events_visible_at(p, s, first_event, end_ms)  # this step's KV events: at its end
-        fold_gap_run(sims.token_stat, sims.token_hist, s, end_ms - start_ms, n_gaps)
+        fold_gap_run(sims.token_stat, sims.token_hist, wk.i64[w, WK_STAT_ROW], end_ms - start_ms, n_gaps)
         if log_on:
             # a decode pass: n decode requests, n tokens, nothing else
             zero = np.int64(0)  # typed, not a literal: one compiled copy of the row writer

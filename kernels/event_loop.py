@@ -49,7 +49,8 @@ from .layout import (
     CFG_DP_RANK, CFG_DP_SIZE, CFG_POLICY, POLICY_SGLANG, SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END,
     SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH, SIM_PAUSED, SIM_RUNNING,
     EVH_LEN, SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
-    SM_DEAD_IN_FLIGHT, SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_OVERFLOW, WK_RUN_LEN,
+    SM_DEAD_IN_FLIGHT, SM_INDEPENDENT, SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY,
+    WK_OVERFLOW, WK_RUN_LEN,
     WK_SG_READY_LEN, WK_STALLED, WK_WAIT_LEN,
 )
 from .busy_heap import busy_pop, busy_push, next_pass_end_ms
@@ -85,11 +86,13 @@ def _event_loop(disaggregated, sglang=False):
         dp_any = max(cfg.i64[w0, CFG_DP_SIZE], cfg.i64[w0 + sims.i64[s, SM_PREFILL_LEN], CFG_DP_SIZE])
         # a decode run emits without visiting each request: not while every token is
         # logged, nor for ranks that wait for their siblings; and only for a lone
-        # worker (a round-robin worker unit, a one-worker run): any other worker's pass
-        # end ends a run, so beside them runs hold a pass or two and cost more than
-        # plain passes (10k-request trace on 8 workers run whole: 8% more for kv_router,
-        # random and round robin; 19-29% more at a twentieth to a third of its rate)
-        decode_runs = not outputs_logged(p, s) and dp_any == 1 and w1 - w0 == 1
+        # worker (a round-robin worker unit, a one-worker run) or independent ones
+        # (kernels.decode_run): else any other worker's pass end ends a run, so runs
+        # hold a pass or two and cost more than plain passes (10k-request trace on 8
+        # workers run whole: 8% more for kv_router, random and round robin; 19-29%
+        # more at a twentieth to a third of its rate)
+        decode_runs = not outputs_logged(p, s) and dp_any == 1 and (
+            w1 - w0 == 1 or sims.i64[s, SM_INDEPENDENT] != 0)
         n_event_rows = p.event_log.shape[1] - 1  # event rows
         while True:
             if events_on:

@@ -411,6 +411,9 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
                         "the running list or waiting ring full (nothing was written; the event "
                         "loop ends the simulation with SIM_CAPACITY)"),
     ("SIM_W0", 0, "w", "first worker of its simulation"),
+    ("STAT_ROW", 0, "", "row of sims.token_stat / token_hist its token gaps go to: its "
+                        "simulation's, or its own while its simulation's workers are "
+                        "independent (SM_INDEPENDENT; merged when the simulation ends)"),
     ("RUN_CAP", 0, "", "running list slots"),
     # kv_router view of the worker (kernels.kv_router)
     ("RT_PREFILL_TOKENS", 0, "", "P_w: prompt tokens still to prefill of requests routed here"),
@@ -482,6 +485,9 @@ SIMULATION = _declare(FieldTable("SM_", "sims.i64", np.int64, [
                           "for the group's end, kernels.attention_dp)"),
     ("TOKEN_HEAD", -1, "q", "attention DP: first request with a token waiting for the group's end"),
     ("TOKEN_TAIL", -1, "q", "attention DP: last one"),
+    ("INDEPENDENT", 0, "", "1 = its workers share nothing between releases (a routed open-loop "
+                           "single-turn aggregated run without logs): a decode run goes on past "
+                           "other workers' pass ends (kernels.decode_run.quiet_until_ms)"),
     ("DEST_FIRST", 0, "", "disaggregated: 1 = DestinationFirst handoff order (SGLang: the decode "
                           "slot is reserved at arrival, the prefill submitted once it holds), "
                           "0 = SourceFirst (vLLM, TRT-LLM)"),

@@ -35,7 +35,7 @@ from .layout import (
     CFG_ROLE, CFG_SG_PD_INTERVAL, ROLE_DECODE, ROLE_PREFILL, RQ_SG_READY_NEXT, RQ_WORKER, RS_HELD,
     RS_NOT_ARRIVED, RS_WAITING, SM_PREFILL_Q_OFF, SM_Q_LEN, SM_Q_OFF, WK_PEND_LEN,
     WK_SG_PASS_FLAGS, WK_SG_PREFILL_ROUNDS, WK_SG_READY_HEAD, WK_SG_READY_LEN, WK_SG_READY_TAIL,
-    SM_GROUP_PASS,
+    SM_GROUP_PASS, WK_STAT_ROW,
     CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM, CFG_SG_MAX_PREFILL_TOKENS,
     EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE, EV_PRESSURE_SGLANG, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
     RQF_FIRST_ADMIT_MS, RQF_TERMINAL_MS,
@@ -913,7 +913,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                                   cfg.f64[w, CFGF_SG_MIN_RATIO]))
     else:
         end_ms = now_ms
-    fold_gap_run(sims.token_stat, sims.token_hist, s, run_gap, run_count)
+    fold_gap_run(sims.token_stat, sims.token_hist, wk.i64[w, WK_STAT_ROW], run_gap, run_count)
 
     # every terminal of this pass becomes visible at its end
     q = wk.i64[w, WK_TERM_HEAD]

@@ -15,7 +15,7 @@ from .block_pool import note_event_at, outputs_logged
 from .kv_router import first_token_seen
 from .layout import (EV_OUTPUT, RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS,
                      RQ_GENERATED, RQ_NO_TOKEN_STATS, RQ_RT_PENDING, RQ_STATUS, RQ_TOKEN_NEXT, RQ_WORKER, RS_DONE,
-                     SM_GROUP_PASS, SM_TOKEN_HEAD, SM_TOKEN_TAIL)
+                     SM_GROUP_PASS, SM_TOKEN_HEAD, SM_TOKEN_TAIL, WK_STAT_ROW)
 from .sketch import fold_gap_run
 
 
@@ -52,7 +52,7 @@ def _token_time(p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_out
         if rq.i64[q, RQ_NO_TOKEN_STATS] == 0:
             gap_ms = end_ms - rq.f64[q, RQF_LAST_TOKEN_MS]
             if gap_ms != run_gap:
-                fold_gap_run(sims.token_stat, sims.token_hist, s, run_gap, run_count)
+                fold_gap_run(sims.token_stat, sims.token_hist, wk.i64[w, WK_STAT_ROW], run_gap, run_count)
                 run_gap = gap_ms
                 run_count = 0
             run_count += 1
@@ -80,6 +80,7 @@ def token_times(p, rq, wk, sims, s, end_ms):
                                             log_outputs, rq.i64[q, RQ_STATUS] == RS_DONE)
         n += 1
         q = rq.i64[q, RQ_TOKEN_NEXT]
+    # a group's ranks share their simulation's row (attention DP is never independent)
     fold_gap_run(sims.token_stat, sims.token_hist, s, run_gap, run_count)
     sims.i64[s, SM_TOKEN_HEAD] = -1
     sims.i64[s, SM_TOKEN_TAIL] = -1

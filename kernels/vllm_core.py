@@ -37,7 +37,7 @@ from .layout import (
     RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PREEMPTIONS, RQ_PROMPT_LEN,
     RQ_SCHED_CLASS, RQ_SCHED_LEN, RQ_SCHED_PREFIX, RQ_SCHED_PROMPT, RQ_SCHED_STAMP,
     RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS, RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RS_ACTIVATED,
-    RS_DONE, RS_HELD, RS_PREEMPTED, RS_RUNNING, RS_WAITING, SM_PASS_LOG_LEN, TERM_COMPLETED,
+    RS_DONE, RS_HELD, RS_PREEMPTED, RS_RUNNING, RS_WAITING, SM_PASS_LOG_LEN, TERM_COMPLETED, WK_STAT_ROW,
     TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP, WK_PEND_LEN, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
     WK_CAPACITY_BOUND, WK_RUN_OFF, WK_TERM_HEAD, WK_WAIT_LEN,
 )
@@ -274,7 +274,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             run_q[off + keep] = q
             keep += 1
     wk.i64[w, WK_RUN_LEN] = keep
-    fold_gap_run(token_stat, token_hist, s, run_gap_ms, run_count)
+    fold_gap_run(token_stat, token_hist, wk.i64[w, WK_STAT_ROW], run_gap_ms, run_count)
 
     # every terminal of this pass becomes visible at its end
     q = wk.i64[w, WK_TERM_HEAD]

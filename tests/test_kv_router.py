@@ -427,3 +427,54 @@ def test_router_view_recomputed_from_the_records_through_rebuilds(case, monkeypa
     sim = simulation_from_setup(parse_payload(payload(case, pin=False, seed=2)))
     res = run_batch([sim]).check()
     _assert_router_view_is_the_records(sim, res.requests[0], res.routing[0])
+
+
+@pytest.mark.parametrize("case", ["1k_vllm_agg4_kv", "1k_vllm_agg4_kv_credit0"])
+def test_independent_workers_replay_the_router_run(case):
+    """Without a pass log a routed single-turn open-loop run has independent workers
+    (replay._workers_independent): a worker's decode runs go on past the others' pass
+    ends, and its token gaps fold into a row of its own. Pinned, it still gives every
+    request of the router run, and the logged run's decisions."""
+    from aisim_fast.kernels import layout as L
+    from aisim_fast.replay import BatchRun
+
+    sim = simulation_from_setup(parse_payload(payload(case, pin=True)))
+    batch = BatchRun([sim], record_passes=False)
+    assert batch.state.st.i64[0, L.SM_INDEPENDENT] == 1
+    res = run_batch([sim], record_passes=False).check()
+    _assert_requests_match(case, res.requests[0])
+    pd.testing.assert_frame_equal(res.routing[0], run(case)[3])
+
+
+@pytest.mark.parametrize("placement", ["kv_router", "random"])
+def test_independent_workers_change_nothing_but_the_order_of_token_folds(placement):
+    """At a fifth of the trace's rate (long decode runs): the independent run gives
+    the requests, decisions and token-gap histogram of the logged one (which runs as
+    the whole loop always did), its moments agree to rounding (merged per worker), and
+    stepping it in slices gives the same bits as one call."""
+    from aisim_fast.kernels import layout as L
+    from aisim_fast.replay import BatchRun
+    from aisim_fast.workload import load_mooncake
+
+    import dataclasses
+
+    setup = dataclasses.replace(parse_payload(payload("1k_vllm_agg4_kv", pin=False, seed=5)),
+                                placement=placement)
+    wl = load_mooncake(TRACES / "mooncake_1k.jsonl", trace_block_size=setup.trace_block_size,
+                       arrival_speedup_ratio=0.2)
+    sim = simulation_from_setup(setup, wl)
+    fast = run_batch([sim], record_passes=False).check()
+    logged = run_batch([sim], record_passes=True).check()
+    pd.testing.assert_frame_equal(fast.requests[0], logged.requests[0])
+    pd.testing.assert_frame_equal(fast.routing[0], logged.routing[0])
+    np.testing.assert_array_equal(fast.token_hist[0], logged.token_hist[0])
+    np.testing.assert_allclose(fast.token_stat[0], logged.token_stat[0], rtol=1e-12)
+    sliced = BatchRun([sim], record_passes=False)
+    for horizon_ms in np.linspace(0.0, fast.requests[0]["completion_ms"].max(), 60)[1:-1]:
+        sliced.advance(horizon_ms)  # each call cuts the decode runs in flight
+    sliced.advance()
+    assert sliced.status == ["done"]
+    np.testing.assert_array_equal(sliced.state.st.token_stat[0], fast.token_stat[0])
+    # the decode runs the independence allows carry most passes here
+    passes = sliced.state.wk.i64[:, L.WK_PASS_STAMP].sum()
+    assert sliced.state.st.i64[0, L.SM_DECODE_RUN_PASSES] > 0.5 * passes
