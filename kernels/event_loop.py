@@ -50,7 +50,7 @@ from .layout import (
     SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH, SIM_PAUSED, SIM_RUNNING,
     EVH_LEN, SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
     SM_DEAD_IN_FLIGHT, SM_INDEPENDENT, SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY,
-    WK_OVERFLOW, WK_RUN_LEN,
+    WK_LAST_PASS_NS, WK_OVERFLOW, WK_RUN_LEN,
     WK_SG_READY_LEN, WK_STALLED, WK_WAIT_LEN,
 )
 from .busy_heap import busy_pop, busy_push, next_pass_end_ms
@@ -215,12 +215,17 @@ def _event_loop(disaggregated, sglang=False):
                             sims.i64[s, SM_RESUME_WORKER] = w
                             sims.i64[s, SM_STATUS] = SIM_NEED_FLUSH
                             return
+                        quiet_ms = -np.inf
                         if not disaggregated and not sglang and decode_runs:
+                            quiet_ms = min(quiet_until_ms(rq, wk, sims, s, w, now_ms), horizon_ms)
+                        if quiet_ms - now_ms > 3e-6 * wk.i64[w, WK_LAST_PASS_NS]:
                             # decode passes up to the next event, without walking the
-                            # running list per pass (kernels.decode_run)
+                            # running list per pass (kernels.decode_run), when the next
+                            # event leaves room for three passes as long as the last one:
+                            # a run walks the running list twice, and a shorter one costs
+                            # more than its passes run plainly
                             end_ms, n_passes, arena_full = decode_run(
-                                cfg, p, rq, wl, wk, sims, s, w, now_ms,
-                                min(quiet_until_ms(rq, wk, sims, s, w, now_ms), horizon_ms),
+                                cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_ms,
                                 log_rows - sims.i64[s, SM_PASS_LOG_LEN] if log_rows > 0 else 1 << 62,
                                 acc, hits, fresh, scratch_tokens)
                             if arena_full:
@@ -228,6 +233,7 @@ def _event_loop(disaggregated, sglang=False):
                                 return
                             if n_passes > 0:
                                 sims.i64[s, SM_DECODE_RUN_PASSES] += n_passes
+                                wk.i64[w, WK_LAST_PASS_NS] = np.int64((end_ms - now_ms) * 1e6 / n_passes)
                                 wk.i64[w, WK_BUSY] = 1
                                 wk.pass_end_ms[w] = end_ms
                                 busy_push(wk, sims, s, w)  # a decode run ends after now
@@ -241,6 +247,7 @@ def _event_loop(disaggregated, sglang=False):
                             return
                         if events_on:
                             kv_events_visible_at(p, s, first_event, end_ms)  # at the pass end
+                        wk.i64[w, WK_LAST_PASS_NS] = np.int64((end_ms - now_ms) * 1e6)
                         wk.i64[w, WK_BUSY] = 1
                         wk.pass_end_ms[w] = end_ms
                         if end_ms != now_ms:

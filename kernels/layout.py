@@ -411,6 +411,8 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
                         "the running list or waiting ring full (nothing was written; the event "
                         "loop ends the simulation with SIM_CAPACITY)"),
     ("SIM_W0", 0, "w", "first worker of its simulation"),
+    ("LAST_PASS_NS", 0, "", "duration of its last pass (of a decode run's, their mean), in ns: "
+                            "whether a decode run would hold enough passes to pay (event loop)"),
     ("STAT_ROW", 0, "", "row of sims.token_stat / token_hist its token gaps go to: its "
                         "simulation's, or its own while its simulation's workers are "
                         "independent (SM_INDEPENDENT; merged when the simulation ends)"),
