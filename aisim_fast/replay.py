@@ -1538,10 +1538,10 @@ class BatchRun:
                 self.kernel_calls += 1
                 self._drain()
                 ids = ids[st.i64[ids, L.SM_STATUS] == L.SIM_NEED_FLUSH]
-        self._merge_worker_stats()
         # every instant up to its cap drained: the simulation has ended
         ended = live[(self._cap_ms[live] <= horizon_ms) & (st.i64[live, L.SM_STATUS] == L.SIM_PAUSED)]
         st.i64[ended, L.SM_STATUS] = L.SIM_DONE
+        self._merge_worker_stats()
         return self.status
 
     def _merge_worker_stats(self) -> None:
