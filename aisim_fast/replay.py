@@ -688,8 +688,10 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     wk_i = L.WORKER.new(n_w)
     wk_i[:, L.WK_SIM] = np.repeat(np.arange(n_sims), w_len)
     wk_i[:, L.WK_STAT_ROW] = wk_i[:, L.WK_SIM]
-    independent = [s for s, sim in enumerate(sims) if independent_workers and not pass_log_rows
-                   and not event_rows and not log_outputs and _workers_independent(sim)]
+    # an independent simulation logs nothing (the order of its rows would depend on how
+    # its decode runs were cut)
+    unlogged = independent_workers and not pass_log_rows and not event_rows and not log_outputs
+    independent = [s for s, sim in enumerate(sims) if unlogged and _workers_independent(sim)]
     n_stat_rows = n_sims
     for s in independent:
         ws = slice(int(w_off[s]), int(w_off[s] + w_len[s]))
@@ -1290,25 +1292,30 @@ def _end_at_caps(sims, parts, status, res) -> list:
     return facts
 
 
+def _workers_apart_between_releases(sim: Simulation) -> bool:
+    """Whether a simulation's workers share nothing between two of its releases: an
+    uncapped open-loop single-turn aggregated run of several workers (no terminal
+    releases a turn or frees a session slot, no handoff)."""
+    return (not sim.disaggregated and sim.workers > 1 and not sim.concurrency
+            and sim.max_sim_time_ms is None and not np.any(sim.workload.turn_index != 0))
+
+
 def _workers_independent(sim: Simulation) -> bool:
-    """Whether the workers of a simulation run whole share nothing between its
-    releases: a routed (kv_router or random) open-loop single-turn aggregated run of
+    """Whether a simulation runs whole with independent workers (``SM_INDEPENDENT``):
+    a routed (kv_router or random) run whose workers are apart between releases, of
     vLLM / TRT-LLM workers, one rank each, fixed timing. Between two releases a worker
     sees no other worker's pass end, so its decode runs need not end there
     (kernels.decode_run); at a release the router reads every worker as the whole
     loop leaves it. Round robin splits such a run into worker units instead."""
-    return (sim.placement in ("kv_router", "random") and not sim.disaggregated and sim.workers > 1
-            and sim.rank.backend != "sglang" and sim.dp_size == 1 and sim.rank.aic is None
-            and not sim.concurrency and sim.max_sim_time_ms is None
-            and not np.any(sim.workload.turn_index != 0))
+    return (sim.placement in ("kv_router", "random") and sim.rank.backend != "sglang"
+            and sim.dp_size == 1 and sim.rank.aic is None and _workers_apart_between_releases(sim))
 
 
 def _worker_shards(sim: Simulation):
     """Per-worker sub-simulations of an open-loop single-turn aggregated run, or
     None when its workers interact (closed loop, sessions) or there is one."""
     wl = sim.workload
-    if sim.disaggregated or sim.workers == 1 or sim.concurrency or sim.placement != "round_robin" \
-            or np.any(wl.turn_index != 0) or sim.max_sim_time_ms is not None:
+    if sim.placement != "round_robin" or not _workers_apart_between_releases(sim):
         return None
     key = (id(wl), sim.workers)
     cached = _SHARD_CACHE.get(key)
