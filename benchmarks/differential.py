@@ -88,10 +88,12 @@ def summary_differences(setup, sim, res, report_path: Path) -> list[tuple]:
     return bad
 
 
-def random_trace(rng: random.Random, path: Path) -> None:
+def random_trace(rng: random.Random, path: Path, rows_range: tuple[int, int] = (8, 60)) -> None:
+    """A slice of ``rows_range`` rows of the bundled trace, at its rate or slowed, its
+    output lengths clipped; a quarter of the time made multi-turn (six sessions)."""
     rows = [json.loads(line) for line in TRACE.read_text().splitlines() if line.strip()]
-    start = rng.randrange(0, len(rows) - 60)
-    n = rng.randint(8, 60)
+    start = rng.randrange(0, len(rows) - rows_range[1])
+    n = rng.randint(*rows_range)
     picked = rows[start:start + n]
     t0 = picked[0]["timestamp"]
     scale = rng.choice([1.0, 1.0, 0.2, 0.05])

@@ -13,7 +13,6 @@ worker.
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -27,15 +26,15 @@ from aisim_fast.config import ConfigError, parse_payload
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
 from aisim_fast.output import requests_in_uuid_order, summarize_replay
 from aisim_fast.replay import run_batch, simulation_from_setup
-from parity_rules import as_number
-from test_parity import EXACT_INT_COLUMNS, EXACT_TIME_COLUMNS
+from dynamo_runs import (case_payload, decision_differences, read_rows, request_differences,
+                         router_view_differences)
 from test_properties import SETTINGS, _examples
 
 DATA = Path(__file__).resolve().parent / "data" / "kv_router"
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
 CASES = ["1k_vllm_agg4_kv", "1k_vllm_agg4_kv_credit0", "sess200_vllm_agg4_kv",
          "sess200_vllm_agg4_kv_credit0"]
-# disaggregated runs (dynamo_disagg_replay.py): a prefill router (overlap-aware, no D_w)
+# disaggregated runs (dynamo_kv_replay.py): a prefill router (overlap-aware, no D_w)
 # at arrival and a decode router (D_w only) when the source is held
 DISAGG_CASES = ["1k_vllm_disagg2p2d_kv", "1k_vllm_disagg2p2d_kv_credit0", "sess200_vllm_disagg2p2d_kv",
                 "1k_vllm_disagg2p3d_kv_tight", "1k_trtllm_disagg2p2d_kv"]
@@ -43,25 +42,7 @@ BLOCK = 64
 
 
 def payload(case, *, pin, seed=0, trace=None, **knobs):
-    call = json.loads((DATA / f"{case}.payload.json").read_text())
-    config = {"overlap_score_credit": call["router_config_json"]["overlap_score_credit"],
-              "pin_to_trace_worker": pin, "seed": seed, **knobs}
-    kwargs = call["kwargs"]
-    if "prefill_engine_args" in kwargs:
-        def rank(role):
-            engine = dict(kwargs[f"{role}_engine_args"]["engine"])
-            del engine["worker_type"]
-            return {"rank": engine}
-        topology = {"kind": "disaggregated",
-                    "prefill": {"initial_workers": kwargs["num_prefill_workers"]},
-                    "decode": {"initial_workers": kwargs["num_decode_workers"]}}
-        engine = {"prefill": rank("prefill"), "decode": rank("decode")}
-    else:
-        topology = {"kind": "aggregated", "workers": {"initial_workers": 4}}
-        engine = {"rank": {"backend": "vllm", "block_size": BLOCK, "num_gpu_blocks": 16384}}
-    return {"spec": {"topology": topology, "engine": engine,
-                     "adapters": {"placement": {"provider": "kv_router", "config": config}}},
-            "traffic": {"trace_path": str(trace or DATA / f"{case}.pinned.jsonl")}}
+    return case_payload(DATA, case, pin=pin, seed=seed, trace=trace, **knobs)
 
 
 _RUNS: dict = {}
@@ -78,16 +59,8 @@ def run(case, pin=True, seed=0, **knobs):
 
 
 def _assert_requests_match(case, requests):
-    gold = list(csv.DictReader(open(DATA / f"{case}.csv", newline="")))
-    cand = {(r["request_id"], int(r["turn_index"])): r for r in requests.to_dict("records")}
-    assert len(cand) == len(gold)
-    diffs = []
-    for row in gold:
-        mine = cand[(row["request_id"], int(row["turn_index"]))]
-        for col in EXACT_TIME_COLUMNS + EXACT_INT_COLUMNS + ("ttft_ms", "tpot_ms", "e2e_ms"):
-            g, c = as_number(row.get(col)), as_number(mine.get(col))
-            if not (g is None and c is None) and g != c:
-                diffs.append((row["request_id"], col, g, c))
+    gold = read_rows(DATA / f"{case}.csv")
+    diffs = request_differences(gold, requests)
     assert not diffs, f"{case}: {len(diffs)} cells differ, first {diffs[:3]}"
     return gold
 
@@ -97,19 +70,10 @@ def test_pinned_replay_matches_the_router_run(case):
     _, _, requests, routing, _ = run(case)
     gold = _assert_requests_match(case, requests)
     assert set(routing["pool"]) == {"aggregated"}
-    decisions = list(csv.DictReader(open(DATA / f"{case}.decisions.csv", newline="")))
-    logged = {(r["request_id"], int(r["turn_index"])): r for r in routing.to_dict("records")}
-    assert len(logged) == len(decisions)
-    for d in decisions:
-        r = logged[(d["request_id"], int(d["turn_index"]))]
-        assert r["worker"] == int(d["worker"])
-        assert r["cost"] == float(d["cost"]), d
-        assert r["overlap_blocks"] == float(d["effective_cached_blocks"]), d
+    diffs = decision_differences(read_rows(DATA / f"{case}.decisions.csv"), routing)
+    assert not diffs, f"{case}: {len(diffs)} decision fields differ, first {diffs[:3]}"
     # the run's own view of each request: its overlap and the best any worker offered
-    for row in gold:
-        r = logged[(row["request_id"], int(row["turn_index"]))]
-        assert r["overlap_blocks"] == int(row["router_selected_overlap_blocks"])
-        assert r["best_overlap_blocks"] == int(row["router_best_available_overlap_blocks"])
+    assert not router_view_differences(gold, routing)
 
 
 @pytest.mark.parametrize("case", DISAGG_CASES)
@@ -119,21 +83,11 @@ def test_pinned_disaggregated_replay_matches_the_router_run(case):
     so each pool's cost and when it is decided are the run's."""
     _, _, requests, routing, _ = run(case)
     gold = _assert_requests_match(case, requests)
-    decisions = list(csv.DictReader(open(DATA / f"{case}.decisions.csv", newline="")))
-    assert len(routing) == len(decisions) == 2 * len(gold)
-    for d, r in zip(decisions, routing.to_dict("records")):
-        assert (r["request_id"], r["turn_index"], r["pool"]) == (d["request_id"], int(d["turn_index"]), d["pool"])
-        assert r["worker"] == int(d["worker"])
-        assert r["cost"] == float(d["cost"]), d
-        assert r["overlap_blocks"] == float(d["effective_cached_blocks"]), d
-    prefill = routing[routing["pool"] == "prefill"].set_index(["request_id", "turn_index"])
-    for row in gold:  # the run's own view of the prefill decision
-        r = prefill.loc[(row["request_id"], int(row["turn_index"]))]
-        assert r["overlap_blocks"] == int(row["router_selected_overlap_blocks"])
-        assert r["best_overlap_blocks"] == int(row["router_best_available_overlap_blocks"])
-        assert r["worker"] == int(row["prefill_worker"])
-    decode = routing[routing["pool"] == "decode"]
-    assert (decode["overlap_blocks"] == 0).all() and (decode["best_overlap_blocks"] == 0).all()
+    assert len(routing) == 2 * len(gold)
+    diffs = decision_differences(read_rows(DATA / f"{case}.decisions.csv"), routing)
+    assert not diffs, f"{case}: {len(diffs)} decision fields differ, first {diffs[:3]}"
+    # the run's own view of the prefill decision; the decode one is overlap-blind
+    assert not router_view_differences(gold, routing)
 
 
 def test_disaggregated_pins_are_checked(tmp_path):

@@ -1,27 +1,29 @@
 #!/usr/bin/env python3
-"""Disaggregated (prefill pool + decode pool) offline trace replay through Dynamo 1.6.1's KV router.
+"""Offline trace replay through Dynamo 1.6.1's KV router: an aggregated pool (``--workers N``) or a
+prefill pool and a decode pool (``--prefill-workers`` / ``--decode-workers``).
 
 Not part of the project or its tests: it makes the reference runs of
 tests/data/kv_router (see its README), in a virtualenv with ai-dynamo 1.6.1 installed
 as ../shared/reference/dynamo/README.md says:
 
-    DYNVENV/bin/python benchmarks/dynamo_disagg_replay.py --trace T --out DIR [flags]
+    DYNVENV/bin/python benchmarks/dynamo_kv_replay.py --trace T --out DIR [flags]
     python benchmarks/dynamo_kv_case.py DIR T CASE tests/data/kv_router
 
-Calls dynamo.replay.run_trace_replay with prefill_engine_args / decode_engine_args (engine dicts carrying
-worker_type "prefill" / "decode"), num_prefill_workers / num_decode_workers, router_mode "kv_router" and
-a KvRouterConfig built from JSON.  Writes into DIR:
+Calls dynamo.replay.run_trace_replay with router_mode "kv_router", a KvRouterConfig built from JSON,
+and either extra_engine_args / num_workers (aggregated) or prefill_engine_args / decode_engine_args
+(engine dicts carrying worker_type "prefill" / "decode") / num_prefill_workers / num_decode_workers.
+Writes into DIR:
 
   payload.json     the exact call (kwargs, router_config JSON, normalized engine args, versions)
   report.json      {"summary": native summary, "coverage": ..., "meta": {...}}
   requests.jsonl   native per-request records, sorted by (arrival, trace line); each record gets one
                    extra key "trace_line" (1-based line of the trace file, matched on arrival/isl/osl)
   decisions.csv    one row per router decision, in decision (log) order:
-                   seq, request_uuid, trace_line, pool (prefill|decode), worker (index in its pool),
+                   seq, request_uuid, trace_line, pool (aggregated|prefill|decode), worker (index in its pool),
                    logit (= the chosen worker's cost), effective_cached_blocks
   router.log       the router's "Selected worker" log lines (ANSI stripped)
 
-Pool of a decision: the log line carries no pool field (worker_type=replay for both).  For vLLM
+Pool of a disaggregated decision: the log line carries no pool field (worker_type=replay for both).  For vLLM
 (source-first handoff) the prefill decision of a request always precedes its decode decision, so the
 first line of a uuid is its prefill decision, the second its decode decision.  The script checks this
 against prefill_worker_idx / decode_worker_idx of the per-request record and the routing_history
@@ -69,6 +71,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--workers", type=int, default=None, help="an aggregated pool of this many workers")
     p.add_argument("--prefill-workers", type=int, default=2)
     p.add_argument("--decode-workers", type=int, default=2)
     p.add_argument("--overlap-score-credit", type=float, default=1.0)
@@ -92,8 +95,10 @@ def main(argv=None) -> int:
               "timing_model": {"type": "polynomial"}}
     if a.engine_json:
         engine.update(json.loads(a.engine_json))
+    aggregated = a.workers is not None
     prefill_args = {"engine": dict(engine, worker_type="prefill")}
     decode_args = {"engine": dict(engine, worker_type="decode")}
+    engine_args = {"engine": engine}
     router_json = {"overlap_score_credit": a.overlap_score_credit,
                    "prefill_load_scale": a.prefill_load_scale,
                    "router_temperature": a.temperature,
@@ -108,11 +113,15 @@ def main(argv=None) -> int:
         from dynamo.llm import KvRouterConfig
         from dynamo.replay import run_trace_replay
         from dynamo._core import _normalize_mocker_config
-        norm_p = _normalize_mocker_config(prefill_args)
-        norm_d = _normalize_mocker_config(decode_args)
-        kwargs = dict(prefill_engine_args=prefill_args, decode_engine_args=decode_args,
-                      num_prefill_workers=a.prefill_workers, num_decode_workers=a.decode_workers,
-                      replay_concurrency=a.concurrency, router_mode="kv_router", trace_format="mooncake",
+        if aggregated:
+            normalized = {"normalized_engine_args": _normalize_mocker_config(engine_args)}
+            kwargs = dict(extra_engine_args=engine_args, num_workers=a.workers)
+        else:
+            normalized = {"normalized_prefill_engine_args": _normalize_mocker_config(prefill_args),
+                          "normalized_decode_engine_args": _normalize_mocker_config(decode_args)}
+            kwargs = dict(prefill_engine_args=prefill_args, decode_engine_args=decode_args,
+                          num_prefill_workers=a.prefill_workers, num_decode_workers=a.decode_workers)
+        kwargs.update(replay_concurrency=a.concurrency, router_mode="kv_router", trace_format="mooncake",
                       trace_block_size=a.trace_block_size, capture_per_request=True,
                       kv_event_lag_ms=a.kv_event_lag_ms)
         w0 = time.perf_counter()
@@ -134,7 +143,7 @@ def main(argv=None) -> int:
     import importlib.metadata as md
     payload = {"api": "dynamo.replay.run_trace_replay", "trace_files": [a.trace], "kwargs": kwargs,
                "router_config_json": router_json,
-               "normalized_prefill_engine_args": norm_p, "normalized_decode_engine_args": norm_d,
+               **normalized,
                "versions": {n: md.version(n) for n in ("ai-dynamo", "ai-dynamo-runtime")}}
     (out / "payload.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
 
@@ -168,14 +177,16 @@ def main(argv=None) -> int:
         rid = m["rid"]
         k = seen.get(rid, 0)
         seen[rid] = k + 1
-        pool = ("prefill", "decode")[k] if k < 2 else f"extra{k}"
+        pools = ("aggregated",) if aggregated else ("prefill", "decode")
+        pool = pools[k] if k < len(pools) else f"extra{k}"
         w = int(m["w"])
         rec = by_uuid.get(rid)
         if rec is None:
             problems.append(f"decision for unknown uuid {rid}")
         else:
             want = rec.get("prefill_worker_idx") if pool == "prefill" else rec.get("decode_worker_idx")
-            hist = [h for h in (rec.get("routing_history") or []) if h.get("pool") == pool]
+            record_pool = "agg" if pool == "aggregated" else pool  # the records' name for it
+            hist = [h for h in (rec.get("routing_history") or []) if h.get("pool") == record_pool]
             if want != w or not hist or hist[0].get("logical_worker_id") != w:
                 problems.append(f"{rid} {pool}: log worker {w} vs record {want} / history {hist[:1]}")
         rows.append({"seq": len(rows), "request_uuid": rid, "trace_line": rec.get("trace_line") if rec else None,
@@ -185,12 +196,14 @@ def main(argv=None) -> int:
                                             "effective_cached_blocks"])
         wr.writeheader()
         wr.writerows(rows)
-    missing = [u for u in by_uuid if seen.get(u, 0) != 2]
+    per_request = 1 if aggregated else 2
+    missing = [u for u in by_uuid if seen.get(u, 0) != per_request]
     if missing:
-        problems.append(f"{len(missing)} requests without exactly 2 decisions")
+        problems.append(f"{len(missing)} requests without exactly {per_request} decisions")
 
     summary = dict(report.summary)
     meta = {"native_wall_s": w1 - w0, "records": len(recs), "decisions": len(rows),
+            "decisions_aggregated": sum(r["pool"] == "aggregated" for r in rows),
             "decisions_prefill": sum(r["pool"] == "prefill" for r in rows),
             "decisions_decode": sum(r["pool"] == "decode" for r in rows),
             "records_without_trace_line": sum(r["trace_line"] is None for r in recs),
@@ -199,7 +212,8 @@ def main(argv=None) -> int:
                                                 indent=1, default=str) + "\n")
     keys = ("num_requests", "completed_requests", "mean_ttft_ms", "p99_ttft_ms", "prefix_cache_reused_ratio")
     print(json.dumps({"out": str(out), **{k: summary.get(k) for k in keys},
-                      **{k: meta[k] for k in ("records", "decisions", "decisions_prefill", "decisions_decode",
+                      **{k: meta[k] for k in ("records", "decisions", "decisions_aggregated", "decisions_prefill",
+                                              "decisions_decode",
                                               "records_without_trace_line")},
                       "problems": len(problems), "other_log_lines": len(other)}))
     return 1 if problems else 0
