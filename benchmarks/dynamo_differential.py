@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from differential import random_trace  # noqa: E402
 from dynamo_kv_case import write_case  # noqa: E402
-from dynamo_runs import (case_payload, decision_differences, read_rows, request_differences,  # noqa: E402
-                         router_view_differences)
+from dynamo_runs import (case_payload, decision_differences, payload_of_call, read_rows,  # noqa: E402
+                         request_differences, router_view_differences)
 
 from aisim_fast.config import parse_payload  # noqa: E402
 from aisim_fast.replay import run_batch, simulation_from_setup  # noqa: E402
@@ -103,12 +103,26 @@ def main() -> int:
                 print(f"{i:4d} {kind:20s} Dynamo timed out after {args.timeout:.0f} s", flush=True)
                 continue
             report = work / "run" / "report.json"
-            summary = json.loads(report.read_text())["summary"] if report.exists() else {}
-            if dyn.returncode != 0 or summary.get("completed_requests") != summary.get("num_requests"):
-                # a run that stopped or left requests unfinished, or whose log could not
-                # be matched to its records: nothing to pin a replay to
-                tally["Dynamo did not finish"] += 1
-                print(f"{i:4d} {kind:20s} Dynamo did not finish: {dyn.stderr.strip()[-200:]}", flush=True)
+            report = json.loads(report.read_text()) if report.exists() else {"summary": {}, "meta": {}}
+            summary = report["summary"]
+            if dyn.returncode != 0 or summary.get("completed_requests") != summary.get("num_requests") \
+                    or report["meta"].get("records_without_trace_line"):
+                # a run that stopped or left requests unfinished, or whose log or records
+                # could not be matched to its trace: nothing to pin a replay to. A stop
+                # (a dead end) is compared with an unpinned replay's: Dynamo's
+                # placements are its own draws, so this only tells whether the config
+                # stops here too
+                message = (dyn.stderr.strip().splitlines() or [""])[-1]
+                outcome = f"Dynamo did not finish: {message[-200:]}"
+                if (work / "run" / "payload.json").exists() and dyn.returncode != 0:
+                    call = json.loads((work / "run" / "payload.json").read_text())
+                    res = run_batch([simulation_from_setup(parse_payload(payload_of_call(call, trace, pin=False)))])
+                    stopped = res.status[0] != "ok"
+                    tally["both stopped" if stopped else "Dynamo stopped, aisim_fast (unpinned) finished"] += 1
+                    outcome += f"; aisim_fast unpinned: {res.status[0]} {res.error[0] or ''}"[:200]
+                else:
+                    tally["Dynamo did not finish"] += 1
+                print(f"{i:4d} {kind:20s} {outcome}", flush=True)
                 continue
             case_dir = work / "case"
             case_dir.mkdir()

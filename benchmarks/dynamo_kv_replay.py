@@ -47,7 +47,11 @@ SEL = re.compile(r'Selected worker .*?request_id="(?P<rid>[^"]+)" worker_id=(?P<
                  r'logit=(?P<logit>[-+\d.eE]+|NaN|inf|-inf) effective_cached_blocks=(?P<ecb>[-+\d.eE]+)')
 
 
-def trace_index(path):
+def trace_index(path, closed_loop=False):
+    """Trace lines by the key a record is matched on: (session, turn) for session rows;
+    else (arrival relative to the first timestamp, isl, osl), or in a closed loop, where
+    a record's arrival is its dispatch, the session Dynamo names the row as
+    (``request_<line>``, turn 0)."""
     rows = []
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -62,7 +66,10 @@ def trace_index(path):
             turns[str(sid)] = k + 1
             idx[("session", str(sid), k)] = [lineno]
             continue
-        key = (float(r.get("timestamp", 0)) - t0, int(r["input_length"]), int(r["output_length"]))
+        if closed_loop:
+            key = ("session", f"request_{lineno}", 0)
+        else:
+            key = (float(r.get("timestamp", 0)) - t0, int(r["input_length"]), int(r["output_length"]))
         idx.setdefault(key, []).append(lineno)
     return idx
 
@@ -124,6 +131,13 @@ def main(argv=None) -> int:
         kwargs.update(replay_concurrency=a.concurrency, router_mode="kv_router", trace_format="mooncake",
                       trace_block_size=a.trace_block_size, capture_per_request=True,
                       kv_event_lag_ms=a.kv_event_lag_ms)
+        # the call first: it is there even when the run stops (a dead end raises)
+        import importlib.metadata as md
+        payload = {"api": "dynamo.replay.run_trace_replay", "trace_files": [a.trace], "kwargs": kwargs,
+                   "router_config_json": router_json,
+                   **normalized,
+                   "versions": {n: md.version(n) for n in ("ai-dynamo", "ai-dynamo-runtime")}}
+        (out / "payload.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
         w0 = time.perf_counter()
         report = run_trace_replay([a.trace], router_config=KvRouterConfig.from_json(json.dumps(router_json)),
                                   **kwargs)
@@ -140,18 +154,20 @@ def main(argv=None) -> int:
              and "VllmKvManager initialized" not in l]
     (out / "router.log").write_text("\n".join(sel_lines) + "\n")
 
-    import importlib.metadata as md
-    payload = {"api": "dynamo.replay.run_trace_replay", "trace_files": [a.trace], "kwargs": kwargs,
-               "router_config_json": router_json,
-               **normalized,
-               "versions": {n: md.version(n) for n in ("ai-dynamo", "ai-dynamo-runtime")}}
-    (out / "payload.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
 
     # per-request records
-    tidx = trace_index(a.trace)
+    closed_loop = a.concurrency is not None
+    tidx = trace_index(a.trace, closed_loop)
     recs = list(report.per_request or [])
     used = set()
-    for r in sorted(recs, key=lambda r: (r["arrival_time_ms"], r["uuid"])):
+    # records of one instant in the order the router decided them (the order the rows
+    # were dispatched in)
+    decided = {}
+    for line in sel_lines:
+        m = SEL.search(line)
+        if m:
+            decided.setdefault(m["rid"], len(decided))
+    for r in sorted(recs, key=lambda r: (r["arrival_time_ms"], decided.get(r["uuid"], len(decided)))):
         if r.get("session_id") is not None and r.get("turn_index") is not None:
             key = ("session", str(r["session_id"]), int(r["turn_index"]))
         else:
