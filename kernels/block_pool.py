@@ -25,10 +25,12 @@ from .layout import (
     EVH_CLOCK_BITS, EVH_KV, EVH_LEN, EVH_OUTPUTS, EV_A, EV_B, EV_BLOCK, EV_C, EV_KIND, EV_KV_REMOVED,
     EV_KV_STORED, EV_REQUEST, EV_TIME_BITS, EV_TOKENS_HASH, EV_WORKER, KV_FIRST, KV_NEXT,
     NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN,
-    PB_PREV, PB_PUB_PASS, PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN,
-    PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED, PW_PASS_NUM, PW_SIM, PW_TAB_MASK, PW_TAB_OFF,
-    SIM_EVENTS_FULL,
+    PB_PREV, PB_PUB_PASS, PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP, PW_GHOST_CAP,
+    PW_GHOST_LEN, PW_GHOST_OFF, PW_GHOST_PASS, PW_LRU_HEAD, PW_LRU_LEN, PW_LRU_TAIL, PW_NUM_COPIES,
+    PW_NUM_RESERVED, PW_PASS_NUM, PW_SIM, PW_TAB_MASK, PW_TAB_OFF, SIM_EVENTS_FULL,
 )
+
+PASS_NUM_MASK = 0x7FFFFFFF  # PB_PUB_PASS / PW_GHOST_PASS keep the low 31 bits of a pass number
 
 
 @njit(cache=True, _nrt=False)
@@ -264,6 +266,36 @@ def kv_events_visible_at(p, s, first_row, t_ms):
 
 
 @njit(cache=True, _nrt=False)
+def _note_ghost(p, w, b, h):
+    """Primary copy ``b`` of hash ``h`` is evicted by the pass running: if h was in the
+    table when that pass started (b published before it; a copy that took b's place
+    by then had its eviction noted already), the KV router still sees h until the pass
+    ends (it learns the removal with the pass's events)."""
+    current = p.w64[w, PW_PASS_NUM] & PASS_NUM_MASK
+    if p.b32[b, PB_PUB_PASS] == current:
+        return
+    if p.w64[w, PW_GHOST_PASS] != current:
+        p.w64[w, PW_GHOST_PASS] = current
+        p.w64[w, PW_GHOST_LEN] = 0
+    n = p.w64[w, PW_GHOST_LEN]
+    p.ghost[p.w64[w, PW_GHOST_OFF] + n] = h
+    p.w64[w, PW_GHOST_LEN] = n + 1
+
+
+@njit(cache=True, _nrt=False)
+def evicted_in_flight(p, w, h):
+    """Whether the pass of worker ``w`` now running (numbered PW_PASS_NUM) evicted hash
+    ``h`` from the table, which held it when the pass started (``_note_ghost``)."""
+    if p.w64[w, PW_GHOST_PASS] != p.w64[w, PW_PASS_NUM] & PASS_NUM_MASK:
+        return False
+    off = p.w64[w, PW_GHOST_OFF]
+    for i in range(p.w64[w, PW_GHOST_LEN]):
+        if p.ghost[off + i] == h:
+            return True
+    return False
+
+
+@njit(cache=True, _nrt=False)
 def _evict_head(p, w, group):
     """Evict the LRU head. Returns True if it was the last copy of its hash
     (the reference reports a ``Removed`` event only then; ``group``: the row's
@@ -275,6 +307,8 @@ def _evict_head(p, w, group):
     last_copy = False
     nxt = p.b32[b, PB_DUP]
     if primary == b:
+        if p.w64[w, PW_GHOST_CAP] > 0:
+            _note_ghost(p, w, b, h)
         if nxt == NO_BLOCK:
             _table_delete(p, w, h)
             last_copy = True
@@ -304,7 +338,7 @@ def cache_copy(p, w, b, h):
     p.blk_hash[b] = h
     p.b32[b, PB_CACHED] = 1
     p.b32[b, PB_DUP] = NO_BLOCK
-    p.b32[b, PB_PUB_PASS] = np.int32(p.w64[w, PW_PASS_NUM] & 0x7FFFFFFF)
+    p.b32[b, PB_PUB_PASS] = np.int32(p.w64[w, PW_PASS_NUM] & PASS_NUM_MASK)
     primary = table_find(p, w, h)
     if primary == NO_BLOCK:
         _table_set(p, w, h, b)

@@ -126,8 +126,6 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
     end_ms = now_ms
     first_end_ms = now_ms
     k = np.int64(0)  # typed: a literal start compiles its callees twice
-    # blocks the run publishes belong to its passes, none of which has ended yet
-    p.w64[w, PW_PASS_NUM] = wk.i64[w, WK_PASS_STAMP] + 1
     while k < k_last and (k == 0 or end_ms < quiet_until):
         pass_k = k + 1
         start_ms = end_ms
@@ -152,6 +150,9 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
                 if growing > obtainable:
                     break
             stamp = (wk.i64[w, WK_PASS_STAMP] + pass_k) * 65536 + (w % 65536) + 1
+            # the blocks this step publishes or evicts are the pass's (kv_router: seen
+            # from its end)
+            p.w64[w, PW_PASS_NUM] = wk.i64[w, WK_PASS_STAMP] + pass_k
             next_event = k_last + 1
             if event_log_on(p):
                 first_event = p.event_log[s, 0, EVH_LEN]
@@ -187,6 +188,7 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
 
     stamp = (wk.i64[w, WK_PASS_STAMP] + k) * 65536 + (w % 65536) + 1
     wk.i64[w, WK_PASS_STAMP] += k
+    p.w64[w, PW_PASS_NUM] = wk.i64[w, WK_PASS_STAMP]  # the run's last pass, maybe in flight
     for j in range(n):
         q = wk.run_q[off + j]
         prompt = rq_i[q, RQ_PROMPT_LEN]

@@ -9,8 +9,10 @@ the pool costs (reference/dynamo/README.md, verified there on every decision)::
   requests routed there whose first token has not been seen of ``isl - B * overlap``
   at their routing; released at the end of the pass that emits the first token.
 * ``overlap_w``: leading complete prompt blocks of the request in w's prefix index.
-  The index learns a block at the end of the pass that stored it: a block published
-  by the pass in flight (``PB_PUB_PASS``) does not count yet.
+  The index learns a block at the end of the pass that stored it, and forgets one at
+  the end of the pass that evicted it: a block published by the pass in flight
+  (``PB_PUB_PASS``) does not count yet, and one it evicted (``block_pool._note_ghost``)
+  still counts.
 * ``D_w`` (``WK_RT_ACTIVE_BLOCKS``): distinct complete prompt blocks over the
   requests active on w (routed, not completed), this request's included; kept in
   a per-worker multiset of block hashes (``wk.rt_key`` / ``rt_count``), released at
@@ -40,7 +42,7 @@ has its own router over its own workers.
 import numpy as np
 from numba import njit
 
-from .block_pool import _mix, table_find
+from .block_pool import PASS_NUM_MASK, _mix, evicted_in_flight, table_find
 from .layout import (
     CFGF_ROUTER_CREDIT, CFGF_ROUTER_LOAD_SCALE, CFGF_ROUTER_TEMPERATURE, CFG_BLOCK_SIZE,
     CFG_ROUTER_PIN, NO_BLOCK, PB_PUB_PASS, PW_PASS_NUM, RL_BEST_OVERLAP, RL_COST, RL_OVERLAP,
@@ -54,7 +56,6 @@ from .placement import next_random
 from .rank_queues import wait_at
 
 RT_NEVER_USED = -1  # rt_count of a slot no hash took since the multiset was (re)built
-PASS_NUM_MASK = 0x7FFFFFFF
 
 
 @njit(cache=True, _nrt=False)
@@ -140,14 +141,17 @@ def _active_count(wk, w, h):
 @njit(cache=True, _nrt=False)
 def _visible_overlap(p, wk, w, phash, p0, n_blocks, now_ms):
     """Leading prompt blocks of the request in w's prefix index as the router sees it
-    at ``now_ms`` (blocks stored by the pass still in flight do not count)."""
+    at ``now_ms``: as of the end of w's last pass, so a pass still in flight has
+    neither stored nor removed anything yet (its KV events come at its end)."""
     in_flight = wk.i64[w, WK_BUSY] != 0 and wk.pass_end_ms[w] > now_ms
     current = p.w64[w, PW_PASS_NUM] & PASS_NUM_MASK
     k = np.int64(0)
     for i in range(n_blocks):
-        b = table_find(p, w, phash[p0 + i])
+        h = phash[p0 + i]
+        b = table_find(p, w, h)
         if b == NO_BLOCK or (in_flight and p.b32[b, PB_PUB_PASS] == current):
-            break
+            if not (in_flight and evicted_in_flight(p, w, h)):
+                break
         k += 1
     return k
 

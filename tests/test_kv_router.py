@@ -37,7 +37,10 @@ CASES = ["1k_vllm_agg4_kv", "1k_vllm_agg4_kv_credit0", "sess200_vllm_agg4_kv",
 # disaggregated runs (dynamo_kv_replay.py): a prefill router (overlap-aware, no D_w)
 # at arrival and a decode router (D_w only) when the source is held
 DISAGG_CASES = ["1k_vllm_disagg2p2d_kv", "1k_vllm_disagg2p2d_kv_credit0", "sess200_vllm_disagg2p2d_kv",
-                "1k_vllm_disagg2p3d_kv_tight", "1k_trtllm_disagg2p2d_kv"]
+                "1k_vllm_disagg2p3d_kv_tight", "1k_trtllm_disagg2p2d_kv",
+                # from benchmarks/dynamo_differential.py: a tight prefill pool evicting
+                # blocks of a request's prefix in the pass in flight at its routing
+                "slice_vllm_disagg1p3d_kv_tight", "slice_vllm_disagg1p2d_kv_tight_nochunk"]
 BLOCK = 64
 
 
