@@ -677,8 +677,10 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     ghost_cap = np.where(overlap_aware, arena, 0)
     pool_w[:, L.PW_GHOST_OFF] = np.concatenate([[0], np.cumsum(ghost_cap)[:-1]])
     pool_w[:, L.PW_GHOST_CAP] = ghost_cap
-    with _small_pages():
-        ghost = reused_buffers.empty("router_ghosts", int(ghost_cap.sum()), np.uint64)
+    ghost = np.zeros(0, np.uint64)
+    if ghost_cap.any():
+        with _small_pages():
+            ghost = reused_buffers.empty("router_ghosts", int(ghost_cap.sum()), np.uint64)
     event_log = {}
     if event_rows > 0:  # row 0 of each simulation is its header (len, clock)
         event_log = dict(event_log=np.zeros((n_sims, 1 + event_rows, L.EV_NUM_COLUMNS), np.int64))

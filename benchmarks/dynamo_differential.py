@@ -1,8 +1,8 @@
 """Differential comparison of the kv_router placement with Dynamo's KV router on random
 configurations (outside CI; the reference wheel places round robin only).
 
-For each case: a random slice of the bundled Mooncake trace (``differential.random_trace``:
-sometimes slowed, sometimes multi-turn), a random pool (aggregated, 2-5 workers, or a
+For each case: a random slice of the bundled Mooncake trace (``differential.random_trace``,
+20-300 rows: sometimes slowed, sometimes multi-turn), a random pool (aggregated, 2-6 workers, or a
 prefill pool and a decode pool), engine (vLLM / TRT-LLM, block 16 / 32 / 64, tight to
 roomy KV pools, small ``max_num_seqs``, small batches, no chunked prefill, lifo / fifo,
 now and then no prefix caching), router knobs (overlap credit, prefill load scale) and,
@@ -57,7 +57,7 @@ def random_case(rng: random.Random) -> tuple[str, list[str]]:
         engine["max_num_batched_tokens"] = 16384
     if rng.random() < 0.1:
         engine["enable_prefix_caching"] = False
-    blocks = rng.choice([300, 600, 1500, 16384]) * 64 // bs  # in tokens: 19k to 1M
+    blocks = rng.choice([200, 300, 600, 1500, 16384]) * 64 // bs  # in tokens: 13k to 1M
     flags = ["--block-size", str(bs),
              "--overlap-score-credit", str(rng.choice([0.0, 0.5, 1.0, 1.0, 2.0])),
              "--prefill-load-scale", str(rng.choice([0.5, 1.0, 1.0, 2.0]))]
@@ -67,7 +67,7 @@ def random_case(rng: random.Random) -> tuple[str, list[str]]:
                   "--num-gpu-blocks", str(blocks)]
     else:
         kind = "agg"
-        flags += ["--workers", str(rng.randint(2, 5)), "--num-gpu-blocks", str(blocks)]
+        flags += ["--workers", str(rng.randint(2, 6)), "--num-gpu-blocks", str(blocks)]
     if rng.random() < 0.2:
         flags += ["--concurrency", str(rng.choice([1, 4, 16]))]
         kind += "/closed"
@@ -90,7 +90,7 @@ def main() -> int:
             work = Path(tmp) / f"case{i:04d}"
             work.mkdir()
             trace = work / "trace.jsonl"
-            random_trace(rng, trace, rows_range=(20, 200))
+            random_trace(rng, trace, rows_range=(20, 300))
             kind, flags = random_case(rng)
             kinds[kind] += 1
             name = f"dyn_seed{args.seed}_case{i:04d}"

@@ -57,7 +57,7 @@ KEPT = {"request_fields", "request_times", "lease", "seq_hash", "radix_pg32", "r
         "block_hash", "block_table"}
 
 
-ROUTER_KEPT = {"router_counts", "router_keys"}
+ROUTER_KEPT = {"router_counts", "router_keys", "router_ghosts"}
 
 
 def _case(case: str):
@@ -72,8 +72,8 @@ def _case(case: str):
 def test_a_run_reads_nothing_a_previous_run_left(keep_everything, monkeypatch, cases):
     """Kept buffers filled with garbage between two runs change nothing: every kept
     array (request rows, leases, keys, radix pages, nodes, child tables and heaps,
-    block arenas and tables, the KV router's active-block sets) is written before it
-    is read."""
+    block arenas and tables, the KV router's active-block sets and evicted-hash lists)
+    is written before it is read."""
     sims = [_case(case) for case in cases]
     routed = [s for s, sim in enumerate(sims) if sim.placement == "kv_router"]
     first = run_batch(sims)
