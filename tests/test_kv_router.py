@@ -215,6 +215,63 @@ def test_router_view_recomputed_from_the_records():
     _assert_router_view_is_the_records(sim, requests, routing)
 
 
+@pytest.mark.parametrize("disaggregated", [False, True])
+def test_overlap_is_the_prefix_index_the_kv_events_tell(disaggregated):
+    """The overlap the router sees on a worker is the worker's prefix index as its KV
+    events tell it at the decision: every Stored and Removed event of the passes
+    ended by then (at the instant of a pass end, that pass's too), none of the pass
+    in flight, whose events come at its end, whether it stores a block or evicts one.
+    Tight pools (300 blocks a worker) on the multi-turn trace evict prefix blocks all
+    along; the chosen worker's overlap and the best over all workers are recomputed
+    from the event stream for every overlap-aware decision."""
+    import dataclasses
+
+    rank = {"backend": "vllm", "block_size": BLOCK, "num_gpu_blocks": 300, "emit_kv_events": True}
+    if disaggregated:
+        n_workers = 2  # the prefill pool's; its workers come first in the event log
+        spec = {"topology": {"kind": "disaggregated", "prefill": {"initial_workers": n_workers},
+                             "decode": {"initial_workers": 2}},
+                "engine": {"prefill": {"rank": rank}, "decode": {"rank": dict(rank, num_gpu_blocks=2000)}}}
+    else:
+        n_workers = 3
+        spec = {"topology": {"kind": "aggregated", "workers": {"initial_workers": n_workers}},
+                "engine": {"rank": rank}}
+    spec["adapters"] = {"placement": {"provider": "kv_router", "config": {"seed": 1}}}
+    setup = parse_payload({"spec": spec, "traffic": {"trace_path": str(TRACES / "sessions_200.jsonl")}})
+    sim = simulation_from_setup(setup)
+    res = run_batch([sim], record_events=True).check()
+    events = res.kv_events[0]
+    events = events[events["kind"].isin(["stored", "removed"]) & (events["worker"] < n_workers)]
+    events = events.sort_values("at_ms", kind="stable")  # a worker's passes come in order
+    wl = sim.workload
+    isl = wl.input_len.astype(np.int64)
+    indptr = count_prompt_blocks(isl, BLOCK)
+    blocks = np.empty(indptr[-1], np.uint64)
+    hash_prompt_blocks(wl.hash_indptr, wl.hash_ids, isl, wl.trace_block_size, BLOCK, indptr, blocks)
+    row_of = {(n, t): i for i, (n, t) in enumerate(zip(wl.request_name, wl.turn_index))}
+    index = [set() for _ in range(n_workers)]
+    applied = 0
+    ev_at = events["at_ms"].to_numpy()
+    ev_w = events["worker"].to_numpy()
+    ev_stored = (events["kind"] == "stored").to_numpy()
+    ev_hash = events["block_hash"].to_numpy(np.uint64)
+    decisions = res.routing[0][res.routing[0]["pool"] != "decode"]
+    for d in decisions.itertuples():
+        while applied < len(events) and ev_at[applied] <= d.time_ms:
+            (index[ev_w[applied]].add if ev_stored[applied] else index[ev_w[applied]].discard)(ev_hash[applied])
+            applied += 1
+        row = row_of[(d.request_id, d.turn_index)]
+        prompt = blocks[indptr[row]:indptr[row + 1]]
+        overlap = []
+        for w in range(n_workers):
+            k = 0
+            while k < len(prompt) and prompt[k] in index[w]:
+                k += 1
+            overlap.append(k)
+        assert (d.overlap_blocks, d.best_overlap_blocks) == (overlap[d.worker], max(overlap)), d
+    assert (events["kind"] == "removed").sum() > 1000  # the pools evicted all along
+
+
 def _assert_router_view_is_the_records(sim, requests, routing):
     wl = sim.workload
     isl = wl.input_len.astype(np.int64)
@@ -403,20 +460,24 @@ def test_independent_workers_replay_the_router_run(case):
     pd.testing.assert_frame_equal(res.routing[0], run(case)[3])
 
 
-@pytest.mark.parametrize("placement", ["kv_router", "random"])
-def test_independent_workers_change_nothing_but_the_order_of_token_folds(placement):
+@pytest.mark.parametrize("placement,num_gpu_blocks", [("kv_router", 16384), ("random", 16384),
+                                                     ("kv_router", 400)])
+def test_independent_workers_change_nothing_but_the_order_of_token_folds(placement, num_gpu_blocks):
     """At a fifth of the trace's rate (long decode runs): the independent run gives
     the requests, decisions and token-gap histogram of the logged one (which runs as
     the whole loop always did), its moments agree to rounding (merged per worker), and
-    stepping it in slices gives the same bits as one call."""
+    stepping it in slices gives the same bits as one call. With a tight pool (400
+    blocks) the decode runs evict prefix blocks, which the router must still see
+    while the run's pass that evicted them is in flight."""
     from aisim_fast.kernels import layout as L
     from aisim_fast.replay import BatchRun
     from aisim_fast.workload import load_mooncake
 
     import dataclasses
 
-    setup = dataclasses.replace(parse_payload(payload("1k_vllm_agg4_kv", pin=False, seed=5)),
-                                placement=placement)
+    setup = parse_payload(payload("1k_vllm_agg4_kv", pin=False, seed=5))
+    setup = dataclasses.replace(setup, placement=placement,
+                                rank=dataclasses.replace(setup.rank, num_gpu_blocks=num_gpu_blocks))
     wl = load_mooncake(TRACES / "mooncake_1k.jsonl", trace_block_size=setup.trace_block_size,
                        arrival_speedup_ratio=0.2)
     sim = simulation_from_setup(setup, wl)
