@@ -33,7 +33,7 @@ from test_properties import SETTINGS, _examples
 DATA = Path(__file__).resolve().parent / "data" / "kv_router"
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
 CASES = ["1k_vllm_agg4_kv", "1k_vllm_agg4_kv_credit0", "sess200_vllm_agg4_kv",
-         "sess200_vllm_agg4_kv_credit0"]
+         "sess200_vllm_agg4_kv_credit0", "10k_vllm_agg8_kv"]
 # disaggregated runs (dynamo_kv_replay.py): a prefill router (overlap-aware, no D_w)
 # at arrival and a decode router (D_w only) when the source is held
 DISAGG_CASES = ["1k_vllm_disagg2p2d_kv", "1k_vllm_disagg2p2d_kv_credit0", "sess200_vllm_disagg2p2d_kv",
@@ -443,7 +443,7 @@ def test_router_view_recomputed_from_the_records_through_rebuilds(case, monkeypa
     _assert_router_view_is_the_records(sim, res.requests[0], res.routing[0])
 
 
-@pytest.mark.parametrize("case", ["1k_vllm_agg4_kv", "1k_vllm_agg4_kv_credit0"])
+@pytest.mark.parametrize("case", ["1k_vllm_agg4_kv", "1k_vllm_agg4_kv_credit0", "10k_vllm_agg8_kv"])
 def test_independent_workers_replay_the_router_run(case):
     """Without a pass log a routed single-turn open-loop run has independent workers
     (replay._workers_independent): a worker's decode runs go on past the others' pass
