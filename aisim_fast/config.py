@@ -450,9 +450,6 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         )
     adapters = _obj("spec.adapters", spec.get("adapters"))
     placement, placement_seed, router = parse_placement(adapters.get("placement"), "spec.adapters.placement")
-    if max(dp, disagg.get("prefill_dp_size", 1)) > 1 and placement == "kv_router":
-        _fail("spec.adapters.placement.provider", "kv_router with attention DP (spec.engine.dp_size "
-                                                  f"{dp}) is not simulated yet; use round_robin or random")
     max_sim_time_ms = None
     if spec.get("max_sim_time_ms") is not None:
         max_sim_time_ms = _float("spec.max_sim_time_ms", spec["max_sim_time_ms"])

@@ -184,9 +184,6 @@ def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
         value = getattr(sim, name)
         if not isinstance(value, (int, np.integer)) or value < 1:
             raise ConfigError(f"{name}: must be an integer >= 1, got {value!r}")
-    if max(sim.dp_size, sim.prefill_dp_size) > 1 and sim.placement == "kv_router":
-        raise ConfigError("placement: kv_router with attention DP (dp_size > 1) is not simulated yet; "
-                          "use round_robin or random")
     check_attention_dp(sim.rank, sim.dp_size, "rank", "decode" if sim.disaggregated else "aggregated")
     if sim.prefill_dp_size > 1 and not sim.disaggregated:
         raise ConfigError("prefill_dp_size: only for a disaggregated simulation (prefill_workers > 0)")
@@ -218,10 +215,12 @@ def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
 
 def _check_pins(sim: Simulation) -> None:
     """pin_to_trace_worker: every row names its worker in each pool (``worker``, or
-    ``prefill_worker`` and ``decode_worker``), inside the pool, and no other."""
+    ``prefill_worker`` and ``decode_worker``), inside the pool, and no other. With
+    attention DP a pin names a rank: ``worker * dp_size + dp_rank`` (the scheduler id
+    of Dynamo's records)."""
     wl = sim.workload
     pins = wl.worker if wl.worker is not None else np.full((wl.num_requests, len(PIN_KEYS)), -1, np.int64)
-    pools = ((1, sim.prefill_workers), (2, sim.workers)) if sim.disaggregated else ((0, sim.workers),)
+    pools = ((1, sim.prefill_ranks), (2, sim.ranks)) if sim.disaggregated else ((0, sim.ranks),)
     used = [k for k, _ in pools]
     for k in range(len(PIN_KEYS)):
         if k not in used and np.any(pins[:, k] >= 0):
@@ -238,8 +237,10 @@ def _check_pins(sim: Simulation) -> None:
                               f"pin_to_trace_worker needs an integer \"{PIN_KEYS[k]}\" on every row")
         if pin.max() >= n_workers:
             row = int(np.argmax(pin))
+            dp = sim.prefill_dp_size if k == 1 else sim.dp_size
+            pool = f"{n_workers} workers" if dp == 1 else f"{n_workers} ranks (workers x dp_size {dp})"
             raise ConfigError(f"{wl.path}, line {int(wl.line_no[row])}: {PIN_KEYS[k]} {int(pin[row])} "
-                              f"is not in the pool of {n_workers} workers")
+                              f"is not in the pool of {pool}")
 
 
 # slots of a KV-router active-block multiset to begin with (kernels.kv_router grows it)
@@ -888,25 +889,30 @@ def _rank_config(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: RankConf
         cfg_f[ws, L.CFGF_SG_DECAY_STEP] = (init - floor) / 600.0
 
 
-ROUTING_COLUMNS = ("request_id", "turn_index", "pool", "worker", "cost", "costs", "overlap_blocks",
+ROUTING_COLUMNS = ("request_id", "turn_index", "pool", "worker", "dp_rank", "cost", "costs", "overlap_blocks",
                    "best_overlap_blocks", "tied", "time_ms")
 
 
 def _routing_frame(sim: Simulation, log: np.ndarray, costs: np.ndarray) -> pd.DataFrame:
     """One row per kv_router decision: the request, the pool it was placed in
     (aggregated, or prefill / decode: a disaggregated request has one decision in
-    each), the chosen worker (index in its pool), its cost and every worker's of the
-    pool, its overlap and the best any worker offered, and how many workers shared the
+    each), the chosen worker (index in its pool) and its attention-DP rank, its cost
+    and every rank's of the pool (worker-major: a worker's ``dp_size`` ranks in a
+    row), its overlap and the best any rank offered, and how many ranks shared the
     lowest cost."""
     rows = log[:, L.RL_REQUEST].astype(np.int64)
     pool = log[:, L.RL_POOL].astype(np.int64)
-    width = np.where(pool == L.ROUTE_PREFILL, sim.prefill_workers, sim.workers)
+    prefill = pool == L.ROUTE_PREFILL
+    width = np.where(prefill, sim.prefill_ranks, sim.ranks)
+    dp = np.where(prefill, sim.prefill_dp_size, sim.dp_size)
+    rank = log[:, L.RL_WORKER].astype(np.int64)
     wl = sim.workload
     return pd.DataFrame({
         "request_id": wl.request_name[rows].astype(str) if len(rows) else np.zeros(0, str),
         "turn_index": wl.turn_index[rows].astype(np.int64),
         "pool": np.array(L.ROUTE_POOL_NAMES, dtype=object)[pool],
-        "worker": log[:, L.RL_WORKER].astype(np.int64),
+        "worker": rank // dp,
+        "dp_rank": rank % dp,
         "cost": log[:, L.RL_COST],
         "costs": [list(r[:k]) for r, k in zip(costs, width.tolist())],
         "overlap_blocks": log[:, L.RL_OVERLAP].astype(np.int64),

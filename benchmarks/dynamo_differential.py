@@ -36,15 +36,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from differential import random_trace  # noqa: E402
 from dynamo_kv_case import write_case  # noqa: E402
-from dynamo_runs import (case_payload, decision_differences, payload_of_call, read_rows,  # noqa: E402
-                         request_differences, router_view_differences)
+from dynamo_runs import (case_payload, decision_differences, dp_sizes, payload_of_call,  # noqa: E402
+                         read_rows, request_differences, router_view_differences)
 
 from aisim_fast.config import parse_payload  # noqa: E402
 from aisim_fast.replay import run_batch, simulation_from_setup  # noqa: E402
 
 
-def random_case(rng: random.Random) -> tuple[str, list[str]]:
-    """(kind, dynamo_kv_replay.py flags) of one random configuration."""
+def random_case(rng: random.Random, dp_fraction: float = 0.0) -> tuple[str, list[str]]:
+    """(kind, dynamo_kv_replay.py flags) of one random configuration; ``dp_fraction`` of
+    them with attention DP (2 or 3 ranks a worker, both pools)."""
     backend = rng.choice(["vllm", "vllm", "trtllm"])
     bs = rng.choice([16, 32, 64])
     engine = {"backend": backend, "block_size": bs,
@@ -71,6 +72,12 @@ def random_case(rng: random.Random) -> tuple[str, list[str]]:
     if rng.random() < 0.2:
         flags += ["--concurrency", str(rng.choice([1, 4, 16]))]
         kind += "/closed"
+    if dp_fraction > 0:
+        dp_rng = random.Random(rng.random())  # drawn last: a seed's other draws stay as they were
+        if dp_rng.random() < dp_fraction:
+            dp = dp_rng.choice([2, 3])
+            flags += ["--dp-size", str(dp)]
+            kind += f"/dp{dp}"
     flags += ["--engine-json", json.dumps(engine)]
     return f"{kind}/{backend}", flags
 
@@ -82,6 +89,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", type=Path, default=None, help="folder for divergent cases")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per Dynamo run")
+    p.add_argument("--dp-fraction", type=float, default=0.0,
+                   help="share of the cases with attention DP (0 keeps earlier seeds' draws)")
     args = p.parse_args()
     tally, kinds = Counter(), Counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,7 +100,7 @@ def main() -> int:
             work.mkdir()
             trace = work / "trace.jsonl"
             random_trace(rng, trace, rows_range=(20, 300))
-            kind, flags = random_case(rng)
+            kind, flags = random_case(rng, args.dp_fraction)
             kinds[kind] += 1
             name = f"dyn_seed{args.seed}_case{i:04d}"
             try:
@@ -137,7 +146,8 @@ def main() -> int:
                     bad = [("stopped", res.status[0], res.error[0])]
                 else:
                     gold = read_rows(case_dir / f"{name}.csv")
-                    bad = request_differences(gold, res.requests[0])
+                    call = json.loads((case_dir / f"{name}.payload.json").read_text())
+                    bad = request_differences(gold, res.requests[0], *dp_sizes(call))
                     bad += decision_differences(read_rows(case_dir / f"{name}.decisions.csv"), res.routing[0])
                     bad += router_view_differences(gold, res.routing[0])
             ok = not bad

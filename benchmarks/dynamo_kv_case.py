@@ -6,7 +6,8 @@ writes <case>.csv (the golden CSV columns + the router's view, with the record
 conversion of ../shared/reference/dynamo/dyn_replay.py), <case>.decisions.csv (every
 decision in the run's order: request, turn, trace line, pool, worker, cost,
 overlap), <case>.payload.json, <case>.report.json and <case>.pinned.jsonl (the
-trace's rows with the run's ``worker``, or ``prefill_worker`` / ``decode_worker``).
+trace's rows with the run's ``worker``, or ``prefill_worker`` / ``decode_worker``: with
+attention DP the rank's scheduler id, ``worker * dp_size + dp_rank``).
 """
 import csv
 import json
@@ -42,16 +43,22 @@ def write_case(run: Path, trace: Path, case: str, dest: Path) -> tuple[int, int]
         for row in rows:
             wr.writerow({k: ("" if v is None else (repr(v) if isinstance(v, float) else v)) for k, v in row.items()})
     by_line = {row["trace_line"]: row for row in rows}
+    kwargs = json.loads((run / "payload.json").read_text())["kwargs"]
+    dp_size = {pool: kwargs.get(f"{key}_engine_args", {}).get("dp_size", 1)
+               for pool, key in (("aggregated", "extra"), ("prefill", "prefill"), ("decode", "decode"))}
     pins = {}
     with open(run / "decisions.csv") as fh, open(dest / f"{case}.decisions.csv", "w", newline="") as out:
         wr = csv.writer(out)
-        wr.writerow(["request_id", "turn_index", "trace_line", "pool", "worker", "cost", "effective_cached_blocks"])
+        wr.writerow(["request_id", "turn_index", "trace_line", "pool", "worker", "dp_rank", "cost",
+                     "effective_cached_blocks"])
         for d in csv.DictReader(fh):
             line = int(d["trace_line"])
             row = by_line[line]
-            wr.writerow([row["request_id"], row["turn_index"], line, d["pool"], d["worker"], d["logit"],
+            dp_rank = int(d.get("dp_rank") or 0)
+            wr.writerow([row["request_id"], row["turn_index"], line, d["pool"], d["worker"], dp_rank, d["logit"],
                          d["effective_cached_blocks"]])
-            pins.setdefault(line, {})[PIN_FIELD[d["pool"]]] = int(d["worker"])
+            # a pin names the rank (its scheduler id) with attention DP
+            pins.setdefault(line, {})[PIN_FIELD[d["pool"]]] = int(d["worker"]) * dp_size[d["pool"]] + dp_rank
     with open(trace) as fh, open(dest / f"{case}.pinned.jsonl", "w") as out:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():

@@ -20,7 +20,7 @@ Writes into DIR:
                    extra key "trace_line" (1-based line of the trace file, matched on arrival/isl/osl)
   decisions.csv    one row per router decision, in decision (log) order:
                    seq, request_uuid, trace_line, pool (aggregated|prefill|decode), worker (index in its pool),
-                   logit (= the chosen worker's cost), effective_cached_blocks
+                   dp_rank (its attention-DP rank), logit (= the chosen rank's cost), effective_cached_blocks
   router.log       the router's "Selected worker" log lines (ANSI stripped)
 
 Pool of a disaggregated decision: the log line carries no pool field (worker_type=replay for both).  For vLLM
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-SEL = re.compile(r'Selected worker .*?request_id="(?P<rid>[^"]+)" worker_id=(?P<w>\d+) .*?'
+SEL = re.compile(r'Selected worker .*?request_id="(?P<rid>[^"]+)" worker_id=(?P<w>\d+) (?:.*?dp_rank=(?P<dp>\d+) )?.*?'
                  r'logit=(?P<logit>[-+\d.eE]+|NaN|inf|-inf) effective_cached_blocks=(?P<ecb>[-+\d.eE]+)')
 
 
@@ -79,6 +79,8 @@ def main(argv=None) -> int:
     p.add_argument("--trace", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--workers", type=int, default=None, help="an aggregated pool of this many workers")
+    p.add_argument("--dp-size", type=int, default=1, help="attention-DP ranks of each worker (both pools)")
+    p.add_argument("--prefill-dp-size", type=int, default=None, help="the prefill pool's, if other")
     p.add_argument("--prefill-workers", type=int, default=2)
     p.add_argument("--decode-workers", type=int, default=2)
     p.add_argument("--overlap-score-credit", type=float, default=1.0)
@@ -103,9 +105,10 @@ def main(argv=None) -> int:
     if a.engine_json:
         engine.update(json.loads(a.engine_json))
     aggregated = a.workers is not None
-    prefill_args = {"engine": dict(engine, worker_type="prefill")}
-    decode_args = {"engine": dict(engine, worker_type="decode")}
-    engine_args = {"engine": engine}
+    prefill_dp = a.dp_size if a.prefill_dp_size is None else a.prefill_dp_size
+    prefill_args = {"engine": dict(engine, worker_type="prefill"), "dp_size": prefill_dp}
+    decode_args = {"engine": dict(engine, worker_type="decode"), "dp_size": a.dp_size}
+    engine_args = {"engine": engine, "dp_size": a.dp_size}
     router_json = {"overlap_score_credit": a.overlap_score_credit,
                    "prefill_load_scale": a.prefill_load_scale,
                    "router_temperature": a.temperature,
@@ -196,20 +199,26 @@ def main(argv=None) -> int:
         pools = ("aggregated",) if aggregated else ("prefill", "decode")
         pool = pools[k] if k < len(pools) else f"extra{k}"
         w = int(m["w"])
+        dp_rank = int(m["dp"] or 0)
+        dp = prefill_dp if pool == "prefill" else a.dp_size
         rec = by_uuid.get(rid)
         if rec is None:
             problems.append(f"decision for unknown uuid {rid}")
         else:
+            # the records name the rank by its scheduler id (worker x dp_size + dp_rank)
             want = rec.get("prefill_worker_idx") if pool == "prefill" else rec.get("decode_worker_idx")
             record_pool = "agg" if pool == "aggregated" else pool  # the records' name for it
             hist = [h for h in (rec.get("routing_history") or []) if h.get("pool") == record_pool]
-            if want != w or not hist or hist[0].get("logical_worker_id") != w:
-                problems.append(f"{rid} {pool}: log worker {w} vs record {want} / history {hist[:1]}")
+            if want != w * dp + dp_rank or not hist or hist[0].get("logical_worker_id") != w \
+                    or hist[0].get("dp_rank", 0) != dp_rank:
+                problems.append(f"{rid} {pool}: log worker {w} rank {dp_rank} vs record {want} / "
+                                f"history {hist[:1]}")
         rows.append({"seq": len(rows), "request_uuid": rid, "trace_line": rec.get("trace_line") if rec else None,
-                     "pool": pool, "worker": w, "logit": m["logit"], "effective_cached_blocks": m["ecb"]})
+                     "pool": pool, "worker": w, "dp_rank": dp_rank, "logit": m["logit"],
+                     "effective_cached_blocks": m["ecb"]})
     with open(out / "decisions.csv", "w", newline="", encoding="utf-8") as fh:
-        wr = csv.DictWriter(fh, fieldnames=["seq", "request_uuid", "trace_line", "pool", "worker", "logit",
-                                            "effective_cached_blocks"])
+        wr = csv.DictWriter(fh, fieldnames=["seq", "request_uuid", "trace_line", "pool", "worker", "dp_rank",
+                                            "logit", "effective_cached_blocks"])
         wr.writeheader()
         wr.writerows(rows)
     per_request = 1 if aggregated else 2

@@ -31,8 +31,12 @@ SGLang's ``prefill_decode_interval`` counts group passes: each rank notes what i
 pass did and the group's end applies the countdown to every rank
 (``sglang_core.finish_group_pass``).
 
-Not simulated with attention DP (the configuration refuses them): the kv_router,
-the rank protocol."""
+The kv_router routes over every rank of a pool (``kernels.kv_router``): each rank has
+its own prefill load, active blocks and prefix index, as Dynamo's router sees the
+(worker, dp_rank) pairs. A rank that sits out a group pass has no pass of its own in
+flight (``block_pool.NO_PASS``): everything it stored or evicted is seen.
+
+Not simulated with attention DP (the configuration refuses it): the rank protocol."""
 
 import numpy as np
 from numba import njit

@@ -31,6 +31,7 @@ from .layout import (
 )
 
 PASS_NUM_MASK = 0x7FFFFFFF  # PB_PUB_PASS / PW_GHOST_PASS keep the low 31 bits of a pass number
+NO_PASS = -1  # PW_PASS_NUM of an attention-DP rank that sits out its group's pass
 
 
 @njit(cache=True, _nrt=False)

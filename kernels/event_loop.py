@@ -37,7 +37,7 @@ import numpy as np
 from numba import njit
 
 from . import cache_lock, compile_notice, mark_compiled
-from .block_pool import event_log_on, event_set_clock, kv_events_visible_at, outputs_logged
+from .block_pool import NO_PASS, event_log_on, event_set_clock, kv_events_visible_at, outputs_logged
 from .arrivals import admit_arrivals, arrivals_due, complete_group, complete_pass, next_release_ms
 from .attention_dp import (begin_group_pass, end_group_pass, group_has_work, group_woken,
                            rank_has_work, rank_queued)
@@ -49,7 +49,7 @@ from .layout import (
     CFG_DP_RANK, CFG_DP_SIZE, CFG_POLICY, POLICY_SGLANG, SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END,
     SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH, SIM_PAUSED, SIM_RUNNING,
     EVH_LEN, SM_DECODE_RUN_PASSES, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN,
-    SM_DEAD_IN_FLIGHT, SM_INDEPENDENT, SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY,
+    SM_DEAD_IN_FLIGHT, SM_INDEPENDENT, SM_Q_LEN, SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, PW_PASS_NUM, WK_BUSY,
     WK_LAST_PASS_NS, WK_OVERFLOW, WK_RUN_LEN,
     WK_SG_READY_LEN, WK_STALLED, WK_WAIT_LEN,
 )
@@ -158,7 +158,11 @@ def _event_loop(disaggregated, sglang=False):
                             had_effect = False
                             for r in range(w, w + dp):
                                 if not rank_has_work(wk, r):
-                                    continue  # it waits for the barrier all the same
+                                    # it waits for the barrier all the same, with no pass
+                                    # of its own in flight (kv_router: all it stored and
+                                    # evicted is seen)
+                                    p.w64[r, PW_PASS_NUM] = NO_PASS
+                                    continue
                                 rank_end_ms, rank_effect, arena_full = pass_kernel(
                                     cfg, p, rq, wl, wk, sims, s, r, now_ms, acc, hits, fresh, scratch_tokens)
                                 if arena_full:

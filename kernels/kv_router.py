@@ -42,7 +42,7 @@ has its own router over its own workers.
 import numpy as np
 from numba import njit
 
-from .block_pool import PASS_NUM_MASK, _mix, evicted_in_flight, table_find
+from .block_pool import NO_PASS, PASS_NUM_MASK, _mix, evicted_in_flight, table_find
 from .layout import (
     CFGF_ROUTER_CREDIT, CFGF_ROUTER_LOAD_SCALE, CFGF_ROUTER_TEMPERATURE, CFG_BLOCK_SIZE,
     CFG_ROUTER_PIN, NO_BLOCK, PB_PUB_PASS, PW_PASS_NUM, RL_BEST_OVERLAP, RL_COST, RL_OVERLAP,
@@ -143,7 +143,7 @@ def _visible_overlap(p, wk, w, phash, p0, n_blocks, now_ms):
     """Leading prompt blocks of the request in w's prefix index as the router sees it
     at ``now_ms``: as of the end of w's last pass, so a pass still in flight has
     neither stored nor removed anything yet (its KV events come at its end)."""
-    in_flight = wk.i64[w, WK_BUSY] != 0 and wk.pass_end_ms[w] > now_ms
+    in_flight = wk.i64[w, WK_BUSY] != 0 and wk.pass_end_ms[w] > now_ms and p.w64[w, PW_PASS_NUM] != NO_PASS
     current = p.w64[w, PW_PASS_NUM] & PASS_NUM_MASK
     k = np.int64(0)
     for i in range(n_blocks):

@@ -33,17 +33,19 @@ def payload_of_call(call: dict, trace, *, pin: bool, seed: int = 0, **knobs) -> 
               "router_temperature": router["router_temperature"],
               "pin_to_trace_worker": pin, "seed": seed, **knobs}
     if "prefill_engine_args" in kwargs:
-        def rank(role):
-            engine = dict(kwargs[f"{role}_engine_args"]["engine"])
+        def pool(role):
+            args = kwargs[f"{role}_engine_args"]
+            engine = dict(args["engine"])
             del engine["worker_type"]
-            return {"rank": engine}
+            return {"rank": engine, "dp_size": args.get("dp_size", 1)}
         topology = {"kind": "disaggregated",
                     "prefill": {"initial_workers": kwargs["num_prefill_workers"]},
                     "decode": {"initial_workers": kwargs["num_decode_workers"]}}
-        engine = {"prefill": rank("prefill"), "decode": rank("decode")}
+        engine = {"prefill": pool("prefill"), "decode": pool("decode")}
     else:
         topology = {"kind": "aggregated", "workers": {"initial_workers": kwargs["num_workers"]}}
-        engine = {"rank": dict(kwargs["extra_engine_args"]["engine"])}
+        engine = {"rank": dict(kwargs["extra_engine_args"]["engine"]),
+                  "dp_size": kwargs["extra_engine_args"].get("dp_size", 1)}
     traffic = {"trace_path": str(trace), "trace_block_size": kwargs["trace_block_size"]}
     if kwargs.get("replay_concurrency") is not None:
         traffic.update(load_type="concurrency", replay_concurrency=kwargs["replay_concurrency"])
@@ -63,9 +65,24 @@ def read_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
-def request_differences(gold: list[dict], requests) -> list[tuple]:
+def dp_sizes(call: dict) -> tuple[int, int]:
+    """(dp_size of the aggregated or decode pool, of the prefill pool) of a run's call."""
+    kwargs = call["kwargs"]
+    if "prefill_engine_args" in kwargs:
+        return (kwargs["decode_engine_args"].get("dp_size", 1), kwargs["prefill_engine_args"].get("dp_size", 1))
+    return kwargs["extra_engine_args"].get("dp_size", 1), 1
+
+
+def request_differences(gold: list[dict], requests, dp_size: int = 1, prefill_dp_size: int = 1) -> list[tuple]:
     """[(request, turn, column, run's cell, replay's cell)] over the timeline columns,
-    exact; a request missing from either side is one entry."""
+    exact; a request missing from either side is one entry. With attention DP the
+    run's workers are ranks (scheduler ids, ``worker * dp_size + dp_rank``)."""
+    if dp_size > 1:
+        rank = requests["worker"] * dp_size + requests["dp_rank"]
+        requests = requests.assign(worker=rank, decode_worker=rank)
+    if prefill_dp_size > 1:
+        requests = requests.assign(prefill_worker=requests["prefill_worker"] * prefill_dp_size
+                                   + requests["prefill_dp_rank"])
     cand = {(r["request_id"], int(r["turn_index"])): r for r in requests.to_dict("records")}
     diffs = [(key[0], key[1], "missing from the run", None, None)
              for key in cand.keys() - {(row["request_id"], int(row["turn_index"])) for row in gold}]
@@ -84,17 +101,18 @@ def request_differences(gold: list[dict], requests) -> list[tuple]:
 
 def decision_differences(decisions: list[dict], routing) -> list[tuple]:
     """[(decision index, field, run's value, replay's value)]: the routing log against
-    the run's decisions in the run's order (request, pool, worker, cost, overlap)."""
+    the run's decisions in the run's order (request, pool, worker, DP rank, cost,
+    overlap)."""
     logged = routing.to_dict("records")
     diffs = []
     if len(logged) != len(decisions):
         diffs.append((None, "decisions", len(decisions), len(logged)))
     for i, (d, r) in enumerate(zip(decisions, logged)):
         want = {"request": (d["request_id"], int(d["turn_index"])), "pool": d.get("pool", "aggregated"),
-                "worker": int(d["worker"]), "cost": float(d["cost"]),
+                "worker": int(d["worker"]), "dp_rank": int(d.get("dp_rank") or 0), "cost": float(d["cost"]),
                 "overlap_blocks": float(d["effective_cached_blocks"])}
         got = {"request": (r["request_id"], int(r["turn_index"])), "pool": r["pool"], "worker": r["worker"],
-               "cost": r["cost"], "overlap_blocks": r["overlap_blocks"]}
+               "dp_rank": r["dp_rank"], "cost": r["cost"], "overlap_blocks": r["overlap_blocks"]}
         diffs.extend((i, k, want[k], got[k]) for k in want if want[k] != got[k])
     return diffs
 

@@ -197,8 +197,6 @@ def test_gpus_per_worker_count_every_rank():
 
 @pytest.mark.parametrize("edit, message", [
     (lambda p: p["spec"]["engine"].update(dp_size=0), "spec.engine.dp_size: must be an integer >= 1"),
-    (lambda p: p["spec"]["adapters"].update(placement={"provider": "kv_router"}),
-     "spec.adapters.placement.provider: kv_router with attention DP"),
     (lambda p: p["spec"]["engine"]["rank"].update(sglang={"chunked_prefill_size": 1}),
      "spec.engine.rank.sglang.chunked_prefill_size: each of the 2 attention-DP ranks"),
 ])

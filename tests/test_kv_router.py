@@ -26,21 +26,23 @@ from aisim_fast.config import ConfigError, parse_payload
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
 from aisim_fast.output import requests_in_uuid_order, summarize_replay
 from aisim_fast.replay import run_batch, simulation_from_setup
-from dynamo_runs import (case_payload, decision_differences, read_rows, request_differences,
+from dynamo_runs import (case_payload, decision_differences, dp_sizes, read_rows, request_differences,
                          router_view_differences)
 from test_properties import SETTINGS, _examples
 
 DATA = Path(__file__).resolve().parent / "data" / "kv_router"
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
 CASES = ["1k_vllm_agg4_kv", "1k_vllm_agg4_kv_credit0", "sess200_vllm_agg4_kv",
-         "sess200_vllm_agg4_kv_credit0", "10k_vllm_agg8_kv"]
+         "sess200_vllm_agg4_kv_credit0", "10k_vllm_agg8_kv",
+         "1k_vllm_agg2dp2_kv"]  # 2 workers of 2 attention-DP ranks: 4 routed ranks
 # disaggregated runs (dynamo_kv_replay.py): a prefill router (overlap-aware, no D_w)
 # at arrival and a decode router (D_w only) when the source is held
 DISAGG_CASES = ["1k_vllm_disagg2p2d_kv", "1k_vllm_disagg2p2d_kv_credit0", "sess200_vllm_disagg2p2d_kv",
                 "1k_vllm_disagg2p3d_kv_tight", "1k_trtllm_disagg2p2d_kv",
                 # from benchmarks/dynamo_differential.py: a tight prefill pool evicting
                 # blocks of a request's prefix in the pass in flight at its routing
-                "slice_vllm_disagg1p3d_kv_tight", "slice_vllm_disagg1p2d_kv_tight_nochunk"]
+                "slice_vllm_disagg1p3d_kv_tight", "slice_vllm_disagg1p2d_kv_tight_nochunk",
+                "1k_vllm_disagg2p2d_dp2_kv"]
 BLOCK = 64
 
 
@@ -63,7 +65,7 @@ def run(case, pin=True, seed=0, **knobs):
 
 def _assert_requests_match(case, requests):
     gold = read_rows(DATA / f"{case}.csv")
-    diffs = request_differences(gold, requests)
+    diffs = request_differences(gold, requests, *dp_sizes(json.loads((DATA / f"{case}.payload.json").read_text())))
     assert not diffs, f"{case}: {len(diffs)} cells differ, first {diffs[:3]}"
     return gold
 
