@@ -498,9 +498,6 @@ def _setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
                         workers=_flag_count(args.workers, "--workers"),
                         dp_size=1 if args.dp_size is None else _flag_count(args.dp_size, "--dp-size"))
         check_attention_dp(topology["rank"], topology["dp_size"], "--engine-args")
-    if max(topology["dp_size"], topology.get("prefill_dp_size", 1)) > 1 and args.placement == "kv_router":
-        raise ConfigError("--placement: kv_router with attention DP (--dp-size, --prefill-dp-size, "
-                          "--decode-dp-size) is not simulated yet; use round_robin or random")
     concurrency = 0
     if args.concurrency is not None:
         if args.concurrency < 1:

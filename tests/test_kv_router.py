@@ -410,6 +410,26 @@ def test_cli_writes_the_routing_log(tmp_path):
         rel=1e-12)
 
 
+def test_cli_routes_attention_dp_ranks(tmp_path):
+    """``--dp-size 2 --placement kv_router``: the pinned attention-DP run through the CLI,
+    every decision naming its worker and rank as Dynamo's did."""
+    from aisim_fast.cli import main
+
+    case = "1k_vllm_agg2dp2_kv"
+    out = tmp_path / "run"
+    assert main([
+        "replay", str(DATA / f"{case}.pinned.jsonl"), "--backend", "vllm", "--workers", "2", "--dp-size", "2",
+        "--placement", "kv_router", "--router-json", '{"pin_to_trace_worker": true}',
+        "--out", str(out), "--quiet"]) == 0
+    routing = pd.read_parquet(out / "routing.parquet")
+    decisions = read_rows(DATA / f"{case}.decisions.csv")
+    assert routing["worker"].tolist() == [int(d["worker"]) for d in decisions]
+    assert routing["dp_rank"].tolist() == [int(d["dp_rank"]) for d in decisions]
+    assert set(routing["dp_rank"]) == {0, 1} and (routing["costs"].map(len) == 4).all()
+    assert json.loads((out / "summary.json").read_text())["mean_ttft_ms"] == pytest.approx(
+        json.loads((DATA / f"{case}.report.json").read_text())["summary"]["mean_ttft_ms"], rel=1e-12)
+
+
 @pytest.mark.parametrize("case", ["sess200_vllm_agg4_kv_credit0", "1k_vllm_agg4_kv"])
 def test_active_block_sets_grow_and_rebuild_without_changing_a_decision(case, monkeypatch):
     """Each worker's active-block multiset starts small and grows in the kernel,
