@@ -671,17 +671,17 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         blk_hash = reused_buffers.empty("block_hash", n_b, np.uint64)
     pool_w[:, L.PW_SIM] = np.repeat(np.arange(n_sims), w_len)
     # the workers whose prefix index a kv_router reads (aggregated and prefill pools): a
-    # region of pool.ghost each, as large as the arena (a pass evicts each copy at most
-    # once); only its first PW_GHOST_LEN slots are read
+    # region of pool.evicted_hash each, as large as the arena (a pass evicts each copy
+    # at most once); only its first PW_EVICTED_LEN slots are read
     overlap_aware = np.repeat([sim.placement == "kv_router" for sim in sims], w_len) \
         & (cfg_i[:, L.CFG_ROLE] != L.ROLE_DECODE)
-    ghost_cap = np.where(overlap_aware, arena, 0)
-    pool_w[:, L.PW_GHOST_OFF] = np.concatenate([[0], np.cumsum(ghost_cap)[:-1]])
-    pool_w[:, L.PW_GHOST_CAP] = ghost_cap
-    ghost = np.zeros(0, np.uint64)
-    if ghost_cap.any():
+    evicted_cap = np.where(overlap_aware, arena, 0)
+    pool_w[:, L.PW_EVICTED_OFF] = np.concatenate([[0], np.cumsum(evicted_cap)[:-1]])
+    pool_w[:, L.PW_EVICTED_CAP] = evicted_cap
+    evicted_hash = np.zeros(0, np.uint64)
+    if evicted_cap.any():
         with _small_pages():
-            ghost = reused_buffers.empty("router_ghosts", int(ghost_cap.sum()), np.uint64)
+            evicted_hash = reused_buffers.empty("router_evicted", int(evicted_cap.sum()), np.uint64)
     event_log = {}
     if event_rows > 0:  # row 0 of each simulation is its header (len, clock)
         event_log = dict(event_log=np.zeros((n_sims, 1 + event_rows, L.EV_NUM_COLUMNS), np.int64))
@@ -695,8 +695,8 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
             radix["radix"] = rad._replace(pg_hash=np.empty(len(rad.pg_key), np.uint64),
                                           event_log=event_log["event_log"])
     pool = L.Pool(w64=pool_w, b32=b32, blk_hash=blk_hash,
-                  tab=reused_buffers.empty("block_table", int(tab_size.sum()), np.int32), ghost=ghost,
-                  **event_log, **radix)
+                  tab=reused_buffers.empty("block_table", int(tab_size.sum()), np.int32),
+                  evicted_hash=evicted_hash, **event_log, **radix)
     _reset_pools(pool)
 
     wk_i = L.WORKER.new(n_w)

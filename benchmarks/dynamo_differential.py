@@ -125,7 +125,8 @@ def main() -> int:
                 outcome = f"Dynamo did not finish: {message[-200:]}"
                 if (work / "run" / "payload.json").exists() and dyn.returncode != 0:
                     call = json.loads((work / "run" / "payload.json").read_text())
-                    res = run_batch([simulation_from_setup(parse_payload(payload_of_call(call, trace, pin=False)))])
+                    unpinned = parse_payload(payload_of_call(call, trace, pin=False))
+                    res = run_batch([simulation_from_setup(unpinned)])
                     stopped = res.status[0] != "ok"
                     tally["both stopped" if stopped else "Dynamo stopped, aisim_fast (unpinned) finished"] += 1
                     outcome += f"; aisim_fast unpinned: {res.status[0]} {res.error[0] or ''}"[:200]

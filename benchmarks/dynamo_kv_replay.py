@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-SEL = re.compile(r'Selected worker .*?request_id="(?P<rid>[^"]+)" worker_id=(?P<w>\d+) (?:.*?dp_rank=(?P<dp>\d+) )?.*?'
+SEL = re.compile(r'Selected worker .*?request_id="(?P<rid>[^"]+)" worker_id=(?P<w>\d+) '
+                 r'(?:.*?dp_rank=(?P<dp>\d+) )?.*?'
                  r'logit=(?P<logit>[-+\d.eE]+|NaN|inf|-inf) effective_cached_blocks=(?P<ecb>[-+\d.eE]+)')
 
 

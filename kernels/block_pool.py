@@ -25,12 +25,12 @@ from .layout import (
     EVH_CLOCK_BITS, EVH_KV, EVH_LEN, EVH_OUTPUTS, EV_A, EV_B, EV_BLOCK, EV_C, EV_KIND, EV_KV_REMOVED,
     EV_KV_STORED, EV_REQUEST, EV_TIME_BITS, EV_TOKENS_HASH, EV_WORKER, KV_FIRST, KV_NEXT,
     NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN,
-    PB_PREV, PB_PUB_PASS, PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP, PW_GHOST_CAP,
-    PW_GHOST_LEN, PW_GHOST_OFF, PW_GHOST_PASS, PW_LRU_HEAD, PW_LRU_LEN, PW_LRU_TAIL, PW_NUM_COPIES,
+    PB_PREV, PB_PUB_PASS, PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP, PW_EVICTED_CAP,
+    PW_EVICTED_LEN, PW_EVICTED_OFF, PW_EVICTED_PASS, PW_LRU_HEAD, PW_LRU_LEN, PW_LRU_TAIL, PW_NUM_COPIES,
     PW_NUM_RESERVED, PW_PASS_NUM, PW_SIM, PW_TAB_MASK, PW_TAB_OFF, SIM_EVENTS_FULL,
 )
 
-PASS_NUM_MASK = 0x7FFFFFFF  # PB_PUB_PASS / PW_GHOST_PASS keep the low 31 bits of a pass number
+PASS_NUM_MASK = 0x7FFFFFFF  # PB_PUB_PASS / PW_EVICTED_PASS keep the low 31 bits of a pass number
 NO_PASS = -1  # PW_PASS_NUM of an attention-DP rank that sits out its group's pass
 
 
@@ -267,7 +267,7 @@ def kv_events_visible_at(p, s, first_row, t_ms):
 
 
 @njit(cache=True, _nrt=False)
-def _note_ghost(p, w, b, h):
+def _note_evicted(p, w, b, h):
     """Primary copy ``b`` of hash ``h`` is evicted by the pass running: if h was in the
     table when that pass started (b published before it; a copy that took b's place
     by then had its eviction noted already), the KV router still sees h until the pass
@@ -275,23 +275,23 @@ def _note_ghost(p, w, b, h):
     current = p.w64[w, PW_PASS_NUM] & PASS_NUM_MASK
     if p.b32[b, PB_PUB_PASS] == current:
         return
-    if p.w64[w, PW_GHOST_PASS] != current:
-        p.w64[w, PW_GHOST_PASS] = current
-        p.w64[w, PW_GHOST_LEN] = 0
-    n = p.w64[w, PW_GHOST_LEN]
-    p.ghost[p.w64[w, PW_GHOST_OFF] + n] = h
-    p.w64[w, PW_GHOST_LEN] = n + 1
+    if p.w64[w, PW_EVICTED_PASS] != current:
+        p.w64[w, PW_EVICTED_PASS] = current
+        p.w64[w, PW_EVICTED_LEN] = 0
+    n = p.w64[w, PW_EVICTED_LEN]
+    p.evicted_hash[p.w64[w, PW_EVICTED_OFF] + n] = h
+    p.w64[w, PW_EVICTED_LEN] = n + 1
 
 
 @njit(cache=True, _nrt=False)
 def evicted_in_flight(p, w, h):
     """Whether the pass of worker ``w`` now running (numbered PW_PASS_NUM) evicted hash
-    ``h`` from the table, which held it when the pass started (``_note_ghost``)."""
-    if p.w64[w, PW_GHOST_PASS] != p.w64[w, PW_PASS_NUM] & PASS_NUM_MASK:
+    ``h`` from the table, which held it when the pass started (``_note_evicted``)."""
+    if p.w64[w, PW_EVICTED_PASS] != p.w64[w, PW_PASS_NUM] & PASS_NUM_MASK:
         return False
-    off = p.w64[w, PW_GHOST_OFF]
-    for i in range(p.w64[w, PW_GHOST_LEN]):
-        if p.ghost[off + i] == h:
+    off = p.w64[w, PW_EVICTED_OFF]
+    for i in range(p.w64[w, PW_EVICTED_LEN]):
+        if p.evicted_hash[off + i] == h:
             return True
     return False
 
@@ -308,8 +308,8 @@ def _evict_head(p, w, group):
     last_copy = False
     nxt = p.b32[b, PB_DUP]
     if primary == b:
-        if p.w64[w, PW_GHOST_CAP] > 0:
-            _note_ghost(p, w, b, h)
+        if p.w64[w, PW_EVICTED_CAP] > 0:
+            _note_evicted(p, w, b, h)
         if nxt == NO_BLOCK:
             _table_delete(p, w, h)
             last_copy = True

@@ -11,7 +11,7 @@ the pool costs (reference/dynamo/README.md, verified there on every decision)::
 * ``overlap_w``: leading complete prompt blocks of the request in w's prefix index.
   The index learns a block at the end of the pass that stored it, and forgets one at
   the end of the pass that evicted it: a block published by the pass in flight
-  (``PB_PUB_PASS``) does not count yet, and one it evicted (``block_pool._note_ghost``)
+  (``PB_PUB_PASS``) does not count yet, and one it evicted (``block_pool._note_evicted``)
   still counts.
 * ``D_w`` (``WK_RT_ACTIVE_BLOCKS``): distinct complete prompt blocks over the
   requests active on w (routed, not completed), this request's included; kept in
@@ -143,7 +143,8 @@ def _visible_overlap(p, wk, w, phash, p0, n_blocks, now_ms):
     """Leading prompt blocks of the request in w's prefix index as the router sees it
     at ``now_ms``: as of the end of w's last pass, so a pass still in flight has
     neither stored nor removed anything yet (its KV events come at its end)."""
-    in_flight = wk.i64[w, WK_BUSY] != 0 and wk.pass_end_ms[w] > now_ms and p.w64[w, PW_PASS_NUM] != NO_PASS
+    in_flight = wk.i64[w, WK_BUSY] != 0 and wk.pass_end_ms[w] > now_ms \
+        and p.w64[w, PW_PASS_NUM] != NO_PASS  # an attention-DP rank sitting out its group's pass
     current = p.w64[w, PW_PASS_NUM] & PASS_NUM_MASK
     k = np.int64(0)
     for i in range(n_blocks):

@@ -278,11 +278,11 @@ POOL_W = _declare(FieldTable("PW_", "pool.w64", np.int64, [
                     "garbage until block_pool._take_slot initializes them"),
     ("SIM", 0, "", "simulation of the worker (its KV event log row)"),
     ("PASS_NUM", 0, "", "the worker's pass counter as of its latest pass start (PB_PUB_PASS)"),
-    ("GHOST_OFF", 0, "", "kv_router: first slot of the worker's region of pool.ghost"),
-    ("GHOST_CAP", 0, "", "kv_router: its slots (the worker's arena; 0 = the router does not read "
-                         "this pool's prefix index)"),
-    ("GHOST_LEN", 0, "", "kv_router: hashes in it, all evicted by the pass numbered GHOST_PASS"),
-    ("GHOST_PASS", -1, "", "kv_router: low 31 bits of PW_PASS_NUM of the pass that evicted them"),
+    ("EVICTED_OFF", 0, "", "kv_router: first slot of the worker's region of pool.evicted_hash"),
+    ("EVICTED_CAP", 0, "", "kv_router: its slots (the worker's arena; 0 = the router does not read "
+                           "this pool's prefix index)"),
+    ("EVICTED_LEN", 0, "", "kv_router: hashes in it, all evicted by the pass numbered EVICTED_PASS"),
+    ("EVICTED_PASS", -1, "", "kv_router: low 31 bits of PW_PASS_NUM of the pass that evicted them"),
 ]))
 PW_FIELDS = POOL_W.width
 # PB_DUP / PB_DUP_PREV link the copies of one hash oldest first; PB_DUP_TAIL is
@@ -676,10 +676,10 @@ class Pool(NamedTuple):
     b32: np.ndarray       # int32[b, PB_FIELDS] (free stack, refs, pins, cached flag, LRU, duplicates)
     blk_hash: np.ndarray  # uint64[b] sequence hash of a cached copy
     tab: np.ndarray       # int32[t] primary copy of a hash, NO_BLOCK = empty slot
-    # uint64[g]: per worker the router reads (PW_GHOST_*), the hashes that were in the
+    # uint64[g]: per worker the router reads (PW_EVICTED_*), the hashes that were in the
     # prefix table when the pass in flight started and that it evicted: the router
     # learns of a removal, as of a store, at the end of that pass
-    ghost: np.ndarray
+    evicted_hash: np.ndarray
     event_log: np.ndarray = _NO_EVENT_LOG     # int64[s, 1 + rows, EV_NUM_COLUMNS]; 1 row = off
     radix: Radix = Radix()                    # SGLang workers' radix caches (empty otherwise)
 

@@ -569,7 +569,7 @@ def make_pool(arena, tab_size=16, workers=1):
     w64[:, L.PW_TAB_MASK] = tab_size - 1
     pool = L.Pool(w64=w64, b32=np.zeros((arena * workers, L.PB_FIELDS), np.int32),
                   blk_hash=np.zeros(arena * workers, np.uint64),
-                  tab=np.empty(tab_size * workers, np.int32), ghost=np.zeros(0, np.uint64))
+                  tab=np.empty(tab_size * workers, np.int32), evicted_hash=np.zeros(0, np.uint64))
     for w in range(workers):
         pool_reset(pool, w)
     return pool

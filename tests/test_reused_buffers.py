@@ -57,7 +57,7 @@ KEPT = {"request_fields", "request_times", "lease", "seq_hash", "radix_pg32", "r
         "block_hash", "block_table"}
 
 
-ROUTER_KEPT = {"router_counts", "router_keys", "router_ghosts"}
+ROUTER_KEPT = {"router_counts", "router_keys", "router_evicted"}
 
 
 def _case(case: str):
