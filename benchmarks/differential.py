@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from kv_artifacts import kv_event_rows, reference_kv_events, reference_tokens, token_rows  # noqa: E402
-from parity_rules import as_key_part, row_differences, same_stop  # noqa: E402
+from parity_rules import as_key_part, row_differences, same_stop, workers_as_scheduler_ids  # noqa: E402
 
 from aisim_fast.config import parse_payload  # noqa: E402
 from aisim_fast.output import requests_in_uuid_order, summarize_replay  # noqa: E402
@@ -183,12 +183,7 @@ def compare(gold: dict, frame, dp_size: int = 1, prefill_dp_size: int = 1) -> li
     """Every column the reference writes, with the corner tests' rules
     (``parity_rules.row_differences``); with attention DP the reference's worker is
     the rank's scheduler id (in its pool)."""
-    if dp_size > 1:
-        scheduler = frame["worker"] * dp_size + frame["dp_rank"]
-        frame = frame.assign(worker=scheduler, decode_worker=scheduler)
-    if prefill_dp_size > 1:
-        frame = frame.assign(prefill_worker=frame["prefill_worker"] * prefill_dp_size
-                             + frame["prefill_dp_rank"])
+    frame = workers_as_scheduler_ids(frame, dp_size, prefill_dp_size)
     cand = {(str(r["request_id"]).strip(), as_key_part(r["turn_index"])): r for r in frame.to_dict("records")}
     bad = [("missing", k) for k in gold if k not in cand]
     for key, row in gold.items():

@@ -15,7 +15,7 @@ import csv
 import json
 from pathlib import Path
 
-from parity_rules import as_number
+from parity_rules import as_number, workers_as_scheduler_ids
 from test_parity import EXACT_INT_COLUMNS, EXACT_TIME_COLUMNS
 
 # compared exactly: a pinned replay runs the run's engines on the run's placements
@@ -77,12 +77,7 @@ def request_differences(gold: list[dict], requests, dp_size: int = 1, prefill_dp
     """[(request, turn, column, run's cell, replay's cell)] over the timeline columns,
     exact; a request missing from either side is one entry. With attention DP the
     run's workers are ranks (scheduler ids, ``worker * dp_size + dp_rank``)."""
-    if dp_size > 1:
-        rank = requests["worker"] * dp_size + requests["dp_rank"]
-        requests = requests.assign(worker=rank, decode_worker=rank)
-    if prefill_dp_size > 1:
-        requests = requests.assign(prefill_worker=requests["prefill_worker"] * prefill_dp_size
-                                   + requests["prefill_dp_rank"])
+    requests = workers_as_scheduler_ids(requests, dp_size, prefill_dp_size)
     cand = {(r["request_id"], int(r["turn_index"])): r for r in requests.to_dict("records")}
     diffs = [(key[0], key[1], "missing from the run", None, None)
              for key in cand.keys() - {(row["request_id"], int(row["turn_index"])) for row in gold}]

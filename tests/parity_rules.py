@@ -79,6 +79,19 @@ def row_differences(gold, cand, rtol=RTOL, atol=ATOL):
     return bad
 
 
+def workers_as_scheduler_ids(frame, dp_size: int = 1, prefill_dp_size: int = 1):
+    """A per-request frame with its workers named as the reference and Dynamo name them
+    under attention DP: the rank's scheduler id in its pool, ``worker * dp_size +
+    dp_rank`` (``prefill_worker`` with the prefill pool's)."""
+    if dp_size > 1:
+        scheduler = frame["worker"] * dp_size + frame["dp_rank"]
+        frame = frame.assign(worker=scheduler, decode_worker=scheduler)
+    if prefill_dp_size > 1:
+        frame = frame.assign(prefill_worker=frame["prefill_worker"] * prefill_dp_size
+                             + frame["prefill_dp_rank"])
+    return frame
+
+
 def same_stop(reference_message: str, message: str) -> bool:
     """Whether aisim_fast stopped as the reference did: the same number of requests in
     flight when the reference reports one (its dead ends and effect-free passes), else

@@ -245,12 +245,7 @@ def test_overlap_is_the_prefix_index_the_kv_events_tell(disaggregated):
     events = res.kv_events[0]
     events = events[events["kind"].isin(["stored", "removed"]) & (events["worker"] < n_workers)]
     events = events.sort_values("at_ms", kind="stable")  # a worker's passes come in order
-    wl = sim.workload
-    isl = wl.input_len.astype(np.int64)
-    indptr = count_prompt_blocks(isl, BLOCK)
-    blocks = np.empty(indptr[-1], np.uint64)
-    hash_prompt_blocks(wl.hash_indptr, wl.hash_ids, isl, wl.trace_block_size, BLOCK, indptr, blocks)
-    row_of = {(n, t): i for i, (n, t) in enumerate(zip(wl.request_name, wl.turn_index))}
+    indptr, blocks, row_of = _prompt_blocks(sim.workload)
     index = [set() for _ in range(n_workers)]
     applied = 0
     ev_at = events["at_ms"].to_numpy()
@@ -274,13 +269,20 @@ def test_overlap_is_the_prefix_index_the_kv_events_tell(disaggregated):
     assert (events["kind"] == "removed").sum() > 1000  # the pools evicted all along
 
 
-def _assert_router_view_is_the_records(sim, requests, routing):
-    wl = sim.workload
+def _prompt_blocks(wl):
+    """(indptr, block hashes, row of (request, turn)): each trace row's complete prompt
+    blocks at the engine block size, as the router hashes them."""
     isl = wl.input_len.astype(np.int64)
     indptr = count_prompt_blocks(isl, BLOCK)
     blocks = np.empty(indptr[-1], np.uint64)
     hash_prompt_blocks(wl.hash_indptr, wl.hash_ids, isl, wl.trace_block_size, BLOCK, indptr, blocks)
-    row_of = {(n, t): i for i, (n, t) in enumerate(zip(wl.request_name, wl.turn_index))}
+    return indptr, blocks, {(n, t): i for i, (n, t) in enumerate(zip(wl.request_name, wl.turn_index))}
+
+
+def _assert_router_view_is_the_records(sim, requests, routing):
+    wl = sim.workload
+    isl = wl.input_len.astype(np.int64)
+    indptr, blocks, row_of = _prompt_blocks(wl)
     rec = requests.set_index(["request_id", "turn_index"])
     routed = []  # (row, worker, overlap)
     for d in routing.itertuples():
