@@ -68,7 +68,7 @@ from aisim_fast.kernels import compile_notice
 from aisim_fast.plots import PlotError
 from aisim_fast.progress import Progress
 from aisim_fast.sweeps import SweepError
-from aisim_fast.replay import SimulationError, kernel_set, run_batch, simulation_from_setup, warm_kernels
+from aisim_fast.replay import SimulationError, run_batch, simulation_from_setup, warm_kernels
 from aisim_fast.workload import TraceError, TraceWarning, default_trace_path, load_mooncake
 
 PROG = "aisim-fast"
@@ -626,7 +626,8 @@ def run_replay(args) -> dict:
     kv_events = args.kv_events or args.events or any(rank.emit_kv_events for _, rank in setup.pools)
     # refuse a bad --out before spending time on the simulation (checked again at write)
     check_out_dir(args.out, args.overwrite, probe=True)
-    compile_notice(["trace", kernel_set(setup)])
+    # (the replay's kernel set, named with its features, is announced as it compiles)
+    compile_notice(["trace"])
     workload = _load_trace(setup)
     _raise_pending_sigterm()
 

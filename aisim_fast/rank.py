@@ -302,6 +302,9 @@ def synthetic_output_tokens(request_id: RequestId, n: int) -> np.ndarray:
 # ranks
 # ---------------------------------------------------------------------------------
 _TOKEN_TRACE = "<rank requests>"
+# every rank group compiles the same kernels: a rank is one worker (no router, no
+# attention DP) of any backend and timing model
+RANK_FEATURES = L.Features(trtllm=True, aic=True)
 
 
 def _request_rows(requests: Sequence[Request], now_ms: float) -> Workload:
@@ -428,7 +431,8 @@ class RankGroup:
         sims = [Simulation(workload=_empty_workload(), rank=rank, workers=1) for rank in self.configs]
         self._event_rows = max(_event_rows_for(rank) for rank in self.configs)
         self._run = BatchRun(sims, event_rows=self._event_rows, log_outputs=True, growable=True,
-                             log_kv=kv_events, kernel_parts=["rank"])
+                             log_kv=kv_events, kernel_parts=["rank"],
+                             features=RANK_FEATURES)
         self._books = [_RankBook() for _ in sims]
         self.kv_events = kv_events
 
@@ -649,7 +653,7 @@ class RankGroup:
                 raise RankError(f"rank {r}: no pass in flight")
         st = self._state
         ids = np.asarray(ranks, np.int64)
-        _kernels().complete_passes(st.rq, st.wk, st.st, ids)
+        _kernels().complete_passes(st.cfg, st.rq, st.wk, st.st, ids)
         # decode ranks retry their pending head at every completion (engine.md 3.5)
         decode = np.array([self.configs[r].worker_type == "decode" for r in ranks], bool)
         reserved = np.full(len(ranks), -1, np.int64)
@@ -1117,12 +1121,13 @@ def _load(rank_step) -> None:
     from aisim_fast.replay import BatchRun, Simulation
     compile_notice(["rank"])
     sims = [Simulation(workload=_empty_workload(), rank=RankConfig(), workers=1)]
-    st = BatchRun(sims, event_rows=16, log_outputs=True, growable=True, kernel_parts=[]).state
+    st = BatchRun(sims, event_rows=16, log_outputs=True, growable=True, kernel_parts=[],
+                  features=RANK_FEATURES).state
     ids, times = np.zeros(0, np.int64), np.zeros(0)
     calls = [(rank_step.submit_requests, (st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, ids, times)),
              (rank_step.start_passes, (st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, times, st.max_lease,
                                        st.max_bs)),
-             (rank_step.complete_passes, (st.rq, st.wk, st.st, ids)),
+             (rank_step.complete_passes, (st.cfg, st.rq, st.wk, st.st, ids)),
              (rank_step.cancel_requests, (st.cfg, st.pool, st.rq, st.wk, st.st, ids, ids, times)),
              (rank_step.destinations_impossible, (st.cfg, st.pool, st.rq, st.st, ids, ids)),
              (rank_step.effect_free_passes_give_up, (st.cfg, st.wk, st.st, ids)),

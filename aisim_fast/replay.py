@@ -30,6 +30,7 @@ from aisim_fast.kernels import sglang_radix, sketch
 from aisim_fast.report import sketch_merge_rows
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
 from aisim_fast.kernels.event_loop import replay_batch
+from aisim_fast.kernels.features import features_of, union
 from aisim_fast.kernels.kv_lease import kv_tokens_hashes
 from aisim_fast.kernels.output_plan import output_tokens_at
 from aisim_fast.state_growth import KernelState, add_rows_many, append_workload_rows, kernel_output_plan
@@ -148,13 +149,6 @@ class BatchResult:
             if message:
                 raise SimulationError(message)
         return self
-
-
-def kernel_set(sim) -> str:
-    """The compiled event loop a simulation (or setup) runs in (kernels.COMPILE_PARTS)."""
-    if sim.rank.backend == "sglang":
-        return "sglang_disaggregated" if sim.disaggregated else "sglang"
-    return "disaggregated" if sim.disaggregated else "aggregated"
 
 
 def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) -> Simulation:
@@ -513,14 +507,16 @@ def _unplaced_rows(wl: Workload, first_src_row: int, max_output, blocks: np.ndar
 
 def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
                 record_handoffs: bool = False, event_rows: int = 0, log_outputs: bool = False,
-                log_kv: bool = True, independent_workers: bool = False):
+                log_kv: bool = True, independent_workers: bool = False, features=None):
     """Allocate and initialise the kernel state of a batch (``event_rows`` > 0: an engine
     event log of that many rows per simulation; ``log_outputs``: every output token in
     it too; ``log_kv``: the KV Stored / Removed facts too, else engine facts only).
     ``independent_workers``: the simulations whose workers share nothing between
     releases (``_workers_independent``; the batch logs nothing and does not grow) run
     so (``SM_INDEPENDENT``), each worker folding its token gaps into a row of its own
-    after the simulations' rows (``BatchRun`` merges them when the simulation ends)."""
+    after the simulations' rows (``BatchRun`` merges them when the simulation ends).
+    ``features`` (``layout.Features``): optional kernel code to compile in beyond what
+    the batch reaches (one compiled set for every rank group, say)."""
     n_sims = len(sims)
     # workload tables: one block of rows per distinct (trace, engine block size)
     table_rows: dict[tuple[int, int], int] = {}
@@ -785,6 +781,9 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     )
     max_lease = max([t.max_lease_blocks for t in templates.values()], default=1)
     max_bs = int(cfg_i[:, L.CFG_BLOCK_SIZE].max())
+    # the optional kernel code this batch reaches, and only that, compiles
+    reached = features_of(cfg_i, sm_i)
+    cfg = cfg._replace(features=reached if features is None else union(reached, features))
     return cfg, pool, rq, workload, wk, sim_state, max_lease, max_bs
 
 
@@ -1494,7 +1493,7 @@ class BatchRun:
     def __init__(self, sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_ROWS,
                  record_passes: bool = True, record_handoffs: bool = False, event_rows: int = 0,
                  log_outputs: bool = False, growable: bool = False, sim_names=None, log_kv: bool = True,
-                 spill_passes: bool = False, kernel_parts=None):
+                 spill_passes: bool = False, kernel_parts=None, features=None):
         self.growable = growable
         self._workload_buffers: dict = {}  # simulation -> growing_arrays buffers of its workload
         self._fixed_queues = [sim.queue_slots is not None for sim in sims]
@@ -1513,16 +1512,16 @@ class BatchRun:
         self.sims = list(sims)
         self.sim_names = list(range(len(sims))) if sim_names is None else list(sim_names)
         self.event_rows = event_rows
-        # before build_state, whose prompt hashing compiles too
-        # (``kernel_parts``: the kernel sets the caller will run instead of the event loop's)
-        compile_notice((sorted({kernel_set(sim) for sim in sims}) if kernel_parts is None else list(kernel_parts))
-                       + (["events"] if event_rows else []))
+        # before build_state, whose prompt hashing compiles too (``kernel_parts``: the
+        # kernel sets the caller will run instead of the event loop's; those are
+        # announced by ``replay_batch``, which knows the batch's features)
+        compile_notice(list(kernel_parts or []) + (["events"] if event_rows else []))
         # the pass log is a buffer the driver drains whenever it fills: a batch of many
         # simulations (or worker units) shares one budget instead of 64k rows each
         rows = min(pass_log_rows, max(MIN_PASS_LOG_ROWS, PASS_LOG_BUDGET_ROWS // max(1, len(sims))))
         self.state = KernelState(*build_state(self.sims, rows if record_passes else 0,
                                               record_handoffs, event_rows, log_outputs, log_kv,
-                                              independent_workers=not growable))
+                                              independent_workers=not growable, features=features))
         self._stats_merged: set[int] = set()  # independent simulations merged (_merge_worker_stats)
         if event_rows:
             _compile_event_kernels(self.state)
@@ -2160,7 +2159,7 @@ def warm_kernels(topologies=("aggregated", "disaggregated", "sglang", "sglang_di
     from aisim_fast.config import SIMULATED_BACKENDS, parse_rank
     from aisim_fast.workload import default_trace_path
 
-    compile_notice(["trace", *topologies])  # COMPILE_PARTS names every set, "rank" too
+    compile_notice(["trace"] + (["rank"] if "rank" in topologies else []))  # replay_batch: the rest
     workload = load_mooncake(default_trace_path(), max_rows=8)
     seconds = {}
     for topology in topologies:
@@ -2170,20 +2169,21 @@ def warm_kernels(topologies=("aggregated", "disaggregated", "sglang", "sglang_di
             _kernels()
             seconds[topology] = time.perf_counter() - start_s
             continue
-        sims = []
         for backend in SIMULATED_BACKENDS:
             if (backend == "sglang") != topology.startswith("sglang"):
                 continue  # SGLang runs in loops of its own
             # an SGLang pool counts tokens: the default 16384 holds fewer than some
             # prompts of the trace (which would never be admitted)
             extra = {"num_gpu_blocks": 1 << 20} if backend == "sglang" else {}
+            # one batch per backend: TRT-LLM's policy is an optional feature (its own
+            # kernel set), and a plain vLLM run must find the plain set warm
             if topology in ("aggregated", "sglang"):
-                sims.append(Simulation(workload, parse_rank({"backend": backend, **extra}), workers=2))
+                sim = Simulation(workload, parse_rank({"backend": backend, **extra}), workers=2)
             else:
-                sims.append(Simulation(
+                sim = Simulation(
                     workload, parse_rank({"backend": backend, "worker_type": "decode", **extra}), workers=1,
                     prefill_rank=parse_rank({"backend": backend, "worker_type": "prefill", **extra}),
-                    prefill_workers=1))
-        run_batch(sims, record_passes=True).check()
+                    prefill_workers=1)
+            run_batch([sim], record_passes=True).check()
         seconds[topology] = time.perf_counter() - start_s
     return seconds

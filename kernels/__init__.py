@@ -47,7 +47,8 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
 
 
 # Kernel sets compiled on first use: name -> (what it is, cold CPU-seconds measured
-# on the development machine, see benchmarks/bench_compile.py)
+# on the development machine, see benchmarks/bench_compile.py). A replay set with
+# optional features (kernels.features) is its own set, named by ``kernel_part``.
 COMPILE_PARTS = {
     "trace": ("the trace loader", 5),
     "aggregated": ("aggregated replay", 78),
@@ -57,7 +58,30 @@ COMPILE_PARTS = {
     "events": ("the event tables", 5),
     "rank": ("the rank protocol", 100),
 }
+# what each optional feature adds to a replay set's name and notice, and its cost
+FEATURE_PARTS = {
+    "kv_router": ("the KV router", 5),
+    "attention_dp": ("attention DP", 5),
+    "trtllm": ("TRT-LLM", 3),
+    "aic": ("op-level timing", 2),
+}
 _ANNOUNCED: set[str] = set()
+
+
+def kernel_part(topology: str, features) -> str:
+    """The name of a replay kernel set: its topology (a ``COMPILE_PARTS`` key), then
+    ``+feature`` for each optional feature its batches compile in."""
+    return topology + "".join(f"+{name}" for name, on in zip(features._fields, features)
+                              if on is not None)
+
+
+def _describe(part: str) -> tuple[str, int]:
+    base, *extra = part.split("+")
+    what, seconds = COMPILE_PARTS[base]
+    if extra:
+        what += " with " + " and ".join(FEATURE_PARTS[name][0] for name in extra)
+        seconds += sum(FEATURE_PARTS[name][1] for name in extra)
+    return what, seconds
 
 
 def _marker(part: str) -> Path:
@@ -73,8 +97,8 @@ def compile_notice(parts) -> None:
     missing = [p for p in parts if p not in _ANNOUNCED and not _marker(p).exists()]
     _ANNOUNCED.update(parts)
     if missing:
-        what = ", ".join(COMPILE_PARTS[p][0] for p in missing)
-        seconds = sum(COMPILE_PARTS[p][1] for p in missing)
+        what = ", ".join(_describe(p)[0] for p in missing)
+        seconds = sum(_describe(p)[1] for p in missing)
         print(f"aisim-fast: compiling kernels for {what} (first run only, about {seconds} s)",
               file=sys.stderr, flush=True)
 

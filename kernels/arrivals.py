@@ -22,8 +22,9 @@ from .layout import (
     SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, TERM_CANCELED, TERM_FAILED, TERM_NOT_SENT, WK_BUSY,
     WK_TERM_HEAD, WK_TERM_TAIL,
 )
-from .attention_dp import place_rank, reset_wave_if_drained
-from .kv_router import pass_end, request_ended, route
+from .attention_dp import place_rank_gated, reset_wave_if_drained_gated
+from .features import gate
+from .kv_router import pass_end_gated, request_ended_gated, route_gated
 from .placement import place
 from .rank_queues import wait_push_back, wake
 
@@ -112,10 +113,10 @@ def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
                      DF_NEXT_ON_ARRIVAL if sims.i64[s, SM_DEST_FIRST] else NEXT_ON_ARRIVAL)
         return
     if sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER:
-        w = route(cfg, p, rq, wl, wk, sims, s, q, arrival_ms, sims.i64[s, SM_W_OFF],
+        w = route_gated(cfg.features, cfg, p, rq, wl, wk, sims, s, q, arrival_ms, sims.i64[s, SM_W_OFF],
                   sims.i64[s, SM_W_LEN], ROUTE_AGGREGATED)
     elif cfg.i64[sims.i64[s, SM_W_OFF], CFG_DP_SIZE] > 1:
-        w = place_rank(cfg, wk, sims, s, sims.i64[s, SM_W_OFF], sims.i64[s, SM_W_LEN])
+        w = place_rank_gated(cfg.features, cfg, wk, sims, s, sims.i64[s, SM_W_OFF], sims.i64[s, SM_W_LEN])
     else:
         w = place(sims, s, sims.i64[s, SM_W_OFF], sims.i64[s, SM_W_LEN], SM_RR_CURSOR)
     rq.i64[q, RQ_WORKER] = w
@@ -189,16 +190,16 @@ def logical_terminal(rq, sims, s, q):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def complete_pass(rq, wk, sims, s, w):
+def complete_pass(cfg, rq, wk, sims, s, w):
     """Pass end of worker w: its terminals free session slots and release next turns."""
     wk.i64[w, WK_BUSY] = 0
     routed = sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER
     if routed:
-        pass_end(rq, wk, w)
+        pass_end_gated(cfg.features, rq, wk, w)
     q = wk.i64[w, WK_TERM_HEAD]
     while q >= 0:
         if routed:
-            request_ended(rq, wk, w, q, True)
+            request_ended_gated(cfg.features, rq, wk, w, q, True)
         logical_terminal(rq, sims, s, q)
         q = rq.i64[q, RQ_TERM_NEXT]
     wk.i64[w, WK_TERM_HEAD] = -1
@@ -206,12 +207,16 @@ def complete_pass(rq, wk, sims, s, w):
 
 
 @njit(cache=True, _nrt=False)
-def complete_group(rq, wk, sims, s, lead, dp):
+def complete_group(cfg, rq, wk, sims, s, lead, dp):
     """The group's pass ends: every rank completes in rank order; a group left without
     requests starts its wave count again."""
     for w in range(lead, lead + dp):
-        complete_pass(rq, wk, sims, s, w)
-    reset_wave_if_drained(wk, lead, dp)
+        complete_pass(cfg, rq, wk, sims, s, w)
+    reset_wave_if_drained_gated(cfg.features, wk, lead, dp)
+
+
+# a group pass's end, behind the attention_dp feature gate (kernels.features)
+complete_group_gated = gate("attention_dp", complete_group)
 
 
 @njit(cache=True, _nrt=False, inline="always")

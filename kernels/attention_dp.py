@@ -49,6 +49,7 @@ from .layout import (
     WK_PEND_LEN, WK_RESERVED_LEN, WK_RUN_LEN, WK_RUN_OFF, WK_SG_PREFILL_ROUNDS, WK_SG_READY_LEN,
     WK_STALLED, WK_TERM_HEAD, WK_WAIT_LEN,
 )
+from .features import gate
 from .placement import place
 from .token_output import token_times
 
@@ -123,13 +124,13 @@ def begin_group_pass(sims, s):
 
 
 @njit(cache=True, _nrt=False)
-def end_group_pass(p, rq, wk, sims, s, lead, dp, end_ms, first_log_row, first_event):
+def end_group_pass(cfg, p, rq, wk, sims, s, lead, dp, end_ms, first_log_row, first_event):
     """Every output of the group pass that started when the pass log had
     ``first_log_row`` rows and the event log ``first_event`` events becomes visible at
     the group's end ``end_ms``; every rank is busy until then."""
     sims.i64[s, SM_GROUP_PASS] = 0
     wk.i64[lead, WK_DP_WAVE] += 1
-    token_times(p, rq, wk, sims, s, end_ms)
+    token_times(cfg, p, rq, wk, sims, s, end_ms)
     for w in range(lead, lead + dp):
         q = wk.i64[w, WK_TERM_HEAD]
         while q >= 0:
@@ -165,3 +166,14 @@ def defers_prefills(cfg, rq, wk, w):
         if rq.i64[q, RQ_NUM_COMPUTED] >= rq.i64[q, RQ_PROMPT_LEN]:
             return True
     return False
+
+
+# The group's entry points behind the attention_dp feature gate (kernels.features):
+# a batch of lone workers compiles none of them.
+place_rank_gated = gate("attention_dp", place_rank, np.int64(0))
+reset_wave_if_drained_gated = gate("attention_dp", reset_wave_if_drained)
+group_has_work_gated = gate("attention_dp", group_has_work, False)
+group_woken_gated = gate("attention_dp", group_woken, False)
+begin_group_pass_gated = gate("attention_dp", begin_group_pass)
+end_group_pass_gated = gate("attention_dp", end_group_pass)
+defers_prefills_gated = gate("attention_dp", defers_prefills, False)

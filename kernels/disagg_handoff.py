@@ -61,9 +61,9 @@ from .layout import (
 )
 from . import capacity_policy, sglang_core, sglang_handoff
 from .arrivals import logical_terminal, queue_action
-from .attention_dp import reset_wave_if_drained
+from .attention_dp import reset_wave_if_drained_gated
 from .kv_lease import publish_block, release_lease
-from .kv_router import pass_end, request_ended, route
+from .kv_router import pass_end_gated, request_ended_gated, route_gated
 from .placement import place
 from .rank_queues import run_remove_at, wait_at, wait_push_back, wait_remove_at, wake
 from .request_state import ceil_div
@@ -471,7 +471,7 @@ def _place_in_pool(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, cursor, pool, 
     kernels' compile) or the simulation's placement policy."""
     if sg is None:
         if sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER:
-            return route(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, pool)
+            return route_gated(cfg.features, cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, pool)
     return place(sims, s, w0, n, cursor)
 
 
@@ -526,7 +526,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
             # and the source goes as a cancel, not a release: the reference records
             # neither
             if sg is None and sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER:
-                request_ended(rq, wk, wd, q, False)  # routed, never active there
+                request_ended_gated(cfg.features, rq, wk, wd, q, False)  # routed, never active there
             rq.i64[q, RQ_WORKER] = -1
             _fail_request(rq, sims, s, q, TERM_FAILED, now_ms)
             queue_action(rq, sims, s, q, ACT_RELEASE)
@@ -593,12 +593,12 @@ def complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, sc
     if sg is None:  # the router's view (kernels.kv_router) learns of this pass end
         routed = sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER
         if routed:
-            pass_end(rq, wk, w)
+            pass_end_gated(cfg.features, rq, wk, w)
     q = wk.i64[w, WK_TERM_HEAD]
     while q >= 0:
         nxt = rq.i64[q, RQ_TERM_NEXT]
         if routed:
-            request_ended(rq, wk, w, q, False)
+            request_ended_gated(cfg.features, rq, wk, w, q, False)
         if prefill:
             ql = rq.i64[q, RQ_PEER]
             if rq.i64[q, RQ_STATUS] == RS_HELD:
@@ -635,7 +635,7 @@ def complete_disagg_ranks(cfg, p, rq, wl, wk, sims, s, w, dp, now_ms, hits, fres
             return reserved_any, True
         reserved_any = reserved_any or reserved
     if dp > 1:
-        reset_wave_if_drained(wk, w, dp)
+        reset_wave_if_drained_gated(cfg.features, wk, w, dp)
     return reserved_any, False
 
 

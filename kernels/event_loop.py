@@ -19,11 +19,13 @@ pass log is full (``SIM_NEED_FLUSH``, resumed mid-drive) or the simulation ends
 
 The topology is a compile-time constant of each compiled loop (a closure
 variable, so Numba prunes the other topology's branches before typing them), and so
-is the backend family (vLLM / TRT-LLM, or SGLang): one source, three
-specializations, and a run compiles only the ones it uses.
+is the backend family (vLLM / TRT-LLM, or SGLang): one source, four
+specializations, and a run compiles only the ones it uses. Within a set, the
+optional features (router, attention DP, TRT-LLM, AIC) compile only for batches whose
+``cfg.features`` carry them (kernels.features).
 
-Only the batch entries use Numba's runtime (NRT): they allocate the scratch
-arrays. Everything they call is compiled with ``_nrt=False``. A Numba call
+The event loop and its batch entries use no Numba runtime (NRT): ``replay_batch``
+allocates the scratch arrays, and they are compiled with ``_nrt=False``. A Numba call
 that receives an array otherwise reference-counts it on entry and exit (a call
 into the runtime and an atomic operation per array), and the loops pass the whole
 state bundle (~25 arrays) to a few functions per forward pass: without the runtime
@@ -36,11 +38,11 @@ import numba
 import numpy as np
 from numba import njit
 
-from . import cache_lock, compile_notice, mark_compiled
+from . import cache_lock, compile_notice, kernel_part, mark_compiled
 from .block_pool import NO_PASS, event_log_on, event_set_clock, kv_events_visible_at, outputs_logged
-from .arrivals import admit_arrivals, arrivals_due, complete_group, complete_pass, next_release_ms
-from .attention_dp import (begin_group_pass, end_group_pass, group_has_work, group_woken,
-                           rank_has_work, rank_queued)
+from .arrivals import admit_arrivals, arrivals_due, complete_group_gated, complete_pass, next_release_ms
+from .attention_dp import (begin_group_pass_gated, end_group_pass_gated, group_has_work_gated,
+                           group_woken_gated, rank_has_work, rank_queued)
 from .backends import decode_run, run_pass, sglang_run_pass
 from .sglang_core import effect_free_pass_gives_up, finish_group_pass, worker_in_flight
 from .decode_run import quiet_until_ms
@@ -122,9 +124,9 @@ def _event_loop(disaggregated, sglang=False):
                                 sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                                 return
                         elif dp > 1:
-                            complete_group(rq, wk, sims, s, w, dp)
+                            complete_group_gated(cfg.features, cfg, rq, wk, sims, s, w, dp)
                         else:
-                            complete_pass(rq, wk, sims, s, w)
+                            complete_pass(cfg, rq, wk, sims, s, w)
                     if disaggregated and drain_transfers(rq, sims, s, now_ms):
                         changed = True
                     if not disaggregated and arrivals_due(rq, sims, s, now_ms) \
@@ -143,9 +145,9 @@ def _event_loop(disaggregated, sglang=False):
                 for w in range(first_w, w1):
                     dp = cfg.i64[w, CFG_DP_SIZE]
                     if dp > 1:
-                        if cfg.i64[w, CFG_DP_RANK] != 0 or not group_woken(wk, w, dp):
+                        if cfg.i64[w, CFG_DP_RANK] != 0 or not group_woken_gated(cfg.features, wk, w, dp):
                             continue  # a group is driven from its rank 0
-                        while group_has_work(wk, w, dp):
+                        while group_has_work_gated(cfg.features, wk, w, dp):
                             if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] + dp > log_rows:
                                 wk.ready[w] = 1  # the resumed drive starts with it
                                 sims.now_ms[s] = now_ms
@@ -154,7 +156,7 @@ def _event_loop(disaggregated, sglang=False):
                                 return
                             first_row = sims.i64[s, SM_PASS_LOG_LEN]
                             first_event = p.event_log[s, 0, EVH_LEN] if events_on else 0
-                            begin_group_pass(sims, s)
+                            begin_group_pass_gated(cfg.features, sims, s)
                             end_ms = now_ms
                             had_effect = False
                             for r in range(w, w + dp):
@@ -176,7 +178,7 @@ def _event_loop(disaggregated, sglang=False):
                                     wk.i64[r, WK_STALLED] = 1  # until new work reaches it
                             if sglang:
                                 finish_group_pass(cfg, wk, w, dp)
-                            end_group_pass(p, rq, wk, sims, s, w, dp, end_ms, first_row, first_event)
+                            end_group_pass_gated(cfg.features, cfg, p, rq, wk, sims, s, w, dp, end_ms, first_row, first_event)
                             if end_ms != now_ms:
                                 busy_push(wk, sims, s, w)
                             elif disaggregated:
@@ -188,7 +190,7 @@ def _event_loop(disaggregated, sglang=False):
                                     return
                                 had_effect = had_effect or reserved
                             else:
-                                complete_group(rq, wk, sims, s, w, dp)
+                                complete_group_gated(cfg.features, cfg, rq, wk, sims, s, w, dp)
                             if not had_effect:
                                 gives_up = sglang and end_ms == now_ms and not disaggregated
                                 if sglang and end_ms == now_ms and disaggregated:
@@ -267,7 +269,7 @@ def _event_loop(disaggregated, sglang=False):
                                     return
                                 had_effect = had_effect or reserved
                             else:
-                                complete_pass(rq, wk, sims, s, w)
+                                complete_pass(cfg, rq, wk, sims, s, w)
                         if not had_effect:
                             if sglang and end_ms == now_ms and (
                                     effect_free_pass_gives_up(cfg, wk, w) or not disaggregated):
@@ -323,6 +325,9 @@ def _event_loop(disaggregated, sglang=False):
                 return
             now_ms = t_next
 
+    # compiled on its own, not inlined into the batch entry: Numba inlines by copying
+    # the callee's IR, at a cost that grows with its blocks times its variables (~20
+    # CPU-s for this loop)
     return njit(cache=True, _nrt=False)(_variant(run_simulation, disaggregated, sglang))
 
 
@@ -339,46 +344,29 @@ def _variant(fn, disaggregated, sglang):
     return fn
 
 
-run_aggregated_simulation = _event_loop(False)
-run_disaggregated_simulation = _event_loop(True)
-run_sglang_simulation = _event_loop(False, sglang=True)
-run_sglang_disaggregated_simulation = _event_loop(True, sglang=True)
-
-
 def _batch_entry(disaggregated, sglang=False):
     """The batch entry kernel of one topology: a serial loop over simulations that
     releases the GIL, so the driver runs chunks of a batch on parallel threads
     (``replay_batch``). A ``parallel=True`` loop would cost ~8 CPU-seconds more to
-    compile, on every first run, for the same threads."""
+    compile, on every first run, for the same threads. The event loop is inlined, and
+    the scratch arrays come from the driver, so the entry needs no Numba runtime
+    (see the module docstring)."""
+    run_simulation = _event_loop(disaggregated, sglang)
 
-    def replay(cfg, p, rq, wl, wk, sims, sim_ids, horizon_ms, max_lease_blocks, max_block_size):
+    def replay(cfg, p, rq, wl, wk, sims, sim_ids, horizon_ms, acc, hits, fresh, scratch_tokens):
         """Advance every simulation in ``sim_ids`` that is still running (or paused at
         a horizon or for a flush) through every instant up to ``horizon_ms``, until
         done, dead end, capacity exceeded, or its pass log is full. Simulations share
-        no state, so calls on disjoint ``sim_ids`` may run concurrently."""
-        acc = np.zeros(ACC_SIZE, np.int64)
-        hits = np.empty(max_lease_blocks, np.int32)
-        fresh = np.empty(max_lease_blocks, np.int32)
-        scratch_tokens = np.empty(max_block_size, np.uint32)
+        no state, so calls on disjoint ``sim_ids`` (each with scratch of its own) may
+        run concurrently."""
         for i in range(sim_ids.shape[0]):
             s = sim_ids[i]
             status = sims.i64[s, SM_STATUS]
             if status != SIM_RUNNING and status != SIM_NEED_FLUSH and status != SIM_PAUSED:
                 continue
-            if sglang and disaggregated:
-                run_sglang_disaggregated_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits,
-                                                    fresh, scratch_tokens)
-            elif sglang:
-                run_sglang_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh,
-                                      scratch_tokens)
-            elif disaggregated:
-                run_disaggregated_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits,
-                                             fresh, scratch_tokens)
-            else:
-                run_aggregated_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits,
-                                          fresh, scratch_tokens)
+            run_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh, scratch_tokens)
 
-    return njit(cache=True, nogil=True)(_variant(replay, disaggregated, sglang))
+    return njit(cache=True, nogil=True, _nrt=False)(_variant(replay, disaggregated, sglang))
 
 
 replay_aggregated_batch = _batch_entry(False)
@@ -417,6 +405,14 @@ def _executor(n_threads: int) -> ThreadPoolExecutor:
 _CHECKED: set = set()  # batch entries compiled or loaded in this process
 
 
+def _scratch(max_lease_blocks, max_block_size):
+    """The scratch arrays of one batch call (one set per concurrent call): the pass
+    counters, a lease's hit and fresh blocks, one block's tokens."""
+    return (np.zeros(ACC_SIZE, np.int64), np.empty(max(1, int(max_lease_blocks)), np.int32),
+            np.empty(max(1, int(max_lease_blocks)), np.int32),
+            np.empty(max(1, int(max_block_size)), np.uint32))
+
+
 def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_size,
                  horizon_ms=np.inf):
     """Advance the simulations ``sim_ids`` (see the entries above), each with the entry
@@ -436,7 +432,7 @@ def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_
                               sim_ids[sglang & disagg])):
         if len(ids) == 0:
             continue
-        parts.append(part)
+        parts.append(kernel_part(part, cfg.features))
         if n_threads == 1 or len(ids) == 1:
             jobs.append((entry, ids))
             continue
@@ -456,19 +452,20 @@ def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_
         # and typing the whole state costs ~1 ms, so each entry is checked once per
         # process
         if entry not in _CHECKED:
-            sig = tuple(numba.typeof(a) for a in (cfg, p, rq, wl, wk, sims, ids, horizon_ms,
-                                                   max_lease_blocks, max_block_size))
+            sig = tuple(numba.typeof(a) for a in (cfg, p, rq, wl, wk, sims, ids, horizon_ms)
+                        + _scratch(1, 1))
             if sig not in entry.overloads:
                 with cache_lock():
                     entry.compile(sig)
             _CHECKED.add(entry)
     if n_threads == 1 or len(jobs) == 1:
+        scratch = _scratch(max_lease_blocks, max_block_size)
         for entry, ids in jobs:
-            entry(cfg, p, rq, wl, wk, sims, ids, horizon_ms, max_lease_blocks, max_block_size)
+            entry(cfg, p, rq, wl, wk, sims, ids, horizon_ms, *scratch)
     else:
         pool = _executor(n_threads)
-        futures = [pool.submit(entry, cfg, p, rq, wl, wk, sims, ids, horizon_ms, max_lease_blocks,
-                               max_block_size) for entry, ids in jobs]
+        futures = [pool.submit(entry, cfg, p, rq, wl, wk, sims, ids, horizon_ms,
+                               *_scratch(max_lease_blocks, max_block_size)) for entry, ids in jobs]
         for f in futures:
             f.result()
     for part in parts:

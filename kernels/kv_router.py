@@ -52,6 +52,7 @@ from .layout import (
     WK_RT_FREED_TOKENS, WK_RT_LIMIT, WK_RT_MASK, WK_RT_OFF, WK_RT_PREFILL_TOKENS, WK_RT_USED,
     WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_WAIT_LEN,
 )
+from .features import gate
 from .placement import next_random
 from .rank_queues import wait_at
 
@@ -294,3 +295,11 @@ def request_ended(rq, wk, w, q, distinct):
         if wk.rt_count[at] == 0:
             wk.i64[w, WK_RT_ACTIVE_BLOCKS] -= 1
     rq.i64[q, RQ_RT_ACTIVE] = 0
+
+
+# The router's entry points behind its feature gate (kernels.features): a batch that
+# routes nothing compiles none of this module.
+route_gated = gate("kv_router", route, np.int64(0))
+first_token_seen_gated = gate("kv_router", first_token_seen)
+pass_end_gated = gate("kv_router", pass_end)
+request_ended_gated = gate("kv_router", request_ended)

@@ -519,14 +519,26 @@ _NO_AIC_MS = np.zeros(0, np.float64)
 _NO_AIC_META = np.zeros((0, AICM_FIELDS), np.int64)
 
 
+class Features(NamedTuple):
+    """Which optional features a batch's kernels compile, by the type of each field:
+    None leaves the feature's code out, ``True`` compiles it in (kernels.features:
+    the gates, and ``features_of``, which derives them from the configuration)."""
+    kv_router: object = None     # KV-aware placement (kernels.kv_router)
+    attention_dp: object = None  # ranks of dp_size behind one pass barrier (kernels.attention_dp)
+    trtllm: object = None        # TRT-LLM's capacity policy (kernels.trtllm_policy)
+    aic: object = None           # op-level timing tables (kernels.aic_table)
+
+
 class RankConfig(NamedTuple):
-    """Scheduler configuration per worker (reference field names, see CFG_*), and
-    the AIC timing tables its workers read (none by default)."""
+    """Scheduler configuration per worker (reference field names, see CFG_*), the
+    AIC timing tables its workers read (none by default), and the optional kernel
+    features the batch compiles (none by default)."""
     i64: np.ndarray   # int64[w, CFG_I_FIELDS]; max_model_len -1 = no limit
     f64: np.ndarray   # float64[w, CFG_F_FIELDS]
     aic_key: np.ndarray = _NO_AIC_KEYS     # int64[slot] packed timing keys of every table
     aic_ms: np.ndarray = _NO_AIC_MS        # float64[slot] raw duration of each key
     aic_meta: np.ndarray = _NO_AIC_META    # int64[t, AICM_FIELDS]
+    features: Features = Features()
 
 
 # The engine event log (opt-in, ``Pool.event_log[s, 1 + row, EV_*]``): one row per

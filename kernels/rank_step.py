@@ -103,14 +103,14 @@ def start_passes(cfg, p, rq, wl, wk, sims, sim_ids, now_ms, max_lease_blocks, ma
 
 
 @njit(cache=True, nogil=True)
-def complete_passes(rq, wk, sims, sim_ids):
+def complete_passes(cfg, rq, wk, sims, sim_ids):
     """The pass in flight on each rank ``sim_ids[i]`` completes: its worker is idle
     again and its terminals leave the terminal list."""
     for i in range(sim_ids.shape[0]):
         s = sim_ids[i]
         w = sims.i64[s, SM_W_OFF]
         sims.now_ms[s] = wk.pass_end_ms[w]
-        complete_pass(rq, wk, sims, s, w)
+        complete_pass(cfg, rq, wk, sims, s, w)
 
 
 @njit(cache=True, nogil=True)

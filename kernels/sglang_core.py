@@ -821,7 +821,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                     # and stays locked while the source is held (reference run
                     # sx-pd-seqs: a held prompt is a prefix hit for later prefills)
                     cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
-                run_gap, run_count, _ = emit_token(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
+                run_gap, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
                                                  log_outputs, _remaining(rq, q) == 1)
                 n_tokens += 1
                 continue
@@ -831,7 +831,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 # the prefilled sequence enters the tree before the token is appended
                 cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
                 rq.i64[q, RQ_NUM_COMPUTED] += 1
-                run_gap, run_count, _ = emit_token(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
+                run_gap, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
                                                  log_outputs, _remaining(rq, q) == 1)
                 n_tokens += 1
             else:
@@ -897,7 +897,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 if not _add_token_slot(r, rq, w, q):
                     return now_ms, True, True
                 rq.i64[q, RQ_NUM_COMPUTED] += 1
-                run_gap, run_count, _ = emit_token(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
+                run_gap, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
                                                  log_outputs, _remaining(rq, q) == 1)
                 n_tokens += 1
                 if rq.i64[q, RQ_GENERATED] >= rq.i64[q, RQ_MAX_OUTPUT]:

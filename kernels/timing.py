@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from .aic_table import KIND_DECODE, KIND_PREFILL, aic_raw_ms
+from .features import gate
 from .layout import (CFG_TIMING, CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS, CFGF_FIXED_PREFILL_MS,
                      CFGF_SPEEDUP_RATIO, TIMING_AIC, TIMING_FIXED)
 
@@ -103,6 +104,11 @@ def polynomial_decode_ms(batch, active_kv_tokens, total_kv_tokens):
     return max(1.0, -25.74 * (u * u) + 54.01 * u + 5.74)
 
 
+# op-level timing behind the aic feature gate (kernels.features): a batch without AIC
+# workers compiles none of kernels.aic_table
+_aic_raw_ms = gate("aic", aic_raw_ms, 0.0)
+
+
 @njit(cache=True, _nrt=False)
 def prefill_ns(cfg, w, batch, total_isl, total_prefix):
     """Quantized prefill duration of a pass on worker w (0 when no request computed
@@ -113,7 +119,7 @@ def prefill_ns(cfg, w, batch, total_isl, total_prefix):
     if timing == TIMING_FIXED:
         raw = cfg.f64[w, CFGF_FIXED_PREFILL_MS]
     elif timing == TIMING_AIC:
-        raw = max(0.0, aic_raw_ms(cfg, w, KIND_PREFILL, batch, total_isl // batch,
+        raw = max(0.0, _aic_raw_ms(cfg.features, cfg, w, KIND_PREFILL, batch, total_isl // batch,
                                   total_prefix // batch))
     else:
         raw = polynomial_prefill_ms(batch, total_isl, total_prefix)
@@ -131,7 +137,7 @@ def decode_ns(cfg, w, batch, active_kv_tokens, total_kv_tokens):
     if timing == TIMING_FIXED:
         raw = cfg.f64[w, CFGF_FIXED_DECODE_MS]
     elif timing == TIMING_AIC:
-        raw = aic_raw_ms(cfg, w, KIND_DECODE, batch, active_kv_tokens // batch, np.int64(0))
+        raw = _aic_raw_ms(cfg.features, cfg, w, KIND_DECODE, batch, active_kv_tokens // batch, np.int64(0))
     else:
         raw = polynomial_decode_ms(batch, active_kv_tokens, total_kv_tokens)
     return modeled_ns(raw, cfg.f64[w, CFGF_SPEEDUP_RATIO] * cfg.f64[w, CFGF_DECODE_SPEEDUP_RATIO])

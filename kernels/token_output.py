@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from .block_pool import note_event_at, outputs_logged
-from .kv_router import first_token_seen
+from .kv_router import first_token_seen_gated
 from .layout import (EV_OUTPUT, RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS,
                      RQ_GENERATED, RQ_NO_TOKEN_STATS, RQ_RT_PENDING, RQ_STATUS, RQ_TOKEN_NEXT, RQ_WORKER, RS_DONE,
                      SM_GROUP_PASS, SM_TOKEN_HEAD, SM_TOKEN_TAIL, WK_STAT_ROW)
@@ -20,7 +20,7 @@ from .sketch import fold_gap_run
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def emit_token(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count, log_outputs, is_last):
+def emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count, log_outputs, is_last):
     """q emits a token at ``end_ms``. (run_gap, run_count) is the current run of equal
     token gaps of this pass, folded into the token statistics when the gap changes;
     returns (it updated, the request's tokens so far). ``is_last``: the request is
@@ -36,16 +36,16 @@ def emit_token(p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count, log_outputs
         sims.i64[s, SM_TOKEN_TAIL] = q
         rq.i64[q, RQ_TOKEN_NEXT] = -1
         return run_gap, run_count, g
-    return _token_time(p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_outputs, is_last)
+    return _token_time(cfg, p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_outputs, is_last)
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _token_time(p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_outputs, is_last):
+def _token_time(cfg, p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_outputs, is_last):
     """The time part of q's g-th token, emitted at ``end_ms``."""
     if g == 1:
         rq.f64[q, RQF_FIRST_TOKEN_MS] = end_ms
         if rq.i64[q, RQ_RT_PENDING] != 0:
-            first_token_seen(rq, wk, w, q)
+            first_token_seen_gated(cfg.features, rq, wk, w, q)
     else:
         if g == 2:
             rq.f64[q, RQF_SECOND_TOKEN_MS] = end_ms
@@ -64,7 +64,7 @@ def _token_time(p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_out
 
 
 @njit(cache=True, _nrt=False)
-def token_times(p, rq, wk, sims, s, end_ms):
+def token_times(cfg, p, rq, wk, sims, s, end_ms):
     """Give the tokens a group pass queued their time, the group's end, in the order
     they were emitted (rank by rank); returns how many."""
     log_outputs = outputs_logged(p, s)
@@ -75,7 +75,7 @@ def token_times(p, rq, wk, sims, s, end_ms):
     while q >= 0:
         # one token per request and pass: its count is the token's index; the request
         # is done after the pass exactly when this token was its last
-        run_gap, run_count, _ = _token_time(p, rq, wk, sims, s, rq.i64[q, RQ_WORKER], q,
+        run_gap, run_count, _ = _token_time(cfg, p, rq, wk, sims, s, rq.i64[q, RQ_WORKER], q,
                                             rq.i64[q, RQ_GENERATED], end_ms, run_gap, run_count,
                                             log_outputs, rq.i64[q, RQ_STATUS] == RS_DONE)
         n += 1

@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from . import capacity_policy
-from .attention_dp import defers_prefills
+from .attention_dp import defers_prefills_gated
 from .block_pool import event_log_on, note_event, num_active, outputs_logged
 from .decode_step import CLASS_COMPLETE, CLASS_DECODE, classify, fast_decode_step, stamp_scheduled
 from .kv_lease import allocate, finalize, prefix_cost, release_lease
@@ -30,7 +30,7 @@ from .sketch import fold_gap_run
 from .token_output import emit_token
 from .timing import decode_ns, ns_to_ms, prefill_ns
 from .layout import (
-    CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS,
+    CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_PREFILL_CADENCE, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS,
     PW_PASS_NUM, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_ROLE, EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE, ROLE_DECODE, ROLE_PREFILL, RQF_FIRST_ADMIT_MS,
     RQF_TERMINAL_MS, RQ_ADMISSIONS,
     RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FAST_LIMIT, RQ_FIRST_CACHED, RQ_GENERATED,
@@ -110,7 +110,7 @@ def finish_request(cfg, p, rq, wk, w, q):
     push_terminal(rq, wk, w, q)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@njit(cache=True, _nrt=False)
 def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
     """Run one pass of worker ``w`` starting at ``now_ms``.
 
@@ -135,7 +135,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
 
     # attention DP's prefill cadence: a deferring pass continues no prompt chunk and
     # admits nothing that needs more than one new token
-    defer = defers_prefills(cfg, rq, wk, w)
+    # (a cadence is set only for ranks of a group: kernels.attention_dp)
+    defer = cfg.i64[w, CFG_PREFILL_CADENCE] > 1 and defers_prefills_gated(cfg.features, cfg, rq, wk, w)
 
     # running first; the cursor is an index (a fifo victim before it shifts the list)
     rq_i = rq.i64
@@ -265,7 +266,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         prompt = rq_i[q, RQ_PROMPT_LEN]
         if rq_i[q, RQ_NUM_COMPUTED] >= prompt + generated:
             done = remaining_tokens(rq_i[q, RQ_MAX_OUTPUT], generated + 1, prompt, limit) <= 0
-            run_gap_ms, run_count, _ = emit_token(p, rq, wk, sims, s, w, q, end_ms, run_gap_ms,
+            run_gap_ms, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap_ms,
                                                   run_count, log_outputs, done)
             n_tokens += 1
         if done:

@@ -1,0 +1,93 @@
+"""Optional kernel features, compiled only for the batches that use them.
+
+A batch's ``RankConfig.features`` (a ``layout.Features``) says, by the *type* of each field,
+which optional code its kernels carry: ``None`` leaves the feature's code out, ``ON``
+puts it in. Numba compiles a kernel once per argument types, so a plain batch (every
+field None) and a batch with, say, the KV router get separate machine code, and the
+plain one never types, compiles or loads the router's functions.
+
+A call into a feature goes through its gate (``gate(name, fn, default)``): the gate
+takes the ``Features`` value first, then ``fn``'s own arguments. Where the feature
+is on, it is a plain call of ``fn``; where it is off, it compiles to a stub that
+raises (a batch whose features leave out code its configuration reaches is a driver
+bug, never a silent wrong result) and otherwise has ``default``'s type, so the
+caller types the same either way.
+
+``features_of`` derives a batch's features from its configuration arrays: the one
+place that decides them (the driver calls it where it lowers a batch).
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import types
+from numba.extending import overload
+
+from .layout import (CFG_DP_SIZE, Features, CFG_POLICY, CFG_TIMING, PLACE_KV_ROUTER, POLICY_TRTLLM, SM_PLACEMENT,
+                     TIMING_AIC)
+
+ON = True  # the value of a feature that is compiled in
+
+PLAIN = Features()
+FEATURE_NAMES = Features._fields
+
+
+def features_of(cfg_i64: np.ndarray, sims_i64: np.ndarray) -> Features:
+    """The features a batch with these worker (``cfg.i64``) and simulation
+    (``sims.i64``) rows reaches."""
+    def on(flag) -> object:
+        return ON if bool(flag) else None
+    return Features(
+        kv_router=on(len(sims_i64) > 0 and np.any(sims_i64[:, SM_PLACEMENT] == PLACE_KV_ROUTER)),
+        attention_dp=on(len(cfg_i64) > 0 and np.any(cfg_i64[:, CFG_DP_SIZE] > 1)),
+        trtllm=on(len(cfg_i64) > 0 and np.any(cfg_i64[:, CFG_POLICY] == POLICY_TRTLLM)),
+        aic=on(len(cfg_i64) > 0 and np.any(cfg_i64[:, CFG_TIMING] == TIMING_AIC)),
+    )
+
+
+def union(a: Features, b: Features) -> Features:
+    """Features with every feature either has."""
+    return Features(*(ON if x is not None or y is not None else None for x, y in zip(a, b)))
+
+
+# The stubs' condition: a value Numba's untyped passes cannot fold (they would drop the
+# return after an unconditional raise, and the stub would type as returning nothing)
+_TRAP = np.ones(1, np.int8)
+
+
+def _is_on(ft_type, name: str) -> bool:
+    field = ft_type.types[ft_type.fields.index(name)]
+    return not isinstance(field, (types.NoneType, types.Omitted))
+
+
+def gate(name: str, fn, default=None):
+    """``fn`` behind the feature ``name``: call the result as ``g(features, *args)``.
+    ``default`` (a value of ``fn``'s return type; None for a function returning
+    nothing) types the stub of a batch without the feature."""
+    assert name in FEATURE_NAMES, name
+    message = f"kernel compiled without the {name} feature reached it (features_of)"
+
+    def gated(features, *args):
+        raise NotImplementedError("a kernel-only function")
+
+    gated.__name__ = gated.__qualname__ = f"{fn.__name__}_if_{name}"
+
+    @overload(gated, jit_options={"_nrt": False})
+    def _typed(features, *args):
+        if _is_on(features, name):
+            def call(features, *args):
+                return fn(*args)
+            return call
+        if default is None:
+            def stub_none(features, *args):
+                if _TRAP[0]:
+                    raise RuntimeError(message)
+            return stub_none
+
+        def stub(features, *args):
+            if _TRAP[0]:
+                raise RuntimeError(message)
+            return default
+        return stub
+
+    return gated
