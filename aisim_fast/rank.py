@@ -1117,7 +1117,7 @@ def _load(rank_step) -> None:
     arrays differ in size only), typed on a throwaway group's state."""
     import numba
 
-    from aisim_fast.kernels import cache_lock, compile_notice, mark_compiled
+    from aisim_fast.kernels import compile_for, compile_notice, mark_compiled
     from aisim_fast.replay import BatchRun, Simulation
     compile_notice(["rank"])
     sims = [Simulation(workload=_empty_workload(), rank=RankConfig(), workers=1)]
@@ -1138,10 +1138,7 @@ def _load(rank_step) -> None:
         calls.append((fn, (st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, ids, times, flags, st.max_lease,
                            st.max_bs)))
     for fn, args in calls:
-        sig = tuple(numba.typeof(a) for a in args)
-        if sig not in fn.overloads:
-            with cache_lock():
-                fn.compile(sig)
+        compile_for(fn, tuple(numba.typeof(a) for a in args))
     mark_compiled("rank")
 
 

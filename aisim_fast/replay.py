@@ -24,7 +24,7 @@ import pandas as pd
 from aisim_fast import reused_buffers
 from aisim_fast.config import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, RouterConfig, check_attention_dp,
                                check_disaggregated_pair, check_rank)
-from aisim_fast.kernels import cache_lock, compile_notice, mark_compiled
+from aisim_fast.kernels import compile_for, compile_notice, mark_compiled
 from aisim_fast.kernels import layout as L
 from aisim_fast.kernels import sglang_radix, sketch
 from aisim_fast.report import sketch_merge_rows
@@ -1803,10 +1803,9 @@ def _compile_event_kernels(state: KernelState) -> None:
     "events") rather than a silent pause when the tables are built."""
     uint32_1d = numba.typeof(np.zeros(1, np.uint32))
     int64_1d = numba.typeof(np.zeros(1, np.int64))
-    with cache_lock():
-        kv_tokens_hashes.compile((numba.typeof(state.cfg), numba.typeof(state.rq), numba.typeof(state.wl),
-                                  numba.typeof(np.zeros((1, L.EV_NUM_COLUMNS), np.int64)), uint32_1d))
-        output_tokens_at.compile((int64_1d, uint32_1d, int64_1d, int64_1d, uint32_1d))
+    compile_for(kv_tokens_hashes, (numba.typeof(state.cfg), numba.typeof(state.rq), numba.typeof(state.wl),
+                                   numba.typeof(np.zeros((1, L.EV_NUM_COLUMNS), np.int64)), uint32_1d))
+    compile_for(output_tokens_at, (int64_1d, uint32_1d, int64_1d, int64_1d, uint32_1d))
     mark_compiled("events")
 
 

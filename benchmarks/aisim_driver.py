@@ -55,6 +55,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     import numba
     import aisim_fast
+    import aisim_fast.kernels
     from aisim_fast.config import ConfigError, load_spec
     from aisim_fast.replay import run_batch, simulation_from_setup
     import_s = time.perf_counter() - t0
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
         "mode": "cold" if args.cold else "warm",
         "aisim_fast_file": aisim_fast.__file__,  # which tree was measured (see --aisim-path)
         "numba_version": numba.__version__,
-        "numba_cache_dir": numba.config.CACHE_DIR,
+        "numba_cache_dir": aisim_fast.kernels.cache_root(),
         "numba_num_threads": numba.config.NUMBA_NUM_THREADS,
         "import_s": import_s,
     }

@@ -4,7 +4,10 @@ Compiled kernels are cached on disk. Numba invalidates a cached function only
 when the file that defines it changes, not when a function it inlines from
 another file does, so a stale cache could silently run old code after an edit.
 The cache therefore lives in a folder named after a digest of every kernel
-source: any edit selects a fresh folder. ``NUMBA_CACHE_DIR``, when set, wins.
+source (subfolders included): any edit selects a fresh folder. ``NUMBA_CACHE_DIR``,
+when set, wins. The folder is given to Numba by a cache locator that claims the
+kernels' source files and nothing else (``_KernelCacheLocator``): importing the
+package changes no Numba setting, and other code's caching is left as it was.
 
 The first run compiles for a while, so it says so first: ``compile_notice(parts)``
 prints one line on stderr naming the kernel sets that are not in the cache yet
@@ -21,29 +24,63 @@ import threading
 from pathlib import Path
 
 import numba
+from numba.core import caching as _caching
 
 _HERE = Path(__file__).resolve().parent
+_DIGEST_DIR: list[str] = []  # _digest_dir, once per process
 
 
-def _cache_dir() -> str:
+def _digest_dir() -> str:
+    """The kernel cache folder of these sources (created; a temp folder when the home
+    is not writable)."""
+    if _DIGEST_DIR:
+        return _DIGEST_DIR[0]
     digest = hashlib.sha256()
-    for path in sorted(_HERE.glob("*.py")):
-        digest.update(path.name.encode())
+    for path in sorted(_HERE.rglob("*.py")):
+        digest.update(str(path.relative_to(_HERE)).encode())
         digest.update(path.read_bytes())
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return str(base / "aisim_fast" / f"numba-{numba.__version__}-{digest.hexdigest()[:16]}")
-
-
-if not os.environ.get("NUMBA_CACHE_DIR"):
-    _dir = _cache_dir()
+    folder = str(base / "aisim_fast" / f"numba-{numba.__version__}-{digest.hexdigest()[:16]}")
     try:
-        os.makedirs(_dir, exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
     except OSError:
         # an unwritable home (some CI sandboxes): a per-user temp folder still caches
         import tempfile
-        _dir = os.path.join(tempfile.gettempdir(), f"aisim_fast-{os.getuid()}", Path(_dir).name)
-        os.makedirs(_dir, exist_ok=True)
-    numba.config.CACHE_DIR = _dir
+        folder = os.path.join(tempfile.gettempdir(), f"aisim_fast-{os.getuid()}", Path(folder).name)
+        os.makedirs(folder, exist_ok=True)
+    _DIGEST_DIR.append(folder)
+    return folder
+
+
+def cache_root() -> str:
+    """Where the kernels are cached: ``NUMBA_CACHE_DIR`` when set, else the digest folder."""
+    return numba.config.CACHE_DIR or _digest_dir()
+
+
+class _KernelCacheLocator(_caching._SourceFileBackedLocatorMixin, _caching._CacheLocator):
+    """Numba's cache files of a kernel source file, in the digest folder (one subfolder
+    per kernel folder); any other file, or a set ``NUMBA_CACHE_DIR``, is Numba's own."""
+
+    def __init__(self, py_func, py_file):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+        room = Path(py_file).resolve().parent.relative_to(_HERE)
+        self._cache_path = str(Path(_digest_dir()) / "kernels" / room)
+
+    def get_cache_path(self):
+        return self._cache_path
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if numba.config.CACHE_DIR or not Path(py_file).resolve().is_relative_to(_HERE):
+            return None
+        return super().from_function(py_func, py_file)
+
+
+# (Numba 0.68 names the class CacheImpl, earlier releases _CacheImpl)
+_CACHE_IMPL = getattr(_caching, "CacheImpl", None) or getattr(_caching, "_CacheImpl")
+if _KernelCacheLocator not in _CACHE_IMPL._locator_classes:
+    _CACHE_IMPL._locator_classes.insert(0, _KernelCacheLocator)
 
 
 # Kernel sets compiled on first use: name -> (what it is, cold CPU-seconds measured
@@ -51,7 +88,7 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
 # optional features (kernels.features) is its own set, named by ``kernel_part``.
 COMPILE_PARTS = {
     "trace": ("the trace loader", 5),
-    "aggregated": ("aggregated replay", 78),
+    "aggregated": ("aggregated replay", 40),
     "disaggregated": ("disaggregated replay", 75),
     "sglang": ("SGLang replay", 70),
     "sglang_disaggregated": ("disaggregated SGLang replay", 80),
@@ -88,7 +125,7 @@ def _marker(part: str) -> Path:
     # Numba keys its cache files by the source files' location too: a second checkout
     # of the same sources compiles anew, so its marker must be its own
     where = hashlib.sha256(str(_HERE.resolve()).encode()).hexdigest()[:12]
-    return Path(numba.config.CACHE_DIR or _cache_dir()) / f"compiled-{part}-{where}"
+    return Path(cache_root()) / f"compiled-{part}-{where}"
 
 
 def compile_notice(parts) -> None:
@@ -135,7 +172,7 @@ def cache_lock():
 @contextlib.contextmanager
 def _cache_flock():
     try:
-        fh = open(Path(numba.config.CACHE_DIR or _cache_dir()) / "compile.lock", "a")
+        fh = open(Path(cache_root()) / "compile.lock", "a")
     except OSError:
         yield
         return
@@ -151,6 +188,15 @@ def _cache_flock():
                 fcntl.flock(fh, fcntl.LOCK_UN)
             except OSError:
                 pass
+
+
+def compile_for(kernel, sig: tuple) -> None:
+    """Compile (or load from the cache) ``kernel`` for the argument types ``sig`` under
+    the cache lock, unless this process has that version already: the one way a
+    kernel set is compiled ahead of its first call."""
+    if sig not in kernel.overloads:
+        with cache_lock():
+            kernel.compile(sig)
 
 
 def mark_compiled(part: str) -> None:

@@ -19,6 +19,7 @@ from numba import njit
 
 from . import decode_run as vllm_decode_run
 from . import sglang_core, vllm_core
+from .features import gate
 from .layout import CFG_POLICY, POLICY_TRTLLM, POLICY_VLLM
 
 
@@ -35,6 +36,21 @@ def sglang_run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, sc
     """One forward pass of SGLang worker w (the same contract)."""
     return sglang_core.run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh,
                                 scratch_tokens)
+
+
+@njit(cache=True, _nrt=False)
+def rank_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
+    """``run_pass`` called, not inlined: a rank's pass inside an attention-DP group.
+    Numba inlines by copying the callee's IR (~5 CPU-s for the vLLM pass), so the
+    event loop inlines the pass only where a lone worker runs it."""
+    return run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
+
+
+# behind the attention_dp gate (kernels.features): a batch of lone workers compiles no
+# group pass
+_NO_PASS = (0.0, False, False)
+group_rank_pass = gate("attention_dp", rank_pass, _NO_PASS)
+group_sglang_rank_pass = gate("attention_dp", sglang_run_pass, _NO_PASS)
 
 
 @njit(cache=True, _nrt=False, inline="always")

@@ -38,12 +38,12 @@ import numba
 import numpy as np
 from numba import njit
 
-from . import cache_lock, compile_notice, kernel_part, mark_compiled
+from . import compile_for, compile_notice, kernel_part, mark_compiled
 from .block_pool import NO_PASS, event_log_on, event_set_clock, kv_events_visible_at, outputs_logged
 from .arrivals import admit_arrivals, arrivals_due, complete_group_gated, complete_pass, next_release_ms
 from .attention_dp import (begin_group_pass_gated, end_group_pass_gated, group_has_work_gated,
                            group_woken_gated, rank_has_work, rank_queued)
-from .backends import decode_run, run_pass, sglang_run_pass
+from .backends import decode_run, group_rank_pass, group_sglang_rank_pass, run_pass, sglang_run_pass
 from .sglang_core import effect_free_pass_gives_up, finish_group_pass, worker_in_flight
 from .decode_run import quiet_until_ms
 from .disagg_handoff import complete_disagg_ranks, drain_actions, drain_transfers, next_transfer_ms
@@ -66,6 +66,7 @@ def _event_loop(disaggregated, sglang=False):
     """The event loop compiled for one topology (``disaggregated`` is a constant) and
     backend family (``sglang``: SGLang workers; else vLLM / TRT-LLM)."""
     pass_kernel = sglang_run_pass if sglang else run_pass
+    group_pass_kernel = group_sglang_rank_pass if sglang else group_rank_pass  # attention DP
     # the handoff's backend: its type prunes the other backend's code (disagg_handoff)
     sg = 1 if sglang else None
 
@@ -166,8 +167,9 @@ def _event_loop(disaggregated, sglang=False):
                                     # evicted is seen)
                                     p.w64[r, PW_PASS_NUM] = NO_PASS
                                     continue
-                                rank_end_ms, rank_effect, arena_full = pass_kernel(
-                                    cfg, p, rq, wl, wk, sims, s, r, now_ms, acc, hits, fresh, scratch_tokens)
+                                rank_end_ms, rank_effect, arena_full = group_pass_kernel(
+                                    cfg.features, cfg, p, rq, wl, wk, sims, s, r, now_ms, acc, hits, fresh,
+                                    scratch_tokens)
                                 if arena_full:
                                     sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                                     return
@@ -402,7 +404,7 @@ def _executor(n_threads: int) -> ThreadPoolExecutor:
     return pool
 
 
-_CHECKED: set = set()  # batch entries compiled or loaded in this process
+_CHECKED: set = set()  # (batch entry, features) compiled or loaded in this process
 
 
 def _scratch(max_lease_blocks, max_block_size):
@@ -451,13 +453,11 @@ def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_
         # The state's types are fixed by its layout and the ids are always contiguous,
         # and typing the whole state costs ~1 ms, so each entry is checked once per
         # process
-        if entry not in _CHECKED:
-            sig = tuple(numba.typeof(a) for a in (cfg, p, rq, wl, wk, sims, ids, horizon_ms)
-                        + _scratch(1, 1))
-            if sig not in entry.overloads:
-                with cache_lock():
-                    entry.compile(sig)
-            _CHECKED.add(entry)
+        # (and once per feature set: each is its own version, kernels.features)
+        if (entry, cfg.features) not in _CHECKED:
+            compile_for(entry, tuple(numba.typeof(a) for a in (cfg, p, rq, wl, wk, sims, ids, horizon_ms)
+                                     + _scratch(1, 1)))
+            _CHECKED.add((entry, cfg.features))
     if n_threads == 1 or len(jobs) == 1:
         scratch = _scratch(max_lease_blocks, max_block_size)
         for entry, ids in jobs:

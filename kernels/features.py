@@ -17,18 +17,15 @@ caller types the same either way.
 place that decides them (the driver calls it where it lowers a batch).
 """
 
-from typing import NamedTuple
-
 import numpy as np
 from numba import types
 from numba.extending import overload
 
-from .layout import (CFG_DP_SIZE, Features, CFG_POLICY, CFG_TIMING, PLACE_KV_ROUTER, POLICY_TRTLLM, SM_PLACEMENT,
-                     TIMING_AIC)
+from .layout import (CFG_DP_SIZE, CFG_POLICY, CFG_TIMING, PLACE_KV_ROUTER, POLICY_TRTLLM, SM_PLACEMENT,
+                     TIMING_AIC, Features)
 
 ON = True  # the value of a feature that is compiled in
 
-PLAIN = Features()
 FEATURE_NAMES = Features._fields
 
 
@@ -60,6 +57,15 @@ def _is_on(ft_type, name: str) -> bool:
     return not isinstance(field, (types.NoneType, types.Omitted))
 
 
+def _forwarder(fn, n_args: int):
+    """``call(features, *args) -> fn(*args)``, the arguments spelled out: Numba cannot
+    call an ``inline="always"`` function with ``*args``."""
+    spelled = ", ".join(f"args[{i}]" for i in range(n_args))
+    scope = {"fn": fn}
+    exec(f"def call(features, *args):\n    return fn({spelled})\n", scope)
+    return scope["call"]
+
+
 def gate(name: str, fn, default=None):
     """``fn`` behind the feature ``name``: call the result as ``g(features, *args)``.
     ``default`` (a value of ``fn``'s return type; None for a function returning
@@ -75,9 +81,7 @@ def gate(name: str, fn, default=None):
     @overload(gated, jit_options={"_nrt": False})
     def _typed(features, *args):
         if _is_on(features, name):
-            def call(features, *args):
-                return fn(*args)
-            return call
+            return _forwarder(fn, len(args))
         if default is None:
             def stub_none(features, *args):
                 if _TRAP[0]:

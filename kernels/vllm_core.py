@@ -110,7 +110,10 @@ def finish_request(cfg, p, rq, wk, w, q):
     push_terminal(rq, wk, w, q)
 
 
-@njit(cache=True, _nrt=False)
+# inline: a call would pass the state bundles (~25 arrays, each several words) on
+# every pass, 40% of a disaggregated replay's kernel time (it has no decode runs); the
+# event loop inlines it at one site only (kernels.backends)
+@njit(cache=True, _nrt=False, inline="always")
 def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
     """Run one pass of worker ``w`` starting at ``now_ms``.
 
