@@ -3,6 +3,7 @@ same points in one process (wheel imported once, ``run_replay_json`` per point).
 
     python benchmarks/bench_sweep.py --ref-python /tmp/refvenv/bin/python
         [--golden-dir DIR] [--trace-dir DIR] [--jobs N] [--points-limit N] [--json-out FILE]
+    python benchmarks/bench_sweep.py --against-tree DIR [--rounds R] ...
 
 The default sweep is 400 points over the 1k public golden trace: 10 ``max_num_seqs``
 x 5 ``max_num_batched_tokens`` x 8 worker counts from 1 to 64, on the
@@ -14,6 +15,11 @@ is one process of ``--ref-python`` that imports the wheel, then calls
 expansion gives, so both simulate the same points) and parses each report; the
 sides run one after the other, aisim_fast first, and the box's load average is
 printed. ``--points-limit`` runs the first N points on both sides (a quick check).
+
+``--against-tree DIR`` compares two trees of aisim_fast instead: the same sweep run by
+this tree and by the checkout DIR (``PYTHONPATH=DIR``; link ``DIR/aisim_fast/kernels``
+to ``DIR/kernels`` so it loads its own kernels), alternating for ``--rounds`` rounds;
+the best wall and CPU time of each side, and whether every point agrees.
 """
 
 from __future__ import annotations
@@ -65,13 +71,17 @@ def _child(cmd, **kw) -> tuple[float, float, float, subprocess.CompletedProcess]
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ref-python", required=True)
+    ap.add_argument("--ref-python", default=None)
+    ap.add_argument("--against-tree", default=None, help="compare with this aisim_fast checkout instead")
+    ap.add_argument("--rounds", type=int, default=3, help="with --against-tree: alternations")
     ap.add_argument("--golden-dir", default=str(REPO / "tests" / "data" / "golden"))
     ap.add_argument("--trace-dir", default=str(REPO / "tests" / "data" / "traces"))
     ap.add_argument("--jobs", type=int, default=1, help="aisim-fast sweep --jobs")
     ap.add_argument("--points-limit", type=int, default=None)
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
+    if (args.ref_python is None) == (args.against_tree is None):
+        ap.error("give one of --ref-python and --against-tree")
 
     from aisim_fast.sweeps import load_sweep
 
@@ -91,6 +101,8 @@ def main(argv=None) -> int:
         spec_file = tmp / "sweep.json"
         spec_file.write_text(json.dumps(spec))
         aisim = [sys.executable, "-m", "aisim_fast"]
+        if args.against_tree:
+            return _against_tree(args, aisim, spec_file, tmp, n)
         _child(aisim + ["warmup", "--topology", "aggregated"])
         load = os.getloadavg()[0]
         a_wall, a_cpu, a_rss, _ = _child(aisim + ["sweep", str(spec_file), "--out", str(tmp / "out"),
@@ -126,6 +138,39 @@ def main(argv=None) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2))
     return 0
+
+
+def _against_tree(args, aisim, spec_file: Path, tmp: Path, n: int) -> int:
+    """The sweep by this tree and by ``args.against_tree``, alternating."""
+    import pandas as pd
+
+    other = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(args.against_tree).resolve())] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    sides = {"this tree": dict(os.environ), args.against_tree: other}
+    best: dict = {}
+    points = {}
+    for env in sides.values():
+        _child(aisim + ["warmup", "--topology", "aggregated"], env=env)
+    for round_no in range(args.rounds):
+        for name, env in sides.items():
+            out_dir = tmp / f"out-{round_no}-{len(best.get(name, []))}-{abs(hash(name))}"
+            wall, cpu, rss, _ = _child(aisim + ["sweep", str(spec_file), "--out", str(out_dir),
+                                                "--quiet", "--jobs", str(args.jobs)], env=env)
+            best.setdefault(name, []).append((wall, cpu))
+            points[name] = pd.read_parquet(out_dir / "points.parquet")["completed_requests"].tolist()
+            print(f"  round {round_no + 1} {name:20s} {wall:8.2f} s wall {cpu:8.2f} s CPU", flush=True)
+    (a, b) = sides
+    wall = {k: min(w for w, _ in v) for k, v in best.items()}
+    cpu = {k: min(c for _, c in v) for k, v in best.items()}
+    print(f"{n} points, {args.rounds} alternated rounds, load average {os.getloadavg()[0]:.2f}")
+    for k in sides:
+        print(f"  {k:20s} best {wall[k]:8.2f} s wall {cpu[k]:8.2f} s CPU")
+    print(f"  this tree / other   {wall[a] / wall[b]:8.3f} x wall {cpu[a] / cpu[b]:6.3f} x CPU;  "
+          f"points agree: {points[a] == points[b]}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"rounds": best, "points_agree": points[a] == points[b]},
+                                                  indent=2))
+    return 0 if points[a] == points[b] else 1
 
 
 if __name__ == "__main__":
