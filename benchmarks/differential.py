@@ -15,7 +15,7 @@ kept as a golden (payload, trace, reference CSV, both outcomes) under ``--keep``
 With ``--kv-artifacts`` every case is one aggregated worker (the only shape the
 reference's per-token artifacts cover; vLLM / TRT-LLM, and SGLang with
 ``--sglang-fraction``) and its KV event stream and output token ids are compared too,
-exactly (``tests/kv_artifacts.py``).
+exactly (``tests/support/kv_artifacts.py``).
 
 With ``--dp-fraction F`` that share of the aggregated cases runs with attention DP
 (``spec.engine.dp_size`` 2 or 3, drawn from a generator of its own so the other
@@ -51,8 +51,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from kv_artifacts import kv_event_rows, reference_kv_events, reference_tokens, token_rows  # noqa: E402
-from parity_rules import as_key_part, row_differences, same_stop, workers_as_scheduler_ids  # noqa: E402
+from support.kv_artifacts import kv_event_rows, reference_kv_events, reference_tokens, token_rows  # noqa: E402
+from support.parity_rules import as_key_part, row_differences, same_stop, workers_as_scheduler_ids  # noqa: E402
 
 from aisim_fast.config import parse_payload  # noqa: E402
 from aisim_fast.output import requests_in_uuid_order, summarize_replay  # noqa: E402

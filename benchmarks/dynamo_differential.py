@@ -8,7 +8,7 @@ roomy KV pools, small ``max_num_seqs``, small batches, no chunked prefill, lifo 
 now and then no prefix caching), router knobs (overlap credit, prefill load scale) and,
 now and then, a closed loop. Dynamo 1.6.1 runs it (``dynamo_kv_replay.py`` in its own
 virtualenv, see ``../shared/reference/dynamo/README.md``); aisim_fast replays the case
-pinned to the run's placements (``tests/dynamo_runs.py``, as the tests do): every
+pinned to the run's placements (``tests/support/dynamo_runs.py``, as the tests do): every
 request's timeline and every decision (order, pool, worker, cost, overlap) must be
 equal. Dynamo breaks exact cost ties at random, so only pinned replays can be compared
 request by request. Divergent cases are kept under ``--keep`` as cases of
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from differential import random_trace  # noqa: E402
 from dynamo_kv_case import write_case  # noqa: E402
-from dynamo_runs import (case_payload, decision_differences, dp_sizes, payload_of_call,  # noqa: E402
+from support.dynamo_runs import (case_payload, decision_differences, dp_sizes, payload_of_call,  # noqa: E402
                          read_rows, request_differences, router_view_differences)
 
 from aisim_fast.config import parse_payload  # noqa: E402

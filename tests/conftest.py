@@ -10,7 +10,6 @@ default is lifted.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,10 +27,6 @@ DATA_DIR = TESTS_DIR / "data"
 GOLDEN_DIR = DATA_DIR / "golden"
 TRACES_DIR = DATA_DIR / "traces"
 REFERENCE_DIR = Path("/work/shared/reference")
-
-# The oracle (tests/oracle.py) is imported by module name from several test files.
-if str(TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(TESTS_DIR))
 
 _DEFAULT_MARKEXPR = "not slow"
 

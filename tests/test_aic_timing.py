@@ -22,7 +22,7 @@ import test_parity
 from aisim_fast import aic
 from aisim_fast.config import ConfigError, load_spec, parse_payload
 from aisim_fast.replay import run_batch, simulation_from_setup
-from parity_rules import as_number
+from support.parity_rules import as_number
 
 TESTS_DIR = Path(__file__).resolve().parent
 GOLDEN = TESTS_DIR / "data" / "golden_aic"

@@ -13,7 +13,7 @@ import pytest
 
 from aisim_fast.config import ConfigError, parse_payload
 from aisim_fast.replay import run_batch, simulation_from_setup
-from parity_rules import assert_rows_match_reference_csv
+from support.parity_rules import assert_rows_match_reference_csv
 
 DATA = Path(__file__).resolve().parent / "data"
 CASES = sorted(p for p in (DATA / "attention_dp").iterdir() if p.is_dir())

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import oracle
+from support import oracle
 from aisim_fast import replay as replay_module
 from aisim_fast.config import RankConfig, parse_payload
 from aisim_fast.kernels import layout as L
@@ -55,6 +55,7 @@ ROWS = [{"timestamp": 10 * i, "input_length": 100 + 37 * i, "output_length": 5 +
 DEAD_END_ROWS = [{"timestamp": 0, "input_length": 300, "output_length": 200, "hash_ids": [1]}]
 
 
+@pytest.mark.bounds
 def test_each_status_in_one_batch():
     """ok, dead_end, rejected_config and capacity side by side: each failure is
     reported with its reason, and the good simulation's results are its solo run's."""
@@ -104,6 +105,7 @@ def test_rejected_config_names_the_field():
         assert f"invalid config: {field}:" in res.error[s], res.error[s]
 
 
+@pytest.mark.bounds
 def test_only_the_simulation_that_outgrew_its_arena_reruns(monkeypatch):
     """An arena too small for one simulation reruns that one alone with the full pool;
     the others keep their first run (and every result is the normal one)."""
@@ -128,6 +130,7 @@ def test_only_the_simulation_that_outgrew_its_arena_reruns(monkeypatch):
         pd.testing.assert_frame_equal(got.passes[s], want[s].passes[0], check_exact=True)
 
 
+@pytest.mark.bounds
 def test_random_placement_past_the_round_robin_queue_size(monkeypatch):
     """Random placement on queues sized as round robin's ceil(n / N) + 1 overflows: with
     the default sizing the driver reruns with room for every request and the result
@@ -160,6 +163,7 @@ def _with_placement(spec, seed):
     return spec
 
 
+@pytest.mark.bounds
 @settings(max_examples=_examples(150), **SETTINGS)
 @given(cases(), st.integers(0, 2 ** 63 - 1))
 def test_random_placement_matches_oracle(case, seed):
@@ -185,6 +189,7 @@ def _advance_in_steps(sims, horizons_ms):
     return state
 
 
+@pytest.mark.bounds
 @settings(max_examples=_examples(60), **SETTINGS)
 @given(st.lists(cases(max_rows=20), min_size=1, max_size=3),
        st.lists(st.floats(0.0, 4000.0), min_size=1, max_size=6))
@@ -217,6 +222,7 @@ def _sessions_starting_in(wl, lo_ms, hi_ms):
     return np.flatnonzero((start > lo_ms) & (start <= hi_ms))
 
 
+@pytest.mark.bounds
 @settings(max_examples=_examples(60), **SETTINGS)
 @given(st.lists(cases(max_rows=24), min_size=1, max_size=3), st.data())
 def test_requests_added_between_steps_equal_one_run(batch, data):
@@ -269,6 +275,7 @@ def test_requests_added_between_steps_equal_one_run(batch, data):
     np.testing.assert_array_equal(stepped.state.st.token_stat, whole.state.st.token_stat)
 
 
+@pytest.mark.bounds
 @pytest.mark.parametrize("prefill_workers", [0, 1])
 def test_a_simulation_that_starts_empty(prefill_workers):
     """A simulation with no requests at first, between two others, given its trace in

@@ -31,7 +31,7 @@ from aisim_fast.kernels.disagg_handoff import transfer_delay_ms as kernel_delay_
 from aisim_fast.output import requests_in_uuid_order, summarize_disaggregated_run
 from aisim_fast.replay import Simulation, SimulationError, run_batch, simulation_from_setup
 from aisim_fast.workload import load_mooncake
-from parity_rules import ATOL, RTOL
+from support.parity_rules import ATOL, RTOL
 from test_cli import NOT_COMPARED, assert_summary_matches, assert_user_error, run_cli
 from test_parity import GOLDEN, MINI_CASES, MINI_GOLDEN, TRACES, simulation
 from test_properties import SETTINGS, Case, _examples, cases, write_trace

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-try:
-    import aisim_fast.handoff  # noqa: F401
-except ImportError:  # running from a checkout without an install
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aisim_fast.handoff import (
     ActionKind,

@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 import xxhash
 
-from kv_artifacts import (
+from support.kv_artifacts import (
     ARTIFACT_CASES, artifact_case, kv_event_rows, reference_kv_events, reference_tokens, row_of_uuid,
     token_rows,
 )
+from support.lanes import lane
 
 from aisim_fast.config import parse_payload
 from aisim_fast.kernels.output_plan import plan_offsets, plan_words
@@ -41,7 +42,7 @@ def _case(name):
     return simulation_from_setup(setup), artifacts
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", lane(CASES))
 def test_kv_events_equal_the_references(name):
     sim, artifacts = _case(name)
     frame = run_batch([sim], record_events=True).check().kv_events[0]
@@ -51,7 +52,7 @@ def test_kv_events_equal_the_references(name):
     assert kv_event_rows(frame) == gold
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", lane(CASES))
 def test_output_token_ids_equal_the_references(name):
     """Every emitted token id and its time, per request (preempted requests resume
     their plan, truncated ones emit a prefix, rejected ones none)."""
@@ -65,7 +66,7 @@ def test_output_token_ids_equal_the_references(name):
 SGLANG_CASES = [name for name in ARTIFACT_CASES if name.startswith("sglang")]
 
 
-@pytest.mark.parametrize("name", SGLANG_CASES)
+@pytest.mark.parametrize("name", lane(SGLANG_CASES))
 def test_sglang_output_token_ids_equal_the_references(name):
     """SGLang ranks (pages of 1, 4 and 16, pools tight enough to retract) emit the same
     plan: every token id and its time."""
@@ -79,7 +80,7 @@ def test_sglang_output_token_ids_equal_the_references(name):
         assert res.requests[0]["preemptions"].sum() > 0
 
 
-@pytest.mark.parametrize("name", SGLANG_CASES)
+@pytest.mark.parametrize("name", lane(SGLANG_CASES))
 def test_sglang_kv_events_are_the_references(name):
     """The radix cache's KV events against the reference's SGLang runs (one-token
     pages with retractions, tight pools, idle gaps; pages of 4 with lpm and of 16):
@@ -98,7 +99,7 @@ def test_sglang_kv_events_are_the_references(name):
     assert mine == gold
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", lane(CASES))
 def test_prompt_block_hashes_equal_the_references(name):
     sim, artifacts = _case(name)
     row_of = row_of_uuid(sim.workload)

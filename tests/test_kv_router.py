@@ -26,7 +26,7 @@ from aisim_fast.config import ConfigError, parse_payload
 from aisim_fast.kernels.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
 from aisim_fast.output import requests_in_uuid_order, summarize_replay
 from aisim_fast.replay import run_batch, simulation_from_setup
-from dynamo_runs import (case_payload, decision_differences, dp_sizes, read_rows, request_differences,
+from support.dynamo_runs import (case_payload, decision_differences, dp_sizes, read_rows, request_differences,
                          router_view_differences)
 from test_properties import SETTINGS, _examples
 

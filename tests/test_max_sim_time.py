@@ -15,7 +15,7 @@ from aisim_fast import cli
 from aisim_fast.config import ConfigError, parse_payload
 from aisim_fast.output import requests_in_uuid_order, summarize_replay
 from aisim_fast.replay import BatchRun, run_batch, simulation_from_setup
-from parity_rules import assert_rows_match_reference_csv
+from support.parity_rules import assert_rows_match_reference_csv
 from test_cli import NOT_COMPARED, assert_summary_matches
 
 DATA = Path(__file__).resolve().parent / "data"

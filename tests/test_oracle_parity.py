@@ -1,4 +1,4 @@
-"""The pure-Python oracle (tests/oracle.py) against the reference goldens, plus
+"""The pure-Python oracle (tests/support/oracle.py) against the reference goldens, plus
 single-rank acceptance scenarios of engine.md section 13.
 
 Parity uses the rules of the reference's parity.py: rows joined on
@@ -15,15 +15,13 @@ import json
 import math
 import os
 import random
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import oracle  # noqa: E402
-from parity_rules import as_key_part, as_number, within  # noqa: E402
+from support import oracle
+from support.parity_rules import as_key_part, as_number, within
 from test_parity import AGGREGATED_CASES  # noqa: E402
 
 try:

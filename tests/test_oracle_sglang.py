@@ -1,4 +1,4 @@
-"""The plain-Python SGLang rank model (tests/oracle_sglang.py) against the reference.
+"""The plain-Python SGLang rank model (tests/support/oracle_sglang.py) against the reference.
 
 * Goldens ``1k_sglang_agg2`` and ``10k_sglang_agg8`` (slow) and the small reference runs
   in tests/data/golden_sglang/ (eviction, retraction, LPM, tight chunk budgets, page
@@ -16,16 +16,14 @@ import csv
 import json
 import os
 import random
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import oracle  # noqa: E402
-import oracle_sglang as sg  # noqa: E402
-from parity_rules import as_key_part, row_differences  # noqa: E402
+from support import oracle
+from support import oracle_sglang as sg
+from support.parity_rules import as_key_part, row_differences
 
 try:
     from hypothesis import HealthCheck, given, settings

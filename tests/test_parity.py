@@ -31,7 +31,9 @@ from aisim_fast.kernels.event_loop import replay_batch
 from aisim_fast.replay import (Simulation, SimulationError, build_state, run_batch,
                                simulation_from_setup)
 from aisim_fast.workload import load_mooncake
-from parity_rules import ATOL, RTOL, as_key_part, as_number, row_differences, values_outside_run, within
+from support.parity_rules import (ATOL, EXACT_INT_COLUMNS, EXACT_TIME_COLUMNS, RTOL, as_key_part, as_number,
+                                  row_differences, values_outside_run, within)
+from support.lanes import lane
 
 TESTS_DIR = Path(__file__).resolve().parent
 GOLDEN = TESTS_DIR / "data" / "golden"
@@ -71,17 +73,6 @@ ALL_CASES = FAST_CASES + [pytest.param(c, marks=pytest.mark.slow) for c in SLOW_
 PARITY_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "cached_tokens", "output_tokens")
 # Columns compared bit for bit where the golden has them. The golden's
 # second_token_ms is written as first + ttst (a float sum), so it is left out.
-EXACT_TIME_COLUMNS = ("arrival_ms", "first_token_ms", "last_token_ms", "first_admit_ms",
-                      "completion_ms",
-                      # disaggregated handoff timeline (empty in aggregated goldens)
-                      "prefill_admit_ms", "source_held_ms", "destination_reserved_ms",
-                      "destination_activated_ms", "decode_admit_ms", "source_released_ms")
-EXACT_INT_COLUMNS = ("input_tokens", "output_tokens", "cached_tokens",
-                     "first_admission_cached_tokens", "worker", "admission_count",
-                     "readmission_count", "prefill_worker", "decode_worker",
-                     "decode_cached_tokens")
-
-
 # ------------------------------------------------------------------------------------------------
 # parity.py rules (reimplemented so the test needs nothing outside the repo; the same
 # tool is also run as-is in test_reference_parity_tool when it is available)
@@ -162,7 +153,7 @@ def solo(case):
 # ------------------------------------------------------------------------------------------------
 # tests
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ALL_CASES)
+@pytest.mark.parametrize("case", lane(ALL_CASES))
 def test_golden_parity(case):
     gold = read_golden(case)
     frame = solo(case)[0]
@@ -173,7 +164,7 @@ def test_golden_parity(case):
     assert not extra, "%s: %d requests not in the golden, e.g. %s" % (case, len(extra), extra[:3])
 
 
-@pytest.mark.parametrize("case", ALL_CASES)
+@pytest.mark.parametrize("case", lane(ALL_CASES))
 def test_golden_timeline_bit_exact(case):
     gold = read_golden(case)
     cand = index_frame(solo(case)[0])
@@ -195,7 +186,7 @@ def test_golden_timeline_bit_exact(case):
     assert not bad, "%s: %d cells differ, first: %s" % (case, len(bad), bad[:5])
 
 
-@pytest.mark.parametrize("case", ALL_CASES)
+@pytest.mark.parametrize("case", lane(ALL_CASES))
 def test_golden_every_column(case):
     """Every column the reference wrote, not only the parity tool's metrics (workers,
     admission counts, decode reuse, status; empty only against null)."""
@@ -205,14 +196,14 @@ def test_golden_every_column(case):
     assert not bad, "%s: %d cells differ, first: %s" % (case, len(bad), bad[:5])
 
 
-@pytest.mark.parametrize("case", ALL_CASES)
+@pytest.mark.parametrize("case", lane(ALL_CASES))
 def test_no_value_outside_the_run(case):
     """No float cell of any golden run lies outside the run (rejected rows included:
     their unset times are NaN, never leftover memory)."""
     assert not values_outside_run(solo(case)[0])
 
 
-@pytest.mark.parametrize("case", FAST_CASES)
+@pytest.mark.parametrize("case", lane(FAST_CASES))
 def test_reference_parity_tool(case, reference_dir, tmp_path):
     """The reference's own parity.py accepts the candidate table."""
     cand_csv = tmp_path / (case + ".csv")
@@ -251,8 +242,8 @@ def test_batch_order_and_repeats_do_not_matter():
         _assert_same_result(case, got, solo(case))
 
 
-@pytest.mark.parametrize("case", ["tiny20_vllm_agg1", "sess200_vllm_agg2_conc6",
-                                  "1k_vllm_agg1_kvpressure", "1k_vllm_disagg1p2d"])
+@pytest.mark.parametrize("case", lane(["tiny20_vllm_agg1", "sess200_vllm_agg2_conc6",
+                                  "1k_vllm_agg1_kvpressure", "1k_vllm_disagg1p2d"]))
 def test_pass_log_flushes_are_transparent(case):
     """A tiny pass log makes the kernel stop for a flush every few passes and resume;
     the run must be identical to one that never stops."""
@@ -262,7 +253,7 @@ def test_pass_log_flushes_are_transparent(case):
     _assert_same_result(case, got, solo(case))
 
 
-@pytest.mark.parametrize("case", ["sess200_vllm_agg2_conc6", "1k_vllm_agg2", "1k_vllm_disagg1p2d"])
+@pytest.mark.parametrize("case", lane(["sess200_vllm_agg2_conc6", "1k_vllm_agg2", "1k_vllm_disagg1p2d"]))
 def test_spilled_pass_log_is_the_same_table(case, monkeypatch):
     """A pass log spilled to a temporary file as it drains (spill_passes, the CLI's
     way) reads back as the same table, whole or part by part."""
@@ -278,8 +269,9 @@ def test_spilled_pass_log_is_the_same_table(case, monkeypatch):
     pd.testing.assert_frame_equal(joined, res.passes[0], check_exact=True)
 
 
-@pytest.mark.parametrize("case", ["tiny20_vllm_agg1", "1k_vllm_agg1_kvpressure",
-                                  "sess200_vllm_agg2", "1k_vllm_disagg1p2d_bw"])
+@pytest.mark.bounds
+@pytest.mark.parametrize("case", lane(["tiny20_vllm_agg1", "1k_vllm_agg1_kvpressure",
+                                  "sess200_vllm_agg2", "1k_vllm_disagg1p2d_bw"]))
 def test_arena_size_does_not_change_results(case):
     """The per-worker block arena is an allocation detail: sizing it to the full pool
     gives the same run as the workload-based estimate."""
@@ -304,7 +296,7 @@ def test_disaggregated_dead_end_matches_reference():
 AGGREGATED_CASES = [c for c in FAST_CASES if "disagg" not in c and c not in MINI_CASES]
 
 
-@pytest.mark.parametrize("case", AGGREGATED_CASES + [pytest.param("10k_vllm_agg8", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("case", lane(AGGREGATED_CASES + [pytest.param("10k_vllm_agg8", marks=pytest.mark.slow)]))
 def test_aggregated_summary_matches_reference_report(case):
     """Every summary key of the reference report, token-level sketches included,
     from the kernel's own run (the disaggregated cases: test_disagg.py)."""
@@ -327,8 +319,8 @@ def _decode_run_share(case):
     return sims.i64[0, L.SM_DECODE_RUN_PASSES] / wk.i64[:, L.WK_PASS_STAMP].sum()
 
 
-@pytest.mark.parametrize("case,at_least", [("1k_vllm_agg1", 0.45), ("1k_vllm_agg1_conc16", 0.7),
-                                           ("1k_vllm_agg1_fixed", 0.55)])
+@pytest.mark.parametrize("case,at_least", lane([("1k_vllm_agg1", 0.45), ("1k_vllm_agg1_conc16", 0.7),
+                                           ("1k_vllm_agg1_fixed", 0.55)]))
 def test_many_passes_of_a_lone_worker_run_inside_decode_runs(case, at_least):
     """The decode-run fast path (kernels/decode_run.py) carries many passes of these
     one-worker runs (49%, 78% and 63% today; a run is tried only when the next event
@@ -338,7 +330,7 @@ def test_many_passes_of_a_lone_worker_run_inside_decode_runs(case, at_least):
     assert _decode_run_share(case) >= at_least
 
 
-@pytest.mark.parametrize("case", ["1k_vllm_agg2", "sess200_vllm_agg2"])
+@pytest.mark.parametrize("case", lane(["1k_vllm_agg2", "sess200_vllm_agg2"]))
 def test_workers_run_together_take_no_decode_runs(case):
     """Beside other workers a decode run ends at each of their pass ends and costs
     more than the plain passes it replaces (kernels.event_loop), so a simulation run

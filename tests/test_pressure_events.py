@@ -1,6 +1,6 @@
 """Pressure events (the seed's PressureEvent): every vLLM preemption and SGLang
 retraction, with the worker's state before and after, against the plain-Python
-oracles (tests/oracle.py, tests/oracle_sglang.py) event by event, and their count
+oracles (tests/support/oracle.py, tests/support/oracle_sglang.py) event by event, and their count
 against the reference's re-admissions on reference runs."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import oracle
+from support import oracle
 import test_oracle_parity
 import test_oracle_sglang
 from aisim_fast.config import parse_payload

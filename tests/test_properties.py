@@ -5,7 +5,7 @@ Cases are small Mooncake-like traces (5-40 rows, short prompts sharing hash-id
 prefixes so prefix caching, duplicates and eviction all happen) on random rank
 configurations (pools tight enough to preempt, tiny token budgets, chunked
 prefill off, zero-duration fixed timing, closed loop, sessions). The oracle
-(tests/oracle.py) reproduces the reference goldens exactly, so any difference
+(tests/support/oracle.py) reproduces the reference goldens exactly, so any difference
 in a per-request record is a kernel bug unless the oracle is shown wrong.
 
 A failing example is printed by hypothesis as a ``Case`` whose repr holds the
@@ -21,9 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -44,8 +42,7 @@ from aisim_fast.replay import (
     simulation_from_setup,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import oracle  # noqa: E402
+from support import oracle
 
 SCALE = float(os.environ.get("AISIM_PROPERTY_EXAMPLES", "1"))
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kv_artifacts import ARTIFACT_CASES, artifact_case, reference_kv_events, reference_tokens
+from support.kv_artifacts import ARTIFACT_CASES, artifact_case, reference_kv_events, reference_tokens
+from support.lanes import lane
 
 from aisim_fast.rank import (
     APPLIED, NOOP, ActivateDestination, CancelDestination, CancelRequest, CancelSource, DestinationAccepted,
@@ -133,7 +134,7 @@ def _driven(name):
     return tokens, _event_rows(events), gold_tokens, reference_kv_events(artifacts)
 
 
-@pytest.mark.parametrize("name", KV_CASES)
+@pytest.mark.parametrize("name", lane(KV_CASES))
 def test_a_rank_driven_by_hand_reproduces_the_references_tokens_and_kv_events(name):
     tokens, events, gold_tokens, gold_events = _driven(name)
     assert tokens == gold_tokens
@@ -833,7 +834,7 @@ def test_an_sglang_decode_rank_reserves_activates_and_cancels():
     assert rank.apply(CancelDestination("c"), 100.0).result == NOOP
 
 
-@pytest.mark.parametrize("name", SGLANG_KV_CASES)
+@pytest.mark.parametrize("name", lane(SGLANG_KV_CASES))
 def test_an_sglang_rank_driven_by_hand_reproduces_the_references_tokens_and_kv_events(name):
     """The reference's SGLang runs with per-token artifacts (pages of 1, 4 and 16,
     retractions, idle gaps): every output token id and time, and every KV event as the

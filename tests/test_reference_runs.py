@@ -27,7 +27,8 @@ import pytest
 
 from aisim_fast.config import ConfigError, parse_payload
 from aisim_fast.replay import run_batch, simulation_from_setup
-from parity_rules import assert_rows_match_reference_csv, same_stop, values_outside_run
+from support.parity_rules import assert_rows_match_reference_csv, same_stop, values_outside_run
+from support.lanes import lane
 
 DATA = Path(__file__).resolve().parent / "data"
 CASES = sorted([*DATA.glob("differential/seed*"), *DATA.glob("disagg_corners/*/"),
@@ -49,9 +50,9 @@ def _run(case: Path):
     return res.status[0], res.error[0], res.requests[0]
 
 
-@pytest.mark.parametrize("case", [
+@pytest.mark.parametrize("case", lane([
     pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=OPEN[c.name])]
-                 if c.name in OPEN else []) for c in CASES])
+                 if c.name in OPEN else []) for c in CASES]))
 def test_matches_reference_on_every_column(case):
     status, error, frame = _run(case)
     ref_error = case / "ref.error.txt"
@@ -64,8 +65,8 @@ def test_matches_reference_on_every_column(case):
     assert_rows_match_reference_csv(case / "ref.csv", frame)
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in CASES
-                                  if not (c / "ref.error.txt").exists()])
+@pytest.mark.parametrize("case", lane([pytest.param(c, id=c.name) for c in CASES
+                                  if not (c / "ref.error.txt").exists()]))
 def test_no_value_outside_the_run(case):
     """No float column holds a value outside the run's time range (an uninitialised
     cell reads as 4.6e-310 or 3.5e+281), whatever the rest of the case does."""

@@ -1,4 +1,4 @@
-"""The SGLang kernels against the plain-Python SGLang oracle (tests/oracle_sglang.py)
+"""The SGLang kernels against the plain-Python SGLang oracle (tests/support/oracle_sglang.py)
 on random small replays: tight page pools (eviction, retraction), page sizes 1 to 16,
 fifo and lpm, chunk budgets, clipped output reserves, closed loop. Every column of
 every request agrees, or both stop at a dead end."""
@@ -11,11 +11,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import oracle
+from support import oracle
 from aisim_fast.config import parse_payload
 from aisim_fast.replay import run_batch, simulation_from_setup
-from oracle_sglang import reference_row
-from parity_rules import as_key_part, row_differences
+from support.oracle_sglang import reference_row
+from support.parity_rules import as_key_part, row_differences
 from test_oracle_sglang import _random_case, _write_trace
 
 SEEDS = range(40)
@@ -27,6 +27,7 @@ def _kernel(spec, path):
     return res.status[0], res.error[0], (res.requests[0] if res.status[0] == "ok" else None)
 
 
+@pytest.mark.bounds
 @pytest.mark.parametrize("seed", SEEDS)
 def test_kernels_match_the_oracle(seed):
     rows, spec = _random_case(seed)

@@ -1,15 +1,11 @@
 """Nanosecond quantization of the timing models (kernels/timing.py)."""
 
-import sys
-from pathlib import Path
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aisim_fast.kernels.timing import EXACT_ROUND_TRIP_NS, NS_PER_S, modeled_ns, secs_to_ns
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from oracle import ns_to_secs  # noqa: E402
+from support.oracle import ns_to_secs
 
 
 def round_trip_ns(ns: int) -> int:

@@ -15,8 +15,7 @@ import csv
 import json
 from pathlib import Path
 
-from parity_rules import as_number, workers_as_scheduler_ids
-from test_parity import EXACT_INT_COLUMNS, EXACT_TIME_COLUMNS
+from .parity_rules import EXACT_INT_COLUMNS, EXACT_TIME_COLUMNS, as_number, workers_as_scheduler_ids
 
 # compared exactly: a pinned replay runs the run's engines on the run's placements
 TIMELINE_COLUMNS = EXACT_TIME_COLUMNS + EXACT_INT_COLUMNS + ("ttft_ms", "tpot_ms", "e2e_ms")

@@ -1284,7 +1284,7 @@ class RequestRecord:
 # Aggregated replay event loop (replay.md 1.3, 1.4)
 # ================================================================================================
 def make_rank(config):
-    """Rank factory: a config may name its own rank class (tests/oracle_sglang.py)."""
+    """Rank factory: a config may name its own rank class (tests/support/oracle_sglang.py)."""
     return getattr(config, "rank_class", Rank)(config)
 
 
@@ -1494,7 +1494,7 @@ def run(spec, trace_path):
     seed = int((placement.get("config") or {}).get("seed", 0))
     rank_json = engine.get("rank", {})
     if rank_json.get("backend") == "sglang":
-        import oracle_sglang  # the SGLang rank model (tests/oracle_sglang.py)
+        from . import oracle_sglang  # the SGLang rank model (cyclic: it builds on this module)
         rank_config = oracle_sglang.SglangConfig.from_rank_json(rank_json)
     else:
         rank_config = RankConfig.from_rank_json(rank_json)

@@ -7,7 +7,7 @@ Not modelled: ``prefill_decode_interval``, attention DP, host loop, MTP, vision,
 disaggregation, KV events.
 
 Every rule follows /work/shared/spec/sglang.md literally; comments name the section
-("§4.3").  Like tests/oracle.py this is a second opinion for the Numba kernels, not a
+("§4.3").  Like tests/support/oracle.py this is a second opinion for the Numba kernels, not a
 product: plain classes, plain lists, one request at a time, no clever data structures.
 
 Beyond sglang.md (each checked against the wheel):
@@ -36,8 +36,8 @@ ids are ints in ``[0, num_pages)``, times are ms.
 
 from __future__ import annotations
 
-import oracle
-from oracle import Output, modeled_duration_ms
+from . import oracle
+from .oracle import Output, modeled_duration_ms
 
 RETRACT_DECODE_STEPS = 20  # SGLang's RETRACT_DECODE_STEPS (§1)
 LPM_MAX_WAITING = 128  # LPM falls back to FIFO above this many waiting requests (§7)

@@ -4,6 +4,17 @@ oracle: how a cell reads as a number, how a row is keyed, what "within" means.""
 
 import math
 
+# the per-request columns a replay must reproduce exactly (times bit for bit)
+EXACT_TIME_COLUMNS = ("arrival_ms", "first_token_ms", "last_token_ms", "first_admit_ms",
+                      "completion_ms",
+                      # disaggregated handoff timeline (empty in aggregated goldens)
+                      "prefill_admit_ms", "source_held_ms", "destination_reserved_ms",
+                      "destination_activated_ms", "decode_admit_ms", "source_released_ms")
+EXACT_INT_COLUMNS = ("input_tokens", "output_tokens", "cached_tokens",
+                     "first_admission_cached_tokens", "worker", "admission_count",
+                     "readmission_count", "prefill_worker", "decode_worker",
+                     "decode_cached_tokens")
+
 RTOL = ATOL = 1e-6
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 # the single-worker reference runs with per-token artifacts: tiny20 and tests/data/kv_events/*
 ARTIFACT_CASES = ["tiny20"] + sorted(p.name for p in (DATA / "kv_events").iterdir() if p.is_dir())
 
