@@ -57,13 +57,23 @@ def _is_on(ft_type, name: str) -> bool:
     return not isinstance(field, (types.NoneType, types.Omitted))
 
 
-def _forwarder(fn, n_args: int):
+def _named(function, name: str):
+    """``function`` under a name of its own: Numba names machine code after a
+    function's module and qualified name plus a per-process counter and the argument
+    types, so two gates' stubs of one shape compiled in different processes would share
+    a symbol, and a process loading both from the cache would run one for the other."""
+    function.__name__ = function.__qualname__ = name
+    function.__module__ = __name__
+    return function
+
+
+def _forwarder(fn, n_args: int, name: str):
     """``call(features, *args) -> fn(*args)``, the arguments spelled out: Numba cannot
     call an ``inline="always"`` function with ``*args``."""
     spelled = ", ".join(f"args[{i}]" for i in range(n_args))
     scope = {"fn": fn}
     exec(f"def call(features, *args):\n    return fn({spelled})\n", scope)
-    return scope["call"]
+    return _named(scope["call"], name)
 
 
 def gate(name: str, fn, default=None):
@@ -72,26 +82,28 @@ def gate(name: str, fn, default=None):
     nothing) types the stub of a batch without the feature."""
     assert name in FEATURE_NAMES, name
     message = f"kernel compiled without the {name} feature reached it (features_of)"
+    # unique per gate (see _named): the function's module and name, and the feature
+    tag = f"{fn.__module__.rpartition('.')[2]}_{fn.__name__}_if_{name}"
 
     def gated(features, *args):
         raise NotImplementedError("a kernel-only function")
 
-    gated.__name__ = gated.__qualname__ = f"{fn.__name__}_if_{name}"
+    gated.__name__ = gated.__qualname__ = tag
 
     @overload(gated, jit_options={"_nrt": False})
     def _typed(features, *args):
         if _is_on(features, name):
-            return _forwarder(fn, len(args))
+            return _forwarder(fn, len(args), f"{tag}_call{len(args)}")
         if default is None:
             def stub_none(features, *args):
                 if _TRAP[0]:
                     raise RuntimeError(message)
-            return stub_none
+            return _named(stub_none, f"{tag}_stub")
 
         def stub(features, *args):
             if _TRAP[0]:
                 raise RuntimeError(message)
             return default
-        return stub
+        return _named(stub, f"{tag}_stub")
 
     return gated

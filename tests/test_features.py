@@ -110,6 +110,34 @@ def test_a_feature_set_is_a_kernel_set_of_its_own(tmp_path, capsys, monkeypatch)
     assert err.count("aggregated replay") == 1
 
 
+@njit(_nrt=False)
+def _triple(x):
+    return 3 * x
+
+
+_triple_if_routed = gate("kv_router", _triple, np.int64(0))
+
+
+@njit(_nrt=False)
+def _both(features, x, reach):
+    if reach:
+        return _double_if_routed(features, x) + _triple_if_routed(features, x)
+    return x
+
+
+def test_gates_of_one_shape_compile_under_names_of_their_own():
+    """Numba names machine code after the function's qualified name, a per-process
+    counter and the argument types: two gates' stubs of one shape, compiled in two
+    processes into one cache, once shared a symbol, and a process that loaded both ran
+    one for the other (attention-DP replays went wrong after another run's compile)."""
+    for features in (L.Features(), L.Features(kv_router=ON)):
+        _both(features, np.int64(1), False)
+        ir = _both.inspect_llvm(_both.nopython_signatures[-1].args)
+        kind = "stub" if features.kv_router is None else "call"
+        assert f"test_features_double_if_kv_router_{kind}" in ir.replace("__", "_")
+        assert f"test_features_triple_if_kv_router_{kind}" in ir.replace("__", "_")
+
+
 def test_reaching_a_feature_left_out_raises():
     with pytest.raises(RuntimeError, match="without the kv_router feature"):
         _maybe_double(L.Features(), np.int64(3), True)
