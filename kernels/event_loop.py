@@ -350,9 +350,8 @@ def _batch_entry(disaggregated, sglang=False):
     """The batch entry kernel of one topology: a serial loop over simulations that
     releases the GIL, so the driver runs chunks of a batch on parallel threads
     (``replay_batch``). A ``parallel=True`` loop would cost ~8 CPU-seconds more to
-    compile, on every first run, for the same threads. The event loop is inlined, and
-    the scratch arrays come from the driver, so the entry needs no Numba runtime
-    (see the module docstring)."""
+    compile, on every first run, for the same threads. The scratch arrays come from the
+    driver, so the entry needs no Numba runtime (see the module docstring)."""
     run_simulation = _event_loop(disaggregated, sglang)
 
     def replay(cfg, p, rq, wl, wk, sims, sim_ids, horizon_ms, acc, hits, fresh, scratch_tokens):
@@ -450,10 +449,10 @@ def replay_batch(cfg, p, rq, wl, wk, sims, sim_ids, max_lease_blocks, max_block_
     compile_notice(parts)
     for entry, ids in jobs:
         # compile (or load) each entry first, under the cache lock; then run unlocked.
-        # The state's types are fixed by its layout and the ids are always contiguous,
-        # and typing the whole state costs ~1 ms, so each entry is checked once per
-        # process
-        # (and once per feature set: each is its own version, kernels.features)
+        # The state's types are fixed by its layout and its feature set (each set its
+        # own version, kernels.features) and the ids are always contiguous, and typing
+        # the whole state costs ~1 ms, so each entry is checked once per process and
+        # feature set
         if (entry, cfg.features) not in _CHECKED:
             compile_for(entry, tuple(numba.typeof(a) for a in (cfg, p, rq, wl, wk, sims, ids, horizon_ms)
                                      + _scratch(1, 1)))
