@@ -35,13 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 _PART = r"""
 import json, sys, time
-from aisim_fast.workload import default_trace_path, load_mooncake
+from aisim_fast.trace.workload import default_trace_path, load_mooncake
 part = sys.argv[1]
 t0 = time.process_time()
 workload = load_mooncake(default_trace_path(), max_rows=8)
 t_trace = time.process_time() - t0
 if part != "trace":
-    from aisim_fast.cli import main
+    from aisim_fast.cli.app import main
     t0 = time.process_time()
     main(["warmup", "--topology", part])
     t_part = time.process_time() - t0

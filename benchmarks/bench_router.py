@@ -48,10 +48,10 @@ def main() -> None:
 
     import contextlib
 
-    from aisim_fast import replay
-    from aisim_fast.config import parse_payload
-    from aisim_fast.replay import run_batch, simulation_from_setup
-    from aisim_fast.workload import load_mooncake
+    from aisim_fast.engine import replay
+    from aisim_fast.config.payload import parse_payload
+    from aisim_fast.engine.replay import run_batch, simulation_from_setup
+    from aisim_fast.trace.workload import load_mooncake
 
     base = json.loads(Path(args.spec).read_text())
 

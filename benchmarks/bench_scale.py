@@ -12,9 +12,9 @@ import resource
 import time
 from pathlib import Path
 
-from aisim_fast.config import parse_rank
-from aisim_fast.replay import Simulation, run_batch
-from aisim_fast.workload import load_mooncake
+from aisim_fast.config.payload import parse_rank
+from aisim_fast.engine.replay import Simulation, run_batch
+from aisim_fast.trace.workload import load_mooncake
 
 REPO = Path(__file__).resolve().parents[1]
 

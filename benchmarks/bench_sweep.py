@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     if (args.ref_python is None) == (args.against_tree is None):
         ap.error("give one of --ref-python and --against-tree")
 
-    from aisim_fast.sweeps import load_sweep
+    from aisim_fast.studies.sweeps import load_sweep
 
     spec = {"base": {"spec": str(Path(args.golden_dir) / "1k_vllm_agg2.spec.json"),
                      "trace": str(Path(args.trace_dir) / "mooncake_1k.jsonl")},

@@ -39,8 +39,8 @@ from dynamo_kv_case import write_case  # noqa: E402
 from support.dynamo_runs import (case_payload, decision_differences, dp_sizes, payload_of_call,  # noqa: E402
                          read_rows, request_differences, router_view_differences)
 
-from aisim_fast.config import parse_payload  # noqa: E402
-from aisim_fast.replay import run_batch, simulation_from_setup  # noqa: E402
+from aisim_fast.config.payload import parse_payload  # noqa: E402
+from aisim_fast.engine.replay import run_batch, simulation_from_setup  # noqa: E402
 
 
 def random_case(rng: random.Random, dp_fraction: float = 0.0) -> tuple[str, list[str]]:

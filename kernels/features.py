@@ -21,8 +21,8 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-from .layout import (CFG_DP_SIZE, CFG_POLICY, CFG_TIMING, PLACE_KV_ROUTER, POLICY_TRTLLM, SM_PLACEMENT,
-                     TIMING_AIC, Features)
+from aisim_fast.kernels.schema.layout import (CFG_DP_SIZE, CFG_POLICY, CFG_TIMING, PLACE_KV_ROUTER,
+                                              POLICY_TRTLLM, SM_PLACEMENT, TIMING_AIC, Features)
 
 ON = True  # the value of a feature that is compiled in
 
@@ -82,8 +82,10 @@ def gate(name: str, fn, default=None):
     nothing) types the stub of a batch without the feature."""
     assert name in FEATURE_NAMES, name
     message = f"kernel compiled without the {name} feature reached it (features_of)"
-    # unique per gate (see _named): the function's module and name, and the feature
-    tag = f"{fn.__module__.rpartition('.')[2]}_{fn.__name__}_if_{name}"
+    # unique per gate (see _named): the function's module (its room and file: two rooms
+    # may hold files of one name), its name, and the feature
+    module = fn.__module__.removeprefix(__package__ + ".").replace(".", "_")
+    tag = f"{module}_{fn.__name__}_if_{name}"
 
     def gated(features, *args):
         raise NotImplementedError("a kernel-only function")

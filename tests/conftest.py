@@ -22,8 +22,7 @@ settings.register_profile("ci", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-TESTS_DIR = Path(__file__).resolve().parent
-DATA_DIR = TESTS_DIR / "data"
+from support.paths import DATA_DIR  # noqa: E402  (tests/ is on the path: this file is its conftest)
 GOLDEN_DIR = DATA_DIR / "golden"
 TRACES_DIR = DATA_DIR / "traces"
 REFERENCE_DIR = Path("/work/shared/reference")

@@ -1,6 +1,6 @@
 """The reference's per-token artifacts (``ref_replay.py --artifacts``: KV events, output
 tokens) in the shape aisim_fast's tables compare with, shared by
-``tests/test_kv_events.py`` and ``benchmarks/differential.py --kv-artifacts``."""
+``tests/golden/test_kv_events.py`` and ``benchmarks/differential.py --kv-artifacts``."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ ARTIFACT_CASES = ["tiny20"] + sorted(p.name for p in (DATA / "kv_events").iterdi
 def artifact_case(name: str, emit_kv_events: bool = False):
     """(ReplaySetup of the reference run ``name``, its artifacts); ``emit_kv_events``
     turns the rank's KV events on in the payload."""
-    from aisim_fast.config import parse_payload
+    from aisim_fast.config.payload import parse_payload
 
     if name == "tiny20":
         spec = json.loads((DATA / "golden" / "tiny20_vllm_agg1.spec.json").read_text())

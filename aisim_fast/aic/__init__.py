@@ -1,0 +1,1 @@
+"""Op-level (model x GPU) timing from aiconfigurator-core."""

@@ -1,0 +1,643 @@
+"""Configuration: the rank scheduler fields and the replay execution payload, with
+the reference's names and defaults (spec/engine.md §1, reference/README.md §4).
+
+Unknown fields are rejected, as the reference's ``deny_unknown_fields`` does, and
+every error names the field path and what is allowed. Fields the reference has
+but aisim_fast does not simulate yet are rejected when set to a non-default
+value rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("vllm", "trtllm", "sglang")
+SIMULATED_BACKENDS = ("vllm", "trtllm", "sglang")
+NATIVE_BLOCK_SIZE = {"vllm": 64, "sglang": 1, "trtllm": 32}
+TIMING_TYPES = ("polynomial", "fixed", "external")
+TIMING_PROVIDERS = ("aic",)  # external providers (the reference's only one)
+PREEMPTION_MODES = ("lifo", "fifo")
+TRANSFER_MODES = ("full_prompt", "destination_missing")
+WORKER_TYPES = ("aggregated", "prefill", "decode")
+# placement providers (kernels.routing.placement, kernels.routing.kv_router); the reference has round_robin only
+PLACEMENTS = ("round_robin", "random", "kv_router")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message starts with the field path."""
+
+
+def _fail(path: str, message: str):
+    raise ConfigError(f"{path}: {message}")
+
+
+def _int(path: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(path, f"must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        _fail(path, f"must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def _float(path: str, value: Any, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        _fail(path, f"must be a finite number >= {minimum}, got {value!r}")
+    if value < minimum:
+        _fail(path, f"must be a finite number >= {minimum}, got {value}")
+    return float(value)
+
+
+def _bool(path: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        _fail(path, f"must be true or false, got {value!r}")
+    return value
+
+
+def _obj(path: str, value: Any) -> dict:
+    """A JSON object member; absent (None) reads as empty."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        _fail(path, f"must be an object, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _choice(path: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        _fail(path, f"must be one of {', '.join(allowed)}; got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RankConfig:
+    """Scheduler configuration of one rank (reference ``EngineConfig``)."""
+    backend: str = "vllm"
+    num_gpu_blocks: int = 16384
+    block_size: int = 64
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "lifo"
+    speedup_ratio: float = 1.0
+    decode_speedup_ratio: float = 1.0
+    worker_type: str = "aggregated"
+    timing_model: str = "polynomial"
+    fixed_prefill_ms: float = 0.0
+    fixed_decode_ms: float = 0.0
+    kv_transfer_bandwidth: float | None = None
+    kv_transfer_bytes_per_token: int | None = None
+    kv_transfer_timing_mode: str = "full_prompt"
+    # SGLang (backend sglang): the rank's ``sglang`` block
+    sglang_schedule_policy: str = "fifo"
+    sglang_max_prefill_tokens: int = 16384
+    sglang_chunked_prefill_size: int = 8192
+    sglang_clip_max_new_tokens: int = 4096
+    sglang_schedule_conservativeness: float = 1.0
+    # SGLang: passes without prefill after one that prefilled (a top-level rank field)
+    prefill_decode_interval: int = 0
+    # vLLM with attention DP: prefills are admitted on every N-th group pass only
+    # (engine.md 5.7; no effect with dp_size 1)
+    prefill_schedule_interval: int = 1
+    # KV events (vLLM / TRT-LLM): a replay writes them (kv_events.parquet), with each
+    # stored block's token ids too
+    emit_kv_events: bool = False
+    emit_kv_token_ids: bool = False
+    # timing_model "aic" (the payload's external provider): its resolved config
+    aic: Any = None                      # aisim_fast.aic.timing.AicConfig
+    num_gpu_blocks_estimated: bool = False  # num_gpu_blocks from the AIC memory model
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["aic"] = None if self.aic is None else self.aic.to_json()
+        return d
+
+    def payload(self) -> dict:
+        """The rank as a spec payload gives it (the reference's field names; unset
+        fields left out)."""
+        raw = {k: v for k, v in asdict(self).items()
+               if k not in ("aic", "num_gpu_blocks_estimated", "fixed_prefill_ms", "fixed_decode_ms")
+               and not k.startswith("sglang_") and v is not None}
+        raw["timing_model"] = self.timing_json()
+        if self.backend == "sglang":
+            raw["sglang"] = {key: getattr(self, "sglang_" + key) for key in SGLANG_KEYS}
+        return raw
+
+    def timing_json(self) -> dict:
+        """The rank's ``timing_model`` as a spec payload gives it."""
+        if self.timing_model == "fixed":
+            return {"type": "fixed", "prefill_ms": self.fixed_prefill_ms, "decode_ms": self.fixed_decode_ms}
+        if self.timing_model == "aic":
+            return {"type": "external", "provider": "aic", "config": self.aic.spec_json()}
+        return {"type": "polynomial"}
+
+
+# Reference fields accepted only at their default (or absent): value = default.
+_UNSIMULATED = {
+    "aic_nextn": None,
+    "aic_nextn_accept_rates": None,
+    "aic_mtp_seed": 42,
+    "kv_cache_bytes_per_token": None,
+    "native_host_offload": None,
+    "g3_offload": None,
+    "state_cache": None,
+    "frontend": None,
+    "vision": None,
+}
+
+
+def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1, dp_size: int = 1) -> RankConfig:
+    """Validate a reference rank dict and fill the reference's defaults
+    (``tensor_parallel_size``, ``dp_size``: the engine's, which an AIC timing config
+    must match)."""
+    if not isinstance(raw, dict):
+        _fail(path, f"must be an object, got {type(raw).__name__}")
+    raw = dict(raw)
+    if "kv_bytes_per_token" in raw:
+        if "kv_transfer_bytes_per_token" in raw:
+            _fail(f"{path}.kv_bytes_per_token", "duplicate field (alias of kv_transfer_bytes_per_token)")
+        raw["kv_transfer_bytes_per_token"] = raw.pop("kv_bytes_per_token")
+    known = {f for f in RankConfig.__dataclass_fields__
+             if not f.startswith(("fixed_", "sglang_")) and f not in ("aic", "num_gpu_blocks_estimated")}
+    known |= set(_UNSIMULATED) | {"sglang", "trtllm"}
+    for key in raw:
+        if key not in known:
+            _fail(f"{path}.{key}", "unknown field; allowed: " + ", ".join(sorted(known)))
+    for key, default in _UNSIMULATED.items():
+        if key in raw and raw[key] is not None and raw[key] != default:
+            _fail(f"{path}.{key}", f"is not simulated by aisim_fast; only the default {default!r} is accepted")
+
+    out: dict[str, Any] = {}
+    backend = _choice(f"{path}.backend", raw.get("backend", "vllm"), BACKENDS)
+    if backend not in SIMULATED_BACKENDS:
+        _fail(f"{path}.backend", f"{backend!r} is not simulated yet; use one of {', '.join(SIMULATED_BACKENDS)}")
+    out["backend"] = backend
+    if "num_gpu_blocks" in raw and raw["num_gpu_blocks"] is None:
+        _fail(f"{path}.num_gpu_blocks", "explicit null is not allowed; give an integer >= 1")
+    out["num_gpu_blocks"] = _int(f"{path}.num_gpu_blocks", raw.get("num_gpu_blocks", 16384), 1)
+    # SGLang's page may be a single token; vLLM and TRT-LLM blocks hold 2 at least
+    out["block_size"] = _int(f"{path}.block_size", raw.get("block_size", NATIVE_BLOCK_SIZE[backend]),
+                             1 if backend == "sglang" else 2)
+    out["max_num_seqs"] = _int(f"{path}.max_num_seqs", raw.get("max_num_seqs", 256), 1)
+    out["max_num_batched_tokens"] = _int(
+        f"{path}.max_num_batched_tokens", raw.get("max_num_batched_tokens", 8192), 1)
+    if raw.get("max_model_len") is not None:
+        out["max_model_len"] = _int(f"{path}.max_model_len", raw["max_model_len"], 1)
+    out["enable_prefix_caching"] = _bool(
+        f"{path}.enable_prefix_caching", raw.get("enable_prefix_caching", True))
+    for key in ("emit_kv_events", "emit_kv_token_ids"):
+        out[key] = _bool(f"{path}.{key}", raw.get(key, False))
+    out["enable_chunked_prefill"] = _bool(
+        f"{path}.enable_chunked_prefill", raw.get("enable_chunked_prefill", True))
+    out["preemption_mode"] = _choice(
+        f"{path}.preemption_mode", raw.get("preemption_mode", "lifo"), PREEMPTION_MODES)
+    out["speedup_ratio"] = _float(f"{path}.speedup_ratio", raw.get("speedup_ratio", 1.0))
+    out["decode_speedup_ratio"] = _float(
+        f"{path}.decode_speedup_ratio", raw.get("decode_speedup_ratio", 1.0))
+    out["worker_type"] = _choice(f"{path}.worker_type", raw.get("worker_type", "aggregated"), WORKER_TYPES)
+    timing = raw.get("timing_model") or {"type": "polynomial"}
+    if not isinstance(timing, dict):
+        _fail(f"{path}.timing_model", f"must be an object with a 'type', got {timing!r}")
+    kind = _choice(f"{path}.timing_model.type", timing.get("type"), TIMING_TYPES)
+    allowed = {"fixed": {"type", "prefill_ms", "decode_ms"},
+               "external": {"type", "provider", "config"}}.get(kind, {"type"})
+    extra = set(timing) - allowed
+    if extra:
+        _fail(f"{path}.timing_model.{sorted(extra)[0]}", f"unknown field for timing type {kind!r}")
+    out["timing_model"] = kind
+    if kind == "fixed":
+        for key in ("prefill_ms", "decode_ms"):
+            if key not in timing:
+                _fail(f"{path}.timing_model.{key}", "required for the fixed timing model")
+            out[f"fixed_{key}"] = _float(f"{path}.timing_model.{key}", timing[key])
+    if kind == "external":
+        from aisim_fast.aic import timing as aic
+        _choice(f"{path}.timing_model.provider", timing.get("provider"), TIMING_PROVIDERS)
+        out["timing_model"] = "aic"
+        try:
+            out["aic"] = aic.parse_config(timing.get("config"), f"{path}.timing_model.config",
+                                          backend=backend, block_size=out["block_size"],
+                                          tp=tensor_parallel_size, dp=dp_size)
+            if "num_gpu_blocks" not in raw:
+                out["num_gpu_blocks"] = aic.estimate_num_gpu_blocks(
+                    out["aic"], out["block_size"], out["max_num_batched_tokens"])
+                out["num_gpu_blocks_estimated"] = True
+        except aic.AicError as exc:
+            raise ConfigError(str(exc)) from None
+    if raw.get("kv_transfer_bandwidth") is not None:
+        bw = raw["kv_transfer_bandwidth"]
+        if isinstance(bw, (int, float)) and not isinstance(bw, bool) and bw < 0:
+            _fail(f"{path}.kv_transfer_bandwidth", f"must be >= 0 (decimal GB/s), got {bw}")
+        out["kv_transfer_bandwidth"] = _float(f"{path}.kv_transfer_bandwidth", bw)
+    if raw.get("kv_transfer_bytes_per_token") is not None:
+        out["kv_transfer_bytes_per_token"] = _int(
+            f"{path}.kv_transfer_bytes_per_token", raw["kv_transfer_bytes_per_token"], 1)
+    out["kv_transfer_timing_mode"] = _choice(
+        f"{path}.kv_transfer_timing_mode", raw.get("kv_transfer_timing_mode", "full_prompt"),
+        TRANSFER_MODES)
+    trt = raw.get("trtllm")
+    if trt is not None:
+        if not isinstance(trt, dict) or set(trt) - {"capacity_scheduler_policy"}:
+            _fail(f"{path}.trtllm", "only {capacity_scheduler_policy: guaranteed_no_evict} is accepted")
+        _choice(f"{path}.trtllm.capacity_scheduler_policy",
+                trt.get("capacity_scheduler_policy", "guaranteed_no_evict"), ("guaranteed_no_evict",))
+    if raw.get("sglang") is not None and backend != "sglang":
+        _fail(f"{path}.sglang", "only valid with backend sglang")
+    interval = raw.get("prefill_decode_interval")
+    out["prefill_decode_interval"] = 0 if interval is None else _int(
+        f"{path}.prefill_decode_interval", interval, 0)
+    if out["prefill_decode_interval"] != 0 and backend != "sglang":
+        _fail(f"{path}.prefill_decode_interval", f"SGLang only (the reference refuses it for {backend} "
+                                                 "unless 0)")
+    cadence = raw.get("prefill_schedule_interval")
+    out["prefill_schedule_interval"] = 1 if cadence is None else _int(
+        f"{path}.prefill_schedule_interval", cadence, 1)
+    if out["prefill_schedule_interval"] != 1 and backend != "vllm":
+        _fail(f"{path}.prefill_schedule_interval", f"vLLM only (the reference refuses it for {backend} "
+                                                   "unless 1" + ("; use prefill_decode_interval"
+                                                                 if backend == "sglang" else "") + ")")
+    if backend == "sglang":
+        out.update(_parse_sglang(raw, path, out))
+        if out["timing_model"] == "aic":
+            _fail(f"{path}.timing_model", "AIC timing is not simulated for SGLang ranks yet; use "
+                                          "polynomial or fixed")
+    return RankConfig(**out)
+
+
+SGLANG_KEYS = ("schedule_policy", "max_prefill_tokens", "chunked_prefill_size", "clip_max_new_tokens",
+               "schedule_conservativeness")
+
+
+def _parse_sglang(raw: dict, path: str, out: dict) -> dict:
+    """The ``sglang`` block of an SGLang rank, checked as the reference checks it."""
+    if not out["enable_chunked_prefill"]:
+        _fail(f"{path}.enable_chunked_prefill", "SGLang requires chunked prefill (true)")
+    sg = raw.get("sglang") or {}
+    if not isinstance(sg, dict):
+        _fail(f"{path}.sglang", f"must be an object, got {type(sg).__name__}")
+    for key in sg:
+        if key not in SGLANG_KEYS:
+            _fail(f"{path}.sglang.{key}", "unknown or not simulated field; allowed: " + ", ".join(SGLANG_KEYS))
+    policy = sg.get("schedule_policy", "fifo")
+    if policy == "fcfs":
+        policy = "fifo"
+    policy = _choice(f"{path}.sglang.schedule_policy", policy, ("fifo", "lpm"))
+    res = {"sglang_schedule_policy": policy}
+    for key, default in (("max_prefill_tokens", 16384), ("chunked_prefill_size", 8192),
+                         ("clip_max_new_tokens", 4096)):
+        value = sg.get(key, default)
+        res[f"sglang_{key}"] = _int(f"{path}.sglang.{key}", value, 1)
+    if res["sglang_chunked_prefill_size"] % out["block_size"] != 0:
+        _fail(f"{path}.sglang.chunked_prefill_size",
+              f"must be divisible by block_size ({out['block_size']}), as the reference requires")
+    cons = _float(f"{path}.sglang.schedule_conservativeness", sg.get("schedule_conservativeness", 1.0))
+    if not (cons >= 0.0 and cons != float("inf")):
+        _fail(f"{path}.sglang.schedule_conservativeness", f"must be finite and >= 0, got {cons}")
+    res["sglang_schedule_conservativeness"] = cons
+    return res
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Knobs of the ``kv_router`` placement (Dynamo's names and defaults)."""
+    overlap_score_credit: float = 1.0
+    prefill_load_scale: float = 1.0
+    router_temperature: float = 0.0
+    pin_to_trace_worker: bool = False  # place on each trace row's ``worker``; costs still logged
+
+
+ROUTER_KEYS = ("overlap_score_credit", "prefill_load_scale", "router_temperature", "seed",
+               "pin_to_trace_worker")
+
+
+@dataclass(frozen=True)
+class ReplaySetup:
+    """One replay: topology, rank config, and the traffic to drive it."""
+    rank: RankConfig
+    workers: int
+    trace_path: str
+    trace_block_size: int = 512
+    arrival_speedup_ratio: float = 1.0
+    concurrency: int = 0                 # closed-loop session cap; 0 = trace timestamps
+    sla: dict = field(default_factory=dict)
+    tensor_parallel_size: int = 1        # GPUs per rank in the GPU-hour accounting
+    dp_size: int = 1                     # attention-DP ranks per worker (kernels.dp.attention_dp)
+    # Disaggregated topology: ``rank``/``workers``/``tensor_parallel_size`` describe
+    # the decode pool and these the prefill pool; prefill_workers 0 = aggregated.
+    prefill_rank: RankConfig | None = None
+    prefill_workers: int = 0
+    prefill_tensor_parallel_size: int = 1
+    prefill_dp_size: int = 1             # attention-DP ranks per prefill worker
+    handoff_latency_ms: float = 0.0      # transfer delay when the timing model is incomplete
+    placement: str = "round_robin"       # one of PLACEMENTS
+    placement_seed: int = 0              # generator seed of the random placement / router ties
+    router: RouterConfig | None = None   # placement kv_router
+    # simulated-time cap (spec replay.md 12.11): the run stops after the last instant at
+    # or before it; requests unfinished then have no record. None = run to the end
+    max_sim_time_ms: float | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_workers > 0
+
+    @property
+    def gpus_per_worker(self) -> int:
+        """GPUs of one worker of the aggregated or decode pool: tensor parallelism x
+        attention-DP ranks (the reference's ``aic_gpus_per_worker``)."""
+        return self.tensor_parallel_size * self.dp_size
+
+    @property
+    def prefill_gpus_per_worker(self) -> int:
+        """GPUs of one prefill worker (disaggregated): its tensor parallelism x ranks."""
+        return self.prefill_tensor_parallel_size * self.prefill_dp_size
+
+    @property
+    def pools(self) -> list[tuple[str, RankConfig]]:
+        """(role, rank) of each pool: the aggregated one, or decode then prefill."""
+        if self.disaggregated:
+            return [("decode", self.rank), ("prefill", self.prefill_rank)]
+        return [("aggregated", self.rank)]
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["rank"] = self.rank.to_json()
+        if self.prefill_rank is not None:
+            d["prefill_rank"] = self.prefill_rank.to_json()
+        return d
+
+
+def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str) -> None:
+    """Both pools must run the same backend (the handoff order is per backend)."""
+    if prefill.backend != decode.backend:
+        _fail(f"{path}.backend", f"prefill and decode backends must match; got prefill "
+                                 f"{prefill.backend!r} and decode {decode.backend!r}")
+
+
+_PAYLOAD_KEYS = {"spec", "traffic", "determinism"}
+DETERMINISM_MODES = ("canonical_v1", "random")
+_SPEC_KEYS = {"version", "topology", "engine", "adapters", "max_sim_time_ms", "max_in_flight",
+              "record_per_request", "sla", "encoder", "requests"}
+_TRAFFIC_KEYS = {"source_type", "load_type", "trace_path", "trace_paths", "trace_format",
+                 "trace_block_size", "arrival_speedup_ratio", "replay_concurrency", "concurrency"}
+
+
+def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str | None = None
+                  ) -> ReplaySetup:
+    """Lower a reference execution payload (``{"spec", "traffic", ...}``) to a setup.
+
+    A relative ``traffic.trace_path`` resolves against ``base_dir`` (the spec file's
+    folder); ``trace_override`` replaces it."""
+    if not isinstance(payload, dict) or "spec" not in payload:
+        _fail("payload", "must be an object with 'spec' and 'traffic'")
+    for key in payload:
+        if key not in _PAYLOAD_KEYS:
+            _fail(key, "unknown field of the payload; allowed: " + ", ".join(sorted(_PAYLOAD_KEYS)))
+    # the reference's modes; request ids are the canonical ordinals in both (random
+    # would give fresh v4 uuids there: rows still join on session and turn)
+    _choice("determinism", payload.get("determinism", "canonical_v1"), DETERMINISM_MODES)
+    spec = _obj("spec", payload["spec"])
+    for key in spec:
+        if key not in _SPEC_KEYS:
+            _fail(f"spec.{key}", "unknown field; allowed: " + ", ".join(sorted(_SPEC_KEYS)))
+    if spec.get("version", 1) != 1:
+        _fail("spec.version", f"must be 1, got {spec.get('version')!r}")
+    topo = _obj("spec.topology", spec.get("topology"))
+    kind = _choice("spec.topology.kind", topo.get("kind"), ("aggregated", "disaggregated"))
+    if spec.get("engine") is None:
+        _fail("spec.engine", "required (the rank config: {\"rank\": {\"backend\": ...}})")
+    engine = _obj("spec.engine", spec.get("engine"))
+    for key in engine:
+        if key not in _ENGINE_POOL_KEYS + ("prefill", "decode"):
+            _fail(f"spec.engine.{key}", "unknown field; allowed: "
+                                        + ", ".join(sorted(_ENGINE_POOL_KEYS + ("prefill", "decode"))))
+    disagg: dict[str, Any] = {}
+    if kind == "aggregated":
+        for role in ("prefill", "decode"):
+            if engine.get(role) is not None:
+                _fail(f"spec.engine.{role}", "only for a disaggregated topology (kind: disaggregated)")
+        workers = _pool_workers("spec.topology.workers", topo.get("workers"))
+        rank, tp, dp = _engine_pool("spec.engine", engine, "aggregated")
+    else:
+        for key in topo:
+            if key not in ("kind", "prefill", "decode", "handoff_latency_ms"):
+                _fail(f"spec.topology.{key}", "unknown field for a disaggregated topology; allowed: "
+                                              "kind, prefill, decode, handoff_latency_ms")
+        workers = _pool_workers("spec.topology.decode", topo.get("decode"))
+        # a role without its own block runs the engine's top-level pool fields, as the
+        # reference does (aggregated_role of the engine config)
+        top = {k: v for k, v in engine.items() if k not in ("prefill", "decode")}
+        rank, tp, dp = _engine_pool(*_role_block(engine, top, "decode"), "decode")
+        prefill_path, prefill_block = _role_block(engine, top, "prefill")
+        prefill_rank, prefill_tp, prefill_dp = _engine_pool(prefill_path, prefill_block, "prefill")
+        if prefill_rank.kv_transfer_bandwidth is not None and prefill_rank.kv_transfer_bytes_per_token is None:
+            # the transfer is timed by the prefill side's model: the reference refuses
+            # a bandwidth it could not use (and does not fall back to the latency)
+            _fail(f"{prefill_path}.rank.kv_transfer_bandwidth",
+                  "kv_transfer_bandwidth requires kv_transfer_bytes_per_token on prefill workers")
+        check_disaggregated_pair(prefill_rank, rank, "spec.engine.decode.rank")
+        disagg = dict(
+            prefill_rank=prefill_rank,
+            prefill_workers=_pool_workers("spec.topology.prefill", topo.get("prefill")),
+            prefill_tensor_parallel_size=prefill_tp,
+            prefill_dp_size=prefill_dp,
+            handoff_latency_ms=_float("spec.topology.handoff_latency_ms",
+                                      topo.get("handoff_latency_ms", 0.0)),
+        )
+    adapters = _obj("spec.adapters", spec.get("adapters"))
+    placement, placement_seed, router = parse_placement(adapters.get("placement"), "spec.adapters.placement")
+    max_sim_time_ms = None
+    if spec.get("max_sim_time_ms") is not None:
+        max_sim_time_ms = _float("spec.max_sim_time_ms", spec["max_sim_time_ms"])
+    if spec.get("requests"):
+        _fail("spec.requests", "inline requests are not supported; give traffic.trace_path")
+    sla = _obj("spec.sla", spec.get("sla"))
+    for key, value in sla.items():
+        _choice("spec.sla key", key, ("ttft_ms", "itl_ms", "e2e_ms"))
+        if value is not None and _float(f"spec.sla.{key}", value) <= 0:
+            _fail(f"spec.sla.{key}", "must be > 0")
+    if "e2e_ms" in sla and ("ttft_ms" in sla or "itl_ms" in sla):
+        _fail("spec.sla", "e2e_ms is mutually exclusive with ttft_ms / itl_ms")
+
+    traffic = _obj("traffic", payload.get("traffic"))
+    for key in traffic:
+        if key not in _TRAFFIC_KEYS:
+            _fail(f"traffic.{key}", "unknown or unsupported field; allowed: " + ", ".join(sorted(_TRAFFIC_KEYS)))
+    _choice("traffic.source_type", traffic.get("source_type", "trace"), ("trace",))
+    _choice("traffic.trace_format", traffic.get("trace_format", "mooncake"), ("mooncake",))
+    load = _choice("traffic.load_type", traffic.get("load_type", "trace_timestamps"),
+                   ("trace_timestamps", "concurrency"))
+    conc = traffic.get("replay_concurrency", traffic.get("concurrency"))
+    concurrency = 0
+    if conc is not None:
+        concurrency = _int("traffic.replay_concurrency", conc, 1)
+    elif load == "concurrency":
+        _fail("traffic.replay_concurrency", "required when load_type is 'concurrency'")
+    trace = trace_override or traffic.get("trace_path")
+    if not trace:
+        _fail("traffic.trace_path", "required (or pass --trace)")
+    trace_path = Path(trace)
+    if trace_override is None and not trace_path.is_absolute():
+        trace_path = Path(base_dir) / trace_path
+    return ReplaySetup(
+        rank=rank,
+        workers=workers,
+        trace_path=str(trace_path),
+        trace_block_size=_int("traffic.trace_block_size", traffic.get("trace_block_size", 512), 1),
+        arrival_speedup_ratio=_float("traffic.arrival_speedup_ratio",
+                                     traffic.get("arrival_speedup_ratio", 1.0)),
+        concurrency=concurrency,
+        sla={k: float(v) for k, v in sla.items() if v is not None},
+        tensor_parallel_size=tp,
+        dp_size=dp,
+        placement=placement,
+        placement_seed=placement_seed,
+        router=router,
+        max_sim_time_ms=max_sim_time_ms,
+        **disagg,
+    )
+
+
+def parse_placement(raw: Any, path: str) -> tuple[str, int, RouterConfig | None]:
+    """``{"provider": "round_robin" | "random" | "kv_router", "config": {...}}`` (absent =
+    round robin) -> (provider, seed, router knobs of kv_router)."""
+    placement = _obj(path, raw)
+    for key in placement:
+        if key not in ("provider", "config"):
+            _fail(f"{path}.{key}", "unknown field; allowed: config, provider")
+    provider = _choice(f"{path}.provider", placement.get("provider", "round_robin"), PLACEMENTS)
+    config = _obj(f"{path}.config", placement.get("config"))
+    allowed = {"random": ("seed",), "kv_router": ROUTER_KEYS}.get(provider, ())
+    for key in config:
+        if key not in allowed:
+            _fail(f"{path}.config.{key}", f"unknown field for placement {provider!r}; allowed: "
+                                          + (", ".join(allowed) or "none"))
+    seed = _int(f"{path}.config.seed", config.get("seed", 0), 0)
+    if seed >= 2 ** 63:
+        _fail(f"{path}.config.seed", f"must be below 2**63, got {seed}")
+    router = None
+    if provider == "kv_router":
+        router = RouterConfig(
+            overlap_score_credit=_float(f"{path}.config.overlap_score_credit",
+                                        config.get("overlap_score_credit", 1.0)),
+            prefill_load_scale=_float(f"{path}.config.prefill_load_scale",
+                                      config.get("prefill_load_scale", 1.0)),
+            router_temperature=_float(f"{path}.config.router_temperature",
+                                      config.get("router_temperature", 0.0)),
+            pin_to_trace_worker=_bool(f"{path}.config.pin_to_trace_worker",
+                                      config.get("pin_to_trace_worker", False)))
+    return provider, seed, router
+
+
+def check_rank(rank: RankConfig, path: str = "rank") -> None:
+    """Validate a RankConfig built in code by the rules ``parse_rank`` applies (the
+    one place they are written): raises ConfigError naming the field."""
+    if not isinstance(rank, RankConfig):
+        _fail(path, f"must be a RankConfig, got {type(rank).__name__}")
+    if rank.timing_model == "aic" and rank.aic is None:
+        _fail(f"{path}.aic", "timing_model 'aic' needs its config (aisim_fast.aic.timing.parse_config)")
+    tp = rank.aic.tp if rank.aic is not None else 1
+    parse_rank(rank.payload(), path, tp, rank.aic.attention_dp if rank.aic is not None else 1)
+
+
+def _pool_workers(path: str, raw: Any) -> int:
+    pool = _obj(path, raw)
+    if pool.get("startup_delay_ms", 0.0) not in (0, 0.0):
+        _fail(f"{path}.startup_delay_ms", "only 0 is simulated")
+    return _int(f"{path}.initial_workers", pool.get("initial_workers", 1), 1)
+
+
+_ENGINE_POOL_KEYS = ("dp_size", "tensor_parallel_size", "prefill_context_parallel_size",
+                     "num_gpu_blocks_is_explicit", "rank")
+
+
+def _role_block(engine: dict, top: dict, role: str) -> tuple[str, dict]:
+    if engine.get(role) is None:
+        return "spec.engine", top
+    return f"spec.engine.{role}", _obj(f"spec.engine.{role}", engine[role])
+
+
+def _engine_pool(path: str, engine: dict, worker_type: str) -> tuple[RankConfig, int, int]:
+    """One pool's engine block: (rank fields, tensor parallelism, attention-DP ranks per
+    worker; more than one in aggregated pools only)."""
+    for key in engine:
+        if key not in _ENGINE_POOL_KEYS and not (path == "spec.engine" and key in ("prefill", "decode")):
+            _fail(f"{path}.{key}", "unknown field; allowed: " + ", ".join(_ENGINE_POOL_KEYS))
+    if engine.get("prefill_context_parallel_size", 1) != 1:
+        _fail(f"{path}.prefill_context_parallel_size",
+              f"only 1 is simulated, got {engine.get('prefill_context_parallel_size')!r}")
+    dp = _int(f"{path}.dp_size", engine.get("dp_size", 1), 1)
+    tp = _int(f"{path}.tensor_parallel_size", engine.get("tensor_parallel_size", 1), 1)
+    raw = dict(_obj(f"{path}.rank", engine.get("rank")))
+    declared = raw.get("worker_type", worker_type)
+    if declared != worker_type:
+        _fail(f"{path}.rank.worker_type", f"must be {worker_type!r} in this pool, got {declared!r}")
+    raw["worker_type"] = worker_type
+    rank = parse_rank(raw, f"{path}.rank", tp, dp)
+    check_attention_dp(rank, dp, f"{path}.rank", worker_type)
+    return rank, tp, dp
+
+
+def check_attention_dp(rank: RankConfig, dp_size: int, path: str = "rank",
+                       worker_type: str = "aggregated") -> None:
+    """What a rank of an attention-DP group (``dp_size`` > 1) cannot take."""
+    if dp_size > 1 and rank.backend == "sglang":
+        if rank.sglang_chunked_prefill_size // dp_size == 0:
+            _fail(f"{path}.sglang.chunked_prefill_size",
+                  f"each of the {dp_size} attention-DP ranks takes chunked_prefill_size // dp_size "
+                  f"tokens, which is 0 for {rank.sglang_chunked_prefill_size}")
+
+
+def load_spec(path: str | Path, trace_override: str | None = None) -> ReplaySetup:
+    path = Path(path)
+    try:
+        payload = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    return parse_payload(payload, path.parent, trace_override)
+
+
+def set_aic_timing(payload: dict, *, model: str | None = None, system: str | None = None,
+                   tp: int | None = None, backend_version: str | None = None,
+                   where: str = "") -> dict:
+    """A copy of ``payload`` with every pool timed by AIC for the given model, GPU
+    system, tensor parallelism and framework version (``None`` keeps a pool's
+    current value; a pool not yet timed by AIC needs model and system). ``tp`` sets
+    the engine's ``tensor_parallel_size`` too, which the AIC config must match.
+    ``where`` prefixes the names of the values in errors ("--" for flags)."""
+    import copy
+
+    out = copy.deepcopy(payload)
+    spec = _obj("spec", out.get("spec"))
+    engine = _obj("spec.engine", spec.get("engine"))
+    kind = _obj("spec.topology", spec.get("topology")).get("kind")
+    blocks = ([engine.get("prefill"), engine.get("decode")] if kind == "disaggregated" else [engine])
+    if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
+        _fail(f"{where}tp", f"must be an integer >= 1, got {tp!r}")
+    for block in blocks:
+        if not isinstance(block, dict):
+            _fail("spec.engine", "every pool needs an engine block with a rank")
+        rank = block.setdefault("rank", {})
+        timing = rank.get("timing_model") or {}
+        config = dict(timing.get("config") or {}) if timing.get("provider") == "aic" else {}
+        for key, value in (("model", model), ("system", system), ("backend_version", backend_version)):
+            if value is not None:
+                config[key] = value
+        for key in ("model", "system"):
+            if not config.get(key):
+                _fail(f"{where}{key}", "required: the pools are not timed by AIC yet")
+        config["backend"] = rank.get("backend", "vllm")
+        if tp is not None:
+            block["tensor_parallel_size"] = tp
+        config["tp"] = block.get("tensor_parallel_size", 1)
+        config.setdefault("attention_dp", block.get("dp_size", 1))
+        if rank.get("block_size") is not None:
+            config["kv_block_size"] = rank["block_size"]
+        else:
+            config.pop("kv_block_size", None)
+        rank["timing_model"] = {"type": "external", "provider": "aic", "config": config}
+    return out

@@ -1,0 +1,1 @@
+"""What a run writes and shows: Parquet/JSON run folders, progress lines."""

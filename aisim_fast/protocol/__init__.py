@@ -1,0 +1,1 @@
+"""The rank protocol as a library, and the coordinator-driven replay."""

@@ -1,0 +1,1 @@
+"""The prefill -> decode handoff coordinator and its audit of kernel runs."""

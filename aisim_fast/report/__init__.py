@@ -1,0 +1,1 @@
+"""Summary metrics with the reference's definitions."""

@@ -1,0 +1,1 @@
+"""Many simulations: sweeps, sizing, plots."""

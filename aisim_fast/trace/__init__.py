@@ -1,0 +1,1 @@
+"""Traces: loading, validation, workloads."""

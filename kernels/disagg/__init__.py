@@ -1,0 +1,1 @@
+"""The prefill -> decode handoff inside the event loop, and the KV transfer delay."""

@@ -1,0 +1,1 @@
+"""XXH3-64 and the prompt block-hash chains."""

@@ -1,0 +1,248 @@
+"""The admission side of the replay and the aggregated pass completion, shared by
+both topologies' event loop (``kernels.loop.event_loop``).
+
+Arrivals follow the reference's ``replay/agg.rs`` drain, verified in
+spec/replay.md §1.4 and engine.md §14.3: open loop, release time <= now; closed
+loop, while fewer than ``concurrency`` sessions are active. Placement
+(``kernels.routing.placement``) decides at arrival (aggregated) or when the queued
+SubmitPrefill runs (disaggregated). A later
+turn of a session is released ``delay_ms`` after the previous turn's terminal.
+"""
+
+import numpy as np
+from numba import njit
+
+from aisim_fast.kernels.schema.layout import (CFG_DP_SIZE, DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL,
+                                              PLACE_KV_ROUTER, ROUTE_AGGREGATED, RQF_ARRIVAL_MS,
+                                              RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS,
+                                              RQF_TERMINAL_MS, RQ_ACTION, RQ_LEASE_OFF,
+                                              RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW,
+                                              RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_TURN,
+                                              RQ_UUID, RQ_WORKER, RS_WAITING, SM_ACTIVE_SESSIONS,
+                                              SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_CONCURRENCY,
+                                              SM_DEST_FIRST, SM_HEAP_LEN, SM_NUM_ARRIVED,
+                                              SM_NUM_NOT_SENT, SM_NUM_STARTS, SM_NUM_TERMINAL,
+                                              SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF,
+                                              SM_RR_CURSOR, SM_START_PTR, SM_UUID_NEXT, SM_W_LEN,
+                                              SM_W_OFF, TERM_CANCELED, TERM_FAILED, TERM_NOT_SENT,
+                                              WK_BUSY, WK_TERM_HEAD, WK_TERM_TAIL)
+from aisim_fast.kernels.dp.attention_dp import place_rank_gated, reset_wave_if_drained_gated
+from aisim_fast.kernels.features import gate
+from aisim_fast.kernels.routing.kv_router import pass_end_gated, request_ended_gated, route_gated
+from aisim_fast.kernels.routing.placement import place
+from aisim_fast.kernels.loop.rank_queues import wait_push_back, wake
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _before(t_a, s_a, u_a, t_b, s_b, u_b):
+    """Release order: time, then session index, then turn index."""
+    if t_a != t_b:
+        return t_a < t_b
+    if s_a != s_b:
+        return s_a < s_b
+    return u_a < u_b
+
+
+@njit(cache=True, _nrt=False)
+def _heap_push(sims, rq, s, q):
+    base = sims.i64[s, SM_Q_OFF]
+    i = sims.i64[s, SM_HEAP_LEN]
+    sims.i64[s, SM_HEAP_LEN] = i + 1
+    h = sims.heap_q
+    while i > 0:
+        parent = (i - 1) // 2
+        pq = h[base + parent]
+        if _before(rq.f64[q, RQF_READY_MS], rq.i64[q, RQ_SESSION], rq.i64[q, RQ_TURN],
+                   rq.f64[pq, RQF_READY_MS], rq.i64[pq, RQ_SESSION], rq.i64[pq, RQ_TURN]):
+            h[base + i] = pq
+            i = parent
+        else:
+            break
+    h[base + i] = q
+
+
+@njit(cache=True, _nrt=False)
+def _heap_pop(sims, rq, s):
+    base = sims.i64[s, SM_Q_OFF]
+    h = sims.heap_q
+    top = h[base]
+    n = sims.i64[s, SM_HEAP_LEN] - 1
+    sims.i64[s, SM_HEAP_LEN] = n
+    if n == 0:
+        return top
+    last = h[base + n]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        qc = h[base + c]
+        if c + 1 < n:
+            qd = h[base + c + 1]
+            if _before(rq.f64[qd, RQF_READY_MS], rq.i64[qd, RQ_SESSION], rq.i64[qd, RQ_TURN],
+                       rq.f64[qc, RQF_READY_MS], rq.i64[qc, RQ_SESSION], rq.i64[qc, RQ_TURN]):
+                c += 1
+                qc = qd
+        if _before(rq.f64[qc, RQF_READY_MS], rq.i64[qc, RQ_SESSION], rq.i64[qc, RQ_TURN],
+                   rq.f64[last, RQF_READY_MS], rq.i64[last, RQ_SESSION], rq.i64[last, RQ_TURN]):
+            h[base + i] = qc
+            i = c
+        else:
+            break
+    h[base + i] = last
+    return top
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def queue_action(rq, sims, s, q, kind):
+    """Append handoff q's next action to the simulation's FIFO action queue."""
+    rq.i64[q, RQ_ACTION] = kind
+    n = sims.i64[s, SM_Q_LEN]
+    sims.actq[sims.i64[s, SM_Q_OFF] + (sims.i64[s, SM_ACTQ_HEAD] + sims.i64[s, SM_ACTQ_LEN]) % n] = q
+    sims.i64[s, SM_ACTQ_LEN] += 1
+
+
+@njit(cache=True, _nrt=False)
+def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
+    """A request enters the system. Aggregated: placement (kernels.routing.placement), prompt
+    block hashes, waiting queue. Disaggregated: the handoff starts (SubmitPrefill
+    queued; ReserveDestination in the DestinationFirst order)."""
+    rq.f64[q, RQF_ARRIVAL_MS] = arrival_ms
+    rq.i64[q, RQ_STATUS] = RS_WAITING
+    rq.i64[q, RQ_UUID] = sims.i64[s, SM_UUID_NEXT]
+    sims.i64[s, SM_UUID_NEXT] += 1
+    sims.i64[s, SM_NUM_ARRIVED] += 1
+    if sims.i64[s, SM_PREFILL_LEN] > 0:
+        queue_action(rq, sims, s, q,
+                     DF_NEXT_ON_ARRIVAL if sims.i64[s, SM_DEST_FIRST] else NEXT_ON_ARRIVAL)
+        return
+    if sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER:
+        w = route_gated(cfg.features, cfg, p, rq, wl, wk, sims, s, q, arrival_ms, sims.i64[s, SM_W_OFF],
+                  sims.i64[s, SM_W_LEN], ROUTE_AGGREGATED)
+    elif cfg.i64[sims.i64[s, SM_W_OFF], CFG_DP_SIZE] > 1:
+        w = place_rank_gated(cfg.features, cfg, wk, sims, s, sims.i64[s, SM_W_OFF], sims.i64[s, SM_W_LEN])
+    else:
+        w = place(sims, s, sims.i64[s, SM_W_OFF], sims.i64[s, SM_W_LEN], SM_RR_CURSOR)
+    rq.i64[q, RQ_WORKER] = w
+    row = rq.i64[q, RQ_SRC_ROW]
+    p0 = wl.phash_indptr[row]
+    n_prompt_blocks = wl.phash_indptr[row + 1] - p0
+    k0 = rq.i64[q, RQ_LEASE_OFF]
+    for i in range(n_prompt_blocks):
+        rq.seq_hash[k0 + i] = wl.phash[p0 + i]
+    rq.i64[q, RQ_NUM_HASHED] = n_prompt_blocks
+    wait_push_back(wk, w, q)
+    wake(wk, w)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms):
+    """Release every request due at ``now_ms``; returns how many arrived."""
+    closed = sims.i64[s, SM_CONCURRENCY] > 0
+    base = sims.i64[s, SM_Q_OFF]
+    n = 0
+    while True:
+        q_start = -1
+        t_start = 0.0
+        if sims.i64[s, SM_START_PTR] < sims.i64[s, SM_NUM_STARTS]:
+            q0 = sims.start_order[base + sims.i64[s, SM_START_PTR]]
+            if closed:
+                if sims.i64[s, SM_ACTIVE_SESSIONS] < sims.i64[s, SM_CONCURRENCY]:
+                    q_start = q0
+                    t_start = now_ms
+            elif rq.f64[q0, RQF_START_MS] <= now_ms:
+                q_start = q0
+                t_start = rq.f64[q0, RQF_START_MS]
+        q_turn = -1
+        if sims.i64[s, SM_HEAP_LEN] > 0:
+            qh = sims.heap_q[base]
+            if rq.f64[qh, RQF_READY_MS] <= now_ms:
+                q_turn = qh
+        if q_start < 0 and q_turn < 0:
+            return n
+        take_start = q_start >= 0 and (q_turn < 0 or _before(
+            t_start, rq.i64[q_start, RQ_SESSION], rq.i64[q_start, RQ_TURN],
+            rq.f64[q_turn, RQF_READY_MS], rq.i64[q_turn, RQ_SESSION], rq.i64[q_turn, RQ_TURN]))
+        if take_start:
+            sims.i64[s, SM_START_PTR] += 1
+            sims.i64[s, SM_ACTIVE_SESSIONS] += 1
+            _arrive(cfg, p, rq, wl, wk, sims, s, q_start, t_start)
+        else:
+            _heap_pop(sims, rq, s)
+            _arrive(cfg, p, rq, wl, wk, sims, s, q_turn, rq.f64[q_turn, RQF_READY_MS])
+        n += 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def logical_terminal(rq, sims, s, q):
+    """Request q reached its terminal: free its session slot or release its next turn.
+    A failed or canceled turn ends its session, as the reference's workload driver
+    does (a rejected one does not): its later turns are never sent."""
+    sims.i64[s, SM_NUM_TERMINAL] += 1
+    nxt = rq.i64[q, RQ_NEXT_TURN]
+    if rq.i64[q, RQ_TERMINAL] == TERM_FAILED or rq.i64[q, RQ_TERMINAL] == TERM_CANCELED:
+        while nxt >= 0:
+            rq.i64[nxt, RQ_TERMINAL] = TERM_NOT_SENT
+            sims.i64[s, SM_NUM_TERMINAL] += 1
+            sims.i64[s, SM_NUM_NOT_SENT] += 1
+            nxt = rq.i64[nxt, RQ_NEXT_TURN]
+    if nxt >= 0:
+        rq.f64[nxt, RQF_READY_MS] = rq.f64[q, RQF_TERMINAL_MS] + rq.f64[nxt, RQF_DELAY_MS]
+        _heap_push(sims, rq, s, nxt)
+    else:
+        sims.i64[s, SM_ACTIVE_SESSIONS] -= 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def complete_pass(cfg, rq, wk, sims, s, w):
+    """Pass end of worker w: its terminals free session slots and release next turns."""
+    wk.i64[w, WK_BUSY] = 0
+    routed = sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER
+    if routed:
+        pass_end_gated(cfg.features, rq, wk, w)
+    q = wk.i64[w, WK_TERM_HEAD]
+    while q >= 0:
+        if routed:
+            request_ended_gated(cfg.features, rq, wk, w, q, True)
+        logical_terminal(rq, sims, s, q)
+        q = rq.i64[q, RQ_TERM_NEXT]
+    wk.i64[w, WK_TERM_HEAD] = -1
+    wk.i64[w, WK_TERM_TAIL] = -1
+
+
+@njit(cache=True, _nrt=False)
+def complete_group(cfg, rq, wk, sims, s, lead, dp):
+    """The group's pass ends: every rank completes in rank order; a group left without
+    requests starts its wave count again."""
+    for w in range(lead, lead + dp):
+        complete_pass(cfg, rq, wk, sims, s, w)
+    reset_wave_if_drained_gated(cfg.features, wk, lead, dp)
+
+
+# a group pass's end, behind the attention_dp feature gate (kernels.features)
+complete_group_gated = gate("attention_dp", complete_group)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def arrivals_due(rq, sims, s, now_ms):
+    """Cheap check before the admission step (which binds the whole state)."""
+    base = sims.i64[s, SM_Q_OFF]
+    if sims.i64[s, SM_START_PTR] < sims.i64[s, SM_NUM_STARTS]:
+        if sims.i64[s, SM_CONCURRENCY] > 0:
+            if sims.i64[s, SM_ACTIVE_SESSIONS] < sims.i64[s, SM_CONCURRENCY]:
+                return True
+        elif rq.f64[sims.start_order[base + sims.i64[s, SM_START_PTR]], RQF_START_MS] <= now_ms:
+            return True
+    return sims.i64[s, SM_HEAP_LEN] > 0 and rq.f64[sims.heap_q[base], RQF_READY_MS] <= now_ms
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def next_release_ms(rq, sims, s):
+    """Release time of the next request (inf when none is scheduled)."""
+    t_next = np.inf
+    base = sims.i64[s, SM_Q_OFF]
+    if sims.i64[s, SM_CONCURRENCY] == 0 and sims.i64[s, SM_START_PTR] < sims.i64[s, SM_NUM_STARTS]:
+        t_next = rq.f64[sims.start_order[base + sims.i64[s, SM_START_PTR]], RQF_START_MS]
+    if sims.i64[s, SM_HEAP_LEN] > 0:
+        t_next = min(t_next, rq.f64[sims.heap_q[base], RQF_READY_MS])
+    return t_next

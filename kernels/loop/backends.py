@@ -1,0 +1,66 @@
+"""The backend dispatcher: which scheduler runs a worker's forward pass, by the
+worker's policy code (``cfg.i64[w, CFG_POLICY]``, ``POLICY_*`` in layout), so a
+batch may mix backends.
+
+* ``POLICY_VLLM`` and ``POLICY_TRTLLM`` run the vLLM scheduler core
+  (``vllm_core``), each with its own capacity policy over the shared block pool
+  (``vllm_policy``, ``trtllm_policy``);
+* ``POLICY_SGLANG`` runs the SGLang scheduler over its radix cache
+  (``sglang_core``, ``sglang_radix``); its simulations run in an event loop of their
+  own (``event_loop``), so a batch without SGLang never compiles it;
+* a new backend is a module with a ``run_pass`` of the same signature, a policy
+  code, and an entry here.
+
+Runs of decode passes (``decode_run``) are an optimization of the vLLM core: for
+any other backend ``decode_run`` runs nothing and the loop takes ``run_pass``.
+"""
+
+from numba import njit
+
+from aisim_fast.kernels.vllm import decode_run as vllm_decode_run
+from aisim_fast.kernels.sglang import core as sglang_core
+from aisim_fast.kernels.vllm import core as vllm_core
+from aisim_fast.kernels.features import gate
+from aisim_fast.kernels.schema.layout import CFG_POLICY, POLICY_TRTLLM, POLICY_VLLM
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
+    """One forward pass of vLLM or TRT-LLM worker w from ``now_ms``:
+    ``(end_ms, had_effect, arena_full)``."""
+    return vllm_core.run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh,
+                              scratch_tokens)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def sglang_run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
+    """One forward pass of SGLang worker w (the same contract)."""
+    return sglang_core.run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh,
+                                scratch_tokens)
+
+
+@njit(cache=True, _nrt=False)
+def rank_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
+    """``run_pass`` called, not inlined: a rank's pass inside an attention-DP group.
+    Numba inlines by copying the callee's IR (~5 CPU-s for the vLLM pass), so the
+    event loop inlines the pass only where a lone worker runs it."""
+    return run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
+
+
+# behind the attention_dp gate (kernels.features): a batch of lone workers compiles no
+# group pass
+_NO_PASS = (0.0, False, False)
+group_rank_pass = gate("attention_dp", rank_pass, _NO_PASS)
+group_sglang_rank_pass = gate("attention_dp", sglang_run_pass, _NO_PASS)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, acc, hits, fresh,
+               scratch_tokens):
+    """Worker w's decode passes up to ``quiet_until`` in one call where its backend
+    has them: ``(end_ms, passes run, arena_full)``, 0 passes = take ``run_pass``."""
+    policy = cfg.i64[w, CFG_POLICY]
+    if policy == POLICY_VLLM or policy == POLICY_TRTLLM:
+        return vllm_decode_run.decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until,
+                                          max_passes, acc, hits, fresh, scratch_tokens)
+    return now_ms, 0, False

@@ -1,0 +1,1 @@
+"""One rank driven command by command (the rank protocol's kernel side)."""

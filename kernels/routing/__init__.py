@@ -1,0 +1,1 @@
+"""Which worker a request goes to: round robin, random, the KV router."""

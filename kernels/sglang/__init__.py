@@ -1,0 +1,1 @@
+"""SGLang's scheduler rank, radix cache and handoff commands."""

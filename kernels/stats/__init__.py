@@ -1,0 +1,1 @@
+"""Token-gap statistics and the DDSketch."""

@@ -1,0 +1,1 @@
+"""Forward-pass timing: polynomial, fixed, op-level (AIC) tables."""

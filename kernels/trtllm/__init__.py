@@ -1,0 +1,1 @@
+"""TRT-LLM's capacity policy on the vLLM core (guaranteed no evict)."""

@@ -1,0 +1,77 @@
+"""Small reference runs, on every column the reference writes.
+
+Each case folder holds the execution payload exactly as the reference ran it
+(``spec.json``), its trace, and the reference's per-request CSV (``ref.csv``):
+
+* ``tests/data/differential/*`` - divergences found by ``benchmarks/differential.py``
+  on random configurations (all topologies and backends);
+* ``tests/data/disagg_corners/*`` - small disaggregated runs made to isolate one rule
+  each (their README says which);
+* ``tests/data/golden_sglang/*`` - SGLang runs that exercise eviction, retraction,
+  lpm, chunk budgets and page size 16 (README there).
+
+A case either matches the reference on every row and column (times within the
+parity tolerance, counts and workers exact, empty only where the reference leaves it
+empty), or stops with the reference's error when the reference aborts
+(``ref.error.txt``). Cases whose rule is not implemented yet are listed in
+``OPEN`` with what differs: they run as strict xfails, so fixing one turns its
+entry into a failure until it is removed from the list.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from aisim_fast.config.payload import ConfigError, parse_payload
+from aisim_fast.engine.replay import run_batch, simulation_from_setup
+from support.parity_rules import assert_rows_match_reference_csv, same_stop, values_outside_run
+from support.lanes import lane
+from support.paths import DATA_DIR
+
+DATA = DATA_DIR
+CASES = sorted([*DATA.glob("differential/seed*"), *DATA.glob("disagg_corners/*/"),
+                *DATA.glob("golden_sglang/sx-*/")])
+
+# case name -> what still differs (strict xfail)
+OPEN: dict[str, str] = {}
+
+
+def _run(case: Path):
+    payload = json.loads((case / "spec.json").read_text())
+    try:
+        setup = parse_payload(payload, case, trace_override=str(case / "trace.jsonl"))
+    except ConfigError as exc:  # refused before running, as the reference may refuse it
+        return "rejected_config", str(exc), None
+    res = run_batch([simulation_from_setup(setup)])
+    if res.status[0] != "ok":
+        return res.status[0], res.error[0], None
+    return res.status[0], res.error[0], res.requests[0]
+
+
+@pytest.mark.parametrize("case", lane([
+    pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=OPEN[c.name])]
+                 if c.name in OPEN else []) for c in CASES]))
+def test_matches_reference_on_every_column(case):
+    status, error, frame = _run(case)
+    ref_error = case / "ref.error.txt"
+    if ref_error.exists():
+        expected = ref_error.read_text().strip()
+        assert status != "ok", "the reference stops here: " + expected
+        assert same_stop(expected, error), f"reference: {expected!r}\naisim_fast: {error!r}"
+        return
+    assert status == "ok", error
+    assert_rows_match_reference_csv(case / "ref.csv", frame)
+
+
+@pytest.mark.parametrize("case", lane([pytest.param(c, id=c.name) for c in CASES
+                                  if not (c / "ref.error.txt").exists()]))
+def test_no_value_outside_the_run(case):
+    """No float column holds a value outside the run's time range (an uninitialised
+    cell reads as 4.6e-310 or 3.5e+281), whatever the rest of the case does."""
+    status, error, frame = _run(case)
+    if status != "ok":
+        pytest.skip(f"stops: {error[:80]}")
+    assert not values_outside_run(frame), values_outside_run(frame)
