@@ -54,10 +54,12 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     import numba
+
     import aisim_fast
     import aisim_fast.kernels
     from aisim_fast.config.payload import ConfigError, load_spec
-    from aisim_fast.engine.replay import run_batch, simulation_from_setup
+    from aisim_fast.engine.batch import run_batch
+    from aisim_fast.engine.simulation import simulation_from_setup
     import_s = time.perf_counter() - t0
 
     spec_path = Path(args.spec)

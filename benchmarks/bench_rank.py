@@ -28,7 +28,7 @@ import numpy as np
 
 
 def _requests(n: int, prompt: int, out: int, seed: int = 0):
-    from aisim_fast.protocol.rank import Request
+    from aisim_fast.protocol.types import Request
     rng = np.random.default_rng(seed)
     shared = rng.integers(0, 50_000, prompt // 2).tolist()  # half of each prompt is a shared prefix
     return [Request(f"r{i}", shared + rng.integers(0, 50_000, prompt - len(shared)).tolist(), out)
@@ -40,7 +40,8 @@ CONFIG = {"backend": "vllm", "block_size": 16, "num_gpu_blocks": 65536, "max_num
 
 
 def single_rank(n_requests: int) -> dict:
-    from aisim_fast.protocol.rank import CancelRequest, Rank, Submit
+    from aisim_fast.protocol.rank import Rank
+    from aisim_fast.protocol.types import CancelRequest, Submit
     rank = Rank(CONFIG)
     reqs = _requests(n_requests, 512, 64)
     t0 = time.perf_counter()
@@ -64,7 +65,8 @@ def single_rank(n_requests: int) -> dict:
 
 
 def decode_rank(n_requests: int) -> dict:
-    from aisim_fast.protocol.rank import ActivateDestination, Rank, ReserveDestination
+    from aisim_fast.protocol.rank import Rank
+    from aisim_fast.protocol.types import ActivateDestination, ReserveDestination
     rank = Rank({**CONFIG, "worker_type": "decode"})
     reqs = _requests(n_requests, 512, 64, seed=1)
     t0 = time.perf_counter()
@@ -79,7 +81,8 @@ def decode_rank(n_requests: int) -> dict:
 
 
 def long_lived(n_before: int, n_timed: int = 200) -> dict:
-    from aisim_fast.protocol.rank import Rank, Submit
+    from aisim_fast.protocol.rank import Rank
+    from aisim_fast.protocol.types import Submit
     rank = Rank(CONFIG)
     for req in _requests(n_before, 512, 64, seed=2):
         rank.apply(Submit(req), 0.0)

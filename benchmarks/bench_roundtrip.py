@@ -50,13 +50,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from aisim_fast.config.payload import load_spec
-    from aisim_fast.protocol.handoff.coordinator import (FactKind, HandoffOrder, HandoffState,
-                                                         OutcomeKind, TransferTimingArrays,
-                                                         add_handoffs, apply_facts, apply_outcomes,
-                                                         apply_start)
-    from aisim_fast.protocol.handoff.audit import audit_handoffs, audited_runs
+    from aisim_fast.engine.batch import run_batch
+    from aisim_fast.engine.build import build_state
+    from aisim_fast.engine.simulation import simulation_from_setup
     from aisim_fast.kernels.loop.event_loop import replay_batch
-    from aisim_fast.engine.replay import build_state, run_batch, simulation_from_setup
+    from aisim_fast.protocol.handoff.audit import audit_handoffs, audited_runs
+    from aisim_fast.protocol.handoff.coordinator import (FactKind, HandoffOrder, HandoffState, OutcomeKind,
+                                                         TransferTimingArrays, add_handoffs, apply_facts,
+                                                         apply_outcomes, apply_start)
 
     spec = Path(args.spec)
     trace = json.loads(spec.read_text())["traffic"]["trace_path"]

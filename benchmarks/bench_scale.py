@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from aisim_fast.config.payload import parse_rank
-from aisim_fast.engine.replay import Simulation, run_batch
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import Simulation
 from aisim_fast.trace.workload import load_mooncake
 
 REPO = Path(__file__).resolve().parents[1]

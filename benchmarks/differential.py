@@ -51,12 +51,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from aisim_fast.config.payload import parse_payload  # noqa: E402
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import simulation_from_setup  # noqa: E402
+from aisim_fast.io.request_order import requests_in_uuid_order
+from aisim_fast.report.summary import summarize_replay  # noqa: E402
 from support.kv_artifacts import kv_event_rows, reference_kv_events, reference_tokens, token_rows  # noqa: E402
 from support.parity_rules import as_key_part, row_differences, same_stop, workers_as_scheduler_ids  # noqa: E402
-
-from aisim_fast.config.payload import parse_payload  # noqa: E402
-from aisim_fast.io.output import requests_in_uuid_order, summarize_replay  # noqa: E402
-from aisim_fast.engine.replay import run_batch, simulation_from_setup  # noqa: E402
 
 REF_DIR = ROOT.parent / "shared" / "reference"
 TRACE = REF_DIR / "traces" / "mooncake_1k.jsonl"

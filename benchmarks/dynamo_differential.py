@@ -36,11 +36,19 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from differential import random_trace  # noqa: E402
 from dynamo_kv_case import write_case  # noqa: E402
-from support.dynamo_runs import (case_payload, decision_differences, dp_sizes, payload_of_call,  # noqa: E402
-                         read_rows, request_differences, router_view_differences)
 
 from aisim_fast.config.payload import parse_payload  # noqa: E402
-from aisim_fast.engine.replay import run_batch, simulation_from_setup  # noqa: E402
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import simulation_from_setup  # noqa: E402
+from support.dynamo_runs import (  # noqa: E402
+    case_payload,
+    decision_differences,
+    dp_sizes,
+    payload_of_call,
+    read_rows,
+    request_differences,
+    router_view_differences,
+)
 
 
 def random_case(rng: random.Random, dp_fraction: float = 0.0) -> tuple[str, list[str]]:

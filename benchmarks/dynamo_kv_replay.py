@@ -121,9 +121,9 @@ def main(argv=None) -> int:
     saved = os.dup(2)
     os.dup2(log_tmp.fileno(), 2)
     try:
+        from dynamo._core import _normalize_mocker_config
         from dynamo.llm import KvRouterConfig
         from dynamo.replay import run_trace_replay
-        from dynamo._core import _normalize_mocker_config
         if aggregated:
             normalized = {"normalized_engine_args": _normalize_mocker_config(engine_args)}
             kwargs = dict(extra_engine_args=engine_args, num_workers=a.workers)

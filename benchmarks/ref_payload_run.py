@@ -25,8 +25,8 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     sys.path.insert(0, str(SHARED))
-    import ref_replay  # noqa: E402  (the shared golden writer)
     import aisimulate._runtime as runtime  # noqa: E402
+    import ref_replay  # noqa: E402  (the shared golden writer)
 
     spec, out = Path(argv[0]), argv[1]
     payload = json.loads(spec.read_text())

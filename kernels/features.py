@@ -22,7 +22,7 @@ from numba import types
 from numba.extending import overload
 
 from aisim_fast.kernels.schema.layout import (CFG_DP_SIZE, CFG_POLICY, CFG_TIMING, PLACE_KV_ROUTER,
-                                              POLICY_TRTLLM, SM_PLACEMENT, TIMING_AIC, Features)
+                                               POLICY_TRTLLM, SM_PLACEMENT, TIMING_AIC, Features)
 
 ON = True  # the value of a feature that is compiled in
 

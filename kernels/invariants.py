@@ -23,13 +23,12 @@ from numba import njit
 
 from aisim_fast.kernels.kv.block_pool import _mix
 from aisim_fast.kernels.schema.layout import (NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL,
-                                              PB_FREE_STACK, PB_NEXT, PB_PIN, PB_PREV, PB_REF,
-                                              PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP,
-                                              PW_LRU_HEAD, PW_LRU_LEN, PW_LRU_TAIL, PW_NUM_COPIES,
-                                              PW_NUM_RESERVED, PW_TAB_MASK, PW_TAB_OFF,
-                                              RQ_ALLOCATED, RQ_LEASE_OFF, RQ_GENERATED,
-                                              RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED,
-                                              RQ_PROMPT_LEN, RQ_STATUS, RQ_WORKER, RS_DONE)
+                                              PB_FREE_STACK, PB_NEXT, PB_PIN, PB_PREV, PB_REF, PW_BLK_LEN,
+                                              PW_BLK_OFF, PW_BUMP, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN,
+                                              PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED, PW_TAB_MASK,
+                                              PW_TAB_OFF, RQ_ALLOCATED, RQ_GENERATED, RQ_LEASE_OFF,
+                                              RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PROMPT_LEN,
+                                              RQ_STATUS, RQ_WORKER, RS_DONE)
 
 OK = 0
 

@@ -23,6 +23,7 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 from support.paths import DATA_DIR  # noqa: E402  (tests/ is on the path: this file is its conftest)
+
 GOLDEN_DIR = DATA_DIR / "golden"
 TRACES_DIR = DATA_DIR / "traces"
 REFERENCE_DIR = Path("/work/shared/reference")

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from aisim_fast.kernels.timing import aic_table
 from aisim_fast.kernels.schema import layout as L
+from aisim_fast.kernels.timing import aic_table
 
 PACKAGE = "aiconfigurator-core"
 PACKAGE_VERSION = "0.12.0"

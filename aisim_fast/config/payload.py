@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aisim_fast.aic import timing as aic
+
 BACKENDS = ("vllm", "trtllm", "sglang")
 SIMULATED_BACKENDS = ("vllm", "trtllm", "sglang")
 NATIVE_BLOCK_SIZE = {"vllm": 64, "sglang": 1, "trtllm": 32}
@@ -216,7 +218,6 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1, dp_
                 _fail(f"{path}.timing_model.{key}", "required for the fixed timing model")
             out[f"fixed_{key}"] = _float(f"{path}.timing_model.{key}", timing[key])
     if kind == "external":
-        from aisim_fast.aic import timing as aic
         _choice(f"{path}.timing_model.provider", timing.get("provider"), TIMING_PROVIDERS)
         out["timing_model"] = "aic"
         try:

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aisim_fast.engine.growing_arrays import append_into
-from aisim_fast.kernels.schema import layout as L
 from aisim_fast.kernels.hashing.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
+from aisim_fast.kernels.schema import layout as L
+from aisim_fast.trace.growing_arrays import append_into
 
 
 @dataclass
@@ -68,7 +68,7 @@ def append_workload_rows(state: KernelState, workload, block_sizes) -> dict:
     input_len = workload.input_len.astype(np.int64)
     for bs in dict.fromkeys(block_sizes):
         rows[(id(workload), bs)] = n_rows
-        if bs == 0:  # an SGLang pool's rows: no hashes (replay._table_key)
+        if bs == 0:  # an SGLang pool's rows: no hashes (templates.table_key)
             indptr = np.zeros(len(input_len) + 1, np.int64)
             phash = np.zeros(0, np.uint64)
         else:
@@ -91,7 +91,6 @@ def append_workload_rows(state: KernelState, workload, block_sizes) -> dict:
     parts["phash_indptr"].append(np.array([phash_end], np.int64))
     state.wl = L.Workload(**{k: append_into(state.buffers, "wl." + k, v[0], v[1:]) for k, v in parts.items()})
     return rows
-
 
 
 def _renumber(values: np.ndarray, new_q: np.ndarray) -> None:

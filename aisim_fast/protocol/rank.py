@@ -31,244 +31,28 @@ variance and queued-work fields of ``ForwardPassMetrics``.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from typing import Iterable, Sequence, Union
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from aisim_fast.config.payload import ConfigError, RankConfig, check_rank, parse_rank
+from aisim_fast.engine.batch_run import BatchRun
+from aisim_fast.engine.event_frames import drained_event_rows, kv_block_tokens
+from aisim_fast.engine.simulation import Simulation
+from aisim_fast.kernels.hashing.xxh3 import synthetic_output_tokens as tokens
+from aisim_fast.kernels.jit import compile_for, compile_notice, mark_compiled
+from aisim_fast.kernels.protocol import rank_step
 from aisim_fast.kernels.schema import layout as L
+from aisim_fast.kernels.trace.output_plan import output_tokens_at
+from aisim_fast.protocol.handoff.coordinator import HandoffTransferTiming, TransferTimingMode
+from aisim_fast.protocol.types import (APPLIED, NOOP, ActivateDestination, Admission, CancelDestination,
+                                       CancelRequest, CancelSource, CommandEffects, DestinationAccepted,
+                                       DestinationReserved, ForwardPassMetrics, KvBlock, KvEvent, Metrics,
+                                       Output, PassCompletionEffects, PassStartEffects, PressureEvent,
+                                       PressureState, RankError, ReleaseSource, Removed, Request, RequestId,
+                                       ReserveDestination, SourceHeld, Stored, Submit, SubmitHandoffPrefill,
+                                       Submitted)
 from aisim_fast.trace.workload import Workload
-
-RequestId = Union[str, int, uuid.UUID]
-
-
-# ---------------------------------------------------------------------------------
-# protocol types
-# ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Request:
-    """A request as a rank takes it: prompt token ids, the output length asked for,
-    and optionally the exact output token ids (their count then is the length).
-    Without ``output_token_ids`` a rank emits the reference's synthetic tokens
-    (``synthetic_output_tokens``)."""
-    request_id: RequestId
-    tokens: Sequence[int]
-    max_output_tokens: int
-    output_token_ids: Sequence[int] | None = None
-
-
-@dataclass(frozen=True)
-class Submit:
-    request: Request
-
-
-@dataclass(frozen=True)
-class CancelRequest:
-    request_id: RequestId
-    discard_pending_output: bool = False
-
-
-@dataclass(frozen=True)
-class SubmitHandoffPrefill:
-    """Submit a request to a prefill rank whose completed prefill KV stays held for
-    the decode side (SourceHeld) until ReleaseSource or CancelSource."""
-    handoff_id: RequestId
-    request: Request
-
-
-@dataclass(frozen=True)
-class ReleaseSource:
-    handoff_id: RequestId
-
-
-@dataclass(frozen=True)
-class CancelSource:
-    handoff_id: RequestId
-
-
-@dataclass(frozen=True)
-class ReserveDestination:
-    """Accept a decode request on a decode rank and reserve its prompt's KV there
-    (at once when the rank is idle and has room, else at a later retry)."""
-    handoff_id: RequestId
-    request: Request
-
-
-@dataclass(frozen=True)
-class ActivateDestination:
-    """The transfer is done: the reserved destination becomes runnable."""
-    handoff_id: RequestId
-
-
-@dataclass(frozen=True)
-class CancelDestination:
-    """Give back a pending or reserved destination, or drop an activated one."""
-    handoff_id: RequestId
-
-
-@dataclass(frozen=True)
-class DestinationReserved:
-    """Lifecycle event: decode-side KV for the prompt is reserved;
-    ``transferable_prompt_tokens`` = fresh (not resident) blocks x block size."""
-    handoff_id: RequestId
-    request_id: RequestId
-    transferable_prompt_tokens: int
-
-
-@dataclass(frozen=True)
-class SourceHeld:
-    """Lifecycle event: the prefill finished and its KV is held for the transfer."""
-    handoff_id: RequestId
-    request_id: RequestId
-    transfer_timing: object   # aisim_fast.protocol.handoff.coordinator.HandoffTransferTiming
-
-
-@dataclass(frozen=True)
-class Submitted:
-    request_id: RequestId
-
-
-@dataclass(frozen=True)
-class DestinationAccepted:
-    request_id: RequestId
-
-
-@dataclass(frozen=True)
-class Applied:
-    pass
-
-
-@dataclass(frozen=True)
-class Noop:
-    pass
-
-
-APPLIED = Applied()
-NOOP = Noop()
-CommandResult = Union[Submitted, DestinationAccepted, Applied, Noop]
-
-
-@dataclass(frozen=True)
-class KvBlock:
-    block_hash: int
-    tokens_hash: int
-    token_ids: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Stored:
-    """Consecutive blocks that became prefix-cache visible; ``parent_hash`` is the
-    block before the first one (None at a sequence's block 0)."""
-    parent_hash: int | None
-    blocks: tuple[KvBlock, ...]
-
-
-@dataclass(frozen=True)
-class Removed:
-    """The last physical copy of each of these hashes was evicted."""
-    block_hashes: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class KvEvent:
-    event_id: int          # rank-local, from 0, strictly increasing
-    dp_rank: int
-    data: Union[Stored, Removed]
-
-
-@dataclass(frozen=True)
-class Admission:
-    request_id: RequestId
-    reused_input_tokens: int
-
-
-@dataclass(frozen=True)
-class PressureState:
-    running_requests: int
-    waiting_requests: int | None
-    active_blocks: int
-
-
-@dataclass(frozen=True)
-class PressureEvent:
-    at_ms: float
-    kind: str              # "vllm_preemption" | "sglang_retraction"
-    request_id: RequestId
-    state_before: PressureState
-    state_after: PressureState
-    request_active_blocks_before: int
-    logical_available_blocks_before: int | None
-    required_blocks_before: int | None
-
-
-@dataclass(frozen=True)
-class Output:
-    """One client-visible output: a token, or (token_id None, completed) a terminal
-    without token (zero output, rejection). ``cached_tokens``: vLLM / TRT-LLM, on a
-    request's first output only, the prompt tokens its first admission reused."""
-    request_id: RequestId
-    token_id: int | None
-    completed: bool
-    rejected: bool = False
-    cached_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class Metrics:
-    dp_rank: int
-    active_blocks: int
-    total_blocks: int
-    cache_usage: float
-    running_requests: int
-    waiting_requests: int
-    preemptions_total: int
-    sglang_cache_hit_tokens: int = 0
-    sglang_cache_total_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class ForwardPassMetrics:
-    """The pass's batch as the pass log records it (variances and queued-work
-    counts of the reference's ForwardPassMetrics are not recorded)."""
-    num_prefill_requests: int
-    sum_prefill_tokens: int
-    sum_prefill_kv_tokens: int
-    num_decode_requests: int
-    sum_decode_kv_tokens: int
-    duration_ms: float
-
-
-@dataclass(frozen=True)
-class CommandEffects:
-    result: CommandResult
-    lifecycle_events: tuple = ()
-    kv_events: tuple[KvEvent, ...] = ()
-    retired_requests: tuple[RequestId, ...] = ()
-    metrics: Metrics | None = None
-    suppressed_pending_output: bool = False
-
-
-@dataclass(frozen=True)
-class PassStartEffects:
-    start_ms: float
-    end_ms: float          # the modeled pass end: complete the pass then
-    admissions: tuple[Admission, ...] = ()
-    pressure_events: tuple[PressureEvent, ...] = ()
-    kv_events: tuple[KvEvent, ...] = ()   # always empty: KV events are visible at completion
-
-
-@dataclass(frozen=True)
-class PassCompletionEffects:
-    outputs: tuple[Output, ...]
-    lifecycle_events: tuple
-    kv_events: tuple[KvEvent, ...]
-    metrics: Metrics
-    forward_pass_metrics: ForwardPassMetrics | None
-
-
-class RankError(ValueError):
-    """A command the rank refuses (the rank is unchanged)."""
 
 
 # ---------------------------------------------------------------------------------
@@ -292,7 +76,6 @@ def synthetic_output_tokens(request_id: RequestId, n: int) -> np.ndarray:
     no planned tokens: the low 32 bits of XXH3-64 (seed 0) over its 16 UUID bytes and
     the little-endian u64 ordinal (engine.md 4.1; an integer id is the UUID of that
     value)."""
-    from aisim_fast.kernels.hashing.xxh3 import synthetic_output_tokens as tokens
     raw = _uuid_bytes(request_id)
     return tokens(np.uint64(int.from_bytes(raw[:8], "big")), np.uint64(int.from_bytes(raw[8:], "big")),
                   int(n))
@@ -422,7 +205,6 @@ class RankGroup:
     (``sglang_core.run_pass``); facts of commands wait for the next such pass."""
 
     def __init__(self, configs: Iterable, *, kv_events: bool | None = None):
-        from aisim_fast.engine.replay import BatchRun, Simulation
 
         self.configs = [_rank_config(c) for c in configs]
         if not self.configs:
@@ -450,7 +232,7 @@ class RankGroup:
         now = self._times(now_ms, len(ranks))
         q_rows = self._new_rows(ranks, requests, handoff_ids, "prefill" if handoff_ids is not None else None)
         st = self._state
-        ok = _kernels().submit_requests(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st,
+        ok = rank_kernels().submit_requests(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st,
                                         np.asarray(ranks, np.int64), q_rows, now)
         if not ok.all():
             raise AssertionError("a rank's waiting queue had no room for a submitted request")
@@ -471,14 +253,14 @@ class RankGroup:
         q_rows = self._new_rows(ranks, requests, handoff_ids, "decode")
         st = self._state
         ids = np.asarray(ranks, np.int64)
-        impossible = _kernels().destinations_impossible(st.cfg, st.pool, st.rq, st.st, ids, q_rows)
+        impossible = rank_kernels().destinations_impossible(st.cfg, st.pool, st.rq, st.st, ids, q_rows)
         if impossible.any():
             i = int(np.flatnonzero(impossible)[0])
             raise RankError(f"ReserveDestination {handoff_ids[i]}: the prompt of {len(requests[i].tokens)} "
                             f"tokens needs more KV blocks than rank {ranks[i]} has "
                             f"({self.configs[ranks[i]].num_gpu_blocks})")
         in_flight = np.array([self._books[r].pending is not None for r in ranks])
-        _, reserved = _kernels().reserve_destinations(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, q_rows,
+        _, reserved = rank_kernels().reserve_destinations(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, q_rows,
                                                       now, in_flight, st.max_lease, st.max_bs)
         self._register(ranks, requests, handoff_ids, "decode")
         return [self._command_effects(r, DestinationAccepted(req.request_id), now[i],
@@ -505,7 +287,7 @@ class RankGroup:
                 continue
             q = np.array([self._q(r, book.row_of[rid])], np.int64)
             in_flight = np.array([book.pending is not None])
-            step = _kernels().cancel_destinations if cancel else _kernels().activate_destinations
+            step = rank_kernels().cancel_destinations if cancel else rank_kernels().activate_destinations
             applied, reserved = step(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, np.array([r], np.int64), q,
                                      now[i:i + 1], in_flight, st.max_lease, st.max_bs)
             if not applied[0]:
@@ -546,7 +328,7 @@ class RankGroup:
             if rid in book.held:
                 book.held.discard(rid)
                 q = np.array([self._q(r, book.row_of.pop(rid))], np.int64)
-                held = _kernels().release_sources(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st,
+                held = rank_kernels().release_sources(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st,
                                                   np.array([r], np.int64), q, now[i:i + 1], st.max_lease,
                                                   st.max_bs)
                 assert held[0], "a held source the kernel does not hold"
@@ -581,13 +363,13 @@ class RankGroup:
         result = np.zeros(len(ranks), np.int64)
         reserved = np.full(len(ranks), -1, np.int64)
         if known.any():
-            result[known] = _kernels().cancel_requests(
+            result[known] = rank_kernels().cancel_requests(
                 st.cfg, st.pool, st.rq, st.wk, st.st, np.asarray(ranks, np.int64)[known], q_rows[known],
                 now[known])
         for i in np.flatnonzero(destination):
             if st.rq.i64[q_rows[i], L.RQ_STATUS] in (L.RS_ACTIVATED, L.RS_WAITING, L.RS_RUNNING, L.RS_PREEMPTED):
                 r = ranks[i]
-                applied, retried = _kernels().cancel_destinations(
+                applied, retried = rank_kernels().cancel_destinations(
                     st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, np.array([r], np.int64), q_rows[i:i + 1],
                     now[i:i + 1], np.array([self._books[r].pending is not None]), st.max_lease, st.max_bs)
                 result[i], reserved[i] = int(applied[0]), retried[0]
@@ -631,7 +413,7 @@ class RankGroup:
         if len(run) == 0:
             return out
         ids = np.asarray(ranks, np.int64)[run]
-        end_ms, had_effect = _kernels().start_passes(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, now[run],
+        end_ms, had_effect = rank_kernels().start_passes(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st, ids, now[run],
                                                      st.max_lease, st.max_bs)
         for k, i in enumerate(run):
             self._books[ranks[i]].pass_had_effect = bool(had_effect[k])
@@ -653,12 +435,12 @@ class RankGroup:
                 raise RankError(f"rank {r}: no pass in flight")
         st = self._state
         ids = np.asarray(ranks, np.int64)
-        _kernels().complete_passes(st.cfg, st.rq, st.wk, st.st, ids)
+        rank_kernels().complete_passes(st.cfg, st.rq, st.wk, st.st, ids)
         # decode ranks retry their pending head at every completion (engine.md 3.5)
         decode = np.array([self.configs[r].worker_type == "decode" for r in ranks], bool)
         reserved = np.full(len(ranks), -1, np.int64)
         if decode.any():
-            reserved[decode] = _kernels().retry_destinations(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st,
+            reserved[decode] = rank_kernels().retry_destinations(st.cfg, st.pool, st.rq, st.wl, st.wk, st.st,
                                                              ids[decode], st.max_lease, st.max_bs)
         out = []
         for i, r in enumerate(ranks):
@@ -803,7 +585,7 @@ class RankGroup:
         such a pass at that instant while the pass still decays the new-token ratio,
         up to its retry limit; the decays are applied here)."""
         st = self._state
-        return bool(_kernels().effect_free_passes_give_up(st.cfg, st.wk, st.st, np.array([rank], np.int64))[0])
+        return bool(rank_kernels().effect_free_passes_give_up(st.cfg, st.wk, st.st, np.array([rank], np.int64))[0])
 
     # -- internals -----------------------------------------------------------------
     @property
@@ -835,7 +617,6 @@ class RankGroup:
         """The rank's engine-log rows since the last drain, decoded: ("kv", row),
         ("kv_report", row), ("output", Output), ("admission", Admission), ("pressure",
         PressureEvent), ("finished", request id, status)."""
-        from aisim_fast.engine.replay import drained_event_rows
         state = self._state
         log = state.pool.event_log
         n = int(log[r, 0, L.EVH_LEN])
@@ -850,7 +631,6 @@ class RankGroup:
         return self._decode(r, rows)
 
     def _decode(self, r: int, rows: np.ndarray) -> list:
-        from aisim_fast.kernels.trace.output_plan import output_tokens_at
         book = self._books[r]
         sim = self._run.sims[r]
         sglang = self.configs[r].backend == "sglang"
@@ -918,8 +698,6 @@ class RankGroup:
     def _transfer_timing(self, r: int, rid):
         """SourceHeld's transfer inputs (engine.md 10.1): the rank's transfer config and
         the request's full prompt."""
-        from aisim_fast.protocol.handoff.coordinator import (HandoffTransferTiming,
-                                                             TransferTimingMode)
         cfg = self.configs[r]
         prompt = int(self._state.rq.i64[self._q(r, self._books[r].row_of[rid]), L.RQ_PROMPT_LEN])
         return HandoffTransferTiming(mode=TransferTimingMode.parse(cfg.kv_transfer_timing_mode),
@@ -963,9 +741,8 @@ class RankGroup:
         book = self._books[r]
         token_ids = None
         if self.configs[r].emit_kv_token_ids:
-            from aisim_fast.engine.replay import _kv_block_tokens
             stored = rows[:, L.EV_KIND] == L.EV_KV_STORED
-            token_ids = _kv_block_tokens(self._run.sims[r], rows, rows[:, L.EV_WORKER] * 0, stored)
+            token_ids = kv_block_tokens(self._run.sims[r], rows, rows[:, L.EV_WORKER] * 0, stored)
         # columns as Python ints once (per-element numpy reads cost more than the rest)
         kind = rows[:, L.EV_KIND].tolist()
         group = rows[:, L.EV_C].tolist()
@@ -1030,7 +807,7 @@ class RankGroup:
                 book.release_on_hold.discard(rid)
                 st_ = self._state
                 q = np.array([self._q(r, book.row_of.pop(rid))], np.int64)
-                _kernels().release_sources(st_.cfg, st_.pool, st_.rq, st_.wl, st_.wk, st_.st,
+                rank_kernels().release_sources(st_.cfg, st_.pool, st_.rq, st_.wl, st_.wk, st_.st,
                                            np.array([r], np.int64), q, np.array([start_ms]), st_.max_lease,
                                            st_.max_bs)
                 pending.rows += [e for e in self._drain_rows(r) if e[0] in ("kv", "kv_report")]
@@ -1103,10 +880,9 @@ _LOADED: list = []
 _RETRY_ARENA_FULL = -2  # kernels.protocol.rank_step.RETRY_ARENA_FULL (read without loading the kernels)
 
 
-def _kernels():
+def rank_kernels():
     """``kernels.protocol.rank_step``, compiled (or loaded from the kernel cache) once per
     process under the cache lock, as the replay's kernels are."""
-    from aisim_fast.kernels.protocol import rank_step
     if not _LOADED:
         _load(rank_step)
         _LOADED.append(True)
@@ -1118,8 +894,6 @@ def _load(rank_step) -> None:
     arrays differ in size only), typed on a throwaway group's state."""
     import numba
 
-    from aisim_fast.kernels.jit import compile_for, compile_notice, mark_compiled
-    from aisim_fast.engine.replay import BatchRun, Simulation
     compile_notice(["rank"])
     sims = [Simulation(workload=_empty_workload(), rank=RankConfig(), workers=1)]
     st = BatchRun(sims, event_rows=16, log_outputs=True, growable=True, kernel_parts=[],

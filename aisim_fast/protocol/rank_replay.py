@@ -42,13 +42,14 @@ import numpy as np
 import pandas as pd
 
 from aisim_fast.config.payload import ConfigError
-from aisim_fast.protocol.handoff.coordinator import (ActionKind, FactKind, HandoffState,
-                                                     OutcomeKind, add_handoffs, apply_facts,
-                                                     apply_outcomes, apply_start,
+from aisim_fast.engine.frames import nullable_ints
+from aisim_fast.engine.simulation import Simulation, SimulationError
+from aisim_fast.engine.templates import next_turns
+from aisim_fast.protocol.handoff.coordinator import (ActionKind, FactKind, HandoffState, OutcomeKind,
+                                                     add_handoffs, apply_facts, apply_outcomes, apply_start,
                                                      handoff_order_for_backend)
-from aisim_fast.protocol.rank import (Applied, DestinationReserved, Request, RankError, RankGroup,
-                                      SourceHeld)
-from aisim_fast.engine.replay import Simulation, SimulationError, _next_turns, _optional
+from aisim_fast.protocol.rank import RankGroup
+from aisim_fast.protocol.types import Applied, DestinationReserved, RankError, Request, SourceHeld
 from aisim_fast.trace.workload import prompt_tokens, sequence_tokens
 
 __all__ = ["replay_through_ranks"]
@@ -127,7 +128,7 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
     pass_end = [None] * (n_prefill + n_decode)
     cursor = {"prefill": 0, "decode": 0}
     open_rows = set()
-    next_turn = _next_turns(wl)
+    next_turn = next_turns(wl)
     released: list = []               # heap of later turns: (ready_ms, session, turn, row)
     active_sessions = [0]             # sessions started and not ended (closed loop: at most the cap)
     closed_loop = sim.concurrency > 0
@@ -390,7 +391,7 @@ def _frame(sim: Simulation, rec: _Requests) -> pd.DataFrame:
     with np.errstate(invalid="ignore"):
         tpot = np.where(n_out >= 2, (rec.last_token_ms - rec.first_token_ms) / np.maximum(n_out - 1, 1), np.nan)
     def optional(v):
-        return _optional(v, v >= 0)
+        return nullable_ints(v, v >= 0)
     admissions = rec.prefill_admissions + rec.decode_admissions
     frame = pd.DataFrame({
         "request_id": wl.request_name,

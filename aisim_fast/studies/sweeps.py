@@ -52,9 +52,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from aisim_fast import __version__
 from aisim_fast.config.payload import ConfigError, parse_payload, set_aic_timing
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.memory import StateTooLarge
+from aisim_fast.engine.simulation import STATUS_OK, simulation_from_setup
+from aisim_fast.engine.warmup import warm_kernels
 from aisim_fast.io.progress import Progress
+from aisim_fast.io.request_order import requests_in_uuid_order
+from aisim_fast.io.run_folder import REQUEST_TABLE_OPTIONS
+from aisim_fast.kernels.loop.event_loop import set_kernel_threads
+from aisim_fast.report.summary import routing_summary, summarize_replay
+from aisim_fast.trace.workload import TraceError, load_mooncake
+from aisim_fast.version import __version__
 
 SWEEP_KEYS = ("base", "grid", "zip", "random", "trace", "arrival_speedup_ratio", "workers",
               "prefill_decode", "model", "system", "tp", "sla", "batch_size")
@@ -353,7 +362,6 @@ _WORKLOADS: dict = {}  # per process: the last traces loaded, by (path, block si
 
 
 def _workload(setup):
-    from aisim_fast.trace.workload import load_mooncake
 
     key = (setup.trace_path, setup.trace_block_size, setup.arrival_speedup_ratio)
     wl = _WORKLOADS.get(key)
@@ -376,9 +384,6 @@ def run_points(tasks: list, threads: int = 1, with_requests: bool = True) -> lis
     """Run points in one batch: ``tasks`` = [(point id, payload, base dir, trace override)].
     Returns [(point id, summary row, requests frame or None)]; the task of a local worker
     process or a Dask worker, and of the sweep's own process."""
-    from aisim_fast.kernels.loop.event_loop import set_kernel_threads
-    from aisim_fast.engine.replay import simulation_from_setup
-    from aisim_fast.trace.workload import TraceError
 
     set_kernel_threads(threads)
     setups, sims, out = [], [], []
@@ -402,8 +407,6 @@ def _run_batch_rows(ids, setups, sims, with_requests) -> list:
     """Rows of points run in one batch; a batch whose state does not fit in memory is
     split in halves until it does, and a point that does not fit alone is recorded
     with the reason (the sweep goes on)."""
-    from aisim_fast.io.output import requests_in_uuid_order, routing_summary, summarize_replay
-    from aisim_fast.engine.replay import STATUS_OK, StateTooLarge, run_batch
 
     if not sims:
         return []
@@ -567,7 +570,6 @@ def _write_batch(out: Path, sweep: Sweep, results: list, with_requests: bool) ->
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from aisim_fast.io.output import REQUEST_TABLE_OPTIONS
 
         # one pandas -> Arrow conversion for the batch, then a slice per point
         table = pa.Table.from_pandas(pd.concat([f for _, f in frames], ignore_index=True),
@@ -651,7 +653,6 @@ def run_sweep(spec, out: str | Path | None = None, *, jobs: int = 1, scheduler=N
 def _run_parallel(batches, tasks, finished, jobs: int, scheduler, with_requests: bool,
                   topologies) -> None:
     """Batches on local processes or a Dask cluster, written as they finish."""
-    from aisim_fast.engine.replay import warm_kernels
 
     warm_kernels(topologies)  # compile once here; the workers load the cache
     if scheduler is not None:

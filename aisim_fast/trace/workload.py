@@ -32,6 +32,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from aisim_fast.kernels.jit import compile_notice, mark_compiled
+from aisim_fast.kernels.trace.output_plan import output_token_ids, plan_offsets
+from aisim_fast.kernels.trace.scan import SCAN_OK, scan_simple_trace
+from aisim_fast.trace.growing_arrays import append_into
+
 __all__ = [
     "DEFAULT_TRACE_NAME",
     "TraceError",
@@ -180,7 +185,6 @@ class Workload(NamedTuple):
 def _plan(session: np.ndarray, output_len: np.ndarray, authored_start) -> np.ndarray:
     """``Workload.out_plan`` of rows whose authored ids start at ``authored_start[q]``
     (-1: none; None: no row has any)."""
-    from aisim_fast.kernels.trace.output_plan import plan_offsets
 
     if authored_start is None:
         return plan_offsets(session, output_len, np.zeros(len(session), bool))
@@ -586,8 +590,6 @@ def _load_simple(path_str: str, block: int, ratio: float, max_rows: int | None,
     hash ids: every row its own single-turn session), read by the compiled scanner;
     None when any row is not that simple or breaks a rule, so that the general
     loader below handles it (and names the file and line of an error)."""
-    from aisim_fast.kernels.jit import compile_notice, mark_compiled
-    from aisim_fast.kernels.trace.scan import SCAN_OK, scan_simple_trace
 
     try:
         data = np.frombuffer(read_trace_bytes(path_str), dtype=np.uint8)
@@ -691,7 +693,6 @@ def concat_workloads(a: Workload, b: Workload, buffers: dict | None = None) -> W
     as they are: both must be in one id space (``select_rows`` of one trace, or ids
     the caller interned together). With ``buffers`` (a dict the caller keeps for one
     growing workload) the token-sized arrays grow in place (``growing_arrays``)."""
-    from aisim_fast.engine.growing_arrays import append_into
     grow = {} if buffers is None else buffers
     if a.trace_block_size != b.trace_block_size:
         raise ValueError(f"trace block sizes differ: {a.trace_block_size} and {b.trace_block_size}")
@@ -739,7 +740,6 @@ def sequence_tokens(w: Workload, q: int, start: int, n: int) -> np.ndarray:
     """Tokens ``start`` .. ``start + n - 1`` of row ``q``'s sequence (uint32[n]): its
     prompt (``prompt_tokens``), then its output token ids (authored, or its slice of
     the output plan)."""
-    from aisim_fast.kernels.trace.output_plan import output_token_ids
 
     out = np.empty(n, np.uint32)
     prompt = prompt_tokens(w, q)

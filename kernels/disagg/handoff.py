@@ -37,54 +37,48 @@ accepted at once and reserved at once only when the decode worker is idle.
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.kv.block_pool import release_ref, table_find
-from aisim_fast.kernels.schema.layout import (ACT_ACTIVATE, ACT_NONE, ACT_RELEASE, ACT_RESERVE,
-                                              ACT_START_TRANSFER, ACT_SUBMIT_PREFILL,
-                                              CFGF_HANDOFF_LATENCY_MS, CFGF_KV_BANDWIDTH_GBS,
-                                              CFGF_KV_BYTES_PER_TOKEN, CFG_BLOCK_SIZE,
-                                              CFG_PREFIX_CACHING, CFG_TRANSFER_MODE, CMD_APPLIED,
-                                              CMD_NOOP, DF_NEXT_ON_DESTINATION_RESERVED,
-                                              DF_NEXT_ON_SOURCE_HELD, HE_COMPLETED,
-                                              HE_DESTINATION_ACCEPTED, HE_DESTINATION_ACTIVATED,
-                                              HE_DESTINATION_RESERVED, HE_SOURCE_HELD,
-                                              HE_SOURCE_RELEASED, HL_EVENT, HL_REQUEST, HL_TIME_MS,
-                                              HL_VALUE_A, HL_VALUE_B, NEXT_ON_DESTINATION_ACTIVATED,
-                                              NEXT_ON_DESTINATION_RESERVED, NEXT_ON_SOURCE_HELD,
-                                              NEXT_ON_TRANSFER_COMPLETED, NO_BLOCK, PLACE_KV_ROUTER,
-                                              ROUTE_DECODE, ROUTE_PREFILL, RQF_ARRIVAL_MS,
-                                              RQF_DEST_ACTIVATED_MS, RQF_DEST_RESERVED_MS,
-                                              RQF_SOURCE_HELD_MS, RQF_SOURCE_RELEASED_MS,
-                                              RQF_TERMINAL_MS, RQF_TRANSFER_DONE_MS, RQ_ACTION,
-                                              RQ_ALLOCATED, RQ_ATTEMPT_GEN, RQ_FAST_LIMIT,
-                                              RQ_LEASE_OFF, RQ_LINK, RQ_NUM_COMPUTED, RQ_NUM_HASHED,
-                                              RQ_ORDINAL, RQ_PEER, RQ_PROMPT_LEN, RQ_REPORTED,
-                                              RQ_RESERVED_FRESH, RQ_RESERVED_HITS, RQ_SRC_ROW,
-                                              RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_UUID,
-                                              RQ_WORKER, RQ_XFER_SEQ, RS_ACTIVATED, RS_DONE,
-                                              RS_HELD, RS_PENDING_DEST, RS_PREEMPTED, RS_RESERVED,
-                                              RS_RUNNING, RS_WAITING, SM_ACTQ_HEAD, SM_ACTQ_LEN,
-                                              SM_DECODE_CURSOR, SM_DEST_FIRST, SM_HLOG_LEN,
-                                              SM_OPEN_HANDOFFS, SM_PLACEMENT, SM_PREFILL_LEN,
-                                              SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR, SM_W_LEN, SM_W_OFF,
-                                              SM_XFER_LEN, SM_XFER_SEQ, TERM_CANCELED,
-                                              TERM_COMPLETED, TERM_FAILED, TERM_REJECTED,
-                                              TRANSFER_DESTINATION_MISSING, WK_BUSY, WK_CAP_GEN,
-                                              WK_DEFER_HEAD, WK_DEFER_TAIL, WK_ORDINAL_NEXT,
-                                              WK_PEND_HEAD, WK_PEND_LEN, WK_PEND_TAIL, WK_RUN_LEN,
-                                              WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP,
-                                              WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF,
-                                              WK_RESERVED_LEN)
-from aisim_fast.kernels.vllm import capacity as capacity_policy
-from aisim_fast.kernels.sglang import core as sglang_core, handoff as sglang_handoff
-from aisim_fast.kernels.loop.arrivals import logical_terminal, queue_action
+from aisim_fast.kernels.disagg.transfer_timing import kv_transfer_ms_kernel
 from aisim_fast.kernels.dp.attention_dp import reset_wave_if_drained_gated
+from aisim_fast.kernels.kv.block_pool import release_ref, table_find
 from aisim_fast.kernels.kv.lease import publish_block, release_lease
+from aisim_fast.kernels.loop.arrivals import logical_terminal, queue_action
+from aisim_fast.kernels.loop.rank_queues import run_remove_at, wait_at, wait_push_back, wait_remove_at, wake
+from aisim_fast.kernels.loop.request_state import ceil_div
 from aisim_fast.kernels.routing.kv_router import pass_end_gated, request_ended_gated, route_gated
 from aisim_fast.kernels.routing.placement import place
-from aisim_fast.kernels.loop.rank_queues import (run_remove_at, wait_at, wait_push_back,
-                                                 wait_remove_at, wake)
-from aisim_fast.kernels.loop.request_state import ceil_div
-from aisim_fast.kernels.disagg.transfer_timing import kv_transfer_ms_kernel
+from aisim_fast.kernels.schema.layout import (ACT_ACTIVATE, ACT_NONE, ACT_RELEASE, ACT_RESERVE,
+                                              ACT_START_TRANSFER, ACT_SUBMIT_PREFILL, CFG_BLOCK_SIZE,
+                                              CFG_PREFIX_CACHING, CFG_TRANSFER_MODE, CFGF_HANDOFF_LATENCY_MS,
+                                              CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN, CMD_APPLIED,
+                                              CMD_NOOP, DF_NEXT_ON_DESTINATION_RESERVED,
+                                              DF_NEXT_ON_SOURCE_HELD, HE_COMPLETED, HE_DESTINATION_ACCEPTED,
+                                              HE_DESTINATION_ACTIVATED, HE_DESTINATION_RESERVED,
+                                              HE_SOURCE_HELD, HE_SOURCE_RELEASED, HL_EVENT, HL_REQUEST,
+                                              HL_TIME_MS, HL_VALUE_A, HL_VALUE_B,
+                                              NEXT_ON_DESTINATION_ACTIVATED, NEXT_ON_DESTINATION_RESERVED,
+                                              NEXT_ON_SOURCE_HELD, NEXT_ON_TRANSFER_COMPLETED, NO_BLOCK,
+                                              PLACE_KV_ROUTER, ROUTE_DECODE, ROUTE_PREFILL, RQ_ACTION,
+                                              RQ_ALLOCATED, RQ_ATTEMPT_GEN, RQ_FAST_LIMIT, RQ_LEASE_OFF,
+                                              RQ_LINK, RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_ORDINAL, RQ_PEER,
+                                              RQ_PROMPT_LEN, RQ_REPORTED, RQ_RESERVED_FRESH, RQ_RESERVED_HITS,
+                                              RQ_SRC_ROW, RQ_STATUS, RQ_TERM_NEXT, RQ_TERMINAL, RQ_UUID,
+                                              RQ_WORKER, RQ_XFER_SEQ, RQF_ARRIVAL_MS, RQF_DEST_ACTIVATED_MS,
+                                              RQF_DEST_RESERVED_MS, RQF_SOURCE_HELD_MS,
+                                              RQF_SOURCE_RELEASED_MS, RQF_TERMINAL_MS, RQF_TRANSFER_DONE_MS,
+                                              RS_ACTIVATED, RS_DONE, RS_HELD, RS_PENDING_DEST, RS_PREEMPTED,
+                                              RS_RESERVED, RS_RUNNING, RS_WAITING, SM_ACTQ_HEAD, SM_ACTQ_LEN,
+                                              SM_DECODE_CURSOR, SM_DEST_FIRST, SM_HLOG_LEN, SM_OPEN_HANDOFFS,
+                                              SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR,
+                                              SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_CANCELED,
+                                              TERM_COMPLETED, TERM_FAILED, TERM_REJECTED,
+                                              TRANSFER_DESTINATION_MISSING, WK_BUSY, WK_CAP_GEN,
+                                              WK_DEFER_HEAD, WK_DEFER_TAIL, WK_ORDINAL_NEXT, WK_PEND_HEAD,
+                                              WK_PEND_LEN, WK_PEND_TAIL, WK_RESERVED_LEN, WK_RUN_LEN,
+                                              WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP,
+                                              WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF)
+from aisim_fast.kernels.sglang import core as sglang_core
+from aisim_fast.kernels.sglang import handoff as sglang_handoff
+from aisim_fast.kernels.vllm import capacity as capacity_policy
 
 
 @njit(cache=True, _nrt=False)

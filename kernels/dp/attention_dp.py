@@ -41,20 +41,18 @@ Not simulated with attention DP (the configuration refuses it): the rank protoco
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.kv.block_pool import event_log_on
-from aisim_fast.kernels.schema.layout import (CFG_DP_RANK, CFG_DP_SIZE, CFG_PREFILL_CADENCE,
-                                              EVH_LEN, EV_KIND, EV_KV_REMOVED, EV_KV_REPORTED,
-                                              EV_TIME_BITS, PL_END_MS, RQF_TERMINAL_MS,
-                                              RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_TERM_NEXT,
-                                              SM_GROUP_PASS, SM_PASS_LOG_LEN, SM_RR_CURSOR,
-                                              SM_TOKEN_HEAD, SM_TOKEN_TAIL, WK_BUSY,
-                                              WK_CAPACITY_BOUND, WK_DP_CURSOR, WK_DP_WAVE,
-                                              WK_PEND_LEN, WK_RESERVED_LEN, WK_RUN_LEN, WK_RUN_OFF,
-                                              WK_SG_PREFILL_ROUNDS, WK_SG_READY_LEN, WK_STALLED,
-                                              WK_TERM_HEAD, WK_WAIT_LEN)
 from aisim_fast.kernels.features import gate
-from aisim_fast.kernels.routing.placement import place
+from aisim_fast.kernels.kv.block_pool import event_log_on
 from aisim_fast.kernels.loop.token_output import token_times
+from aisim_fast.kernels.routing.placement import place
+from aisim_fast.kernels.schema.layout import (CFG_DP_RANK, CFG_DP_SIZE, CFG_PREFILL_CADENCE, EV_KIND,
+                                              EV_KV_REMOVED, EV_KV_REPORTED, EV_TIME_BITS, EVH_LEN, PL_END_MS,
+                                              RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_TERM_NEXT, RQF_TERMINAL_MS,
+                                              SM_GROUP_PASS, SM_PASS_LOG_LEN, SM_RR_CURSOR, SM_TOKEN_HEAD,
+                                              SM_TOKEN_TAIL, WK_BUSY, WK_CAPACITY_BOUND, WK_DP_CURSOR,
+                                              WK_DP_WAVE, WK_PEND_LEN, WK_RESERVED_LEN, WK_RUN_LEN,
+                                              WK_RUN_OFF, WK_SG_PREFILL_ROUNDS, WK_SG_READY_LEN, WK_STALLED,
+                                              WK_TERM_HEAD, WK_WAIT_LEN)
 
 
 @njit(cache=True, _nrt=False)

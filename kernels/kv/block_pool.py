@@ -21,17 +21,16 @@ deletion shifts the following cluster back, so no tombstones accumulate.
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.schema.layout import (EVH_CLOCK_BITS, EVH_KV, EVH_LEN, EVH_OUTPUTS, EV_A,
-                                              EV_B, EV_BLOCK, EV_C, EV_KIND, EV_KV_REMOVED,
-                                              EV_KV_STORED, EV_REQUEST, EV_TIME_BITS,
-                                              EV_TOKENS_HASH, EV_WORKER, KV_FIRST, KV_NEXT,
-                                              NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL,
-                                              PB_FREE_STACK, PB_NEXT, PB_PIN, PB_PREV, PB_PUB_PASS,
-                                              PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP, PW_FREE_TOP,
-                                              PW_EVICTED_CAP, PW_EVICTED_LEN, PW_EVICTED_OFF,
-                                              PW_EVICTED_PASS, PW_LRU_HEAD, PW_LRU_LEN, PW_LRU_TAIL,
-                                              PW_NUM_COPIES, PW_NUM_RESERVED, PW_PASS_NUM, PW_SIM,
-                                              PW_TAB_MASK, PW_TAB_OFF, SIM_EVENTS_FULL)
+from aisim_fast.kernels.schema.layout import (EV_A, EV_B, EV_BLOCK, EV_C, EV_KIND, EV_KV_REMOVED,
+                                               EV_KV_STORED, EV_REQUEST, EV_TIME_BITS, EV_TOKENS_HASH,
+                                               EV_WORKER, EVH_CLOCK_BITS, EVH_KV, EVH_LEN, EVH_OUTPUTS,
+                                               KV_FIRST, KV_NEXT, NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV,
+                                               PB_DUP_TAIL, PB_FREE_STACK, PB_NEXT, PB_PIN, PB_PREV,
+                                               PB_PUB_PASS, PB_REF, PW_BLK_LEN, PW_BLK_OFF, PW_BUMP,
+                                               PW_EVICTED_CAP, PW_EVICTED_LEN, PW_EVICTED_OFF,
+                                               PW_EVICTED_PASS, PW_FREE_TOP, PW_LRU_HEAD, PW_LRU_LEN,
+                                               PW_LRU_TAIL, PW_NUM_COPIES, PW_NUM_RESERVED, PW_PASS_NUM,
+                                               PW_SIM, PW_TAB_MASK, PW_TAB_OFF)
 
 PASS_NUM_MASK = 0x7FFFFFFF  # PB_PUB_PASS / PW_EVICTED_PASS keep the low 31 bits of a pass number
 NO_PASS = -1  # PW_PASS_NUM of an attention-DP rank that sits out its group's pass

@@ -10,18 +10,17 @@ blocks included, are the reference's XXH3 sequence hashes.
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.kv.block_pool import (cache_copy, kv_events_logged, note_kv_stored,
-                                              release_ref, reserve, table_find)
-from aisim_fast.kernels.loop.request_state import ceil_div, seq_len
-from aisim_fast.kernels.trace.output_plan import output_token_ids
 from aisim_fast.kernels.hashing.xxh3 import hash_chain, xxh3_64_u32_seed1337
-from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_NUM_GPU_BLOCKS,
-                                              CFG_PREFIX_CACHING, CFG_ROLE, EV_BLOCK, EV_KIND,
-                                              EV_KV_STORED, EV_REQUEST, EV_TOKENS_HASH, EV_WORKER,
-                                              KV_FIRST, KV_FIRST_WITH_PARENT, KV_NEXT, NO_BLOCK,
-                                              PB_CACHED, PB_PIN, PB_REF, ROLE_DECODE, RQ_ALLOCATED,
-                                              RQ_FAST_LIMIT, RQ_LEASE_OFF, RQ_NUM_HASHED,
+from aisim_fast.kernels.kv.block_pool import (cache_copy, kv_events_logged, note_kv_stored, release_ref,
+                                              reserve, table_find)
+from aisim_fast.kernels.loop.request_state import ceil_div, seq_len
+from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING,
+                                              CFG_ROLE, EV_BLOCK, EV_KIND, EV_KV_STORED, EV_REQUEST,
+                                              EV_TOKENS_HASH, EV_WORKER, KV_FIRST, KV_FIRST_WITH_PARENT,
+                                              KV_NEXT, NO_BLOCK, PB_CACHED, PB_PIN, PB_REF, ROLE_DECODE,
+                                              RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_LEASE_OFF, RQ_NUM_HASHED,
                                               RQ_PROMPT_LEN, RQ_REPUBLISHED, RQ_SRC_ROW)
+from aisim_fast.kernels.trace.output_plan import output_token_ids
 
 
 @njit(cache=True, _nrt=False)

@@ -12,25 +12,22 @@ turn of a session is released ``delay_ms`` after the previous turn's terminal.
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.schema.layout import (CFG_DP_SIZE, DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL,
-                                              PLACE_KV_ROUTER, ROUTE_AGGREGATED, RQF_ARRIVAL_MS,
-                                              RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS,
-                                              RQF_TERMINAL_MS, RQ_ACTION, RQ_LEASE_OFF,
-                                              RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW,
-                                              RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RQ_TURN,
-                                              RQ_UUID, RQ_WORKER, RS_WAITING, SM_ACTIVE_SESSIONS,
-                                              SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_CONCURRENCY,
-                                              SM_DEST_FIRST, SM_HEAP_LEN, SM_NUM_ARRIVED,
-                                              SM_NUM_NOT_SENT, SM_NUM_STARTS, SM_NUM_TERMINAL,
-                                              SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF,
-                                              SM_RR_CURSOR, SM_START_PTR, SM_UUID_NEXT, SM_W_LEN,
-                                              SM_W_OFF, TERM_CANCELED, TERM_FAILED, TERM_NOT_SENT,
-                                              WK_BUSY, WK_TERM_HEAD, WK_TERM_TAIL)
 from aisim_fast.kernels.dp.attention_dp import place_rank_gated, reset_wave_if_drained_gated
 from aisim_fast.kernels.features import gate
+from aisim_fast.kernels.loop.rank_queues import wait_push_back, wake
 from aisim_fast.kernels.routing.kv_router import pass_end_gated, request_ended_gated, route_gated
 from aisim_fast.kernels.routing.placement import place
-from aisim_fast.kernels.loop.rank_queues import wait_push_back, wake
+from aisim_fast.kernels.schema.layout import (CFG_DP_SIZE, DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL,
+                                              PLACE_KV_ROUTER, ROUTE_AGGREGATED, RQ_ACTION, RQ_LEASE_OFF,
+                                              RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS,
+                                              RQ_TERM_NEXT, RQ_TERMINAL, RQ_TURN, RQ_UUID, RQ_WORKER,
+                                              RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS,
+                                              RQF_TERMINAL_MS, RS_WAITING, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD,
+                                              SM_ACTQ_LEN, SM_CONCURRENCY, SM_DEST_FIRST, SM_HEAP_LEN,
+                                              SM_NUM_ARRIVED, SM_NUM_NOT_SENT, SM_NUM_STARTS, SM_NUM_TERMINAL,
+                                              SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR,
+                                              SM_START_PTR, SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, TERM_CANCELED,
+                                              TERM_FAILED, TERM_NOT_SENT, WK_BUSY, WK_TERM_HEAD, WK_TERM_TAIL)
 
 
 @njit(cache=True, _nrt=False, inline="always")

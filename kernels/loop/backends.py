@@ -17,11 +17,11 @@ any other backend ``decode_run`` runs nothing and the loop takes ``run_pass``.
 
 from numba import njit
 
-from aisim_fast.kernels.vllm import decode_run as vllm_decode_run
-from aisim_fast.kernels.sglang import core as sglang_core
-from aisim_fast.kernels.vllm import core as vllm_core
 from aisim_fast.kernels.features import gate
 from aisim_fast.kernels.schema.layout import CFG_POLICY, POLICY_TRTLLM, POLICY_VLLM
+from aisim_fast.kernels.sglang import core as sglang_core
+from aisim_fast.kernels.vllm import core as vllm_core
+from aisim_fast.kernels.vllm import decode_run as vllm_decode_run
 
 
 @njit(cache=True, _nrt=False, inline="always")

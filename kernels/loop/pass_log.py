@@ -4,14 +4,12 @@ row writer for every backend and every pass path."""
 from numba import njit
 
 from aisim_fast.kernels.kv.block_pool import num_active
-from aisim_fast.kernels.schema.layout import (PL_ACTIVE_BLOCKS, PL_END_MS, PL_INACTIVE_BLOCKS,
-                                              PL_NUM_ADMITTED, PL_NUM_DECODE_REQUESTS,
-                                              PL_NUM_OUTPUT_TOKENS, PL_NUM_PREEMPTED,
-                                              PL_NUM_PREFILL_REQUESTS, PL_NUM_RUNNING,
+from aisim_fast.kernels.schema.layout import (PL_ACTIVE_BLOCKS, PL_DP_RANK, PL_END_MS, PL_INACTIVE_BLOCKS,
+                                              PL_NUM_ADMITTED, PL_NUM_DECODE_REQUESTS, PL_NUM_OUTPUT_TOKENS,
+                                              PL_NUM_PREEMPTED, PL_NUM_PREFILL_REQUESTS, PL_NUM_RUNNING,
                                               PL_NUM_WAITING, PL_START_MS, PL_SUM_DECODE_KV_TOKENS,
-                                              PL_SUM_PREFILL_KV_TOKENS,
-                                              PL_SUM_PREFILL_PROMPT_TOKENS, PL_SUM_PREFILL_TOKENS,
-                                              PL_TIMED_DECODE_KV_TOKENS, PL_DP_RANK,
+                                              PL_SUM_PREFILL_KV_TOKENS, PL_SUM_PREFILL_PROMPT_TOKENS,
+                                              PL_SUM_PREFILL_TOKENS, PL_TIMED_DECODE_KV_TOKENS,
                                               PL_TIMED_DECODE_REQUESTS, PL_WORKER, PW_LRU_LEN,
                                               SM_PASS_LOG_LEN, SM_W_OFF, WK_RUN_LEN, WK_WAIT_LEN)
 

@@ -3,8 +3,7 @@
 
 from numba import njit
 
-from aisim_fast.kernels.schema.layout import (CFG_MAX_MODEL_LEN, RQ_GENERATED, RQ_MAX_OUTPUT,
-                                              RQ_PROMPT_LEN)
+from aisim_fast.kernels.schema.layout import CFG_MAX_MODEL_LEN, RQ_GENERATED, RQ_MAX_OUTPUT, RQ_PROMPT_LEN
 
 
 @njit(cache=True, _nrt=False)

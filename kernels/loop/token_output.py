@@ -13,11 +13,10 @@ from numba import njit
 
 from aisim_fast.kernels.kv.block_pool import note_event_at, outputs_logged
 from aisim_fast.kernels.routing.kv_router import first_token_seen_gated
-from aisim_fast.kernels.schema.layout import (EV_OUTPUT, RQF_FIRST_TOKEN_MS, RQF_LAST_TOKEN_MS,
-                                              RQF_SECOND_TOKEN_MS, RQ_GENERATED, RQ_NO_TOKEN_STATS,
-                                              RQ_RT_PENDING, RQ_STATUS, RQ_TOKEN_NEXT, RQ_WORKER,
-                                              RS_DONE, SM_GROUP_PASS, SM_TOKEN_HEAD, SM_TOKEN_TAIL,
-                                              WK_STAT_ROW)
+from aisim_fast.kernels.schema.layout import (EV_OUTPUT, RQ_GENERATED, RQ_NO_TOKEN_STATS, RQ_RT_PENDING,
+                                              RQ_STATUS, RQ_TOKEN_NEXT, RQ_WORKER, RQF_FIRST_TOKEN_MS,
+                                              RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS, RS_DONE, SM_GROUP_PASS,
+                                              SM_TOKEN_HEAD, SM_TOKEN_TAIL, WK_STAT_ROW)
 from aisim_fast.kernels.stats.sketch import fold_gap_run
 
 

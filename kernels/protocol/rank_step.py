@@ -11,26 +11,22 @@ takes an array of simulations, so one call steps many ranks (the batch form).
 import numpy as np
 from numba import njit
 
+from aisim_fast.kernels.disagg.handoff import (_drop_queued, accept_destination, activate_destination,
+                                                cancel_destination, release_held_source, retry_destination)
+from aisim_fast.kernels.kv.block_pool import event_log_on, event_set_clock, kv_events_visible_at, note_event
 from aisim_fast.kernels.loop.arrivals import _arrive, complete_pass
 from aisim_fast.kernels.loop.backends import run_pass, sglang_run_pass
-from aisim_fast.kernels.kv.block_pool import (event_log_on, event_set_clock, kv_events_visible_at,
-                                              note_event)
-from aisim_fast.kernels.vllm.capacity import destination_impossible
-from aisim_fast.kernels.disagg.handoff import (_drop_queued, accept_destination,
-                                               activate_destination, cancel_destination,
-                                               release_held_source, retry_destination)
-from aisim_fast.kernels.schema.layout import (CFG_POLICY, CMD_APPLIED, EV_FINISHED, EVH_LEN,
-                                              POLICY_SGLANG, RQ_ALLOCATED, RQ_GENERATED, RQ_STATUS,
-                                              RQ_TERMINAL, RQ_WORKER, RQF_TERMINAL_MS, RS_DONE,
-                                              RS_HELD, RS_PREEMPTED, RS_RESERVED, RS_RUNNING,
-                                              RS_WAITING, SIM_ARENA_FULL, SIM_CAPACITY, SIM_RUNNING,
-                                              SM_STATUS, SM_W_OFF, TERM_CANCELED, WK_BUSY,
-                                              WK_CAP_GEN, WK_OVERFLOW, WK_WAIT_CAP, WK_WAIT_LEN)
 from aisim_fast.kernels.loop.rank_queues import wake
-from aisim_fast.kernels.sglang.handoff import (
-                                               destination_impossible as sglang_destination_impossible)
+from aisim_fast.kernels.schema.layout import (CFG_POLICY, CMD_APPLIED, EV_FINISHED, EVH_LEN, POLICY_SGLANG,
+                                              RQ_ALLOCATED, RQ_GENERATED, RQ_STATUS, RQ_TERMINAL, RQ_WORKER,
+                                              RQF_TERMINAL_MS, RS_DONE, RS_HELD, RS_PREEMPTED, RS_RESERVED,
+                                              RS_RUNNING, RS_WAITING, SIM_ARENA_FULL, SIM_CAPACITY,
+                                              SIM_RUNNING, SM_STATUS, SM_W_OFF, TERM_CANCELED, WK_BUSY,
+                                              WK_CAP_GEN, WK_OVERFLOW, WK_WAIT_CAP, WK_WAIT_LEN)
 from aisim_fast.kernels.sglang.core import drop_queued as sglang_drop_queued
 from aisim_fast.kernels.sglang.core import effect_free_pass_gives_up
+from aisim_fast.kernels.sglang.handoff import destination_impossible as sglang_destination_impossible
+from aisim_fast.kernels.vllm.capacity import destination_impossible
 from aisim_fast.kernels.vllm.core import ACC_SIZE
 
 # CancelRequest results (rank.CommandResult)

@@ -42,23 +42,20 @@ has its own router over its own workers.
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.kv.block_pool import (NO_PASS, PASS_NUM_MASK, _mix, evicted_in_flight,
-                                              table_find)
-from aisim_fast.kernels.schema.layout import (CFGF_ROUTER_CREDIT, CFGF_ROUTER_LOAD_SCALE,
-                                              CFGF_ROUTER_TEMPERATURE, CFG_BLOCK_SIZE,
-                                              CFG_ROUTER_PIN, NO_BLOCK, PB_PUB_PASS, PW_PASS_NUM,
-                                              RL_BEST_OVERLAP, RL_COST, RL_OVERLAP, RL_POOL,
-                                              RL_REQUEST, RL_TIED, RL_TIME_MS, RL_WORKER,
-                                              ROUTE_AGGREGATED, ROUTE_DECODE, ROUTE_PREFILL,
-                                              RQ_LEASE_OFF, RQ_PEER, RQ_PIN_WORKER, RQ_PROMPT_LEN,
-                                              RQ_RT_ACTIVE, RQ_RT_PENDING, RQ_SRC_ROW, RQ_TERM_NEXT,
-                                              SM_Q_OFF, SM_RT_LOG_LEN, WK_BUSY, WK_RT_ACTIVE_BLOCKS,
-                                              WK_RT_FREED_TOKENS, WK_RT_LIMIT, WK_RT_MASK,
-                                              WK_RT_OFF, WK_RT_PREFILL_TOKENS, WK_RT_USED,
-                                              WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_WAIT_LEN)
 from aisim_fast.kernels.features import gate
-from aisim_fast.kernels.routing.placement import next_random
+from aisim_fast.kernels.kv.block_pool import NO_PASS, PASS_NUM_MASK, _mix, evicted_in_flight, table_find
 from aisim_fast.kernels.loop.rank_queues import wait_at
+from aisim_fast.kernels.routing.placement import next_random
+from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_ROUTER_PIN, CFGF_ROUTER_CREDIT,
+                                              CFGF_ROUTER_LOAD_SCALE, CFGF_ROUTER_TEMPERATURE, NO_BLOCK,
+                                              PB_PUB_PASS, PW_PASS_NUM, RL_BEST_OVERLAP, RL_COST, RL_OVERLAP,
+                                              RL_POOL, RL_REQUEST, RL_TIED, RL_TIME_MS, RL_WORKER,
+                                              ROUTE_AGGREGATED, ROUTE_DECODE, ROUTE_PREFILL, RQ_LEASE_OFF,
+                                              RQ_PEER, RQ_PIN_WORKER, RQ_PROMPT_LEN, RQ_RT_ACTIVE,
+                                              RQ_RT_PENDING, RQ_SRC_ROW, RQ_TERM_NEXT, SM_Q_OFF,
+                                              SM_RT_LOG_LEN, WK_BUSY, WK_RT_ACTIVE_BLOCKS, WK_RT_FREED_TOKENS,
+                                              WK_RT_LIMIT, WK_RT_MASK, WK_RT_OFF, WK_RT_PREFILL_TOKENS,
+                                              WK_RT_USED, WK_RUN_LEN, WK_RUN_OFF, WK_TERM_HEAD, WK_WAIT_LEN)
 
 RT_NEVER_USED = -1  # rt_count of a slot no hash took since the multiset was (re)built
 

@@ -19,46 +19,39 @@ Same signature as ``vllm_core.run_pass``; ``backends`` dispatches on the policy 
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.sglang import radix as rx
 from aisim_fast.kernels.kv.block_pool import event_log_on, note_event, outputs_logged
 from aisim_fast.kernels.kv.lease import local_block_hash
-from aisim_fast.kernels.trace.output_plan import output_token_ids
 from aisim_fast.kernels.loop.pass_log import append_pass_row
-from aisim_fast.kernels.loop.rank_queues import (push_terminal, run_push_back, run_remove_at,
-                                                 wait_at, wait_push_back, wait_push_front,
-                                                 wait_remove_at)
+from aisim_fast.kernels.loop.rank_queues import (push_terminal, run_push_back, run_remove_at, wait_at,
+                                                 wait_push_back, wait_push_front, wait_remove_at)
 from aisim_fast.kernels.loop.request_state import ceil_div
-from aisim_fast.kernels.stats.sketch import fold_gap_run
 from aisim_fast.kernels.loop.token_output import emit_token
-from aisim_fast.kernels.timing.pass_timing import decode_ns, ns_to_ms, prefill_ns
-from aisim_fast.kernels.schema.layout import (CFGF_SG_DECAY_STEP, CFGF_SG_INIT_RATIO,
-                                              CFGF_SG_MIN_RATIO, CFG_MAX_MODEL_LEN,
-                                              CFG_MAX_NUM_SEQS, CFG_ROLE, CFG_SG_PD_INTERVAL,
-                                              ROLE_DECODE, ROLE_PREFILL, RQ_SG_READY_NEXT,
-                                              RQ_WORKER, RS_HELD, RS_NOT_ARRIVED, RS_WAITING,
-                                              SM_PREFILL_Q_OFF, SM_Q_LEN, SM_Q_OFF, WK_PEND_LEN,
-                                              WK_SG_PASS_FLAGS, WK_SG_PREFILL_ROUNDS,
-                                              WK_SG_READY_HEAD, WK_SG_READY_LEN, WK_SG_READY_TAIL,
-                                              SM_GROUP_PASS, WK_STAT_ROW, CFG_NUM_GPU_BLOCKS,
-                                              CFG_PREFIX_CACHING, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP,
-                                              CFG_SG_LPM, CFG_SG_MAX_PREFILL_TOKENS, EV_ADMITTED,
-                                              EV_FINISHED, EV_PREEMPTED, EV_PRESSURE,
-                                              EV_PRESSURE_SGLANG, PL_ACTIVE_BLOCKS,
-                                              PL_INACTIVE_BLOCKS, RQF_FIRST_ADMIT_MS,
-                                              RQF_TERMINAL_MS, RQ_ADMISSIONS, RQ_ALLOCATED,
+from aisim_fast.kernels.schema.layout import (CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
+                                              CFG_PREFIX_CACHING, CFG_ROLE, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP,
+                                              CFG_SG_LPM, CFG_SG_MAX_PREFILL_TOKENS, CFG_SG_PD_INTERVAL,
+                                              CFGF_SG_DECAY_STEP, CFGF_SG_INIT_RATIO, CFGF_SG_MIN_RATIO,
+                                              EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE,
+                                              EV_PRESSURE_SGLANG, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
+                                              ROLE_DECODE, ROLE_PREFILL, RQ_ADMISSIONS, RQ_ALLOCATED,
                                               RQ_COMMITTED_PREFILL, RQ_FIRST_CACHED, RQ_GENERATED,
-                                              RQ_LEASE_OFF, RQ_MAX_CACHED, RQ_MAX_OUTPUT,
-                                              RQ_NUM_COMPUTED, RQ_NUM_HASHED, RQ_PREEMPTIONS,
-                                              RQ_PROMPT_LEN, RQ_SESSION_ROW, RQ_SRC_ROW,
-                                              RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY,
-                                              RQ_SG_LPM_RECORDED, RQ_STATUS, RQ_TERMINAL,
-                                              RQ_TERM_NEXT, RS_DONE, RS_PREEMPTED, RS_RUNNING,
-                                              RW_DECODE_PASSES, RW_EVICTABLE, RW_INSERT_SHARED,
-                                              RW_PAGES_USED, RW_PAGE_SIZE, SM_PASS_LOG_LEN,
-                                              TERM_COMPLETED, TERM_NONE, TERM_REJECTED, WK_CAP_GEN,
-                                              WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
-                                              WK_RUN_OFF, WK_SG_RATIO_BITS, WK_TERM_HEAD,
+                                              RQ_LEASE_OFF, RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED,
+                                              RQ_NUM_HASHED, RQ_PREEMPTIONS, RQ_PROMPT_LEN, RQ_SESSION_ROW,
+                                              RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED,
+                                              RQ_SG_READY_NEXT, RQ_SRC_ROW, RQ_STATUS, RQ_TERM_NEXT,
+                                              RQ_TERMINAL, RQ_WORKER, RQF_FIRST_ADMIT_MS, RQF_TERMINAL_MS,
+                                              RS_DONE, RS_HELD, RS_NOT_ARRIVED, RS_PREEMPTED, RS_RUNNING,
+                                              RS_WAITING, RW_DECODE_PASSES, RW_EVICTABLE, RW_INSERT_SHARED,
+                                              RW_PAGE_SIZE, RW_PAGES_USED, SM_GROUP_PASS, SM_PASS_LOG_LEN,
+                                              SM_PREFILL_Q_OFF, SM_Q_LEN, SM_Q_OFF, TERM_COMPLETED, TERM_NONE,
+                                              TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP, WK_PEND_LEN,
+                                              WK_PREEMPTIONS_TOTAL, WK_RUN_LEN, WK_RUN_OFF, WK_SG_PASS_FLAGS,
+                                              WK_SG_PREFILL_ROUNDS, WK_SG_RATIO_BITS, WK_SG_READY_HEAD,
+                                              WK_SG_READY_LEN, WK_SG_READY_TAIL, WK_STAT_ROW, WK_TERM_HEAD,
                                               WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF)
+from aisim_fast.kernels.sglang import radix as rx
+from aisim_fast.kernels.stats.sketch import fold_gap_run
+from aisim_fast.kernels.timing.pass_timing import decode_ns, ns_to_ms, prefill_ns
+from aisim_fast.kernels.trace.output_plan import output_token_ids
 
 RETRACT_STEPS = 20  # tokens of headroom per surviving request after a retraction
 DECODE_LOG_INTERVAL = 40  # SGLang's decode_log_interval: passes between decode stats reports

@@ -21,16 +21,15 @@ runs the handoff and calls these where a worker's backend is SGLang.
 
 from numba import njit
 
-from aisim_fast.kernels.sglang import radix as rx
-from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_NUM_GPU_BLOCKS,
-                                              CFG_PREFIX_CACHING, RQ_ALLOCATED, RQ_LEASE_OFF,
-                                              RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_RESERVED_FRESH,
-                                              RQ_RESERVED_HITS, RQ_SG_CACHED, RQ_SG_LAST, RQ_STATUS,
-                                              RS_ACTIVATED, RW_EVICTABLE, RW_PAGE_SIZE, WK_CAP_GEN,
-                                              WK_RESERVED_LEN)
 from aisim_fast.kernels.loop.request_state import ceil_div
-from aisim_fast.kernels.sglang.core import (_ensure_keys, _evict_for, _take_pages, finish_kv,
-                                            ready_push, ready_remove, release_on_retraction)
+from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_NUM_GPU_BLOCKS,
+                                              CFG_PREFIX_CACHING, RQ_ALLOCATED, RQ_LEASE_OFF, RQ_NUM_COMPUTED,
+                                              RQ_PROMPT_LEN, RQ_RESERVED_FRESH, RQ_RESERVED_HITS,
+                                              RQ_SG_CACHED, RQ_SG_LAST, RQ_STATUS, RS_ACTIVATED, RW_EVICTABLE,
+                                              RW_PAGE_SIZE, WK_CAP_GEN, WK_RESERVED_LEN)
+from aisim_fast.kernels.sglang import radix as rx
+from aisim_fast.kernels.sglang.core import (_ensure_keys, _evict_for, _take_pages, finish_kv, ready_push,
+                                            ready_remove, release_on_retraction)
 
 
 @njit(cache=True, _nrt=False)

@@ -51,23 +51,21 @@ in as slices of caller arrays (``keys[k0 : k0 + n]``, ``pages[p0 : p0 + n]``).
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.kv.block_pool import log_row
-from aisim_fast.kernels.schema.layout import (EVH_CLOCK_BITS, EVH_KV, EV_BLOCK, EV_KV_REMOVED,
-                                              EV_KV_REPORTED, EV_KV_STORED, EV_REQUEST, KV_FIRST,
-                                              KV_FIRST_WITH_PARENT, KV_NEXT, KV_RUN_NONE,
-                                              KV_RUN_REMOVED, KV_RUN_STORED, RADIX_N, RADIX_W,
-                                              RN_CHILDREN, RN_FIELDS, RN_FREE_STACK, RN_HEAD,
-                                              RN_LEN, RN_LOCK, RN_PARENT, RN_TAIL, RN_TIME,
-                                              RP_FIELDS, RP_FREE_STACK, RP_IN_TREE, RP_NEXT,
-                                              RP_PREV, RP_RUN_LAST, RP_RUN_LEFT, RW_CLOCK,
-                                              RW_EVICTABLE, RW_HEAP_CAP, RW_HEAP_LEN, RW_HEAP_OFF,
-                                              RW_INSERT_SHARED, RW_KV_RUN, RW_KV_TAIL_HASH,
-                                              RW_KV_UNREPORTED, RW_NODE_BUMP, RW_NODE_FREE_TOP,
-                                              RW_NODE_LEN, RW_NODE_OFF, RW_PAGES_USED, RW_PAGE_BUMP,
-                                              RW_PAGE_CAP, RW_PAGE_FREE_TOP, RW_PAGE_LEN,
-                                              RW_PAGE_OFF, RW_PAGE_SIZE, RW_PROTECTED, RW_SIM,
-                                              RW_TAB_MASK, RW_TAB_OFF, Radix)
 from aisim_fast.kernels.hashing.xxh3 import hash_chain, xxh3_64_u32_seed1337
+from aisim_fast.kernels.kv.block_pool import log_row
+from aisim_fast.kernels.schema.layout import (EV_BLOCK, EV_KV_REMOVED, EV_KV_REPORTED, EV_KV_STORED,
+                                              EV_REQUEST, EVH_CLOCK_BITS, EVH_KV, KV_FIRST,
+                                              KV_FIRST_WITH_PARENT, KV_NEXT, KV_RUN_NONE, KV_RUN_REMOVED,
+                                              KV_RUN_STORED, RADIX_N, RADIX_W, RN_CHILDREN, RN_FIELDS,
+                                              RN_FREE_STACK, RN_HEAD, RN_LEN, RN_LOCK, RN_PARENT, RN_TAIL,
+                                              RN_TIME, RP_FIELDS, RP_FREE_STACK, RP_IN_TREE, RP_NEXT, RP_PREV,
+                                              RP_RUN_LAST, RP_RUN_LEFT, RW_CLOCK, RW_EVICTABLE, RW_HEAP_CAP,
+                                              RW_HEAP_LEN, RW_HEAP_OFF, RW_INSERT_SHARED, RW_KV_RUN,
+                                              RW_KV_TAIL_HASH, RW_KV_UNREPORTED, RW_NODE_BUMP,
+                                              RW_NODE_FREE_TOP, RW_NODE_LEN, RW_NODE_OFF, RW_PAGE_BUMP,
+                                              RW_PAGE_CAP, RW_PAGE_FREE_TOP, RW_PAGE_LEN, RW_PAGE_OFF,
+                                              RW_PAGE_SIZE, RW_PAGES_USED, RW_PROTECTED, RW_SIM, RW_TAB_MASK,
+                                              RW_TAB_OFF, Radix)
 
 NO_NODE = -1
 NO_PAGE = np.int32(-1)
@@ -712,7 +710,7 @@ def _log_removed(r, w, b):
 def report_kv(r, w, t_ms):
     """Worker w reports the KV rows it logged since its last report, at ``t_ms``: a
     report row (``EV_KV_REPORTED``) after them in the log, which gives them that time
-    (``replay._kv_rows_as_reported``); a Removed row after it starts a new event."""
+    (``event_frames.kv_rows_as_reported``); a Removed row after it starts a new event."""
     if r.w64[w, RW_KV_UNREPORTED] > 0 and kv_logged(r, w):
         log_row(r.event_log, r.w64[w, RW_SIM], w, EV_KV_REPORTED, np.int64(0), np.int64(0),
                 np.int64(0), np.float64(t_ms).view(np.int64))

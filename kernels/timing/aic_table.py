@@ -19,8 +19,8 @@ Keys are the reference's integer arguments packed into one int64: prefill
 import numpy as np
 from numba import njit, objmode
 
-from aisim_fast.kernels.schema.layout import (AIC_EMPTY, AICM_COUNT, AICM_FIELDS, AICM_MASK,
-                                              AICM_OFF, AICM_TIMING, CFG_AIC_LOCAL, CFG_AIC_SHARED)
+from aisim_fast.kernels.schema.layout import (AIC_EMPTY, AICM_COUNT, AICM_FIELDS, AICM_MASK, AICM_OFF,
+                                               AICM_TIMING, CFG_AIC_LOCAL, CFG_AIC_SHARED)
 
 KIND_PREFILL = 0
 KIND_DECODE = 1

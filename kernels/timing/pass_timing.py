@@ -13,11 +13,11 @@ import math
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.timing.aic_table import KIND_DECODE, KIND_PREFILL, aic_raw_ms
 from aisim_fast.kernels.features import gate
-from aisim_fast.kernels.schema.layout import (CFG_TIMING, CFGF_DECODE_SPEEDUP_RATIO,
-                                              CFGF_FIXED_DECODE_MS, CFGF_FIXED_PREFILL_MS,
-                                              CFGF_SPEEDUP_RATIO, TIMING_AIC, TIMING_FIXED)
+from aisim_fast.kernels.schema.layout import (CFG_TIMING, CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS,
+                                              CFGF_FIXED_PREFILL_MS, CFGF_SPEEDUP_RATIO, TIMING_AIC,
+                                              TIMING_FIXED)
+from aisim_fast.kernels.timing.aic_table import KIND_DECODE, KIND_PREFILL, aic_raw_ms
 
 NS_PER_S = 1_000_000_000
 _SPLIT = 134217729.0  # 2**27 + 1, Veltkamp splitter for an exact f64 product

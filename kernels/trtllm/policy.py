@@ -11,10 +11,10 @@ Same signatures as ``vllm_policy``; ``capacity_policy`` picks one per worker.
 from numba import njit
 
 from aisim_fast.kernels.kv.block_pool import num_active, reserve
-from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS,
-                                              CFG_NUM_GPU_BLOCKS, RQ_ALLOCATED, RQ_MAX_OUTPUT,
-                                              RQ_PROMPT_LEN, WK_RUN_LEN, WK_RUN_OFF, WK_TRT_TAIL)
 from aisim_fast.kernels.loop.request_state import ceil_div
+from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS,
+                                              CFG_NUM_GPU_BLOCKS, RQ_ALLOCATED, RQ_MAX_OUTPUT, RQ_PROMPT_LEN,
+                                              WK_RUN_LEN, WK_RUN_OFF, WK_TRT_TAIL)
 
 
 @njit(cache=True, _nrt=False)

@@ -9,10 +9,10 @@ policies' code into every caller cost compile time for nothing."""
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.trtllm import policy as trtllm_policy
-from aisim_fast.kernels.vllm import policy as vllm_policy
 from aisim_fast.kernels.features import gate
 from aisim_fast.kernels.schema.layout import CFG_POLICY, POLICY_TRTLLM
+from aisim_fast.kernels.trtllm import policy as trtllm_policy
+from aisim_fast.kernels.vllm import policy as vllm_policy
 
 # TRT-LLM's side of each hook behind the trtllm feature gate (kernels.features): a
 # batch without TRT-LLM workers compiles none of trtllm_policy

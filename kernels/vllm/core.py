@@ -17,40 +17,35 @@ at the pass end it returns (tokens are stamped with that end here).
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.vllm import capacity as capacity_policy
 from aisim_fast.kernels.dp.attention_dp import defers_prefills_gated
 from aisim_fast.kernels.kv.block_pool import event_log_on, note_event, num_active, outputs_logged
-from aisim_fast.kernels.vllm.decode_step import (CLASS_COMPLETE, CLASS_DECODE, classify,
-                                                 fast_decode_step, stamp_scheduled)
 from aisim_fast.kernels.kv.lease import allocate, finalize, prefix_cost, release_lease
 from aisim_fast.kernels.loop.pass_log import append_pass_row
-from aisim_fast.kernels.loop.rank_queues import (push_terminal, run_push_back, run_remove_at,
-                                                 wait_at, wait_push_front, wait_remove_at)
-from aisim_fast.kernels.loop.request_state import (ceil_div, remaining_generation, remaining_tokens,
-                                                   seq_len)
-from aisim_fast.kernels.stats.sketch import fold_gap_run
+from aisim_fast.kernels.loop.rank_queues import (push_terminal, run_push_back, run_remove_at, wait_at,
+                                                 wait_push_front, wait_remove_at)
+from aisim_fast.kernels.loop.request_state import ceil_div, remaining_generation, remaining_tokens, seq_len
 from aisim_fast.kernels.loop.token_output import emit_token
+from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_MAX_MODEL_LEN,
+                                              CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS,
+                                              CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_PREFILL_CADENCE,
+                                              CFG_ROLE, EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE,
+                                              PW_PASS_NUM, ROLE_DECODE, ROLE_PREFILL, RQ_ADMISSIONS,
+                                              RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FAST_LIMIT,
+                                              RQ_FIRST_CACHED, RQ_GENERATED, RQ_MAX_CACHED, RQ_MAX_OUTPUT,
+                                              RQ_NUM_COMPUTED, RQ_PREEMPTIONS, RQ_PROMPT_LEN, RQ_SCHED_CLASS,
+                                              RQ_SCHED_LEN, RQ_SCHED_PREFIX, RQ_SCHED_PROMPT, RQ_SCHED_STAMP,
+                                              RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS, RQ_STATUS, RQ_TERM_NEXT,
+                                              RQ_TERMINAL, RQF_FIRST_ADMIT_MS, RQF_TERMINAL_MS, RS_ACTIVATED,
+                                              RS_DONE, RS_HELD, RS_PREEMPTED, RS_RUNNING, RS_WAITING,
+                                              SM_PASS_LOG_LEN, TERM_COMPLETED, TERM_REJECTED, WK_CAP_GEN,
+                                              WK_CAPACITY_BOUND, WK_PASS_STAMP, WK_PEND_LEN,
+                                              WK_PREEMPTIONS_TOTAL, WK_RUN_LEN, WK_RUN_OFF, WK_STAT_ROW,
+                                              WK_TERM_HEAD, WK_WAIT_LEN)
+from aisim_fast.kernels.stats.sketch import fold_gap_run
 from aisim_fast.kernels.timing.pass_timing import decode_ns, ns_to_ms, prefill_ns
-from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL,
-                                              CFG_PREFILL_CADENCE, CFG_MAX_MODEL_LEN,
-                                              CFG_MAX_NUM_BATCHED_TOKENS, PW_PASS_NUM,
-                                              CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
-                                              CFG_PREEMPTION_FIFO, CFG_ROLE, EV_ADMITTED,
-                                              EV_FINISHED, EV_PREEMPTED, EV_PRESSURE, ROLE_DECODE,
-                                              ROLE_PREFILL, RQF_FIRST_ADMIT_MS, RQF_TERMINAL_MS,
-                                              RQ_ADMISSIONS, RQ_ALLOCATED, RQ_COMMITTED_PREFILL,
-                                              RQ_FAST_LIMIT, RQ_FIRST_CACHED, RQ_GENERATED,
-                                              RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED,
-                                              RQ_PREEMPTIONS, RQ_PROMPT_LEN, RQ_SCHED_CLASS,
-                                              RQ_SCHED_LEN, RQ_SCHED_PREFIX, RQ_SCHED_PROMPT,
-                                              RQ_SCHED_STAMP, RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS,
-                                              RQ_STATUS, RQ_TERMINAL, RQ_TERM_NEXT, RS_ACTIVATED,
-                                              RS_DONE, RS_HELD, RS_PREEMPTED, RS_RUNNING,
-                                              RS_WAITING, SM_PASS_LOG_LEN, TERM_COMPLETED,
-                                              WK_STAT_ROW, TERM_REJECTED, WK_CAP_GEN, WK_PASS_STAMP,
-                                              WK_PEND_LEN, WK_PREEMPTIONS_TOTAL, WK_RUN_LEN,
-                                              WK_CAPACITY_BOUND, WK_RUN_OFF, WK_TERM_HEAD,
-                                              WK_WAIT_LEN)
+from aisim_fast.kernels.vllm import capacity as capacity_policy
+from aisim_fast.kernels.vllm.decode_step import (CLASS_COMPLETE, CLASS_DECODE, classify, fast_decode_step,
+                                                 stamp_scheduled)
 
 # schedule_request outcomes
 SCHEDULED = 0

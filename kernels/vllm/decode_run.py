@@ -28,26 +28,23 @@ running list then cost more than the plain passes.
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.kv.block_pool import (event_log_on, event_set_clock, kv_events_visible_at,
-                                              num_free)
-from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, EVH_LEN, CFG_MAX_MODEL_LEN,
-                                              CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS,
-                                              CFG_NUM_GPU_BLOCKS, CFG_ROLE, PW_LRU_LEN, PW_PASS_NUM,
-                                              ROLE_AGGREGATED, RQF_LAST_TOKEN_MS,
-                                              RQF_SECOND_TOKEN_MS, RQ_ALLOCATED, RQ_FAST_LIMIT,
-                                              RQ_GENERATED, RQ_MAX_OUTPUT, RQ_NO_TOKEN_STATS,
-                                              RQ_NUM_COMPUTED, RQ_PROMPT_LEN, SM_INDEPENDENT,
-                                              SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP,
-                                              WK_RUN_LEN, WK_RUN_OFF, WK_STALLED, WK_STAT_ROW,
-                                              WK_WAIT_LEN)
+from aisim_fast.kernels.kv.block_pool import event_log_on, event_set_clock, kv_events_visible_at, num_free
 from aisim_fast.kernels.loop.arrivals import arrivals_due, next_release_ms
 from aisim_fast.kernels.loop.busy_heap import next_pass_end_ms
-from aisim_fast.kernels.vllm.decode_step import CLASS_DECODE, stamp_scheduled
 from aisim_fast.kernels.loop.pass_log import append_pass_row
 from aisim_fast.kernels.loop.request_state import ceil_div
+from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS,
+                                              CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_ROLE, EVH_LEN,
+                                              PW_LRU_LEN, PW_PASS_NUM, ROLE_AGGREGATED, RQ_ALLOCATED,
+                                              RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT, RQ_NO_TOKEN_STATS,
+                                              RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQF_LAST_TOKEN_MS,
+                                              RQF_SECOND_TOKEN_MS, SM_INDEPENDENT, SM_W_LEN, SM_W_OFF,
+                                              WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF, WK_STALLED,
+                                              WK_STAT_ROW, WK_WAIT_LEN)
 from aisim_fast.kernels.stats.sketch import fold_gap_run
 from aisim_fast.kernels.timing.pass_timing import decode_ns, ns_to_ms
 from aisim_fast.kernels.vllm.core import ALLOC_ARENA_FULL, schedule_request_ahead
+from aisim_fast.kernels.vllm.decode_step import CLASS_DECODE, stamp_scheduled
 
 
 @njit(cache=True, _nrt=False, inline="always")

@@ -11,12 +11,11 @@ paths must write it identically: here is the one place that does.
 
 from numba import njit
 
-from aisim_fast.kernels.schema.layout import (RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED,
-                                              RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PROMPT_LEN,
-                                              RQ_SCHED_CLASS, RQ_SCHED_LEN, RQ_SCHED_PREFIX,
-                                              RQ_SCHED_PROMPT, RQ_SCHED_STAMP, RQ_SCHED_TERMINAL,
-                                              RQ_SCHED_TOKENS)
 from aisim_fast.kernels.loop.request_state import remaining_tokens
+from aisim_fast.kernels.schema.layout import (RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT,
+                                              RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_SCHED_CLASS, RQ_SCHED_LEN,
+                                              RQ_SCHED_PREFIX, RQ_SCHED_PROMPT, RQ_SCHED_STAMP,
+                                              RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS)
 
 # what a scheduled request contributes to its pass's timing (RQ_SCHED_CLASS)
 CLASS_NONE = 0      # not ready to emit (prompt chunk pending), or a free first token

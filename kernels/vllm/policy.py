@@ -12,10 +12,10 @@ two more hooks, for the completion tails it holds back).
 from numba import njit
 
 from aisim_fast.kernels.kv.block_pool import num_active, reserve, table_find
-from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
-                                              CFG_PREFIX_CACHING, NO_BLOCK, RQ_LEASE_OFF,
-                                              RQ_NUM_HASHED, RQ_PROMPT_LEN, WK_RUN_LEN)
 from aisim_fast.kernels.loop.request_state import ceil_div, remaining_generation, seq_len
+from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
+                                              CFG_PREFIX_CACHING, NO_BLOCK, RQ_LEASE_OFF, RQ_NUM_HASHED,
+                                              RQ_PROMPT_LEN, WK_RUN_LEN)
 
 
 @njit(cache=True, _nrt=False)

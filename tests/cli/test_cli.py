@@ -19,8 +19,8 @@ import math
 import os
 import runpy
 import shutil
-import subprocess
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,13 +31,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import aisim_fast
-from aisim_fast.cli import app as cli
-from aisim_fast.io import output
-
 import support.paths
-from support.cli_runs import (
-    NOT_COMPARED, PER_REQUEST_ABS_TOL_MS, SUMMARY_REL_TOL, TOKEN_LEVEL_MARKERS, assert_summary_matches, assert_user_error, golden_report, run_cli,
-)
+from aisim_fast.cli import app as cli
+from aisim_fast.io import run_folder
+from support.cli_runs import (NOT_COMPARED, PER_REQUEST_ABS_TOL_MS, SUMMARY_REL_TOL, TOKEN_LEVEL_MARKERS,
+                              assert_summary_matches, assert_user_error, golden_report, run_cli)
 
 DATA_DIR = support.paths.DATA_DIR / "cli"
 TINY_SPEC = DATA_DIR / "tiny20_vllm_agg1.spec.json"
@@ -69,7 +67,7 @@ def tiny_run(tmp_path_factory):
 
 def test_spec_run_writes_the_three_files(tiny_run):
     assert sorted(os.listdir(tiny_run)) == ["passes.parquet", "requests.parquet", "summary.json"]
-    passes = output.read_passes(tiny_run)
+    passes = run_folder.read_passes(tiny_run)
     assert len(passes) > 0
     assert {"worker", "start_ms", "end_ms", "num_prefill_requests", "sum_prefill_tokens",
             "num_decode_requests"} <= set(passes.columns)
@@ -80,7 +78,7 @@ def test_spec_run_writes_the_three_files(tiny_run):
 
 def test_parquet_metadata_holds_version_and_resolved_config(tiny_run):
     for name in ("requests.parquet", "passes.parquet"):
-        meta = output.read_metadata(tiny_run / name)
+        meta = run_folder.read_metadata(tiny_run / name)
         assert meta["aisim_fast.version"] == aisim_fast.__version__
         config = meta["aisim_fast.config"]
         assert config["mode"] == "spec"
@@ -89,14 +87,14 @@ def test_parquet_metadata_holds_version_and_resolved_config(tiny_run):
         assert config["workers"] == 1
         assert config["rank"]["backend"] == "vllm"
         assert config["rank"]["num_gpu_blocks"] == 16384
-    summary = output.read_summary(tiny_run)
+    summary = run_folder.read_summary(tiny_run)
     assert summary["aisim_fast.version"] == aisim_fast.__version__
-    assert summary["aisim_fast.config"] == output.read_metadata(tiny_run / "requests.parquet")[
+    assert summary["aisim_fast.config"] == run_folder.read_metadata(tiny_run / "requests.parquet")[
         "aisim_fast.config"]
 
 
 def test_requests_match_golden_csv(tiny_run):
-    got = output.read_requests(tiny_run)
+    got = run_folder.read_requests(tiny_run)
     golden = pd.read_csv(TINY_CSV)
     assert len(got) == len(golden) == 20
     # rows are in uuid order and carry the golden's uuid spelling
@@ -116,7 +114,7 @@ def test_requests_match_golden_csv(tiny_run):
 
 
 def test_summary_matches_golden_report(tiny_run):
-    summary = output.read_summary(tiny_run)
+    summary = run_folder.read_summary(tiny_run)
     golden = golden_report(TINY_REPORT)
     per_request = [k for k in golden if k not in NOT_COMPARED
                    and not any(m in k for m in TOKEN_LEVEL_MARKERS)]
@@ -138,7 +136,7 @@ def test_sessions_in_uuid_order_relative_trace(tmp_path, capsys):
     code, _, err = run_cli(["replay", "--spec", SESS_SPEC, "--out", out, "--no-passes"], capsys)
     assert code == 0, err
     assert sorted(os.listdir(out)) == ["requests.parquet", "summary.json"]
-    got = output.read_requests(out)
+    got = run_folder.read_requests(out)
     golden = pd.read_csv(SESS_CSV)
     key = ["request_id", "turn_index"]
     merged = golden.merge(got, on=key, suffixes=("_golden", ""))
@@ -146,7 +144,7 @@ def test_sessions_in_uuid_order_relative_trace(tmp_path, capsys):
     assert (merged["uuid"] == merged["uuid_golden"]).all()
     np.testing.assert_allclose(merged["e2e_ms"], merged["e2e_ms_golden"],
                                rtol=0, atol=PER_REQUEST_ABS_TOL_MS)
-    summary = output.read_summary(out)
+    summary = run_folder.read_summary(out)
     golden_rep = golden_report(SESS_REPORT)
     assert summary["aisim_fast.config"]["trace_path"] == str((DATA_DIR / "sessions_200.jsonl").resolve())
     assert summary["decode_worker_seconds"] == pytest.approx(golden_rep["decode_worker_seconds"],
@@ -171,10 +169,10 @@ def test_flags_reproduce_the_spec_run(tmp_path, tiny_run, capsys):
                   "requests per wall second", str(out / "requests.parquet"),
                   str(out / "passes.parquet"), str(out / "summary.json")):
         assert label in stdout, label
-    flags_req = output.read_requests(out)
-    spec_req = output.read_requests(tiny_run)
+    flags_req = run_folder.read_requests(out)
+    spec_req = run_folder.read_requests(tiny_run)
     pd.testing.assert_frame_equal(flags_req, spec_req)
-    config = output.read_summary(out)["aisim_fast.config"]
+    config = run_folder.read_summary(out)["aisim_fast.config"]
     assert config["mode"] == "flags" and config["default_trace"] is False
     assert config["trace_block_size"] == 512 and config["arrival_speedup_ratio"] == 1.0
 
@@ -187,14 +185,14 @@ def test_flags_trtllm_closed_loop_on_default_trace(tmp_path, capsys, monkeypatch
                             "4", "--engine-args", '{"num_gpu_blocks": 2048, "max_num_seqs": 8}',
                             "--out", out], capsys)
     assert code == 0, err
-    config = output.read_metadata(out / "requests.parquet")["aisim_fast.config"]
+    config = run_folder.read_metadata(out / "requests.parquet")["aisim_fast.config"]
     assert config["default_trace"] is True
     assert config["trace_path"] == str(TINY_TRACE.resolve())
     assert config["rank"]["backend"] == "trtllm"
     assert config["rank"]["block_size"] == 32  # TRT-LLM's native block size
     assert config["rank"]["num_gpu_blocks"] == 2048 and config["rank"]["max_num_seqs"] == 8
     assert config["concurrency"] == 4 and config["workers"] == 2
-    req = output.read_requests(out)
+    req = run_folder.read_requests(out)
     assert (req["terminal_status"] == "completed").all()
     assert set(req["worker"]) == {0, 1}
     # closed loop: never more than 4 requests between arrival and completion
@@ -202,7 +200,7 @@ def test_flags_trtllm_closed_loop_on_default_trace(tmp_path, capsys, monkeypatch
     done = req["completion_ms"].to_numpy()
     in_flight = [(arrival <= t).sum() - (done <= t).sum() for t in arrival]
     assert max(in_flight) <= 4
-    assert set(output.read_passes(out)["worker"]) == {0, 1}
+    assert set(run_folder.read_passes(out)["worker"]) == {0, 1}
 
 
 def test_python_dash_m_entry_point(capsys, monkeypatch):
@@ -247,7 +245,7 @@ def test_existing_out_dir_is_refused_then_overwritten(tmp_path, tiny_run, capsys
     assert code == 0, err
     # the whole folder is replaced: the old passes.parquet is gone with the old run
     assert sorted(os.listdir(out)) == ["requests.parquet", "summary.json"]
-    assert output.read_summary(out)["completed_requests"] == 20
+    assert run_folder.read_summary(out)["completed_requests"] == 20
     assert sorted(os.listdir(tmp_path)) == ["run"]
 
 
@@ -288,7 +286,7 @@ def test_failure_while_writing_leaves_nothing_behind(tmp_path, capsys, monkeypat
         out.mkdir(parents=True)
         (out / "summary.json").write_text("old")
     before = sorted(os.listdir(tmp_path))
-    real_write = output._write_parquet
+    real_write = run_folder._write_parquet
     calls = []
 
     def failing_write(frame, path, config_json, options=None):
@@ -297,7 +295,7 @@ def test_failure_while_writing_leaves_nothing_behind(tmp_path, capsys, monkeypat
             raise OSError(28, "No space left on device", str(path))
         real_write(frame, path, config_json, options)
 
-    monkeypatch.setattr(output, "_write_parquet", failing_write)
+    monkeypatch.setattr(run_folder, "_write_parquet", failing_write)
     args = ["replay", TINY_TRACE, "--backend", "vllm", "--workers", "1", "--out", out]
     code, stdout, err = run_cli(args + (["--overwrite"] if existing else []), capsys)
     assert_user_error(code, err, f"cannot write output folder {out}", "No space left on device")
@@ -479,9 +477,9 @@ def test_rejections_are_counted(tmp_path, capsys):
                                        "--no-passes"), capsys)
     assert code == 0, err
     assert "16 completed, 4 rejected" in stdout
-    req = output.read_requests(out)
+    req = run_folder.read_requests(out)
     assert (req["terminal_status"] == "rejected").sum() == 4
-    summary = output.read_summary(out)
+    summary = run_folder.read_summary(out)
     assert summary["num_requests"] == 20 and summary["completed_requests"] == 16
 
 
@@ -492,7 +490,7 @@ def test_gpu_hours_follow_tensor_parallel_size(tmp_path, capsys):
     out = tmp_path / "run"
     code, _, err = run_cli(["replay", "--spec", spec, "--out", out, "--no-passes"], capsys)
     assert code == 0, err
-    summary = output.read_summary(out)
+    summary = run_folder.read_summary(out)
     golden = golden_report(TINY_REPORT)
     assert summary["decode_gpus_per_worker"] == 2 and summary["prefill_gpus_per_worker"] == 0
     assert summary["gpu_hours"] == pytest.approx(2 * golden["gpu_hours"], rel=SUMMARY_REL_TOL)
@@ -529,9 +527,9 @@ def test_cache_lock_is_exclusive_across_processes(tmp_path, monkeypatch):
     """Kernels compile under the cache folder's lock: a process that holds it keeps
     another from taking it until it lets go (two processes compiling versions of one
     kernel at once corrupt Numba's cache index)."""
-    from aisim_fast import kernels
+    from aisim_fast.kernels import jit
 
-    monkeypatch.setattr(kernels.numba.config, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(jit.numba.config, "CACHE_DIR", str(tmp_path))
     holder = subprocess.Popen(
         [sys.executable, "-c", "import fcntl, sys, time\n"
          f"fh = open({str(tmp_path / 'compile.lock')!r}, 'a')\n"
@@ -539,7 +537,7 @@ def test_cache_lock_is_exclusive_across_processes(tmp_path, monkeypatch):
         stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     start_s = time.perf_counter()
-    with kernels.cache_lock():
+    with jit.cache_lock():
         waited_s = time.perf_counter() - start_s  # until the holder's exit released it
     holder.wait()
     assert waited_s > 0.5
@@ -550,23 +548,23 @@ def test_cache_lock_nests_within_a_thread(tmp_path, monkeypatch):
     on: the nested call does not wait for its own caller."""
     import threading
 
-    from aisim_fast import kernels
+    from aisim_fast.kernels import jit
 
-    monkeypatch.setattr(kernels.numba.config, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(jit.numba.config, "CACHE_DIR", str(tmp_path))
     done = threading.Event()
 
     def nested():
-        with kernels.cache_lock():
-            with kernels.cache_lock():
+        with jit.cache_lock():
+            with jit.cache_lock():
                 pass
-            with kernels.cache_lock():
+            with jit.cache_lock():
                 done.set()
 
     worker = threading.Thread(target=nested, daemon=True)
     worker.start()
     worker.join(10.0)
     assert done.is_set(), "a nested cache_lock waited for its own caller"
-    with kernels.cache_lock():  # released: taken again at once
+    with jit.cache_lock():  # released: taken again at once
         pass
 
 
@@ -574,24 +572,25 @@ def test_compile_notice_once_per_missing_kernel_set(tmp_path, capsys, monkeypatc
     """One stderr line naming the kernel sets a cache does not hold, before compiling;
     nothing once they are marked compiled (or already announced)."""
     import numba
-    from aisim_fast import kernels
+
+    from aisim_fast.kernels import jit
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(kernels, "_ANNOUNCED", set())
-    kernels.compile_notice(["trace", "aggregated"])
+    jit.compile_notice(["trace", "aggregated"])
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "compiling kernels for the trace loader, aggregated replay (first run only" in err
-    kernels.compile_notice(["aggregated"])
+    jit.compile_notice(["aggregated"])
     assert capsys.readouterr().err == ""
-    kernels.mark_compiled("disaggregated")
+    jit.mark_compiled("disaggregated")
     monkeypatch.setattr(kernels, "_ANNOUNCED", set())
-    kernels.compile_notice(["disaggregated"])
+    jit.compile_notice(["disaggregated"])
     assert capsys.readouterr().err == ""
     # another checkout of the same sources compiles anew (Numba keys its cache by the
     # sources' location): the first one's marker does not silence its notice
     monkeypatch.setattr(kernels, "_HERE", tmp_path / "another_checkout" / "kernels")
     monkeypatch.setattr(kernels, "_ANNOUNCED", set())
-    kernels.compile_notice(["disaggregated"])
+    jit.compile_notice(["disaggregated"])
     assert "compiling kernels for disaggregated replay" in capsys.readouterr().err
 
 
@@ -714,10 +713,10 @@ def test_progress_line_of_a_long_replay(tmp_path, capsys, monkeypatch):
     """A replay longer than the progress delay reports requests done and simulated time
     on stderr (plain lines when stderr is not a terminal); --quiet silences it."""
     from aisim_fast.cli import app as cli
-    from aisim_fast.engine import replay
+    from aisim_fast.engine import batch_run
 
     monkeypatch.setattr(cli, "PROGRESS_DELAY_S", 0.0)
-    monkeypatch.setattr(replay, "PROGRESS_SLICE_S", 1e-6)
+    monkeypatch.setattr(batch_run, "PROGRESS_SLICE_S", 1e-6)
     code, _, err = run_cli(_flags(tmp_path), capsys)
     assert code == 0, err
     assert "aisim-fast: 20/20 requests, t=" in err and "s simulated" in err
@@ -758,7 +757,7 @@ def test_staging_of_dead_runs_is_removed(tmp_path, capsys):
     code, _, err = run_cli(_flags(tmp_path), capsys)
     assert code == 0, err
     assert not dead.exists() and live.exists()
-    assert output.read_requests(tmp_path / "run").shape[0] == 20
+    assert run_folder.read_requests(tmp_path / "run").shape[0] == 20
 
 
 def test_sigterm_during_a_replay_leaves_nothing_half_written(tmp_path):
@@ -781,24 +780,24 @@ def test_sigterm_during_a_replay_leaves_nothing_half_written(tmp_path):
         if proc.returncode != 0:
             assert not out.exists()
         else:
-            assert output.read_requests(out).shape[0] == 10000
+            assert run_folder.read_requests(out).shape[0] == 10000
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def _replay_signalled_inside(function: str, sig: str, out: Path, after: str = ""):
     """A tiny replay to ``out`` in a child process that sends itself ``sig`` from inside
-    ``output.<function>``, right after that function did its work (so the signal lands
+    ``run_folder.<function>``, right after that function did its work (so the signal lands
     there every time); ``after`` runs once the CLI returned. Returns the finished child."""
     script = f"""
 import os, signal, sys
 from aisim_fast.cli import app as cli
-from aisim_fast.io import output
-original = output.{function}
+from aisim_fast.io import run_folder
+original = run_folder.{function}
 def then_signal(*args):
     original(*args)
     os.kill(os.getpid(), signal.{sig})
     sum(range(100000))  # bytecode, where a Python handler runs
-output.{function} = then_signal
+run_folder.{function} = then_signal
 sys.argv = ["aisim-fast", "replay", {str(TINY_TRACE)!r}, "--backend", "vllm", "--workers", "1",
             "--out", {str(out)!r}]
 code = cli.main()
@@ -823,7 +822,7 @@ def test_sigkill_during_a_replay_leaves_out_absent_or_complete(tmp_path):
         proc.kill()
         proc.wait(timeout=60)
         if out.exists():
-            assert output.read_requests(out).shape[0] == 10000
+            assert run_folder.read_requests(out).shape[0] == 10000
             assert (out / "summary.json").exists() and (out / "kv_events.parquet").exists()
     killed = tmp_path / "killed_while_writing"
     proc = _replay_signalled_inside("_write_parquet", "SIGKILL", killed)
@@ -834,7 +833,7 @@ def test_sigkill_during_a_replay_leaves_out_absent_or_complete(tmp_path):
     for out in [killed, *(tmp_path / f"run{d}" for d in (0.8, 1.2, 1.6))]:
         code = cli.main(["replay", str(TINY_TRACE), "--backend", "vllm", "--workers", "1", "--out",
                          str(out), "--overwrite", "--quiet"])
-        assert code == 0 and output.read_requests(out).shape[0] == 20
+        assert code == 0 and run_folder.read_requests(out).shape[0] == 20
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
@@ -848,7 +847,7 @@ def test_sigterm_at_the_commit_completes_the_run(tmp_path):
     proc = _replay_signalled_inside("_rename_into_place", "SIGTERM", out,
                                     after="assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN")
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    assert output.read_requests(out).shape[0] == 20
+    assert run_folder.read_requests(out).shape[0] == 20
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
 
 
@@ -896,23 +895,27 @@ def test_passes_file_is_the_pass_log_written_in_parts(tmp_path, capsys, monkeypa
     never one frame): a run split per worker has its rows grouped by worker, each in
     time order, and the same rows as the in-memory pass table; tiny row groups give
     the same file content."""
-    from aisim_fast.engine.replay import run_batch, simulation_from_setup
-    import aisim_fast.engine.replay as replay_module
-    monkeypatch.setattr(output, "ROW_GROUP_ROWS", 50)
-    monkeypatch.setattr(replay_module, "PASS_PART_ROWS", 20)
+    from aisim_fast.engine import batch
+    from aisim_fast.engine.batch import run_batch
+    from aisim_fast.engine.simulation import simulation_from_setup
+    monkeypatch.setattr(run_folder, "ROW_GROUP_ROWS", 50)
+    monkeypatch.setattr(batch, "PASS_PART_ROWS", 20)
     code, _, err = run_cli(_flags(tmp_path, "--workers", "3"), capsys)
     assert code == 0, err
-    written = output.read_passes(tmp_path / "run")
+    written = run_folder.read_passes(tmp_path / "run")
     assert pq.ParquetFile(tmp_path / "run" / "passes.parquet").metadata.num_row_groups > 1
-    assert output.read_metadata(tmp_path / "run" / "passes.parquet")["aisim_fast.version"] == aisim_fast.__version__
+    assert run_folder.read_metadata(tmp_path / "run" / "passes.parquet")["aisim_fast.version"] == aisim_fast.__version__
     worker = written["worker"].to_numpy()
     assert (np.diff(worker) >= 0).all() and set(worker) == {0, 1, 2}
     for w in range(3):
         assert (np.diff(written.loc[worker == w, "start_ms"].to_numpy()) >= 0).all()
     # the same rows as the batch result's table (sorted by time there)
     argv = [str(a) for a in _flags(tmp_path, "--workers", "3")]
-    setup = cli._setup_from_flags(cli.build_parser().parse_args(argv))[0]
-    sim = simulation_from_setup(setup, cli._load_trace(setup))
+    from aisim_fast.cli.commands import load_setup_trace
+    from aisim_fast.cli.flags import setup_from_flags
+    from aisim_fast.cli.parser import build_parser
+    setup = setup_from_flags(build_parser().parse_args(argv))[0]
+    sim = simulation_from_setup(setup, load_setup_trace(setup))
     table = run_batch([sim]).check().passes[0]
     by_time = written.sort_values(["start_ms", "worker"], kind="stable", ignore_index=True)
     # the file has the table's columns, the attention-DP rank moved after the worker
@@ -933,9 +936,9 @@ def test_disaggregated_attention_dp_flags_reproduce_the_spec_run(tmp_path, capsy
     assert code == 0, err
     assert ("1 prefill + 2 decode vllm worker(s), attention DP 2 / 2 ranks per prefill / decode "
             "worker") in stdout
-    flags_req = output.read_requests(tmp_path / "flags")
+    flags_req = run_folder.read_requests(tmp_path / "flags")
     assert {"dp_rank", "prefill_dp_rank"} <= set(flags_req.columns)
-    pd.testing.assert_frame_equal(flags_req, output.read_requests(tmp_path / "spec"))
+    pd.testing.assert_frame_equal(flags_req, run_folder.read_requests(tmp_path / "spec"))
     code, _, err = run_cli(["replay", trace, "--backend", "vllm", "--prefill-workers", "1",
                             "--decode-workers", "2", "--dp-size", "2", "--out", tmp_path / "bad"], capsys)
     assert_user_error(code, err, "--dp-size", "--prefill-dp-size and --decode-dp-size")
@@ -943,7 +946,7 @@ def test_disaggregated_attention_dp_flags_reproduce_the_spec_run(tmp_path, capsy
 
 def test_request_tables_are_written_without_dictionary_pages(tmp_path, capsys):
     """Per-request rows (unique ids, distinct times) are plain-encoded: a dictionary
-    would only cost time and bytes (output.REQUEST_TABLE_OPTIONS)."""
+    would only cost time and bytes (run_folder.REQUEST_TABLE_OPTIONS)."""
     import pyarrow.parquet as pq
 
     out = tmp_path / "out"

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from aisim_fast.cli import app as cli
-from aisim_fast.io import output
+from aisim_fast.io import run_folder
 from support.paths import DATA_DIR
 
 DATA = DATA_DIR
@@ -97,7 +97,7 @@ def _check_run(tmp_path, capsys, argv, out):
         assert lines == [], err
         # a run has rows, unless a time cap ended it before any request did
         capped = json.loads((out / "summary.json").read_text())["aisim_fast.config"]["max_sim_time_ms"]
-        assert len(output.read_requests(out)) > 0 or capped is not None
+        assert len(run_folder.read_requests(out)) > 0 or capped is not None
     # nothing half-written next to --out either
     assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []
 

@@ -18,8 +18,10 @@ import yaml
 
 import aisim_fast
 from aisim_fast.config.payload import parse_payload
-from aisim_fast.io.output import requests_in_uuid_order, summarize_replay
-from aisim_fast.engine.replay import run_batch, simulation_from_setup
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import simulation_from_setup
+from aisim_fast.io.request_order import requests_in_uuid_order
+from aisim_fast.report.summary import summarize_replay
 from aisim_fast.studies.sweeps import SweepError, load_sweep, run_sweep
 from aisim_fast.trace.workload import load_mooncake
 from support.paths import DATA_DIR
@@ -363,21 +365,21 @@ def test_a_batch_too_large_for_memory_is_split_and_an_oversized_point_recorded(m
     """Memory for about one small point at a time: the batch of four is split until
     its parts fit, every small point runs as it does alone, and the point too large
     even alone is a row with status too_large; the sweep goes on."""
-    import aisim_fast.engine.replay as replay
+    from aisim_fast.engine import build, memory
 
     spec = _spec(workers=[1, 1, 1, 64])
     want = run_sweep(spec, None, quiet=True)
     one = {}
-    real = replay.check_state_fits
+    real = memory.check_state_fits
 
     def measure(sims, templates, n_q, rows, events=0):
-        one.setdefault("bytes", replay.state_bytes(sims[:1], templates[:1], n_q // len(sims), rows, events))
+        one.setdefault("bytes", memory.state_bytes(sims[:1], templates[:1], n_q // len(sims), rows, events))
         return real(sims, templates, n_q, rows, events)
 
-    monkeypatch.setattr(replay, "check_state_fits", measure)
+    monkeypatch.setattr(build, "check_state_fits", measure)
     run_sweep(_spec(workers=[1]), None, quiet=True)
-    monkeypatch.setattr(replay, "check_state_fits", real)
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda: int(one["bytes"] * 1.8 / 0.75))
+    monkeypatch.setattr(build, "check_state_fits", real)
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: int(one["bytes"] * 1.8 / 0.75))
     got = run_sweep(spec, None, quiet=True, batch_size=4)
     assert list(got["status"]) == ["ok", "ok", "ok", "too_large"]
     assert "of simulator state" in got["error"].iloc[3]

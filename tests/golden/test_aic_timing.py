@@ -17,10 +17,11 @@ import json
 import numpy as np
 import pytest
 
-from support import goldens
 from aisim_fast.aic import timing as aic
 from aisim_fast.config.payload import ConfigError, load_spec, parse_payload
-from aisim_fast.engine.replay import run_batch, simulation_from_setup
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import simulation_from_setup
+from support import goldens
 from support.parity_rules import as_number
 from support.paths import TESTS_DIR
 

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from aisim_fast.config.payload import ConfigError, parse_payload
-from aisim_fast.engine.replay import run_batch, simulation_from_setup
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import simulation_from_setup
 from support.parity_rules import assert_rows_match_reference_csv
 from support.paths import DATA_DIR
 
@@ -60,9 +61,9 @@ def test_summary_matches_reference_report(case):
     """Every summary key the reference reports (latencies, token-level distributions,
     throughput, worker-seconds and GPU-hours with tensor parallelism x attention-DP
     GPUs per worker in each pool) equals the run's report."""
+    from aisim_fast.io.request_order import requests_in_uuid_order
+    from aisim_fast.report.summary import summarize_replay
     from support.cli_runs import NOT_COMPARED, assert_summary_matches
-
-    from aisim_fast.io.output import requests_in_uuid_order, summarize_replay
 
     setup = _setup(_payload(case))
     sim = simulation_from_setup(setup)
@@ -118,7 +119,7 @@ def test_stepped_run_equals_one_call(name):
     """Advancing to horizons 137 ms apart (as progress slices and the rank protocol do)
     pauses group passes, waves and interval countdowns in flight and resumes them
     exactly."""
-    from aisim_fast.engine.replay import BatchRun
+    from aisim_fast.engine.batch_run import BatchRun
 
     sim = _sim(DATA / "attention_dp" / name)
     whole = run_batch([sim], record_passes=False)
@@ -139,7 +140,7 @@ def test_requests_added_between_steps_equal_one_run(name):
     state's growth."""
     import dataclasses
 
-    from aisim_fast.engine.replay import BatchRun
+    from aisim_fast.engine.batch_run import BatchRun
     from aisim_fast.trace.workload import select_rows
 
     sim = _sim(DATA / "attention_dp" / name)

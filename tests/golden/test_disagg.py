@@ -19,20 +19,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aisim_fast.config.payload import parse_payload, parse_rank
-from aisim_fast.protocol.handoff.coordinator import transfer_delay_ms as coordinator_delay_ms
-from aisim_fast.protocol.handoff.coordinator import (TransferTimingArrays, TransferTimingMode,
-                                                     resolve_transfer_delay_ms)
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import Simulation, SimulationError, simulation_from_setup
+from aisim_fast.io.request_order import requests_in_uuid_order
+from aisim_fast.kernels.disagg.handoff import transfer_delay_ms as kernel_delay_ms
 from aisim_fast.protocol.handoff.audit import (HandoffAuditError, audit_handoffs, audited_runs,
                                                conformance_record)
-from aisim_fast.kernels.disagg.handoff import transfer_delay_ms as kernel_delay_ms
-from aisim_fast.io.output import requests_in_uuid_order, summarize_disaggregated_run
-from aisim_fast.engine.replay import Simulation, SimulationError, run_batch, simulation_from_setup
+from aisim_fast.protocol.handoff.coordinator import (TransferTimingArrays, TransferTimingMode,
+                                                     resolve_transfer_delay_ms)
+from aisim_fast.protocol.handoff.coordinator import transfer_delay_ms as coordinator_delay_ms
+from aisim_fast.report.summary import summarize_disaggregated_run
 from aisim_fast.trace.workload import load_mooncake
-from support.parity_rules import ATOL, RTOL
 from support.cli_runs import NOT_COMPARED, assert_summary_matches, assert_user_error, run_cli
 from support.goldens import GOLDEN, MINI_CASES, MINI_GOLDEN, TRACES, simulation
-from support.random_cases import SETTINGS, Case, examples, cases, write_trace
+from support.parity_rules import ATOL, RTOL
 from support.paths import DATA_DIR
+from support.random_cases import SETTINGS, Case, cases, examples, write_trace
 
 BIG_CASES = ["1k_vllm_disagg1p2d", "1k_vllm_disagg1p2d_bw"]
 DISAGG_CASES = BIG_CASES + MINI_CASES
@@ -471,9 +473,9 @@ def check_disaggregated_invariants(case):
 def _stepped_state(case, wanted):
     """Run ``case`` one forward pass per kernel call (a one-row pass log) until some
     logical request of it satisfies ``wanted(rq, wk, q)``; returns (state, q)."""
-    from aisim_fast.kernels.schema import layout as L
+    from aisim_fast.engine.build import build_state
     from aisim_fast.kernels.loop.event_loop import replay_batch
-    from aisim_fast.engine.replay import build_state
+    from aisim_fast.kernels.schema import layout as L
 
     state = build_state([simulation(case)], pass_log_rows=1)
     cfg, pool, rq, wl, wk, st, max_lease, max_bs = state
@@ -507,8 +509,8 @@ def _pending(rq, wk, w):
 
 
 def test_cancel_pending_destination_leaves_the_fifo():
-    from aisim_fast.kernels.schema import layout as L
     from aisim_fast.kernels.disagg.handoff import cancel_destination
+    from aisim_fast.kernels.schema import layout as L
 
     def wanted(rq, wk, q):  # not the head: unlinking from the middle
         w = rq.i64[q, L.RQ_WORKER]
@@ -528,9 +530,9 @@ def test_cancel_pending_destination_leaves_the_fifo():
 
 @pytest.mark.parametrize("case", ["tiny35", "trt_tiny"])
 def test_cancel_reserved_destination_gives_the_reservation_back(case):
-    from aisim_fast.kernels.schema import layout as L
-    from aisim_fast.kernels.kv.block_pool import num_free
     from aisim_fast.kernels.disagg.handoff import cancel_destination
+    from aisim_fast.kernels.kv.block_pool import num_free
+    from aisim_fast.kernels.schema import layout as L
     from aisim_fast.kernels.trtllm.policy import blocks_to_finish as trt_blocks_to_finish
 
     state, q = _stepped_state(case, lambda rq, wk, q: rq.i64[q, L.RQ_STATUS] == L.RS_RESERVED)
@@ -552,9 +554,9 @@ def test_cancel_reserved_destination_gives_the_reservation_back(case):
 
 
 def test_cancel_activated_destination_drops_the_request():
-    from aisim_fast.kernels.schema import layout as L
     from aisim_fast.kernels.disagg.handoff import cancel_destination
     from aisim_fast.kernels.loop.rank_queues import wait_at
+    from aisim_fast.kernels.schema import layout as L
 
     def wanted(rq, wk, q):  # activated and waiting on an idle decode worker
         return rq.i64[q, L.RQ_STATUS] == L.RS_ACTIVATED and wk.i64[rq.i64[q, L.RQ_WORKER], L.WK_BUSY] == 0
@@ -572,8 +574,8 @@ def test_cancel_activated_destination_drops_the_request():
 
 @pytest.mark.parametrize("source_status", ["held", "waiting"])
 def test_cancel_source_releases_or_drops_it(source_status):
-    from aisim_fast.kernels.schema import layout as L
     from aisim_fast.kernels.disagg.handoff import cancel_source
+    from aisim_fast.kernels.schema import layout as L
 
     code = L.RS_HELD if source_status == "held" else L.RS_WAITING
 
@@ -600,7 +602,8 @@ def test_engine_fields_checked_and_roles_fall_back_to_the_top_level_engine():
     import json as _json
 
     from aisim_fast.config.payload import ConfigError, parse_payload
-    from aisim_fast.engine.replay import run_batch, simulation_from_setup
+    from aisim_fast.engine.batch import run_batch
+    from aisim_fast.engine.simulation import simulation_from_setup
 
     data = DATA_DIR
     golden = _json.loads((data / "golden" / "1k_vllm_disagg1p2d.spec.json").read_text())

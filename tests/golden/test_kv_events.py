@@ -18,16 +18,14 @@ import numpy as np
 import pytest
 import xxhash
 
-from support.kv_artifacts import (
-    ARTIFACT_CASES, artifact_case, kv_event_rows, reference_kv_events, reference_tokens, row_of_uuid,
-    token_rows,
-)
-from support.lanes import lane
-
-from aisim_fast.kernels.trace.output_plan import plan_offsets, plan_words
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import simulation_from_setup
 from aisim_fast.kernels.hashing.xxh3 import hash_token_blocks
-from aisim_fast.engine.replay import run_batch, simulation_from_setup
+from aisim_fast.kernels.trace.output_plan import plan_offsets, plan_words
 from aisim_fast.trace.workload import load_mooncake, prompt_tokens, select_rows, sequence_tokens
+from support.kv_artifacts import (ARTIFACT_CASES, artifact_case, kv_event_rows, reference_kv_events,
+                                  reference_tokens, row_of_uuid, token_rows)
+from support.lanes import lane
 from support.paths import DATA_DIR
 
 DATA = DATA_DIR

@@ -22,13 +22,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aisim_fast.config.payload import ConfigError, parse_payload
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import simulation_from_setup
+from aisim_fast.io.request_order import requests_in_uuid_order
 from aisim_fast.kernels.hashing.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
-from aisim_fast.io.output import requests_in_uuid_order, summarize_replay
-from aisim_fast.engine.replay import run_batch, simulation_from_setup
+from aisim_fast.report.summary import summarize_replay
 from support.dynamo_runs import (case_payload, decision_differences, dp_sizes, read_rows, request_differences,
-                         router_view_differences)
-from support.random_cases import SETTINGS, examples
+                                 router_view_differences)
 from support.paths import DATA_DIR
+from support.random_cases import SETTINGS, examples
 
 DATA = DATA_DIR / "kv_router"
 TRACES = DATA_DIR / "traces"
@@ -438,7 +440,7 @@ def test_active_block_sets_grow_and_rebuild_without_changing_a_decision(case, mo
     (kernels.routing.kv_router._make_room). Starting from two slots, so that it rebuilds and
     doubles from the first request on, every decision, cost and request is the same
     as with the default start."""
-    from aisim_fast.engine import replay
+    from aisim_fast.engine import build
 
     def routed_run():
         sim = simulation_from_setup(parse_payload(payload(case, pin=False, seed=3)))
@@ -446,7 +448,7 @@ def test_active_block_sets_grow_and_rebuild_without_changing_a_decision(case, mo
         return res.routing[0], res.requests[0]
 
     routing, requests = routed_run()
-    monkeypatch.setattr(replay, "ROUTER_INITIAL_SLOTS", 2)
+    monkeypatch.setattr(build, "ROUTER_INITIAL_SLOTS", 2)
     small_routing, small_requests = routed_run()
     pd.testing.assert_frame_equal(routing, small_routing)
     pd.testing.assert_frame_equal(requests, small_requests)
@@ -458,9 +460,9 @@ def test_router_view_recomputed_from_the_records_through_rebuilds(case, monkeypa
     grown from the worker's queues while requests arrive, run and finish, every
     worker's cost at every decision still follows from the records (credit 0; the
     worker's own seed)."""
-    from aisim_fast.engine import replay
+    from aisim_fast.engine import build
 
-    monkeypatch.setattr(replay, "ROUTER_INITIAL_SLOTS", 2)
+    monkeypatch.setattr(build, "ROUTER_INITIAL_SLOTS", 2)
     sim = simulation_from_setup(parse_payload(payload(case, pin=False, seed=2)))
     res = run_batch([sim]).check()
     _assert_router_view_is_the_records(sim, res.requests[0], res.routing[0])
@@ -469,11 +471,11 @@ def test_router_view_recomputed_from_the_records_through_rebuilds(case, monkeypa
 @pytest.mark.parametrize("case", ["1k_vllm_agg4_kv", "1k_vllm_agg4_kv_credit0", "10k_vllm_agg8_kv"])
 def test_independent_workers_replay_the_router_run(case):
     """Without a pass log a routed single-turn open-loop run has independent workers
-    (replay._workers_independent): a worker's decode runs go on past the others' pass
+    (split.workers_independent): a worker's decode runs go on past the others' pass
     ends, and its token gaps fold into a row of its own. Pinned, it still gives every
     request of the router run, and the logged run's decisions."""
+    from aisim_fast.engine.batch_run import BatchRun
     from aisim_fast.kernels.schema import layout as L
-    from aisim_fast.engine.replay import BatchRun
 
     sim = simulation_from_setup(parse_payload(payload(case, pin=True)))
     batch = BatchRun([sim], record_passes=False)
@@ -492,11 +494,11 @@ def test_independent_workers_change_nothing_but_the_order_of_token_folds(placeme
     stepping it in slices gives the same bits as one call. With a tight pool (400
     blocks) the decode runs evict prefix blocks, which the router must still see
     while the run's pass that evicted them is in flight."""
-    from aisim_fast.kernels.schema import layout as L
-    from aisim_fast.engine.replay import BatchRun
-    from aisim_fast.trace.workload import load_mooncake
-
     import dataclasses
+
+    from aisim_fast.engine.batch_run import BatchRun
+    from aisim_fast.kernels.schema import layout as L
+    from aisim_fast.trace.workload import load_mooncake
 
     setup = parse_payload(payload("1k_vllm_agg4_kv", pin=False, seed=5))
     setup = dataclasses.replace(setup, placement=placement,

@@ -13,10 +13,13 @@ import pytest
 
 from aisim_fast.cli import app as cli
 from aisim_fast.config.payload import ConfigError, parse_payload
-from aisim_fast.io.output import requests_in_uuid_order, summarize_replay
-from aisim_fast.engine.replay import BatchRun, run_batch, simulation_from_setup
-from support.parity_rules import assert_rows_match_reference_csv
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.batch_run import BatchRun
+from aisim_fast.engine.simulation import simulation_from_setup
+from aisim_fast.io.request_order import requests_in_uuid_order
+from aisim_fast.report.summary import summarize_replay
 from support.cli_runs import NOT_COMPARED, assert_summary_matches
+from support.parity_rules import assert_rows_match_reference_csv
 from support.paths import DATA_DIR
 
 DATA = DATA_DIR

@@ -22,17 +22,18 @@ import pandas as pd
 import pytest
 
 from aisim_fast.config.payload import load_spec
-from aisim_fast.io.output import requests_in_uuid_order, summarize_aggregated_run
-from aisim_fast.kernels.schema import layout as L
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.build import build_state
+from aisim_fast.engine.simulation import SimulationError, simulation_from_setup
+from aisim_fast.io.request_order import requests_in_uuid_order
 from aisim_fast.kernels.loop.event_loop import replay_batch
-from aisim_fast.engine.replay import (SimulationError, build_state, run_batch,
-                                      simulation_from_setup)
-from support.parity_rules import (EXACT_INT_COLUMNS, EXACT_TIME_COLUMNS, as_number,
-                                  row_differences, values_outside_run)
+from aisim_fast.kernels.schema import layout as L
+from aisim_fast.report.summary import summarize_aggregated_run
+from support.goldens import (AGGREGATED_CASES, ALL_CASES, FAST_CASES, MINI_GOLDEN, TRACES, failure_report,
+                             golden_dir, index_frame, parity_failures, read_golden, simulation, solo)
 from support.lanes import lane
-from support.goldens import (AGGREGATED_CASES, ALL_CASES, FAST_CASES, MINI_GOLDEN, TRACES,
-                             failure_report, golden_dir, index_frame, parity_failures, read_golden,
-                             simulation, solo)
+from support.parity_rules import (EXACT_INT_COLUMNS, EXACT_TIME_COLUMNS, as_number, row_differences,
+                                  values_outside_run)
 
 
 @pytest.mark.parametrize("case", lane(ALL_CASES))
@@ -139,8 +140,8 @@ def test_pass_log_flushes_are_transparent(case):
 def test_spilled_pass_log_is_the_same_table(case, monkeypatch):
     """A pass log spilled to a temporary file as it drains (spill_passes, the CLI's
     way) reads back as the same table, whole or part by part."""
-    import aisim_fast.engine.replay as replay_module
-    monkeypatch.setattr(replay_module, "PASS_PART_ROWS", 100)
+    from aisim_fast.engine import batch
+    monkeypatch.setattr(batch, "PASS_PART_ROWS", 100)
     res = run_batch([simulation(case)], pass_log_rows=7, spill_passes=True)
     got = (res.requests[0], res.passes[0], res.token_stat[0], res.token_hist[0])
     _assert_same_result(case, got, solo(case))

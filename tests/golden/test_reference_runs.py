@@ -26,9 +26,10 @@ from pathlib import Path
 import pytest
 
 from aisim_fast.config.payload import ConfigError, parse_payload
-from aisim_fast.engine.replay import run_batch, simulation_from_setup
-from support.parity_rules import assert_rows_match_reference_csv, same_stop, values_outside_run
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import simulation_from_setup
 from support.lanes import lane
+from support.parity_rules import assert_rows_match_reference_csv, same_stop, values_outside_run
 from support.paths import DATA_DIR
 
 DATA = DATA_DIR

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aisim_fast.report import metrics as report
 from aisim_fast.kernels.stats import sketch as sk
+from aisim_fast.report import metrics as report
 from aisim_fast.report.metrics import percentile_rank, summarize
 from support.paths import DATA_DIR
 

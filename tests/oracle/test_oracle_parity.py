@@ -20,8 +20,8 @@ import tempfile
 import pytest
 
 from support import oracle
-from support.parity_rules import as_key_part, as_number, within
 from support.goldens import AGGREGATED_CASES  # noqa: E402
+from support.parity_rules import as_key_part, as_number, within
 from support.paths import DATA_DIR
 
 try:

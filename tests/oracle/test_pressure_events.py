@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from support import oracle
 import test_oracle_parity
 import test_oracle_sglang
+
 from aisim_fast.config.payload import parse_payload
-from aisim_fast.engine.replay import run_batch, simulation_from_setup
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import simulation_from_setup
+from support import oracle
 from support.goldens import simulation
 from support.paths import DATA_DIR
 

@@ -27,18 +27,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aisim_fast.kernels.schema import layout as L
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.build import build_state
+from aisim_fast.engine.simulation import Simulation, SimulationError
 from aisim_fast.kernels import invariants as D
-from aisim_fast.kernels.kv.block_pool import (_evict_head, cache_copy, num_active, num_free,
-                                              pool_reset, release_ref, reserve, table_find)
+from aisim_fast.kernels.kv.block_pool import (_evict_head, cache_copy, num_active, num_free, pool_reset,
+                                              release_ref, reserve, table_find)
 from aisim_fast.kernels.kv.lease import release_lease
-from aisim_fast.engine.replay import (Simulation, SimulationError,
-                                      build_state, run_batch)
-
-from support.random_cases import (SETTINGS, Case, cases, check_case_against_oracle, describe,
-                                  drained_codes, examples, frames_of, kernel_simulation,
-                                  lease_codes, make_spec, pool_codes, run_kernel, run_oracle,
-                                  run_state, write_trace)
+from aisim_fast.kernels.schema import layout as L
+from support.random_cases import (SETTINGS, Case, cases, check_case_against_oracle, describe, drained_codes,
+                                  examples, frames_of, kernel_simulation, lease_codes, make_spec, pool_codes,
+                                  run_kernel, run_oracle, run_state, write_trace)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -460,7 +459,7 @@ def test_vectorized_pool_reset_matches_the_kernel():
     """build_state empties every pool at once with numpy; the kernels' per-worker
     pool_reset must give the same pool counters and table (arena slots are only
     initialized when first taken)."""
-    from aisim_fast.engine.replay import _reset_pools
+    from aisim_fast.engine.lowering import reset_pools
 
     rows = [{"timestamp": i, "input_length": 40 + 7 * i, "output_length": 5, "hash_ids": [i, i + 1]}
             for i in range(12)]
@@ -477,6 +476,6 @@ def test_vectorized_pool_reset_matches_the_kernel():
         pool_reset(pool, w)
     np.testing.assert_array_equal(got[0], pool.w64)
     np.testing.assert_array_equal(got[1], pool.tab)
-    _reset_pools(pool)
+    reset_pools(pool)
     np.testing.assert_array_equal(got[0], pool.w64)
     np.testing.assert_array_equal(got[1], pool.tab)

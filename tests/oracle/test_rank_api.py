@@ -11,21 +11,18 @@ in every request state.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
-from support.paths import DATA_DIR
+from aisim_fast.protocol.rank import Rank, RankGroup, synthetic_output_tokens
+from aisim_fast.protocol.types import (APPLIED, NOOP, ActivateDestination, CancelDestination, CancelRequest,
+                                       CancelSource, DestinationAccepted, DestinationReserved, Output,
+                                       RankError, ReleaseSource, Removed, Request, ReserveDestination,
+                                       SourceHeld, Stored, Submit, SubmitHandoffPrefill, Submitted)
+from aisim_fast.trace.workload import load_mooncake, prompt_tokens, sequence_tokens
 from support.kv_artifacts import ARTIFACT_CASES, artifact_case, reference_kv_events, reference_tokens
 from support.lanes import lane
-
-from aisim_fast.protocol.rank import (APPLIED, NOOP, ActivateDestination, CancelDestination,
-                                      CancelRequest, CancelSource, DestinationAccepted,
-                                      DestinationReserved, Output, Rank, RankError, RankGroup,
-                                      ReleaseSource, Removed, Request, ReserveDestination,
-                                      SourceHeld, Stored, Submit, SubmitHandoffPrefill, Submitted,
-                                      synthetic_output_tokens)
-from aisim_fast.trace.workload import load_mooncake, prompt_tokens, sequence_tokens
+from support.paths import DATA_DIR
 
 KV_CASES = [name for name in ARTIFACT_CASES if not name.startswith("sglang")]
 

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from aisim_fast.config.payload import ConfigError, load_spec, parse_payload
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import SimulationError, simulation_from_setup
 from aisim_fast.protocol.rank_replay import replay_through_ranks
-from aisim_fast.engine.replay import SimulationError, run_batch, simulation_from_setup
 from support.goldens import MINI_CASES, MINI_GOLDEN, simulation
 from support.paths import DATA_DIR
 

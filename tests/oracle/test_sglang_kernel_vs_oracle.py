@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_oracle_sglang import _random_case, _write_trace
 
-from support import oracle
 from aisim_fast.config.payload import parse_payload
-from aisim_fast.engine.replay import run_batch, simulation_from_setup
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import simulation_from_setup
+from support import oracle
 from support.oracle_sglang import reference_row
 from support.parity_rules import as_key_part, row_differences
-from test_oracle_sglang import _random_case, _write_trace
 
 SEEDS = range(40)
 

@@ -3,6 +3,7 @@ one-line user error, summary keys against a reference report."""
 
 import json
 import math
+
 from aisim_fast.cli import app as cli
 
 PER_REQUEST_ABS_TOL_MS = 1e-6

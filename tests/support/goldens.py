@@ -2,17 +2,19 @@
 read and run, and the per-request parity comparison the reference's parity tool applies."""
 
 from __future__ import annotations
+
 import csv
 import functools
 import json
 from pathlib import Path
+
 import pytest
+
 from aisim_fast.config.payload import load_spec
-from aisim_fast.engine.replay import (Simulation, run_batch,
-                                      simulation_from_setup)
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import Simulation, simulation_from_setup
 from aisim_fast.trace.workload import load_mooncake
-from support.parity_rules import (ATOL, RTOL, as_key_part, as_number,
-                                  within)
+from support.parity_rules import ATOL, RTOL, as_key_part, as_number, within
 from support.paths import TESTS_DIR
 
 GOLDEN = TESTS_DIR / "data" / "golden"

@@ -4,19 +4,24 @@ lease invariants of the kernel state. AISIM_PROPERTY_EXAMPLES scales the number 
 (default 1.0 = the CI budget)."""
 
 from __future__ import annotations
+
 import json
 import math
 import os
 import tempfile
+
 import numpy as np
 from hypothesis import HealthCheck, Phase
 from hypothesis import strategies as st
+
 from aisim_fast.config.payload import parse_payload
-from aisim_fast.kernels.schema import layout as L
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.build import DEFAULT_PASS_LOG_ROWS, build_state
+from aisim_fast.engine.frames import request_frame
+from aisim_fast.engine.simulation import Simulation, SimulationError, simulation_from_setup
 from aisim_fast.kernels import invariants as D
 from aisim_fast.kernels.loop.event_loop import replay_batch
-from aisim_fast.engine.replay import (DEFAULT_PASS_LOG_ROWS, Simulation, SimulationError,
-                                      _request_frame, build_state, run_batch, simulation_from_setup)
+from aisim_fast.kernels.schema import layout as L
 from support import oracle
 
 SCALE = float(os.environ.get("AISIM_PROPERTY_EXAMPLES", "1"))
@@ -337,5 +342,5 @@ def drained_codes(state):
 
 def frames_of(sims, state):
     rq, sm = state[2], state[5]
-    return [_request_frame(sim, rq, int(sm.i64[s, L.SM_Q_OFF]), int(sm.i64[s, L.SM_W_OFF]))
+    return [request_frame(sim, rq, int(sm.i64[s, L.SM_Q_OFF]), int(sm.i64[s, L.SM_W_OFF]))
             for s, sim in enumerate(sims)]

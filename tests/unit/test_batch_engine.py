@@ -24,21 +24,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support import oracle
-from aisim_fast.engine import replay as replay_module
 from aisim_fast.config.payload import RankConfig, parse_payload
-from aisim_fast.kernels.schema import layout as L
-from aisim_fast.kernels.loop.event_loop import replay_batch
-from aisim_fast.engine.replay import (STATUS_CAPACITY, STATUS_DEAD_END, STATUS_OK,
-                                      STATUS_REJECTED_CONFIG, BatchRun, SimulationError,
-                                      build_state, run_batch, simulation_from_setup)
+from aisim_fast.engine import batch, batch_run, build, event_frames, memory, split, templates
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.batch_run import BatchRun
+from aisim_fast.engine.build import build_state
 from aisim_fast.engine.grow import KernelState
+from aisim_fast.engine.simulation import (STATUS_CAPACITY, STATUS_DEAD_END, STATUS_OK, STATUS_REJECTED_CONFIG,
+                                          SimulationError, simulation_from_setup)
+from aisim_fast.kernels.loop.event_loop import replay_batch
+from aisim_fast.kernels.schema import layout as L
 from aisim_fast.trace.workload import select_rows
-from support.random_cases import (
-    SETTINGS, Case, examples, cases, check_case_against_oracle, frames_of, make_spec,
-    record_differences, write_trace,
-)
+from support import oracle
 from support.paths import DATA_DIR
+from support.random_cases import (SETTINGS, Case, cases, check_case_against_oracle, examples, frames_of,
+                                  make_spec, record_differences, write_trace)
 
 
 def _simulation(rows, rank, tmp, name="t", **spec_kw):
@@ -114,13 +114,13 @@ def test_only_the_simulation_that_outgrew_its_arena_reruns(monkeypatch):
                         tmp, "b", workers=2, concurrency=3)
         want = [run_batch([a]), run_batch([b])]
         reruns = []
-        real = replay_module._run_units
+        real = batch._run_units
 
         def counting(units, *args, **kwargs):
             reruns.append(len(units))
             return real(units, *args, **kwargs)
 
-        monkeypatch.setattr(replay_module, "_run_units", counting)
+        monkeypatch.setattr(batch, "_run_units", counting)
         got = run_batch([a, dataclasses.replace(b, arena_blocks=1)])
     assert reruns == [2, 1]
     assert list(got.status) == [STATUS_OK, STATUS_OK]
@@ -143,7 +143,7 @@ def test_random_placement_past_the_round_robin_queue_size(monkeypatch):
         roomy = run_batch([dataclasses.replace(sim, queue_slots=len(rows) + 1)])
         records, _ = oracle.run(_with_placement(make_spec(rank, workers=3), 11),
                                 write_trace(rows, tmp))
-        monkeypatch.setattr(replay_module, "_default_queue_slots", lambda n, w, placement: -(-n // w) + 1)
+        monkeypatch.setattr(templates, "_default_queue_slots", lambda n, w, placement: -(-n // w) + 1)
         rerun = run_batch([sim])
         fixed = run_batch([dataclasses.replace(sim, queue_slots=-(-len(rows) // 3) + 1)])
     workers = roomy.requests[0]["worker"].to_numpy()
@@ -410,11 +410,11 @@ def _kv_run(sims, n_event_rows):
         for s in range(len(sims)):
             n = pool.event_log[s, 0, L.EVH_LEN]
             if 0 < n <= n_event_rows:
-                chunks[s].append(replay_module.drained_event_rows(kernel_state, s, n))
+                chunks[s].append(event_frames.drained_event_rows(kernel_state, s, n))
                 pool.event_log[s, 0, L.EVH_LEN] = 0
         if not np.any(st_.i64[:, L.SM_STATUS] == L.SIM_NEED_FLUSH):
             break
-    frames = [replay_module._kv_event_frame(sims[s], replay_module._event_rows(chunks[s]),
+    frames = [event_frames.kv_event_frame(sims[s], event_frames.event_rows(chunks[s]),
                                             int(st_.i64[s, L.SM_W_OFF]))
               for s in range(len(sims))]
     return state, frames
@@ -465,7 +465,7 @@ def test_kv_events_through_run_batch(monkeypatch):
         want = run_batch([sim], record_events=True).kv_events[0]
         state, frames = _kv_run([sim], 1 << 14)
         whole = frames[0]
-        monkeypatch.setattr(replay_module, "DEFAULT_EVENT_ROWS", 4)
+        monkeypatch.setattr(batch, "DEFAULT_EVENT_ROWS", 4)
         small = run_batch([sim], record_events=True)
         disagg = simulation_from_setup(parse_payload(json.loads(
             (DATA_DIR / "golden_disagg" / "dm1.spec.json").read_text()),
@@ -518,7 +518,7 @@ def test_progress_slices_change_nothing(monkeypatch):
                 _simulation(ROWS, {"backend": "trtllm", "num_gpu_blocks": 64, "block_size": 16}, tmp,
                             "b", workers=1)]
     sims.append(dataclasses.replace(sims[0], prefill_workers=1, prefill_rank=sims[0].rank))
-    monkeypatch.setattr(replay_module, "PROGRESS_SLICE_S", 1e-6)
+    monkeypatch.setattr(batch_run, "PROGRESS_SLICE_S", 1e-6)
     seen = []
     stepped = run_batch(sims, progress=lambda t, done, total: seen.append((t, done, total))).check()
     whole = run_batch(sims).check()
@@ -538,8 +538,8 @@ def test_a_batch_shares_one_pass_log_budget(monkeypatch):
         sim = _simulation(ROWS * 40, {"backend": "vllm", "num_gpu_blocks": 256, "block_size": 16}, tmp,
                           workers=1)
     roomy = run_batch([sim] * 4).check()
-    monkeypatch.setattr(replay_module, "PASS_LOG_BUDGET_ROWS", 4)
-    monkeypatch.setattr(replay_module, "MIN_PASS_LOG_ROWS", 16)
+    monkeypatch.setattr(batch_run, "PASS_LOG_BUDGET_ROWS", 4)
+    monkeypatch.setattr(batch_run, "MIN_PASS_LOG_ROWS", 16)
     tight = run_batch([sim] * 4).check()
     assert len(roomy.passes[0]) > 4 * 16
     assert tight.kernel_calls > roomy.kernel_calls
@@ -560,13 +560,13 @@ def test_state_estimate_matches_what_build_state_allocates(monkeypatch):
     (aggregated and disaggregated), within a fifth."""
     sims = [_golden_sim("1k_vllm_agg2"), _golden_sim("1k_vllm_disagg1p2d")]
     seen = {}
-    real = replay_module.check_state_fits
+    real = memory.check_state_fits
 
     def spy(sims_, templates, n_q, rows, events=0):
-        seen["bytes"] = replay_module.state_bytes(sims_, templates, n_q, rows, events)
+        seen["bytes"] = memory.state_bytes(sims_, templates, n_q, rows, events)
         return real(sims_, templates, n_q, rows, events)
 
-    monkeypatch.setattr(replay_module, "check_state_fits", spy)
+    monkeypatch.setattr(build, "check_state_fits", spy)
     state = build_state(sims)
     allocated = sum(a.nbytes for bundle in state if hasattr(bundle, "_fields")
                     for a in bundle if isinstance(a, np.ndarray))
@@ -575,8 +575,8 @@ def test_state_estimate_matches_what_build_state_allocates(monkeypatch):
 
 
 def test_a_batch_too_large_for_memory_is_refused_before_allocating(monkeypatch):
-    monkeypatch.setattr(replay_module, "available_memory_bytes", lambda: 4 << 20)
-    with pytest.raises(replay_module.StateTooLarge, match=r"needs about \d+ MiB of simulator state "
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 4 << 20)
+    with pytest.raises(memory.StateTooLarge, match=r"needs about \d+ MiB of simulator state "
                                                           r"\(1 kernel unit\(s\), 3 workers, 2000 request "
                                                           r"rows\), 4 MiB is available: use fewer workers"):
         run_batch([_golden_sim("1k_vllm_disagg1p2d")])
@@ -588,7 +588,7 @@ def test_workers_past_the_last_arrival_get_no_unit():
     many = run_batch([_golden_sim("1k_vllm_agg2", workers=50_000)]).check()
     exact = run_batch([_golden_sim("1k_vllm_agg2", workers=1000)]).check()
     pd.testing.assert_frame_equal(many.requests[0], exact.requests[0], check_exact=True)
-    assert len(replay_module._worker_shards(_golden_sim("1k_vllm_agg2", workers=50_000))) == 1000
+    assert len(split.worker_shards(_golden_sim("1k_vllm_agg2", workers=50_000))) == 1000
 
 
 def test_kernel_sets_compile_under_names_of_their_own():

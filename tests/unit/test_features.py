@@ -20,9 +20,10 @@ import pytest
 from numba import njit
 
 from aisim_fast.config.payload import RankConfig
-from aisim_fast.kernels.schema import layout as L
+from aisim_fast.engine.build import build_state
+from aisim_fast.engine.simulation import Simulation
 from aisim_fast.kernels.features import ON, features_of, gate, union
-from aisim_fast.engine.replay import Simulation, build_state
+from aisim_fast.kernels.schema import layout as L
 from aisim_fast.trace.workload import load_mooncake
 from support.paths import DATA_DIR
 
@@ -99,14 +100,14 @@ def test_gate_compiles_the_feature_only_where_it_is_on():
 def test_a_feature_set_is_a_kernel_set_of_its_own(tmp_path, capsys, monkeypatch):
     """Its own name (and compile notice): a plain run's set being cached says nothing
     about the same topology with TRT-LLM."""
-    from aisim_fast import kernels
+    from aisim_fast.kernels import jit
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(kernels, "_ANNOUNCED", set())
     plain, trt = L.Features(), L.Features(trtllm=ON, kv_router=ON)
-    assert kernels.kernel_part("aggregated", plain) == "aggregated"
-    assert kernels.kernel_part("aggregated", trt) == "aggregated+kv_router+trtllm"
-    kernels.mark_compiled("aggregated")
-    kernels.compile_notice(["aggregated", kernels.kernel_part("aggregated", trt)])
+    assert jit.kernel_part("aggregated", plain) == "aggregated"
+    assert jit.kernel_part("aggregated", trt) == "aggregated+kv_router+trtllm"
+    jit.mark_compiled("aggregated")
+    jit.compile_notice(["aggregated", jit.kernel_part("aggregated", trt)])
     err = capsys.readouterr().err
     assert "compiling kernels for aggregated replay with the KV router and TRT-LLM" in err
     assert err.count("aggregated replay") == 1

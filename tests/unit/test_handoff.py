@@ -10,20 +10,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aisim_fast.protocol.handoff.coordinator import (ActionKind, ActionOutcome, Backend, Completion,
-                                                     CoordinatorMode, FactKind, HandoffCoordinator,
-                                                     HandoffError, HandoffFact, HandoffOrder,
-                                                     HandoffState, HandoffTransferTiming,
-                                                     NormalizedHandoffConformance,
-                                                     NormalizedHandoffEvent, NormalizedStoredTiming,
-                                                     OutcomeKind, TransferTimingArrays,
-                                                     TransferTimingError, TransferTimingMode,
-                                                     add_handoffs, apply_facts, apply_outcomes,
-                                                     apply_start, expected_normalized_handoff,
-                                                     handoff_order_for_backend, pending_action_mask,
-                                                     prefill_handoff_delay_ms,
-                                                     resolve_transfer_delay_ms, transfer_delay_ms,
-                                                     validate_transfer_delay_ms,
-                                                     validate_transfer_timing)
+                                                      CoordinatorMode, FactKind, HandoffCoordinator,
+                                                      HandoffError, HandoffFact, HandoffOrder, HandoffState,
+                                                      HandoffTransferTiming, NormalizedHandoffConformance,
+                                                      NormalizedHandoffEvent, NormalizedStoredTiming,
+                                                      OutcomeKind, TransferTimingArrays, TransferTimingError,
+                                                      TransferTimingMode, add_handoffs, apply_facts,
+                                                      apply_outcomes, apply_start,
+                                                      expected_normalized_handoff, handoff_order_for_backend,
+                                                      pending_action_mask, prefill_handoff_delay_ms,
+                                                      resolve_transfer_delay_ms, transfer_delay_ms,
+                                                      validate_transfer_delay_ms, validate_transfer_timing)
 
 SF = HandoffOrder.SOURCE_FIRST
 DF = HandoffOrder.DESTINATION_FIRST

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from aisim_fast.engine import reused_buffers
-from aisim_fast.engine.replay import run_batch
+from aisim_fast.engine.batch import run_batch
 from support.goldens import simulation
 
 

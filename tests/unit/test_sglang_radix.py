@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from aisim_fast.kernels.schema.layout import (RN_CHILDREN, RN_LEN, RN_LOCK, RN_PARENT, RN_TIME, RW_EVICTABLE,
+                                               RW_PROTECTED)
 from aisim_fast.kernels.sglang import radix as X
-from aisim_fast.kernels.schema.layout import (RN_CHILDREN, RN_LEN, RN_LOCK, RN_PARENT, RN_TIME,
-                                              RW_EVICTABLE, RW_PROTECTED)
 
 
 class Tree:

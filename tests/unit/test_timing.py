@@ -3,9 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aisim_fast.kernels.timing.pass_timing import (EXACT_ROUND_TRIP_NS, NS_PER_S, modeled_ns,
-                                                   secs_to_ns)
-
+from aisim_fast.kernels.timing.pass_timing import EXACT_ROUND_TRIP_NS, NS_PER_S, modeled_ns, secs_to_ns
 from support.oracle import ns_to_secs
 
 

@@ -21,8 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aisim_fast.trace.workload import (DEFAULT_TRACE_NAME, TraceError, TraceWarning, Workload,
-                                       default_trace_path, load_default_trace, load_mooncake,
-                                       prompt_tokens)
+                                        default_trace_path, load_default_trace, load_mooncake, prompt_tokens)
 from support.paths import DATA_DIR
 
 DATA = DATA_DIR

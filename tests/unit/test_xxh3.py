@@ -19,13 +19,12 @@ import uuid
 import numpy as np
 import pytest
 import xxhash
-
-from support.paths import REPO_DIR
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba.core.errors import TypingError
 
 from aisim_fast.kernels.hashing import xxh3
+from support.paths import REPO_DIR
 
 U64_MAX = 2**64 - 1
 # 0 and 1337 select precomputed secrets for long inputs; the others take the

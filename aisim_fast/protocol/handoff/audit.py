@@ -40,15 +40,18 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from aisim_fast.config.payload import check_disaggregated_pair, parse_rank
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import Simulation
 from aisim_fast.kernels.schema import layout as L
-from aisim_fast.protocol.handoff.coordinator import (ActionKind, Backend,
-                                                     NormalizedHandoffConformance,
-                                                     NormalizedHandoffEvent, NormalizedStoredTiming,
-                                                     Completion, FactKind, HandoffOrder,
-                                                     HandoffState, IssuedActions, OutcomeKind,
-                                                     TransferTimingArrays, TransferTimingMode,
-                                                     add_handoffs, apply_facts, apply_outcomes,
-                                                     apply_start, handoff_order_for_backend)
+from aisim_fast.protocol.handoff.coordinator import (ActionKind, Backend, Completion, FactKind, HandoffOrder,
+                                                     HandoffState, IssuedActions,
+                                                     NormalizedHandoffConformance, NormalizedHandoffEvent,
+                                                     NormalizedStoredTiming, OutcomeKind,
+                                                     TransferTimingArrays, TransferTimingMode, add_handoffs,
+                                                     apply_facts, apply_outcomes, apply_start,
+                                                     handoff_order_for_backend)
+from aisim_fast.trace.workload import load_mooncake
 
 
 class HandoffAuditError(AssertionError):
@@ -236,9 +239,6 @@ FIXTURE_BLOCK_SIZE = 16
 
 def conformance_record(backend: str = "vllm") -> NormalizedHandoffConformance:
     """Run the conformance fixture on ``backend`` and describe it as the seed does."""
-    from aisim_fast.config.payload import check_disaggregated_pair, parse_rank
-    from aisim_fast.engine.replay import Simulation, run_batch
-    from aisim_fast.trace.workload import load_mooncake
 
     ranks = {role: parse_rank({"backend": backend, "block_size": FIXTURE_BLOCK_SIZE,
                                "num_gpu_blocks": 64, "worker_type": role,

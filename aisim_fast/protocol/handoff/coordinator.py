@@ -45,8 +45,8 @@ from typing import Sequence
 
 import numpy as np
 
-from aisim_fast.kernels.schema import layout as L
 from aisim_fast.kernels.disagg.transfer_timing import kv_transfer_ms
+from aisim_fast.kernels.schema import layout as L
 
 __all__ = [
     "ActionKind",

@@ -1,0 +1,209 @@
+"""The command line's words: the argument parser of every command, exit codes, flag defaults."""
+
+from __future__ import annotations
+
+import argparse
+
+from aisim_fast.config.payload import PLACEMENTS, SIMULATED_BACKENDS
+from aisim_fast.version import __version__
+
+PROG = "aisim-fast"
+EXIT_OK = 0
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+DEFAULT_TRACE_BLOCK_SIZE = 512
+DEFAULT_ARRIVAL_SPEEDUP_RATIO = 1.0
+
+
+class UsageError(Exception):
+    """A command-line mistake; reported as one line like every other user error."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints the whole usage block and exits; one line keeps every error alike
+    def error(self, message):
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Batch LLM-inference cluster simulator.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+    replay = commands.add_parser(
+        "replay", help="replay a Mooncake trace on vLLM / TRT-LLM workers (aggregated or "
+                       "disaggregated prefill/decode)",
+        description="Replay a Mooncake JSONL trace. Either --spec SPEC.json (a reference "
+                    "execution payload) or --backend with --workers (aggregated) or "
+                    "--prefill-workers and --decode-workers (disaggregated).")
+    replay.add_argument("trace", nargs="?", metavar="TRACE",
+                        help="Mooncake JSONL trace (without --spec; default: the bundled trace)")
+    replay.add_argument("--spec", metavar="SPEC.json",
+                        help="reference execution payload {\"spec\": ..., \"traffic\": ...}")
+    replay.add_argument("--trace", dest="trace_flag", metavar="PATH",
+                        help="trace file; with --spec it replaces traffic.trace_path")
+    replay.add_argument("--backend", choices=SIMULATED_BACKENDS,
+                        help="rank scheduler (sglang: its num_gpu_blocks counts pages of block_size "
+                             "tokens, default 1, so it is a token count; disaggregated sglang reserves "
+                             "the decode slot before the prefill)")
+    replay.add_argument("--workers", type=int, metavar="N", help="aggregated workers")
+    replay.add_argument("--dp-size", type=int, metavar="N",
+                        help="attention-DP ranks per aggregated worker, behind one pass barrier "
+                             "(default 1; spec: engine.dp_size)")
+    replay.add_argument("--engine-args", metavar="JSON",
+                        help="JSON object of reference rank fields, merged over {\"backend\": ...}; "
+                             "SGLang knobs in its \"sglang\" block (schedule_policy, max_prefill_tokens, "
+                             "chunked_prefill_size, clip_max_new_tokens, schedule_conservativeness)")
+    disagg = replay.add_argument_group(
+        "disaggregated prefill/decode (instead of --workers / --engine-args)")
+    disagg.add_argument("--prefill-workers", type=int, metavar="P", help="prefill pool size")
+    disagg.add_argument("--decode-workers", type=int, metavar="D", help="decode pool size")
+    disagg.add_argument("--prefill-engine-args", metavar="JSON", help="rank fields of the prefill pool")
+    disagg.add_argument("--decode-engine-args", metavar="JSON", help="rank fields of the decode pool")
+    disagg.add_argument("--prefill-dp-size", type=int, metavar="N",
+                        help="attention-DP ranks per prefill worker (default 1; spec: "
+                             "engine.prefill.dp_size)")
+    disagg.add_argument("--decode-dp-size", type=int, metavar="N",
+                        help="attention-DP ranks per decode worker (default 1; spec: engine.decode.dp_size)")
+    disagg.add_argument("--kv-transfer-bandwidth", type=float, metavar="GBPS",
+                        help="KV transfer bandwidth, decimal GB/s (0 or unset: --handoff-latency-ms)")
+    disagg.add_argument("--kv-bytes-per-token", type=int, metavar="N",
+                        help="KV bytes per prompt token moved from prefill to decode")
+    disagg.add_argument("--handoff-latency-ms", type=float, metavar="MS",
+                        help="transfer delay when bandwidth or bytes per token is unset (default 0)")
+    replay.add_argument("--concurrency", type=int, metavar="N",
+                        help="closed loop: at most N sessions in flight (default: trace timestamps)")
+    replay.add_argument("--trace-block-size", type=int, metavar="TOKENS",
+                        help=f"tokens per trace hash id (default {DEFAULT_TRACE_BLOCK_SIZE})")
+    replay.add_argument("--arrival-speedup-ratio", type=float, metavar="RATIO",
+                        help="divide trace timestamps and think times by RATIO (default 1.0)")
+    replay.add_argument("--max-sim-time-ms", type=float, metavar="MS",
+                        help="stop the simulation after its last instant at or before MS of "
+                             "simulated time: requests unfinished by then get no row and "
+                             "count only as arrivals (spec: max_sim_time_ms)")
+    replay.add_argument("--placement", choices=PLACEMENTS,
+                        help="worker placement (default round_robin, the reference's; random: "
+                             "uniform from a seeded generator)")
+    replay.add_argument("--placement-seed", type=int, metavar="N",
+                        help="seed of --placement random or kv_router (ties, sampling; default 0)")
+    replay.add_argument("--router-json", metavar="JSON",
+                        help="kv_router knobs: overlap_score_credit, prefill_load_scale, "
+                             "router_temperature, pin_to_trace_worker (Dynamo's names)")
+    _add_aic_flags(replay)
+    replay.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    replay.add_argument("--overwrite", action="store_true",
+                        help="replace an existing output folder of an earlier run")
+    replay.add_argument("--no-passes", action="store_true",
+                        help="do not record forward passes (no passes.parquet)")
+    replay.add_argument("--events", action="store_true",
+                        help="also write kv_events.parquet (KV Stored / Removed facts), "
+                             "engine_events.parquet (admissions, preemptions, finishes) and "
+                             "pressure_events.parquet")
+    replay.add_argument("--kv-events", action="store_true",
+                        help="also write kv_events.parquet: the KV events each worker emits "
+                             "(Stored / Removed, one row per block: event id, visibility time, "
+                             "block, parent and tokens hashes; the reference's event stream; "
+                             "SGLang: its radix cache's pages); emit_kv_events: true in a spec's "
+                             "rank does the same")
+    replay.add_argument("--pressure-events", action="store_true",
+                        help="also write pressure_events.parquet: one row per vLLM preemption "
+                             "or SGLang retraction (worker, request, running / waiting requests "
+                             "and active blocks before and after; any backend)")
+    replay.add_argument("--quiet", action="store_true",
+                        help="no progress line (shown on stderr for runs longer than a few seconds)")
+    replay.add_argument("--output-events", action="store_true",
+                        help="also write output_events.parquet: one row per output token "
+                             "(request, worker, pass end time, token index)")
+    models = commands.add_parser(
+        "models", help="models the installed AIC perf database covers (extra aisim-fast[aic])",
+        description="List the model ids --model and timing_model.config.model accept.")
+    models.add_argument("--grep", metavar="TEXT", help="only ids containing TEXT (case-insensitive)")
+    systems = commands.add_parser(
+        "systems", help="GPU systems of the installed AIC perf database, with framework versions",
+        description="List the GPU systems --system accepts and, per framework, the versions "
+                    "of its perf data (current first).")
+    systems.add_argument("--backend", choices=("vllm", "trtllm", "sglang"),
+                         help="only this framework's versions")
+    warmup = commands.add_parser(
+        "warmup", help="compile the kernels into the on-disk cache (for images and CI)",
+        description="Compile (or load from the cache) the kernels a replay uses, by running "
+                    "a few requests of the bundled trace on every backend, so that later runs "
+                    "start at once.")
+    warmup.add_argument("--topology", choices=("aggregated", "disaggregated", "sglang", "sglang_disaggregated", "rank", "all"), default="all",
+                        help="which kernels: a replay topology, rank (the rank protocol API), or all (every replay topology; default)")
+    sweep = commands.add_parser(
+        "sweep", help="run many configurations of one base payload (grid, zip, random axes)",
+        description="Run a sweep spec (YAML or JSON; see aisim_fast/studies/sweeps.py and the README): "
+                    "points.parquet (one row per point), requests/point=<id>/part-0.parquet, "
+                    "manifest.json. An interrupted sweep keeps its finished points; --resume "
+                    "runs the rest.")
+    sweep.add_argument("sweep_spec", metavar="SPEC", help="sweep spec file (.yaml / .yml / .json)")
+    sweep.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    sweep.add_argument("--jobs", type=int, default=1, metavar="N",
+                       help="local worker processes (default 1: this process)")
+    sweep.add_argument("--scheduler", metavar="ADDRESS",
+                       help="run the batches on this Dask distributed scheduler")
+    sweep.add_argument("--batch-size", type=int, metavar="N",
+                       help="points per kernel batch (default: the spec's batch_size, else 64)")
+    sweep.add_argument("--resume", action="store_true", help="run only the points DIR lacks")
+    sweep.add_argument("--overwrite", action="store_true", help="replace an earlier sweep in DIR")
+    sweep.add_argument("--no-requests", action="store_true",
+                       help="do not write the per-request dataset")
+    sweep.add_argument("--quiet", action="store_true", help="no progress output")
+    _add_aic_flags(sweep)
+    size = commands.add_parser(
+        "size", help="find the fewest GPUs that meet an SLA at a trace's load",
+        description="Size a base payload: the cheapest worker count (or prefill/decode split) "
+                    "whose replay meets the SLA for the --goodput fraction of requests, by batched "
+                    "sweeps (a coarse grid, then every cheaper candidate near its best point).")
+    size.add_argument("--spec", required=True, metavar="SPEC.json", help="base execution payload")
+    size.add_argument("--trace", metavar="PATH", help="replace the payload's traffic.trace_path")
+    size.add_argument("--sla", required=True, metavar="ttft_ms=..,itl_ms=..",
+                      help="SLA bounds, comma-separated (ttft_ms, itl_ms, e2e_ms)")
+    size.add_argument("--goodput", type=float, default=0.99, metavar="F",
+                      help="fraction of requests that must meet the SLA (default 0.99)")
+    size.add_argument("--max-workers", type=int, default=64, metavar="N",
+                      help="largest worker count (both pools together) to consider (default 64)")
+    size.add_argument("--rates", metavar="R1,R2,..",
+                      help="size for these arrival speedup ratios (offered loads), one answer each")
+    size.add_argument("--jobs", type=int, default=1, metavar="N", help="local worker processes")
+    _add_aic_flags(size)
+    plot = commands.add_parser(
+        "plot", help="PNG plots of a sweep or replay folder (DIR/plots/)",
+        description="A sweep folder: Pareto fronts of throughput per GPU against throughput per "
+                    "user and against TTFT p90. A replay folder: TTFT/TPOT CDFs and throughput, "
+                    "queue depth and KV use over time.")
+    plot.add_argument("folder", metavar="DIR", help="output folder of aisim-fast sweep or replay")
+    return parser
+
+
+def _add_aic_flags(parser) -> None:
+    aic_flags = parser.add_argument_group(
+        "op-level timing (AIC)", "time passes for a model on a GPU system from the perf database "
+        "of the optional extra aisim-fast[aic] (with --spec: replaces every pool's timing)")
+    aic_flags.add_argument("--model", metavar="ID", help="model, e.g. Qwen/Qwen3-32B ('aisim-fast models')")
+    aic_flags.add_argument("--system", metavar="GPU", help="GPU system, e.g. h200_sxm ('aisim-fast systems')")
+    aic_flags.add_argument("--tp", type=int, metavar="N", help="tensor parallel size (GPUs per worker)")
+    aic_flags.add_argument("--backend-version", metavar="V",
+                           help="framework version of the perf data (default: the database's current)")
+
+
+def aic_flags(args) -> dict:
+    """The given --model / --system / --tp / --backend-version, by set_aic_timing name."""
+    return {k: getattr(args, k) for k in ("model", "system", "tp", "backend_version")
+            if getattr(args, k, None) is not None}
+
+
+def _sla_flag(text: str) -> dict:
+    sla = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        key = key.strip()
+        if key not in ("ttft_ms", "itl_ms", "e2e_ms"):
+            raise UsageError(f"--sla: unknown bound {key!r}; allowed: ttft_ms, itl_ms, e2e_ms")
+        try:
+            sla[key] = float(value)
+        except ValueError:
+            raise UsageError(f"--sla: {key} needs a number, got {value!r}") from None
+    return sla

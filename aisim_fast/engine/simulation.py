@@ -1,0 +1,156 @@
+"""A simulation (one point of a batch: a trace, rank configs, a topology), its checks and its
+per-simulation statuses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from aisim_fast.config.payload import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, RouterConfig,
+                                        check_attention_dp, check_disaggregated_pair, check_rank)
+from aisim_fast.trace.workload import PIN_KEYS, Workload, load_mooncake
+
+
+class SimulationError(RuntimeError):
+    """A simulation that could not finish (dead end: the reference aborts on the same
+    condition; an invalid config; a capacity limit). ``run_batch`` does not raise it:
+    it reports a status per simulation, and reading a failed simulation's results
+    (or ``BatchResult.check()``) raises it with the simulation's message."""
+
+
+# Per-simulation outcome of run_batch (``BatchResult.status[s]``)
+STATUS_OK = "ok"
+STATUS_DEAD_END = "dead_end"              # requests in flight that can never be scheduled
+STATUS_REJECTED_CONFIG = "rejected_config"  # the simulation's config is invalid; not run
+STATUS_CAPACITY = "capacity"              # a fixed-size queue (queue_slots) overflowed
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """One point of a batch: a loaded trace, the rank config and the topology."""
+    workload: Workload
+    rank: RankConfig
+    workers: int
+    concurrency: int = 0  # closed-loop session cap; 0 = open loop by timestamps
+    arena_blocks: int | None = None  # per-worker block arena; None = sized from the workload
+    # Disaggregated: ``rank``/``workers`` are the decode pool, these the prefill pool.
+    prefill_rank: RankConfig | None = None
+    prefill_workers: int = 0
+    handoff_latency_ms: float = 0.0
+    placement: str = "round_robin"   # config.PLACEMENTS (kernels.routing.placement, kernels.routing.kv_router)
+    placement_seed: int = 0
+    router: RouterConfig | None = None  # kv_router knobs (None: the defaults)
+    # per-worker running/waiting queue slots; None = sized for the placement (a run
+    # that overflows them is rerun with room for every request)
+    queue_slots: int | None = None
+    # attention-DP ranks per worker of the aggregated or decode pool: a worker is a
+    # group of this many ranks behind one pass barrier (kernels.dp.attention_dp), each a
+    # kernel worker; ``prefill_dp_size`` the same for the prefill pool
+    dp_size: int = 1
+    prefill_dp_size: int = 1
+    # simulated-time cap (spec replay.md 12.11): the simulation ends after its last
+    # instant at or before it (``run_batch`` then keeps what the reference reports)
+    max_sim_time_ms: float | None = None
+    # requests (logical rows) whose token gaps stay out of the token statistics
+    token_stats_excluded: np.ndarray | None = None
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_workers > 0
+
+    @property
+    def ranks(self) -> int:
+        """Kernel workers of the aggregated or decode pool (ranks)."""
+        return self.workers * self.dp_size
+
+    @property
+    def prefill_ranks(self) -> int:
+        """Kernel workers of the prefill pool (0 when aggregated)."""
+        return self.prefill_workers * self.prefill_dp_size
+
+
+def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) -> Simulation:
+    if workload is None:
+        workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
+                                 arrival_speedup_ratio=setup.arrival_speedup_ratio)
+    return Simulation(workload, setup.rank, setup.workers, setup.concurrency,
+                      prefill_rank=setup.prefill_rank, prefill_workers=setup.prefill_workers,
+                      handoff_latency_ms=setup.handoff_latency_ms, placement=setup.placement,
+                      placement_seed=setup.placement_seed, router=setup.router, dp_size=setup.dp_size,
+                      prefill_dp_size=setup.prefill_dp_size, max_sim_time_ms=setup.max_sim_time_ms)
+
+
+def router_config(sim: Simulation) -> RouterConfig:
+    return sim.router if sim.router is not None else RouterConfig()
+
+
+def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
+    """Validate a simulation built in code; raises ConfigError naming the field
+    (``allow_empty``: a trace without requests is valid, e.g. one to be added to)."""
+    if not isinstance(sim.workers, (int, np.integer)) or sim.workers < 1:
+        raise ConfigError(f"workers: must be an integer >= 1, got {sim.workers!r}")
+    if sim.concurrency < 0:
+        raise ConfigError(f"concurrency: must be >= 0 (0 = open loop), got {sim.concurrency!r}")
+    check_rank(sim.rank, "rank")
+    for name in ("dp_size", "prefill_dp_size"):
+        value = getattr(sim, name)
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(f"{name}: must be an integer >= 1, got {value!r}")
+    check_attention_dp(sim.rank, sim.dp_size, "rank", "decode" if sim.disaggregated else "aggregated")
+    if sim.prefill_dp_size > 1 and not sim.disaggregated:
+        raise ConfigError("prefill_dp_size: only for a disaggregated simulation (prefill_workers > 0)")
+    if sim.disaggregated:
+        if sim.prefill_rank is None:
+            raise ConfigError("prefill_rank: required with prefill_workers > 0")
+        check_rank(sim.prefill_rank, "prefill_rank")
+        check_attention_dp(sim.prefill_rank, sim.prefill_dp_size, "prefill_rank", "prefill")
+        check_disaggregated_pair(sim.prefill_rank, sim.rank, "rank")
+    elif sim.prefill_workers < 0:
+        raise ConfigError(f"prefill_workers: must be >= 0, got {sim.prefill_workers!r}")
+    if sim.placement not in PLACEMENTS:
+        raise ConfigError(f"placement: must be one of {', '.join(PLACEMENTS)}; got {sim.placement!r}")
+    if not 0 <= sim.placement_seed < 2 ** 63:
+        raise ConfigError(f"placement_seed: must be in [0, 2**63), got {sim.placement_seed!r}")
+    if sim.placement == "kv_router":
+        if sim.rank.backend == "sglang":
+            raise ConfigError("placement: kv_router is not simulated over SGLang ranks yet "
+                              "(its overlap reads the vLLM block pool); use round_robin or random")
+        if router_config(sim).pin_to_trace_worker:
+            _check_pins(sim)
+    if sim.queue_slots is not None and sim.queue_slots < 1:
+        raise ConfigError(f"queue_slots: must be >= 1 or None, got {sim.queue_slots!r}")
+    if sim.arena_blocks is not None and sim.arena_blocks < 1:
+        raise ConfigError(f"arena_blocks: must be >= 1 or None, got {sim.arena_blocks!r}")
+    if len(sim.workload.input_len) == 0 and not allow_empty:
+        raise ConfigError("workload: the trace has no requests")
+
+
+def _check_pins(sim: Simulation) -> None:
+    """pin_to_trace_worker: every row names its worker in each pool (``worker``, or
+    ``prefill_worker`` and ``decode_worker``), inside the pool, and no other. With
+    attention DP a pin names a rank: ``worker * dp_size + dp_rank`` (the scheduler id
+    of Dynamo's records)."""
+    wl = sim.workload
+    pins = wl.worker if wl.worker is not None else np.full((wl.num_requests, len(PIN_KEYS)), -1, np.int64)
+    pools = ((1, sim.prefill_ranks), (2, sim.ranks)) if sim.disaggregated else ((0, sim.ranks),)
+    used = [k for k, _ in pools]
+    for k in range(len(PIN_KEYS)):
+        if k not in used and np.any(pins[:, k] >= 0):
+            row = int(np.argmax(pins[:, k]))
+            topology = "disaggregated" if sim.disaggregated else "aggregated"
+            wanted = " and ".join(f'"{PIN_KEYS[j]}"' for j in used)
+            raise ConfigError(f"{wl.path}, line {int(wl.line_no[row])}: \"{PIN_KEYS[k]}\" does not pin "
+                              f"a worker of this {topology} topology (give {wanted})")
+    for k, n_workers in pools:
+        pin = pins[:, k]
+        missing = np.flatnonzero(pin < 0)
+        if len(missing):
+            raise ConfigError(f"{wl.path}, line {int(wl.line_no[missing[0]])}: "
+                              f"pin_to_trace_worker needs an integer \"{PIN_KEYS[k]}\" on every row")
+        if pin.max() >= n_workers:
+            row = int(np.argmax(pin))
+            dp = sim.prefill_dp_size if k == 1 else sim.dp_size
+            pool = f"{n_workers} workers" if dp == 1 else f"{n_workers} ranks (workers x dp_size {dp})"
+            raise ConfigError(f"{wl.path}, line {int(wl.line_no[row])}: {PIN_KEYS[k]} {int(pin[row])} "
+                              f"is not in the pool of {pool}")
