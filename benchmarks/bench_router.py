@@ -18,7 +18,7 @@ ratio otherwise): below 1, fewer requests share each worker and its passes.
 
 ``--whole`` adds two placements that tell the router's own cost from that of running
 the workers as one simulation: ``round_robin_whole``, the same round-robin run without
-the per-worker split (``split.worker_shards`` is patched to decline it, in this
+the per-worker split (``batch.worker_shards`` is patched to decline it, in this
 process only), and ``random`` (seeded, a whole simulation like kv_router's).
 """
 
@@ -49,7 +49,7 @@ def main() -> None:
     import contextlib
 
     from aisim_fast.config.payload import parse_payload
-    from aisim_fast.engine import split
+    from aisim_fast.engine import batch
     from aisim_fast.engine.batch import run_batch
     from aisim_fast.engine.simulation import simulation_from_setup
     from aisim_fast.trace.workload import load_mooncake
@@ -70,12 +70,12 @@ def main() -> None:
         if name != "round_robin_whole":
             yield
             return
-        split = split.worker_shards
-        split.worker_shards = lambda sim: None  # every simulation runs as one unit
+        shards = batch.worker_shards
+        batch.worker_shards = lambda sim: None  # every simulation runs as one unit
         try:
             yield
         finally:
-            split.worker_shards = split
+            batch.worker_shards = shards
 
     variants = [("round_robin", [base] * args.points)]
     if args.whole:

@@ -21,6 +21,8 @@ Indexing follows layout.py (owner-major matrices: ``p.w64[w, PW_*]``,
 import numpy as np
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 from aisim_fast.kernels.kv.block_pool import _mix
 from aisim_fast.kernels.schema.layout import (NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL,
                                               PB_FREE_STACK, PB_NEXT, PB_PIN, PB_PREV, PB_REF, PW_BLK_LEN,
@@ -61,13 +63,13 @@ LEASE_PROGRESS = 35        # live request computed > allocated, allocated > leng
 LEASE_WORKER = 36          # a request holding blocks is not placed on this worker
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _home(h, mask):
     # the table's own slot function, so a change of hashing stays in sync
     return np.int64(_mix(h) & np.uint64(mask))
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _resident_flags(p, w):
     """(flags, ok): per arena slot of worker w 1 = resident, 0 = on the free stack,
     2 = never used (past PW_BUMP, contents undefined); ok is False when the free
@@ -231,7 +233,7 @@ def check_drained(p, w):
     return OK
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _ceil_div(a, b):
     return (a + b - 1) // b
 

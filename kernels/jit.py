@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numba
 from numba.core import caching as _caching
+from numba.core.registry import CPUDispatcher
 
 _HERE = Path(__file__).resolve().parent
 _DIGEST_DIR: list[str] = []  # _digest_dir, once per process
@@ -207,3 +208,36 @@ def mark_compiled(part: str) -> None:
             marker.touch()
         except OSError:
             pass  # an unwritable cache: the notice shows again next time, nothing worse
+
+
+class KernelOnlyDispatcher(CPUDispatcher):
+    """A kernel that only other kernels call: compiled without the CPython and C
+    wrappers a call from Python needs (about a quarter of a cold compile: every wrapper
+    is lowered and optimized by LLVM for each function), and refusing a call from Python
+    with an error rather than entering a wrapper that is not there."""
+
+    def add_overload(self, cres):
+        # no entry in the C dispatcher's fast path: it would call the missing wrapper
+        self.overloads[tuple(cres.signature.args)] = cres
+
+    def _compile_for_args(self, *args, **kws):
+        raise TypeError(f"{self.py_func.__module__}.{self.py_func.__qualname__} is a kernel-only "
+                        "function (no CPython wrapper): call it from a kernel, or declare it "
+                        "with @njit if Python calls it")
+
+
+def kernel(**options):
+    """``@njit`` for a function that only kernels call (``KernelOnlyDispatcher``):
+    ``@kernel(cache=True, _nrt=False)``; the options are ``njit``'s. A function Python
+    calls (a batch entry, what the driver or a test calls directly) stays ``@njit``."""
+    cache = options.pop("cache", False)
+    options.update(nopython=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+
+    def wrap(function):
+        if numba.config.DISABLE_JIT:
+            return function
+        dispatcher = KernelOnlyDispatcher(py_func=function, locals={}, targetoptions=options)
+        if cache:
+            dispatcher.enable_caching()
+        return dispatcher
+    return wrap

@@ -37,6 +37,8 @@ accepted at once and reserved at once only when the decode worker is idle.
 import numpy as np
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 from aisim_fast.kernels.disagg.transfer_timing import kv_transfer_ms_kernel
 from aisim_fast.kernels.dp.attention_dp import reset_wave_if_drained_gated
 from aisim_fast.kernels.kv.block_pool import release_ref, table_find
@@ -76,8 +78,7 @@ from aisim_fast.kernels.schema.layout import (ACT_ACTIVATE, ACT_NONE, ACT_RELEAS
                                               WK_PEND_LEN, WK_PEND_TAIL, WK_RESERVED_LEN, WK_RUN_LEN,
                                               WK_RUN_OFF, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP,
                                               WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF)
-from aisim_fast.kernels.sglang import core as sglang_core
-from aisim_fast.kernels.sglang import handoff as sglang_handoff
+from aisim_fast.kernels.sglang import core as sglang_core, handoff as sglang_handoff
 from aisim_fast.kernels.vllm import capacity as capacity_policy
 
 
@@ -93,7 +94,7 @@ def transfer_delay_ms(tokens, kv_bytes_per_token, bandwidth_gb_s, fallback_ms):
 # ---------------------------------------------------------------------------------
 # the FIFO action queue (a ring per simulation) and per-worker deferred actions
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _pop_action(sims, s):
     q = sims.actq[sims.i64[s, SM_Q_OFF] + sims.i64[s, SM_ACTQ_HEAD]]
     sims.i64[s, SM_ACTQ_HEAD] = (sims.i64[s, SM_ACTQ_HEAD] + 1) % sims.i64[s, SM_Q_LEN]
@@ -101,7 +102,7 @@ def _pop_action(sims, s):
     return q
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _defer(rq, wk, w, q):
     """Keep q's action until worker w's pass in flight completes."""
     rq.i64[q, RQ_LINK] = -1
@@ -113,7 +114,7 @@ def _defer(rq, wk, w, q):
     wk.i64[w, WK_DEFER_TAIL] = q
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _requeue_deferred(rq, wk, sims, s, w):
     q = wk.i64[w, WK_DEFER_HEAD]
     while q >= 0:
@@ -125,7 +126,7 @@ def _requeue_deferred(rq, wk, sims, s, w):
     wk.i64[w, WK_DEFER_TAIL] = -1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _journal(sims, s, event, q, now_ms, value_a, value_b):
     """Append a lifecycle event to the opt-in handoff journal (sized by the driver)."""
     row = sims.i64[s, SM_HLOG_LEN]
@@ -141,7 +142,7 @@ def _journal(sims, s, event, q, now_ms, value_a, value_b):
 # ---------------------------------------------------------------------------------
 # transfers in flight: a binary heap by (completion time, start order)
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _xfer_before(rq, a, b):
     ta = rq.f64[a, RQF_TRANSFER_DONE_MS]
     tb = rq.f64[b, RQF_TRANSFER_DONE_MS]
@@ -150,7 +151,7 @@ def _xfer_before(rq, a, b):
     return rq.i64[a, RQ_XFER_SEQ] < rq.i64[b, RQ_XFER_SEQ]
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _xfer_push(rq, sims, s, q):
     base = sims.i64[s, SM_Q_OFF]
     h = sims.xfer_heap
@@ -166,7 +167,7 @@ def _xfer_push(rq, sims, s, q):
     h[base + i] = q
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _xfer_pop(rq, sims, s):
     base = sims.i64[s, SM_Q_OFF]
     h = sims.xfer_heap
@@ -195,7 +196,7 @@ def _xfer_pop(rq, sims, s):
 # ---------------------------------------------------------------------------------
 # decode rank: pending destinations, reservation, activation
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _load_prompt_hashes(rq, wl, q):
     """Prompt block hashes of row q at its own worker's block size."""
     row = rq.i64[q, RQ_SRC_ROW]
@@ -207,7 +208,7 @@ def _load_prompt_hashes(rq, wl, q):
     rq.i64[q, RQ_NUM_HASHED] = n_blocks
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens, sg):
     """Try to reserve the head of worker w's pending-destination FIFO (at most one
     per call, at most one attempt per capacity generation). Returns the reserved
@@ -248,7 +249,7 @@ def retry_destination(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens, sg):
     return q
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _insert_by_ordinal(rq, wk, w, q):
     """Put q in w's waiting queue before the first request with a later ordinal."""
     n = wk.i64[w, WK_WAIT_LEN]
@@ -265,7 +266,7 @@ def _insert_by_ordinal(rq, wk, w, q):
     wk.wait_q[off + (head + i) % cap] = q
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _activate(cfg, p, rq, wk, w, q):
     """Commit q's reservation: its complete fresh prompt blocks become cached copies
     (visible from now on), the partial tail stays private; q waits, materialized,
@@ -293,7 +294,7 @@ def _activate(cfg, p, rq, wk, w, q):
     return published, visible_before
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def accept_destination(rq, wl, wk, wd, q, sg):
     """ReserveDestination accepted on decode worker wd: q (its prompt hashes loaded,
     vLLM / TRT-LLM) joins the back of the pending-destination FIFO with the worker's
@@ -319,7 +320,7 @@ def accept_destination(rq, wl, wk, wd, q, sg):
         wake(wk, wd)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def activate_destination(cfg, p, rq, wk, wd, q, sg):
     """ActivateDestination of reserved q on decode worker wd (vLLM / TRT-LLM:
     ``_activate``; SGLang: ``sglang_handoff``, nothing enters the tree before
@@ -335,7 +336,7 @@ def activate_destination(cfg, p, rq, wk, wd, q, sg):
 # ---------------------------------------------------------------------------------
 # cancellation (engine side, spec engine.md 10.1-10.2 and 11)
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _drop_queued(cfg, p, rq, wk, w, q):
     """Take q out of worker w's running list or waiting queue and release its lease
     (tail first, as a finish does). Returns False when q is in neither."""
@@ -353,7 +354,7 @@ def _drop_queued(cfg, p, rq, wk, w, q):
     return False
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def release_held_source(cfg, p, rq, wl, wk, wp, qp, path, scratch_tokens, sg):
     """ReleaseSource of source row qp held on prefill worker wp: its KV released as a
     finish releases it (vLLM: the lease into the LRU, tail first; SGLang: pages into
@@ -390,7 +391,7 @@ def cancel_source(cfg, p, rq, wk, q):
     return CMD_APPLIED
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _sglang_drop_destination(p, rq, wk, wd, q, status):
     """SGLang's side of CancelDestination past the pending FIFO: a reserved or
     activated destination gives its pages back, a queued or running one is dropped
@@ -458,7 +459,7 @@ def cancel_destination(cfg, p, rq, wk, q, sg):
 # ---------------------------------------------------------------------------------
 # actions
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _retry_and_report(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens, sg):
     """Retry worker w's pending head; a reservation is a DestinationReserved fact, on
     which the coordinator starts the transfer (SourceFirst) or submits the prefill
@@ -475,7 +476,7 @@ def _retry_and_report(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scrat
     return True, False
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _place_in_pool(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, cursor, pool, sg):
     """The worker of the pool ``[w0, w0 + n)`` for request row q: the kv_router's
     choice (vLLM / TRT-LLM pools; ``sg is None`` keeps the router out of the SGLang
@@ -486,7 +487,7 @@ def _place_in_pool(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, cursor, pool, 
     return place(sims, s, w0, n, cursor)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _fail_request(rq, sims, s, q, status, now_ms):
     """A handoff that cannot continue ends its logical request."""
     rq.i64[q, RQ_STATUS] = RS_DONE
@@ -495,7 +496,7 @@ def _fail_request(rq, sims, s, q, status, now_ms):
     logical_terminal(rq, sims, s, q)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tokens, sg):
     """Execute the queued action of handoff q. Returns False when the block arena is
     exhausted."""
@@ -594,7 +595,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
     return True
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens, sg):
     """Pass end of worker w. Returns (reserved a destination, arena exhausted)."""
     wk.i64[w, WK_BUSY] = 0
@@ -633,7 +634,7 @@ def complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, sc
     return _retry_and_report(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, scratch_tokens, sg)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def complete_disagg_ranks(cfg, p, rq, wl, wk, sims, s, w, dp, now_ms, hits, fresh, scratch_tokens, sg):
     """Pass end of worker w, or of every rank of the attention-DP group it leads
     (``dp`` ranks, idle ones included; a drained group restarts its wave count).
@@ -650,7 +651,7 @@ def complete_disagg_ranks(cfg, p, rq, wl, wk, sims, s, w, dp, now_ms, hits, fres
     return reserved_any, False
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def drain_transfers(rq, sims, s, now_ms):
     """Transfers completing at ``now_ms`` queue their ActivateDestination. Returns
     whether any did."""
@@ -662,7 +663,7 @@ def drain_transfers(rq, sims, s, now_ms):
     return any_done
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh, scratch_tokens, sg):
     """Run the FIFO action queue empty, actions it appends included. Returns
     (whether any ran, arena exhausted)."""
@@ -675,7 +676,7 @@ def drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh, scratch_toke
     return ran, False
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def next_transfer_ms(rq, sims, s):
     """Completion time of the next transfer in flight (inf when none)."""
     if sims.i64[s, SM_XFER_LEN] == 0:

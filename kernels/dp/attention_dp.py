@@ -39,7 +39,8 @@ flight (``block_pool.NO_PASS``): everything it stored or evicted is seen.
 Not simulated with attention DP (the configuration refuses it): the rank protocol."""
 
 import numpy as np
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.features import gate
 from aisim_fast.kernels.kv.block_pool import event_log_on
@@ -55,7 +56,7 @@ from aisim_fast.kernels.schema.layout import (CFG_DP_RANK, CFG_DP_SIZE, CFG_PREF
                                               WK_TERM_HEAD, WK_WAIT_LEN)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def place_rank(cfg, wk, sims, s, w0, n_workers):
     """The rank a new request of the pool ``[w0, w0 + n_workers)`` goes to: the pool's
     placement picks the logical worker, its cursor the rank."""
@@ -66,14 +67,14 @@ def place_rank(cfg, wk, sims, s, w0, n_workers):
     return lead + cursor % dp
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def rank_queued(wk, w):
     """Rank w holds requests it can schedule (running, waiting, or activated ones of an
     SGLang decode rank waiting for a slot)."""
     return wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0 or wk.i64[w, WK_SG_READY_LEN] > 0
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def rank_has_work(wk, w):
     """Rank w would run a pass now (the reference's ready rank; one whose last pass
     changed nothing waits for new work, as a lone worker does). An SGLang rank still
@@ -82,7 +83,7 @@ def rank_has_work(wk, w):
     return (wk.i64[w, WK_STALLED] == 0 and rank_queued(wk, w)) or wk.i64[w, WK_SG_PREFILL_ROUNDS] > 0
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def reset_wave_if_drained(wk, lead, dp):
     """A group none of whose ranks owns a request any more (queued, running, or a
     destination pending or reserved) counts its passes from 0 again (the reference's
@@ -95,7 +96,7 @@ def reset_wave_if_drained(wk, lead, dp):
     wk.i64[lead, WK_DP_WAVE] = 0
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def group_has_work(wk, lead, dp):
     if wk.i64[lead, WK_BUSY] != 0:
         return False
@@ -105,7 +106,7 @@ def group_has_work(wk, lead, dp):
     return False
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def group_woken(wk, lead, dp):
     """Whether something woke any rank of the group since its last drive (clears it)."""
     woken = False
@@ -116,7 +117,7 @@ def group_woken(wk, lead, dp):
     return woken
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def begin_group_pass(sims, s):
     """The ranks' tokens from now on wait for the group's end."""
     sims.i64[s, SM_GROUP_PASS] = 1
@@ -124,7 +125,7 @@ def begin_group_pass(sims, s):
     sims.i64[s, SM_TOKEN_TAIL] = -1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def end_group_pass(cfg, p, rq, wk, sims, s, lead, dp, end_ms, first_log_row, first_event):
     """Every output of the group pass that started when the pass log had
     ``first_log_row`` rows and the event log ``first_event`` events becomes visible at
@@ -151,7 +152,7 @@ def end_group_pass(cfg, p, rq, wk, sims, s, lead, dp, end_ms, first_log_row, fir
                 p.event_log[s, r, EV_TIME_BITS] = bits
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def defers_prefills(cfg, rq, wk, w):
     """Whether vLLM rank w defers prefill work in the group pass starting now (the
     reference's cadence, engine.md 5.7): off the cadence, not capacity-bound, and with

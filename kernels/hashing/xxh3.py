@@ -37,6 +37,8 @@ from numba import njit, types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
+from aisim_fast.kernels.jit import kernel
+
 if sys.byteorder != "little":
     raise ImportError("kernels.hashing.xxh3 reads words with native loads and needs a little-endian host")
 
@@ -184,7 +186,7 @@ _load8 = _make_loader(8)
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _swap32(x):
     """Byte-reverse the low 32 bits of x (x < 2**32)."""
     return (((x & np.uint64(0x000000FF)) << 24)
@@ -193,12 +195,12 @@ def _swap32(x):
             | ((x >> 24) & np.uint64(0x000000FF)))
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _swap64(x):
     return (_swap32(x & _MASK32) << 32) | _swap32(x >> 32)
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _mul128_fold64(lhs, rhs):
     """XOR of the high and low halves of the 128-bit product lhs*rhs.
 
@@ -220,7 +222,7 @@ def _mul128_fold64(lhs, rhs):
     return lower ^ upper
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _xxh64_avalanche(h):
     h ^= h >> 33
     h *= PRIME64_2
@@ -230,7 +232,7 @@ def _xxh64_avalanche(h):
     return h
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _xxh3_avalanche(h):
     h ^= h >> 37
     h *= PRIME_MX1
@@ -238,7 +240,7 @@ def _xxh3_avalanche(h):
     return h
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _rrmxmx(h, length):
     """Stronger avalanche of the 4-8 byte path (length as uint64)."""
     h ^= ((h << 49) | (h >> 15)) ^ ((h << 24) | (h >> 40))
@@ -249,19 +251,19 @@ def _rrmxmx(h, length):
     return h
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _mix16_words(input_lo, input_hi, secret_lo, secret_hi, seed):
     return _mul128_fold64(input_lo ^ (secret_lo + seed), input_hi ^ (secret_hi - seed))
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _mix16b(input_address, secret_address, seed):
     """Keyed fold of 16 input bytes against 16 secret bytes."""
     return _mix16_words(_load64(input_address), _load64(input_address + 8),
                         _load64(secret_address), _load64(secret_address + 8), seed)
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _len_9to16_words(input_lo, input_hi, length, bitflip_lo, bitflip_hi):
     """9-16 byte path given the first and last 8 input bytes as words."""
     keyed_lo = input_lo ^ bitflip_lo
@@ -276,7 +278,7 @@ def _len_9to16_words(input_lo, input_hi, length, bitflip_lo, bitflip_hi):
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _hash_len_0to16(data, length, seed):
     secret = _address_of_bytes(DEFAULT_SECRET)
     length_u = np.uint64(length)
@@ -303,7 +305,7 @@ def _hash_len_0to16(data, length, seed):
     return _xxh64_avalanche(seed ^ _load64(secret + 56) ^ _load64(secret + 64))
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _hash_len_17to128(data, length, seed):
     secret = _address_of_bytes(DEFAULT_SECRET)
     # 16-byte lanes are taken pairwise from both ends, so every byte is
@@ -324,7 +326,7 @@ def _hash_len_17to128(data, length, seed):
     return _xxh3_avalanche(acc)
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _hash_len_129to240(data, length, seed):
     secret = _address_of_bytes(DEFAULT_SECRET)
     acc = np.uint64(length) * PRIME64_1
@@ -345,7 +347,7 @@ def _hash_len_129to240(data, length, seed):
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _accumulate_stripe(acc, stripe, secret):
     """XXH3_accumulate_512 (scalar form) for the 64 bytes at `stripe`."""
     a0, a1, a2, a3, a4, a5, a6, a7 = acc
@@ -377,14 +379,14 @@ def _accumulate_stripe(acc, stripe, secret):
             a7 + d6 + (k7 & _MASK32) * (k7 >> 32))
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _scramble_lane(acc, key):
     acc ^= acc >> 47
     acc ^= key
     return acc * PRIME32_1
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _scramble(acc, secret):
     """XXH3_scrambleAcc with the 64 secret bytes at `secret`."""
     a0, a1, a2, a3, a4, a5, a6, a7 = acc
@@ -398,7 +400,7 @@ def _scramble(acc, secret):
             _scramble_lane(a7, _load64(secret + 56)))
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _merge_accs(acc, secret, start):
     a0, a1, a2, a3, a4, a5, a6, a7 = acc
     result = start
@@ -409,7 +411,7 @@ def _merge_accs(acc, secret, start):
     return _xxh3_avalanche(result)
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _hash_long(data, length, secret):
     """Long path at address `data` with the (seed-adjusted) secret at
     address `secret`."""
@@ -433,7 +435,7 @@ def _hash_long(data, length, secret):
     return _merge_accs(acc, secret + _MERGE_SECRET_OFFSET, np.uint64(length) * PRIME64_1)
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _hash_long_secret_array(data, length, secret):
     # Taking the secret as an array argument keeps it alive for the call.
     return _hash_long(data, length, _address_of_bytes(secret))
@@ -455,7 +457,7 @@ def make_secret(seed):
     return secret
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _xxh3_64_at(data, length, seed):
     """XXH3-64 of `length` bytes at address `data` (seed: uint64)."""
     if length <= 16:
@@ -477,7 +479,7 @@ def _xxh3_64_at(data, length, seed):
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def xxh3_64_u32_seed1337(tokens, start, count):
     """``xxh3_64_u32(tokens, start, count, XXH3_SEED)`` for the engine's block hashes:
     the reference's seed has a precomputed secret, so this has no allocating path and
@@ -496,7 +498,7 @@ def xxh3_64_u32_seed1337(tokens, start, count):
 
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _xxh3_64_checked(address, size, start, length, item_size, seed):
     """_xxh3_64_at for items [start, start+length) of a buffer of `size`
     items of `item_size` bytes at `address`, after a range check.

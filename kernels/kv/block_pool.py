@@ -21,6 +21,8 @@ deletion shifts the following cluster back, so no tombstones accumulate.
 import numpy as np
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 from aisim_fast.kernels.schema.layout import (EV_A, EV_B, EV_BLOCK, EV_C, EV_KIND, EV_KV_REMOVED,
                                                EV_KV_STORED, EV_REQUEST, EV_TIME_BITS, EV_TOKENS_HASH,
                                                EV_WORKER, EVH_CLOCK_BITS, EVH_KV, EVH_LEN, EVH_OUTPUTS,
@@ -36,7 +38,7 @@ PASS_NUM_MASK = 0x7FFFFFFF  # PB_PUB_PASS / PW_EVICTED_PASS keep the low 31 bits
 NO_PASS = -1  # PW_PASS_NUM of an attention-DP rank that sits out its group's pass
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _mix(h):
     # The keys are already XXH3 outputs; fold the high bits in so masks of any
     # size see them.
@@ -58,7 +60,7 @@ def table_find(p, w, h):
         i = (i + 1) & mask
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _table_set(p, w, h, b):
     """Point hash ``h`` at copy ``b`` (insert or replace)."""
     off = p.w64[w, PW_TAB_OFF]
@@ -72,7 +74,7 @@ def _table_set(p, w, h, b):
         i = (i + 1) & mask
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _table_delete(p, w, h):
     """Remove hash ``h``; shift the rest of its probe cluster back (no tombstones)."""
     off = p.w64[w, PW_TAB_OFF]
@@ -114,7 +116,7 @@ def num_free(p, w, capacity):
     return capacity - p.w64[w, PW_NUM_COPIES] - p.w64[w, PW_NUM_RESERVED]
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _lru_unlink(p, w, b):
     prv = p.b32[b, PB_PREV]
     nxt = p.b32[b, PB_NEXT]
@@ -131,7 +133,7 @@ def _lru_unlink(p, w, b):
     p.w64[w, PW_LRU_LEN] -= 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _lru_push_tail(p, w, b):
     tail = p.w64[w, PW_LRU_TAIL]
     p.b32[b, PB_PREV] = tail
@@ -144,7 +146,7 @@ def _lru_push_tail(p, w, b):
     p.w64[w, PW_LRU_LEN] += 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _take_slot(p, w):
     """A free arena slot: the last one given back, else the next never-used slot
     (initialized now, so an arena costs nothing until it is used); NO_BLOCK when
@@ -171,7 +173,7 @@ def _take_slot(p, w):
     return np.int32(b)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _give_slot(p, w, b):
     p.b32[b, PB_REF] = 0
     p.b32[b, PB_PIN] = 0
@@ -181,31 +183,31 @@ def _give_slot(p, w, b):
     p.w64[w, PW_FREE_TOP] += 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def event_log_on(p):
     return p.event_log.shape[1] > 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def event_set_clock(p, s, t_ms):
     """The time of simulation s's KV events from now on (logging on)."""
     p.event_log[s, 0, EVH_CLOCK_BITS] = np.float64(t_ms).view(np.int64)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def outputs_logged(p, s):
     """Whether simulation s logs every output token (EV_OUTPUT)."""
     return p.event_log.shape[1] > 1 and p.event_log[s, 0, EVH_OUTPUTS] != 0
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def kv_events_logged(p, w):
     """Whether worker w's simulation logs KV Stored / Removed facts (a log of engine
     facts only, e.g. pressure events, leaves them out)."""
     return p.event_log.shape[1] > 1 and p.event_log[p.w64[w, PW_SIM], 0, EVH_KV] != 0
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def note_event_at(p, w, kind, a, b, c, time_bits):
     """Append an engine event of worker w (``EV_*`` of layout, int64 values, the time as
     float64 bits) to its simulation's log, when logging is on. A full log counts the
@@ -215,7 +217,7 @@ def note_event_at(p, w, kind, a, b, c, time_bits):
         log_row(p.event_log, p.w64[w, PW_SIM], w, kind, a, b, c, time_bits)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def log_row(event_log, s, w, kind, a, b, c, time_bits):
     """``note_event_at`` on simulation s's log itself (logging on); returns the row
     written (0: the log is full, the event only counted)."""
@@ -236,14 +238,14 @@ def log_row(event_log, s, w, kind, a, b, c, time_bits):
     return n + 1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def note_event(p, w, kind, a, b, c):
     """``note_event_at`` at the simulation's event clock (the instant being drained)."""
     if p.event_log.shape[1] > 1:
         note_event_at(p, w, kind, a, b, c, p.event_log[p.w64[w, PW_SIM], 0, EVH_CLOCK_BITS])
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def note_kv_stored(p, w, block_hash, parent_hash, group, tokens_hash, q, i):
     """A KV_STORED row (layout): block i of request q became visible on worker w;
     ``group`` is KV_FIRST / KV_FIRST_WITH_PARENT / KV_NEXT."""
@@ -257,7 +259,7 @@ def note_kv_stored(p, w, block_hash, parent_hash, group, tokens_hash, q, i):
         row[EV_BLOCK] = i
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def kv_events_visible_at(p, s, first_row, t_ms):
     """The KV rows of simulation s logged since ``first_row`` (a value of its log length)
     become visible at ``t_ms``: the end of the pass that logged them."""
@@ -268,7 +270,7 @@ def kv_events_visible_at(p, s, first_row, t_ms):
             p.event_log[s, r, EV_TIME_BITS] = bits
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _note_evicted(p, w, b, h):
     """Primary copy ``b`` of hash ``h`` is evicted by the pass running: if h was in the
     table when that pass started (b published before it; a copy that took b's place
@@ -285,7 +287,7 @@ def _note_evicted(p, w, b, h):
     p.w64[w, PW_EVICTED_LEN] = n + 1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def evicted_in_flight(p, w, h):
     """Whether the pass of worker ``w`` now running (numbered PW_PASS_NUM) evicted hash
     ``h`` from the table, which held it when the pass started (``_note_evicted``)."""

@@ -10,6 +10,8 @@ blocks included, are the reference's XXH3 sequence hashes.
 import numpy as np
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 from aisim_fast.kernels.hashing.xxh3 import hash_chain, xxh3_64_u32_seed1337
 from aisim_fast.kernels.kv.block_pool import (cache_copy, kv_events_logged, note_kv_stored, release_ref,
                                               reserve, table_find)
@@ -23,7 +25,7 @@ from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_NUM_GPU_BLOCKS
 from aisim_fast.kernels.trace.output_plan import output_token_ids
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def hash_block(rq, wl, q, i, bs, scratch_tokens):
     """Sequence hash of block i of request q (block i-1 must already be hashed)."""
     local = local_block_hash(rq, wl, q, i, bs, scratch_tokens)
@@ -32,7 +34,7 @@ def hash_block(rq, wl, q, i, bs, scratch_tokens):
     return hash_chain(rq.seq_hash[rq.i64[q, RQ_LEASE_OFF] + i - 1], local)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def local_block_hash(rq, wl, q, i, bs, scratch_tokens):
     """The tokens-only hash of block i of request q (XXH3 of its tokens).
 
@@ -60,7 +62,7 @@ def local_block_hash(rq, wl, q, i, bs, scratch_tokens):
     return xxh3_64_u32_seed1337(scratch_tokens, 0, bs)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def prefix_cost(cfg, p, rq, w, q):
     """(cached_tokens, active_cached_tokens) of a prefix lookup: leading complete
     blocks with a resident copy; active = those whose primary copy is referenced
@@ -82,7 +84,7 @@ def prefix_cost(cfg, p, rq, w, q):
     return min(overlap * bs, length), min(active * bs, length)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def allocate(cfg, p, rq, w, q, target_tokens, reusable_prefix_blocks, hits, fresh):
     """Grow q's lease to cover ``target_tokens``; the first blocks up to
     ``reusable_prefix_blocks`` are prefix hits, the rest fresh private copies.
@@ -122,7 +124,7 @@ def release_lease(cfg, p, rq, w, q):
     rq.i64[q, RQ_FAST_LIMIT] = 0
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens):
     """Blocks completed by computing tokens [before, after) get their identity and
     become visible, before later requests of the same pass look them up."""
@@ -144,7 +146,7 @@ def finalize(cfg, p, rq, wl, w, q, before, after, scratch_tokens):
             continues = False
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def publish_block(p, rq, w, q, i, b, continues):
     """Make q's private copy ``b`` of its block i visible under the block's hash;
     True (and a KV Stored row) when the hash was not visible on the worker before.

@@ -10,7 +10,8 @@ turn of a session is released ``delay_ms`` after the previous turn's terminal.
 """
 
 import numpy as np
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.dp.attention_dp import place_rank_gated, reset_wave_if_drained_gated
 from aisim_fast.kernels.features import gate
@@ -30,7 +31,7 @@ from aisim_fast.kernels.schema.layout import (CFG_DP_SIZE, DF_NEXT_ON_ARRIVAL, N
                                               TERM_FAILED, TERM_NOT_SENT, WK_BUSY, WK_TERM_HEAD, WK_TERM_TAIL)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _before(t_a, s_a, u_a, t_b, s_b, u_b):
     """Release order: time, then session index, then turn index."""
     if t_a != t_b:
@@ -40,7 +41,7 @@ def _before(t_a, s_a, u_a, t_b, s_b, u_b):
     return u_a < u_b
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _heap_push(sims, rq, s, q):
     base = sims.i64[s, SM_Q_OFF]
     i = sims.i64[s, SM_HEAP_LEN]
@@ -58,7 +59,7 @@ def _heap_push(sims, rq, s, q):
     h[base + i] = q
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _heap_pop(sims, rq, s):
     base = sims.i64[s, SM_Q_OFF]
     h = sims.heap_q
@@ -90,7 +91,7 @@ def _heap_pop(sims, rq, s):
     return top
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def queue_action(rq, sims, s, q, kind):
     """Append handoff q's next action to the simulation's FIFO action queue."""
     rq.i64[q, RQ_ACTION] = kind
@@ -99,7 +100,7 @@ def queue_action(rq, sims, s, q, kind):
     sims.i64[s, SM_ACTQ_LEN] += 1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
     """A request enters the system. Aggregated: placement (kernels.routing.placement), prompt
     block hashes, waiting queue. Disaggregated: the handoff starts (SubmitPrefill
@@ -132,7 +133,7 @@ def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
     wake(wk, w)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms):
     """Release every request due at ``now_ms``; returns how many arrived."""
     closed = sims.i64[s, SM_CONCURRENCY] > 0
@@ -170,7 +171,7 @@ def admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms):
         n += 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def logical_terminal(rq, sims, s, q):
     """Request q reached its terminal: free its session slot or release its next turn.
     A failed or canceled turn ends its session, as the reference's workload driver
@@ -190,7 +191,7 @@ def logical_terminal(rq, sims, s, q):
         sims.i64[s, SM_ACTIVE_SESSIONS] -= 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def complete_pass(cfg, rq, wk, sims, s, w):
     """Pass end of worker w: its terminals free session slots and release next turns."""
     wk.i64[w, WK_BUSY] = 0
@@ -207,7 +208,7 @@ def complete_pass(cfg, rq, wk, sims, s, w):
     wk.i64[w, WK_TERM_TAIL] = -1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def complete_group(cfg, rq, wk, sims, s, lead, dp):
     """The group's pass ends: every rank completes in rank order; a group left without
     requests starts its wave count again."""
@@ -220,7 +221,7 @@ def complete_group(cfg, rq, wk, sims, s, lead, dp):
 complete_group_gated = gate("attention_dp", complete_group)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def arrivals_due(rq, sims, s, now_ms):
     """Cheap check before the admission step (which binds the whole state)."""
     base = sims.i64[s, SM_Q_OFF]
@@ -233,7 +234,7 @@ def arrivals_due(rq, sims, s, now_ms):
     return sims.i64[s, SM_HEAP_LEN] > 0 and rq.f64[sims.heap_q[base], RQF_READY_MS] <= now_ms
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def next_release_ms(rq, sims, s):
     """Release time of the next request (inf when none is scheduled)."""
     t_next = np.inf

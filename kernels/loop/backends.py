@@ -17,11 +17,12 @@ any other backend ``decode_run`` runs nothing and the loop takes ``run_pass``.
 
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 from aisim_fast.kernels.features import gate
 from aisim_fast.kernels.schema.layout import CFG_POLICY, POLICY_TRTLLM, POLICY_VLLM
 from aisim_fast.kernels.sglang import core as sglang_core
-from aisim_fast.kernels.vllm import core as vllm_core
-from aisim_fast.kernels.vllm import decode_run as vllm_decode_run
+from aisim_fast.kernels.vllm import core as vllm_core, decode_run as vllm_decode_run
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -39,7 +40,7 @@ def sglang_run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, sc
                                 scratch_tokens)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def rank_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
     """``run_pass`` called, not inlined: a rank's pass inside an attention-DP group.
     Numba inlines by copying the callee's IR (~5 CPU-s for the vLLM pass), so the
@@ -54,7 +55,7 @@ group_rank_pass = gate("attention_dp", rank_pass, _NO_PASS)
 group_sglang_rank_pass = gate("attention_dp", sglang_run_pass, _NO_PASS)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, acc, hits, fresh,
                scratch_tokens):
     """Worker w's decode passes up to ``quiet_until`` in one call where its backend

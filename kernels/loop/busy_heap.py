@@ -4,12 +4,13 @@ event loop takes the passes ending at an instant, and the next instant, from its
 instead of scanning every worker, which made an instant cost O(workers)."""
 
 import numpy as np
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.schema.layout import SM_BUSY_LEN, SM_W_OFF
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _ends_before(wk, a, b):
     """Busy-heap order: pass end, then worker index (completions in worker order)."""
     ea = wk.pass_end_ms[a]
@@ -17,7 +18,7 @@ def _ends_before(wk, a, b):
     return ea < eb or (ea == eb and a < b)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def busy_push(wk, sims, s, w):
     """Worker w started a pass that ends after now: into the simulation's busy heap."""
     base = sims.i64[s, SM_W_OFF]
@@ -34,7 +35,7 @@ def busy_push(wk, sims, s, w):
     h[base + i] = w
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def busy_pop(wk, sims, s):
     """The busy worker whose pass ends first (lowest index among equal ends)."""
     base = sims.i64[s, SM_W_OFF]
@@ -61,7 +62,7 @@ def busy_pop(wk, sims, s):
     return top
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def next_pass_end_ms(wk, sims, s):
     """End of the first pass in flight (inf when no worker is busy)."""
     if sims.i64[s, SM_BUSY_LEN] == 0:

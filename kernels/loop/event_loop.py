@@ -51,17 +51,17 @@ from aisim_fast.kernels.loop.arrivals import (admit_arrivals, arrivals_due, comp
 from aisim_fast.kernels.loop.backends import (decode_run, group_rank_pass, group_sglang_rank_pass, run_pass,
                                               sglang_run_pass)
 from aisim_fast.kernels.loop.busy_heap import busy_pop, busy_push, next_pass_end_ms
-from aisim_fast.kernels.schema.layout import (CFG_DP_RANK, CFG_DP_SIZE, CFG_POLICY, EVH_LEN, POLICY_SGLANG,
-                                              PW_PASS_NUM, SIM_ARENA_FULL, SIM_CAPACITY, SIM_DEAD_END,
-                                              SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH, SIM_PAUSED,
-                                              SIM_RUNNING, SM_DEAD_IN_FLIGHT, SM_DECODE_RUN_PASSES,
-                                              SM_INDEPENDENT, SM_NUM_TERMINAL, SM_OPEN_HANDOFFS,
-                                              SM_PASS_LOG_LEN, SM_PREFILL_LEN, SM_Q_LEN, SM_RESUME_WORKER,
-                                              SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_LAST_PASS_NS,
-                                              WK_OVERFLOW, WK_RUN_LEN, WK_SG_READY_LEN, WK_STALLED,
-                                              WK_WAIT_LEN)
+from aisim_fast.kernels.schema.layout import (ACC_SIZE, CFG_DP_RANK, CFG_DP_SIZE, CFG_POLICY, EVH_LEN,
+                                              POLICY_SGLANG, PW_PASS_NUM, SIM_ARENA_FULL, SIM_CAPACITY,
+                                              SIM_DEAD_END, SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH,
+                                              SIM_PAUSED, SIM_RUNNING, SM_DEAD_IN_FLIGHT,
+                                              SM_DECODE_RUN_PASSES, SM_INDEPENDENT, SM_NUM_TERMINAL,
+                                              SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN, SM_Q_LEN,
+                                              SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY,
+                                              WK_LAST_PASS_NS, WK_OVERFLOW, WK_RUN_LEN, WK_SG_READY_LEN,
+                                              WK_STALLED, WK_WAIT_LEN)
 from aisim_fast.kernels.sglang.core import effect_free_pass_gives_up, finish_group_pass, worker_in_flight
-from aisim_fast.kernels.vllm.core import ACC_SIZE
+
 from aisim_fast.kernels.vllm.decode_run import quiet_until_ms
 
 

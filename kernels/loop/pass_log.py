@@ -1,10 +1,11 @@
 """The per-pass log (ForwardPassMetrics rows, ``sims.pass_log[s, row, PL_*]``): one
 row writer for every backend and every pass path."""
 
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.kv.block_pool import num_active
-from aisim_fast.kernels.schema.layout import (PL_ACTIVE_BLOCKS, PL_DP_RANK, PL_END_MS, PL_INACTIVE_BLOCKS,
+from aisim_fast.kernels.schema.layout import (PL_ACTIVE_BLOCKS, PL_RANK, PL_END_MS, PL_INACTIVE_BLOCKS,
                                               PL_NUM_ADMITTED, PL_NUM_DECODE_REQUESTS, PL_NUM_OUTPUT_TOKENS,
                                               PL_NUM_PREEMPTED, PL_NUM_PREFILL_REQUESTS, PL_NUM_RUNNING,
                                               PL_NUM_WAITING, PL_START_MS, PL_SUM_DECODE_KV_TOKENS,
@@ -14,7 +15,7 @@ from aisim_fast.kernels.schema.layout import (PL_ACTIVE_BLOCKS, PL_DP_RANK, PL_E
                                               SM_PASS_LOG_LEN, SM_W_OFF, WK_RUN_LEN, WK_WAIT_LEN)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def append_pass_row(p, wk, sims, s, w, start_ms, end_ms, n_pf, pf_tokens, pf_kv, pf_prompt, n_dc,
                     dc_kv, n_admitted, n_preempted, n_tokens, timed_dc, timed_dc_kv):
     """Append one ForwardPassMetrics row (the caller checked there is room); queue
@@ -24,7 +25,7 @@ def append_pass_row(p, wk, sims, s, w, start_ms, end_ms, n_pf, pf_tokens, pf_kv,
     sims.i64[s, SM_PASS_LOG_LEN] = row + 1
     log = sims.pass_log[s, row]
     log[PL_WORKER] = w - sims.i64[s, SM_W_OFF]  # a rank (the driver names its worker and number)
-    log[PL_DP_RANK] = 0
+    log[PL_RANK] = 0
     log[PL_START_MS] = start_ms
     log[PL_END_MS] = end_ms
     log[PL_NUM_PREFILL_REQUESTS] = n_pf

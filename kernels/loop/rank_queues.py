@@ -7,12 +7,14 @@ the simulation (``WK_OVERFLOW`` of its first worker): the event loop then ends t
 
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 from aisim_fast.kernels.schema.layout import (RQ_TERM_NEXT, WK_OVERFLOW, WK_RUN_CAP, WK_RUN_LEN, WK_RUN_OFF,
                                                WK_SIM_W0, WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP,
                                                WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def wake(wk, w):
     """Something that may let worker w start a pass happened (work, room, a freed
     reservation): clear its stall and mark it for the event loop's drive."""
@@ -25,7 +27,7 @@ def wait_at(wk, w, i):
     return wk.wait_q[wk.i64[w, WK_WAIT_OFF] + (wk.i64[w, WK_WAIT_HEAD] + i) % wk.i64[w, WK_WAIT_CAP]]
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def wait_push_back(wk, w, q):
     """Append q to the waiting ring; a full ring writes nothing and flags the
     worker (the event loop then ends the simulation with SIM_CAPACITY)."""
@@ -38,7 +40,7 @@ def wait_push_back(wk, w, q):
     return True
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def wait_push_front(wk, w, q):
     cap = wk.i64[w, WK_WAIT_CAP]
     if wk.i64[w, WK_WAIT_LEN] >= cap:
@@ -50,7 +52,7 @@ def wait_push_front(wk, w, q):
     wk.i64[w, WK_WAIT_LEN] += 1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def wait_remove_at(wk, w, i):
     """Remove entry ``i`` keeping the order of the others."""
     cap = wk.i64[w, WK_WAIT_CAP]
@@ -64,7 +66,7 @@ def wait_remove_at(wk, w, i):
     wk.i64[w, WK_WAIT_LEN] -= 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def run_push_back(wk, w, q):
     """Append q to the running list (full: nothing written, the worker flagged)."""
     n = wk.i64[w, WK_RUN_LEN]
@@ -75,7 +77,7 @@ def run_push_back(wk, w, q):
     wk.i64[w, WK_RUN_LEN] = n + 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def run_remove_at(wk, w, i):
     off = wk.i64[w, WK_RUN_OFF]
     n = wk.i64[w, WK_RUN_LEN]
@@ -84,7 +86,7 @@ def run_remove_at(wk, w, i):
     wk.i64[w, WK_RUN_LEN] = n - 1
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def push_terminal(rq, wk, w, q):
     """Append q to the worker's terminal list (output order, visible at the pass end)."""
     rq.i64[q, RQ_TERM_NEXT] = -1

@@ -1,22 +1,23 @@
 """What a request still needs, from its counters: shared by every backend.
 """
 
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.schema.layout import CFG_MAX_MODEL_LEN, RQ_GENERATED, RQ_MAX_OUTPUT, RQ_PROMPT_LEN
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def ceil_div(a, b):
     return (a + b - 1) // b
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def seq_len(rq, q):
     return rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_GENERATED]
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def remaining_tokens(max_output, generated, prompt, limit):
     """Tokens still to generate, from scalars: hot loops call this one because a
     helper that receives arrays reference-counts them on every call."""
@@ -26,7 +27,7 @@ def remaining_tokens(max_output, generated, prompt, limit):
     return rem
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def remaining_generation(cfg, rq, w, q):
     """Tokens still to generate: output budget, and ``max_model_len`` when set."""
     rem = rq.i64[q, RQ_MAX_OUTPUT] - rq.i64[q, RQ_GENERATED]

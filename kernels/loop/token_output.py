@@ -9,7 +9,8 @@ only once every rank of the group ran: the request is queued and ``token_times``
 gives the times then (kernels.dp.attention_dp)."""
 
 import numpy as np
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.kv.block_pool import note_event_at, outputs_logged
 from aisim_fast.kernels.routing.kv_router import first_token_seen_gated
@@ -20,7 +21,7 @@ from aisim_fast.kernels.schema.layout import (EV_OUTPUT, RQ_GENERATED, RQ_NO_TOK
 from aisim_fast.kernels.stats.sketch import fold_gap_run
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count, log_outputs, is_last):
     """q emits a token at ``end_ms``. (run_gap, run_count) is the current run of equal
     token gaps of this pass, folded into the token statistics when the gap changes;
@@ -40,7 +41,7 @@ def emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count, log_ou
     return _token_time(cfg, p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_outputs, is_last)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _token_time(cfg, p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_outputs, is_last):
     """The time part of q's g-th token, emitted at ``end_ms``."""
     if g == 1:
@@ -64,7 +65,7 @@ def _token_time(cfg, p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, lo
     return run_gap, run_count, g
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def token_times(cfg, p, rq, wk, sims, s, end_ms):
     """Give the tokens a group pass queued their time, the group's end, in the order
     they were emitted (rank by rank); returns how many."""

@@ -11,23 +11,24 @@ takes an array of simulations, so one call steps many ranks (the batch form).
 import numpy as np
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 from aisim_fast.kernels.disagg.handoff import (_drop_queued, accept_destination, activate_destination,
                                                 cancel_destination, release_held_source, retry_destination)
 from aisim_fast.kernels.kv.block_pool import event_log_on, event_set_clock, kv_events_visible_at, note_event
 from aisim_fast.kernels.loop.arrivals import _arrive, complete_pass
 from aisim_fast.kernels.loop.backends import run_pass, sglang_run_pass
 from aisim_fast.kernels.loop.rank_queues import wake
-from aisim_fast.kernels.schema.layout import (CFG_POLICY, CMD_APPLIED, EV_FINISHED, EVH_LEN, POLICY_SGLANG,
-                                              RQ_ALLOCATED, RQ_GENERATED, RQ_STATUS, RQ_TERMINAL, RQ_WORKER,
-                                              RQF_TERMINAL_MS, RS_DONE, RS_HELD, RS_PREEMPTED, RS_RESERVED,
-                                              RS_RUNNING, RS_WAITING, SIM_ARENA_FULL, SIM_CAPACITY,
-                                              SIM_RUNNING, SM_STATUS, SM_W_OFF, TERM_CANCELED, WK_BUSY,
-                                              WK_CAP_GEN, WK_OVERFLOW, WK_WAIT_CAP, WK_WAIT_LEN)
-from aisim_fast.kernels.sglang.core import drop_queued as sglang_drop_queued
-from aisim_fast.kernels.sglang.core import effect_free_pass_gives_up
+from aisim_fast.kernels.schema.layout import (ACC_SIZE, CFG_POLICY, CMD_APPLIED, EV_FINISHED, EVH_LEN,
+                                              POLICY_SGLANG, RQ_ALLOCATED, RQ_GENERATED, RQ_STATUS,
+                                              RQ_TERMINAL, RQ_WORKER, RQF_TERMINAL_MS, RS_DONE, RS_HELD,
+                                              RS_PREEMPTED, RS_RESERVED, RS_RUNNING, RS_WAITING,
+                                              SIM_ARENA_FULL, SIM_CAPACITY, SIM_RUNNING, SM_STATUS, SM_W_OFF,
+                                              TERM_CANCELED, WK_BUSY, WK_CAP_GEN, WK_OVERFLOW, WK_WAIT_CAP,
+                                              WK_WAIT_LEN)
+from aisim_fast.kernels.sglang.core import drop_queued as sglang_drop_queued, effect_free_pass_gives_up
 from aisim_fast.kernels.sglang.handoff import destination_impossible as sglang_destination_impossible
 from aisim_fast.kernels.vllm.capacity import destination_impossible
-from aisim_fast.kernels.vllm.core import ACC_SIZE
 
 # CancelRequest results (rank.CommandResult)
 CANCEL_NOOP = 0
@@ -149,7 +150,7 @@ def cancel_requests(cfg, p, rq, wk, sims, sim_ids, q_rows, now_ms):
     return result
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def release_sources(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms, max_lease_blocks, max_block_size):
     """ReleaseSource (or CancelSource) of the held source row ``q_rows[i]`` on prefill
     rank ``sim_ids[i]``: its KV released as a finish does
@@ -178,7 +179,7 @@ def release_sources(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms, max_lease
 # ---------------------------------------------------------------------------------
 # decode ranks: destinations (disagg_handoff's, which the replay's actions use too)
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _retry(cfg, p, rq, wl, wk, w, hits, fresh, scratch_tokens):
     """Retry the pending head of decode worker w: the reserved row, RETRY_NONE or
     RETRY_ARENA_FULL."""

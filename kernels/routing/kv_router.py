@@ -40,7 +40,8 @@ has its own router over its own workers.
 """
 
 import numpy as np
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.features import gate
 from aisim_fast.kernels.kv.block_pool import NO_PASS, PASS_NUM_MASK, _mix, evicted_in_flight, table_find
@@ -60,7 +61,7 @@ from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_ROUTER_PIN, CF
 RT_NEVER_USED = -1  # rt_count of a slot no hash took since the multiset was (re)built
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _slot(wk, w, h):
     """Slot of hash h in worker w's multiset: where it is, or the free slot it takes."""
     off = wk.i64[w, WK_RT_OFF]
@@ -73,7 +74,7 @@ def _slot(wk, w, h):
         i = (i + 1) & mask
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _count_in(wk, w, h):
     """One more active block of hash h in worker w's multiset."""
     at = _slot(wk, w, h)
@@ -86,14 +87,14 @@ def _count_in(wk, w, h):
     wk.rt_count[at] += 1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _recount(rq, wk, w, q):
     k0 = rq.i64[q, RQ_LEASE_OFF]
     for i in range(rq.i64[q, RQ_RT_ACTIVE]):
         _count_in(wk, w, rq.seq_hash[k0 + i])
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _rebuild(rq, wk, w, slots):
     """Worker w's multiset anew in ``slots`` slots (a power of two, at most its region's):
     the blocks of the requests active here and nothing else, so the slots of released
@@ -114,7 +115,7 @@ def _rebuild(rq, wk, w, slots):
         q = rq.i64[q, RQ_TERM_NEXT]
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _make_room(rq, wk, w, n):
     """Room in worker w's multiset for ``n`` more hashes at a load of at most a half:
     a multiset starts small (a slot per block most workers ever hold at once, and the
@@ -133,14 +134,14 @@ def _make_room(rq, wk, w, n):
     _rebuild(rq, wk, w, slots)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _active_count(wk, w, h):
     at = _slot(wk, w, h)
     c = wk.rt_count[at]
     return 0 if c == RT_NEVER_USED else c
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _visible_overlap(p, wk, w, phash, p0, n_blocks, now_ms):
     """Leading prompt blocks of the request in w's prefix index as the router sees it
     at ``now_ms``: as of the end of w's last pass, so a pass still in flight has
@@ -159,7 +160,7 @@ def _visible_overlap(p, wk, w, phash, p0, n_blocks, now_ms):
     return k
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _softmax_pick(costs, n, temperature, sample):
     """Row drawn from the softmax of the normalised costs (Dynamo's selector)."""
     lo = np.inf
@@ -185,7 +186,7 @@ def _softmax_pick(costs, n, temperature, sample):
     return n - 1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def route(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, pool):
     """The worker of the pool ``[w0, w0 + n)`` that request row q goes to (``pool``:
     ROUTE_AGGREGATED at its arrival, ROUTE_PREFILL / ROUTE_DECODE for the two sides
@@ -264,21 +265,21 @@ def route(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, pool):
     return w
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def first_token_seen(rq, wk, w, q):
     """q's first token in the pass in flight: its share of P_w goes at the pass end."""
     wk.i64[w, WK_RT_FREED_TOKENS] += rq.i64[q, RQ_RT_PENDING]
     rq.i64[q, RQ_RT_PENDING] = 0
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def pass_end(rq, wk, w):
     """End of w's pass: release the first tokens' prefill share."""
     wk.i64[w, WK_RT_PREFILL_TOKENS] -= wk.i64[w, WK_RT_FREED_TOKENS]
     wk.i64[w, WK_RT_FREED_TOKENS] = 0
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def request_ended(rq, wk, w, q, distinct):
     """q's terminal was seen at a pass end: its blocks leave D_w (``distinct``: the
     aggregated router's multiset of block hashes; else a count) and whatever of P_w it

@@ -17,7 +17,8 @@ full one ends the simulation with ``SIM_CAPACITY`` (the driver reruns it larger)
 """
 
 import numpy as np
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.schema.layout import PLACE_RANDOM, SM_PLACEMENT, SM_RNG_STATE
 
@@ -26,7 +27,7 @@ _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX_2 = np.uint64(0x94D049BB133111EB)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def next_random(sims, s):
     """The next 64-bit output of simulation s's splitmix64 generator."""
     z = np.uint64(sims.i64[s, SM_RNG_STATE]) + _GOLDEN_GAMMA
@@ -36,7 +37,7 @@ def next_random(sims, s):
     return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def place(sims, s, w_first, n_workers, cursor_field):
     """Worker for the next request of a pool of ``n_workers`` starting at ``w_first``;
     ``cursor_field`` is the pool's round-robin cursor column of ``sims.i64``."""

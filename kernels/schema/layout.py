@@ -28,6 +28,68 @@ from typing import NamedTuple
 
 import numpy as np
 
+# ---------------------------------------------------------------------------------
+# Field tables: every column of every state matrix, declared once
+# ---------------------------------------------------------------------------------
+class Field(NamedTuple):
+    """One column of a state matrix."""
+    name: str      # full constant name, e.g. "RQ_PROMPT_LEN"
+    index: int     # column
+    init: float    # value of a fresh row (before the driver writes it)
+    ref: str       # the index space the value points into ("q" request, "w" worker,
+                   # "k" lease entry, "" a plain value); -1 = none
+    doc: str
+
+
+class FieldTable:
+    """The columns of one state matrix or log (``matrix`` ``owner`` x field): the names
+    of the module constants ``<prefix><NAME>`` (their column numbers), the width, fresh
+    rows (``new``) and a named view for export and debugging (``frame``)."""
+
+    def __init__(self, prefix: str, matrix: str, dtype, rows):
+        self.prefix, self.matrix, self.dtype = prefix, matrix, np.dtype(dtype)
+        self.fields = tuple(Field(prefix + name, i, init, ref, doc)
+                            for i, (name, init, ref, doc) in enumerate(rows))
+        self.width = len(self.fields)
+
+    def new(self, n: int) -> np.ndarray:
+        """``n`` fresh rows: every column at its declared initial value."""
+        out = np.empty((n, self.width), self.dtype)
+        out[:] = np.array([f.init for f in self.fields], self.dtype)
+        return out
+
+    def frame(self, matrix: np.ndarray):
+        """The matrix as a pandas DataFrame with one named column per field."""
+        import pandas as pd
+        return pd.DataFrame({f.name[len(self.prefix):].lower(): matrix[:, f.index]
+                             for f in self.fields})
+
+    def columns_pointing_to(self, ref: str) -> tuple[int, ...]:
+        return tuple(f.index for f in self.fields if f.ref == ref)
+
+    def indices(self) -> range:
+        """The column numbers in declaration order, unpacked into the module's named
+        constants right below each table (``RQ_A, RQ_B, ... = REQUEST_I.indices()``:
+        what kernels read as compile-time constants and what an IDE sees);
+        ``check_constants`` holds every name to its field at import."""
+        return range(self.width)
+
+    def export_names(self) -> tuple[str, ...]:
+        """The columns' names in exported tables (the field names in lower case)."""
+        return tuple(f.name[len(self.prefix):].lower() for f in self.fields)
+
+
+def check_constants(table: FieldTable, namespace: dict) -> None:
+    """Raise unless every field of ``table`` has its module constant in ``namespace``
+    holding its column (the unpacked constants are in the tables' order)."""
+    wrong = [f.name for f in table.fields if namespace.get(f.name) != f.index]
+    if wrong:
+        raise ImportError(f"layout constants out of step with the {table.matrix} table: {wrong}")
+
+
+
+
+
 NO_BLOCK = np.int32(-1)          # empty lease entry / empty table slot / list end
 
 # Request status (``rq.i64[q, RQ_STATUS]``): where a request is in its life.
@@ -129,93 +191,75 @@ HANDOFF_EVENT_NAMES = ("SourceHeld", "DestinationAccepted", "DestinationReserved
 # prompt blocks that became visible on the decode rank at activation.
 # HL_VALUE_B: DestinationActivated -> prompt blocks already visible there before it
 # that the reservation did not reuse.
-(HL_EVENT, HL_REQUEST, HL_TIME_MS, HL_VALUE_A, HL_VALUE_B) = range(5)
-HL_NUM_COLUMNS = 5
+HANDOFF_LOG = FieldTable("HL_", "sims.hlog", np.float64, [
+    ("EVENT", 0, "", "the lifecycle event, HE_*"),
+    ("REQUEST", 0, "q", "the request (kernel row)"),
+    ("TIME_MS", 0, "", "when it happened"),
+    ("VALUE_A", 0, "", "see above"),
+    ("VALUE_B", 0, "", "see above"),
+])
+(HL_EVENT, HL_REQUEST, HL_TIME_MS, HL_VALUE_A, HL_VALUE_B) = HANDOFF_LOG.indices()
+HL_NUM_COLUMNS = HANDOFF_LOG.width
 
 # KV transfer timing mode (``cfg.i64[w, CFG_TRANSFER_MODE]`` of a prefill worker).
 TRANSFER_FULL_PROMPT = 0
 TRANSFER_DESTINATION_MISSING = 1
 
-# Columns of the per-pass log (``pass_log[s, row, col]``), one row per forward pass.
-PL_WORKER = 0
-PL_START_MS = 1
-PL_END_MS = 2
-PL_NUM_PREFILL_REQUESTS = 3
-PL_SUM_PREFILL_TOKENS = 4
-PL_SUM_PREFILL_KV_TOKENS = 5
-PL_NUM_DECODE_REQUESTS = 6
-PL_SUM_DECODE_KV_TOKENS = 7
-PL_NUM_ADMITTED = 8
-PL_NUM_PREEMPTED = 9
-PL_NUM_OUTPUT_TOKENS = 10
-PL_NUM_RUNNING = 11
-PL_NUM_WAITING = 12
-PL_ACTIVE_BLOCKS = 13
-PL_INACTIVE_BLOCKS = 14
-# The timing model's inputs: the prefill's are the prefill columns (isl sum =
-# sum_prefill_kv_tokens + sum_prefill_prompt_tokens; none on decode workers), the
-# decode batch's are its own (a recomputed preempted request is in both).
-PL_SUM_PREFILL_PROMPT_TOKENS = 15
-PL_TIMED_DECODE_REQUESTS = 16
-PL_TIMED_DECODE_KV_TOKENS = 17
-PL_DP_RANK = 18           # the attention-DP rank of the worker that ran the pass (0 without)
-PASS_LOG_COLUMNS = (
-    "worker", "start_ms", "end_ms", "num_prefill_requests", "sum_prefill_tokens",
-    "sum_prefill_kv_tokens", "num_decode_requests", "sum_decode_kv_tokens",
-    "num_admitted", "num_preempted", "num_output_tokens", "num_running", "num_waiting",
-    "active_blocks", "inactive_blocks", "sum_prefill_prompt_tokens", "timed_decode_requests",
-    "timed_decode_kv_tokens", "rank",
-)
-PL_NUM_COLUMNS = len(PASS_LOG_COLUMNS)
+# The per-pass log (``sims.pass_log[s, row, PL_*]``), one row per forward pass; the
+# timing model's inputs are the prefill columns (isl sum = sum_prefill_kv_tokens +
+# sum_prefill_prompt_tokens; none on decode workers) and the decode batch's own (a
+# recomputed preempted request is in both).
+PASS_LOG = FieldTable("PL_", "sims.pass_log", np.float64, [
+    ("WORKER", 0, "w", "the worker (kernel worker: a rank under attention DP)"),
+    ("START_MS", 0, "", "pass start"),
+    ("END_MS", 0, "", "pass end"),
+    ("NUM_PREFILL_REQUESTS", 0, "", "requests with prompt tokens in the pass"),
+    ("SUM_PREFILL_TOKENS", 0, "", "prompt tokens computed"),
+    ("SUM_PREFILL_KV_TOKENS", 0, "", "prompt tokens already in KV (prefix and earlier chunks)"),
+    ("NUM_DECODE_REQUESTS", 0, "", "requests decoding one token"),
+    ("SUM_DECODE_KV_TOKENS", 0, "", "their KV tokens"),
+    ("NUM_ADMITTED", 0, "", "first admissions"),
+    ("NUM_PREEMPTED", 0, "", "preemptions (vLLM) or retractions (SGLang)"),
+    ("NUM_OUTPUT_TOKENS", 0, "", "tokens emitted at the pass end"),
+    ("NUM_RUNNING", 0, "", "running requests after the pass's scheduling"),
+    ("NUM_WAITING", 0, "", "waiting requests after it"),
+    ("ACTIVE_BLOCKS", 0, "", "blocks referenced by requests"),
+    ("INACTIVE_BLOCKS", 0, "", "cached blocks no request references"),
+    ("SUM_PREFILL_PROMPT_TOKENS", 0, "", "the timing model's prefill prompt tokens"),
+    ("TIMED_DECODE_REQUESTS", 0, "", "the timing model's decode batch"),
+    ("TIMED_DECODE_KV_TOKENS", 0, "", "and its KV tokens"),
+    ("RANK", 0, "", "the attention-DP rank of the worker that ran the pass (0 without)"),
+])
+(PL_WORKER, PL_START_MS, PL_END_MS, PL_NUM_PREFILL_REQUESTS, PL_SUM_PREFILL_TOKENS,
+ PL_SUM_PREFILL_KV_TOKENS, PL_NUM_DECODE_REQUESTS, PL_SUM_DECODE_KV_TOKENS, PL_NUM_ADMITTED,
+ PL_NUM_PREEMPTED, PL_NUM_OUTPUT_TOKENS, PL_NUM_RUNNING, PL_NUM_WAITING, PL_ACTIVE_BLOCKS,
+ PL_INACTIVE_BLOCKS, PL_SUM_PREFILL_PROMPT_TOKENS, PL_TIMED_DECODE_REQUESTS,
+ PL_TIMED_DECODE_KV_TOKENS, PL_RANK) = PASS_LOG.indices()
+PASS_LOG_COLUMNS = PASS_LOG.export_names()
+PL_NUM_COLUMNS = PASS_LOG.width
 
-
-# ---------------------------------------------------------------------------------
-# Field tables: every column of every state matrix, declared once
-# ---------------------------------------------------------------------------------
-class Field(NamedTuple):
-    """One column of a state matrix."""
-    name: str      # full constant name, e.g. "RQ_PROMPT_LEN"
-    index: int     # column
-    init: float    # value of a fresh row (before the driver writes it)
-    ref: str       # the index space the value points into ("q" request, "w" worker,
-                   # "k" lease entry, "" a plain value); -1 = none
-    doc: str
-
-
-class FieldTable:
-    """The columns of one state matrix (``matrix`` ``owner`` x field): the module
-    constants ``<prefix><NAME>`` (their column numbers), the width, fresh rows
-    (``new``) and a named view for export and debugging (``frame``)."""
-
-    def __init__(self, prefix: str, matrix: str, dtype, rows):
-        self.prefix, self.matrix, self.dtype = prefix, matrix, np.dtype(dtype)
-        self.fields = tuple(Field(prefix + name, i, init, ref, doc)
-                            for i, (name, init, ref, doc) in enumerate(rows))
-        self.width = len(self.fields)
-
-    def new(self, n: int) -> np.ndarray:
-        """``n`` fresh rows: every column at its declared initial value."""
-        out = np.empty((n, self.width), self.dtype)
-        out[:] = np.array([f.init for f in self.fields], self.dtype)
-        return out
-
-    def frame(self, matrix: np.ndarray):
-        """The matrix as a pandas DataFrame with one named column per field."""
-        import pandas as pd
-        return pd.DataFrame({f.name[len(self.prefix):].lower(): matrix[:, f.index]
-                             for f in self.fields})
-
-    def columns_pointing_to(self, ref: str) -> tuple[int, ...]:
-        return tuple(f.index for f in self.fields if f.ref == ref)
-
-
-def _declare(table: FieldTable) -> FieldTable:
-    globals().update({f.name: f.index for f in table.fields})
-    return table
+# The pass counters of one scheduler pass (``acc[ACC_*]``, an int64 scratch row per
+# concurrent kernel call): the vLLM core's and SGLang's, in the same slots.
+PASS_COUNTERS = FieldTable("ACC_", "acc", np.int64, [
+    ("BUDGET", 0, "", "token budget left"),
+    ("BATCH", 0, "", "requests in the prefill batch"),
+    ("ISL", 0, "", "the prefill batch's input tokens (prefix + prompt)"),
+    ("PREFIX", 0, "", "its prefix (already cached) tokens"),
+    ("PREEMPTED_ANY", 0, "", "1 = the pass preempted"),
+    ("ADMITTED", 0, "", "first admissions"),
+    ("SCHEDULED_TOKENS", 0, "", "tokens scheduled"),
+    ("REJECTED", 0, "", "requests rejected"),
+    ("DECODE_BATCH", 0, "", "decode batch size (vllm.decode_step.classify)"),
+    ("DECODE_KV", 0, "", "the decode batch's KV tokens"),
+    ("COMPLETE", 0, "", "ready requests with nothing left to generate"),
+])
+(ACC_BUDGET, ACC_BATCH, ACC_ISL, ACC_PREFIX, ACC_PREEMPTED_ANY, ACC_ADMITTED, ACC_SCHEDULED_TOKENS,
+ ACC_REJECTED, ACC_DECODE_BATCH, ACC_DECODE_KV, ACC_COMPLETE) = PASS_COUNTERS.indices()
+ACC_SIZE = PASS_COUNTERS.width
 
 
 # Rank configuration, per worker: cfg.i64[w, CFG_*] and cfg.f64[w, CFGF_*].
-RANK_CONFIG_I = _declare(FieldTable("CFG_", "cfg.i64", np.int64, [
+RANK_CONFIG_I = FieldTable("CFG_", "cfg.i64", np.int64, [
     ("NUM_GPU_BLOCKS", 0, "", "KV capacity in blocks"),
     ("BLOCK_SIZE", 0, "", "tokens per block"),
     ("MAX_NUM_SEQS", 0, "", "running requests at most"),
@@ -241,10 +285,15 @@ RANK_CONFIG_I = _declare(FieldTable("CFG_", "cfg.i64", np.int64, [
     ("DP_RANK", 0, "", "its rank in that group: the group's rank 0 is worker w - DP_RANK"),
     ("PREFILL_CADENCE", 1, "", "vLLM with attention DP: prefill_schedule_interval (prefills on every "
                                "N-th group pass unless capacity-bound; engine.md 5.7)"),
-]))
+])
+(CFG_NUM_GPU_BLOCKS, CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, CFG_MAX_NUM_BATCHED_TOKENS,
+ CFG_MAX_MODEL_LEN, CFG_PREFIX_CACHING, CFG_CHUNKED_PREFILL, CFG_PREEMPTION_FIFO, CFG_POLICY,
+ CFG_ROLE, CFG_TIMING, CFG_TRANSFER_MODE, CFG_AIC_SHARED, CFG_AIC_LOCAL, CFG_ROUTER_PIN,
+ CFG_SG_MAX_PREFILL_TOKENS, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM, CFG_SG_PD_INTERVAL,
+ CFG_DP_SIZE, CFG_DP_RANK, CFG_PREFILL_CADENCE) = RANK_CONFIG_I.indices()
 # CFGF_KV_BANDWIDTH_GBS / CFGF_KV_BYTES_PER_TOKEN are NaN when not configured (the
 # transfer then takes CFGF_HANDOFF_LATENCY_MS, the topology's fallback).
-RANK_CONFIG_F = _declare(FieldTable("CFGF_", "cfg.f64", np.float64, [
+RANK_CONFIG_F = FieldTable("CFGF_", "cfg.f64", np.float64, [
     ("FIXED_PREFILL_MS", 0.0, "", "fixed timing: prefill part of a pass"),
     ("FIXED_DECODE_MS", 0.0, "", "fixed timing: decode part of a pass"),
     ("SPEEDUP_RATIO", 1.0, "", "modeled durations divided by this"),
@@ -258,12 +307,16 @@ RANK_CONFIG_F = _declare(FieldTable("CFGF_", "cfg.f64", np.float64, [
     ("SG_INIT_RATIO", 0.7, "", "SGLang: initial new-token ratio (0.7 x schedule_conservativeness)"),
     ("SG_MIN_RATIO", 0.098, "", "SGLang: its floor (init x 0.14)"),
     ("SG_DECAY_STEP", 0.001001, "", "SGLang: its decay per decode pass ((init - min) / 600)"),
-]))
+])
+(CFGF_FIXED_PREFILL_MS, CFGF_FIXED_DECODE_MS, CFGF_SPEEDUP_RATIO, CFGF_DECODE_SPEEDUP_RATIO,
+ CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN, CFGF_HANDOFF_LATENCY_MS, CFGF_ROUTER_CREDIT,
+ CFGF_ROUTER_LOAD_SCALE, CFGF_ROUTER_TEMPERATURE, CFGF_SG_INIT_RATIO, CFGF_SG_MIN_RATIO,
+ CFGF_SG_DECAY_STEP) = RANK_CONFIG_F.indices()
 CFG_I_FIELDS = RANK_CONFIG_I.width
 CFG_F_FIELDS = RANK_CONFIG_F.width
 
 # Block pool, per worker: pool.w64[w, PW_*]; per arena slot: pool.b32[b, PB_*].
-POOL_W = _declare(FieldTable("PW_", "pool.w64", np.int64, [
+POOL_W = FieldTable("PW_", "pool.w64", np.int64, [
     ("BLK_OFF", 0, "b", "first arena slot of the worker"),
     ("BLK_LEN", 0, "", "arena slots of the worker"),
     ("TAB_OFF", 0, "", "first prefix-table slot"),
@@ -283,11 +336,14 @@ POOL_W = _declare(FieldTable("PW_", "pool.w64", np.int64, [
                            "this pool's prefix index)"),
     ("EVICTED_LEN", 0, "", "kv_router: hashes in it, all evicted by the pass numbered EVICTED_PASS"),
     ("EVICTED_PASS", -1, "", "kv_router: low 31 bits of PW_PASS_NUM of the pass that evicted them"),
-]))
+])
+(PW_BLK_OFF, PW_BLK_LEN, PW_TAB_OFF, PW_TAB_MASK, PW_FREE_TOP, PW_NUM_COPIES, PW_NUM_RESERVED,
+ PW_LRU_HEAD, PW_LRU_TAIL, PW_LRU_LEN, PW_BUMP, PW_SIM, PW_PASS_NUM, PW_EVICTED_OFF, PW_EVICTED_CAP,
+ PW_EVICTED_LEN, PW_EVICTED_PASS) = POOL_W.indices()
 PW_FIELDS = POOL_W.width
 # PB_DUP / PB_DUP_PREV link the copies of one hash oldest first; PB_DUP_TAIL is
 # the newest copy, kept on the primary so appending a duplicate is O(1).
-POOL_B = _declare(FieldTable("PB_", "pool.b32", np.int32, [
+POOL_B = FieldTable("PB_", "pool.b32", np.int32, [
     ("FREE_STACK", -1, "b", "free-slot stack entry (rows [0, PW_FREE_TOP) of the arena)"),
     ("REF", 0, "", "lease references"),
     ("PIN", 0, "", "pins"),
@@ -299,7 +355,9 @@ POOL_B = _declare(FieldTable("PB_", "pool.b32", np.int32, [
     ("DUP_TAIL", -1, "b", "on a primary: the newest copy of its hash"),
     ("PUB_PASS", 0, "", "low 31 bits of PW_PASS_NUM when this copy was published (the KV "
                         "router learns a block at the end of the pass that stored it)"),
-]))
+])
+(PB_FREE_STACK, PB_REF, PB_PIN, PB_CACHED, PB_PREV, PB_NEXT, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL,
+ PB_PUB_PASS) = POOL_B.indices()
 PB_FIELDS = POOL_B.width
 
 # Requests: rq.i64[q, RQ_*] and rq.f64[q, RQF_*].
@@ -307,7 +365,7 @@ PB_FIELDS = POOL_B.width
 # logical row itself on the decode side and a prefill row (``max_output`` 1) on the
 # prefill side, linked both ways by RQ_PEER (-1 when aggregated). The logical row
 # carries the handoff state.
-REQUEST_I = _declare(FieldTable("RQ_", "rq.i64", np.int64, [
+REQUEST_I = FieldTable("RQ_", "rq.i64", np.int64, [
     ("PROMPT_LEN", 0, "", "prompt tokens"),
     ("MAX_OUTPUT", 0, "", "output budget (TRT-LLM: clamped to the pool)"),
     ("SRC_ROW", 0, "", "workload row (trace row at this block size)"),
@@ -368,8 +426,17 @@ REQUEST_I = _declare(FieldTable("RQ_", "rq.i64", np.int64, [
     ("SG_LPM_RECORDED", 0, "", "SGLang lpm: 1 = its leading pages were recorded in the latest scan"),
     ("SG_READY_NEXT", -1, "q", "SGLang decode rank: next activated request of its worker's ready "
                                "list (prompt KV resident, waiting for a running slot)"),
-]))
-REQUEST_F = _declare(FieldTable("RQF_", "rq.f64", np.float64, [
+])
+(RQ_PROMPT_LEN, RQ_MAX_OUTPUT, RQ_SRC_ROW, RQ_SESSION, RQ_SESSION_ROW, RQ_TURN, RQ_NEXT_TURN,
+ RQ_LEASE_OFF, RQ_UUID, RQ_STATUS, RQ_WORKER, RQ_GENERATED, RQ_NUM_COMPUTED, RQ_ALLOCATED,
+ RQ_NUM_HASHED, RQ_PREEMPTIONS, RQ_ADMISSIONS, RQ_FIRST_CACHED, RQ_MAX_CACHED, RQ_SCHED_STAMP,
+ RQ_SCHED_TOKENS, RQ_SCHED_PROMPT, RQ_SCHED_PREFIX, RQ_SCHED_TERMINAL, RQ_TERM_NEXT, RQ_TOKEN_NEXT,
+ RQ_TERMINAL, RQ_NO_TOKEN_STATS, RQ_COMMITTED_PREFILL, RQ_SCHED_LEN, RQ_PEER, RQ_ACTION, RQ_LINK,
+ RQ_ORDINAL, RQ_ATTEMPT_GEN, RQ_RESERVED_HITS, RQ_RESERVED_FRESH, RQ_XFER_SEQ, RQ_REPUBLISHED,
+ RQ_FAST_LIMIT, RQ_REPORTED, RQ_SCHED_CLASS, RQ_RT_PENDING, RQ_RT_ACTIVE, RQ_PIN_WORKER,
+ RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED,
+ RQ_SG_READY_NEXT) = REQUEST_I.indices()
+REQUEST_F = FieldTable("RQF_", "rq.f64", np.float64, [
     ("DELAY_MS", np.nan, "", "think time after the previous turn's terminal"),
     ("START_MS", np.nan, "", "trace timestamp of a first turn (scaled)"),
     ("READY_MS", np.nan, "", "release time of a later turn"),
@@ -384,12 +451,15 @@ REQUEST_F = _declare(FieldTable("RQF_", "rq.f64", np.float64, [
     ("DEST_ACTIVATED_MS", np.nan, "", "destination activated"),
     ("SOURCE_RELEASED_MS", np.nan, "", "source released"),
     ("TRANSFER_DONE_MS", np.nan, "", "KV transfer completed"),
-]))
+])
+(RQF_DELAY_MS, RQF_START_MS, RQF_READY_MS, RQF_ARRIVAL_MS, RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS,
+ RQF_SECOND_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_TERMINAL_MS, RQF_SOURCE_HELD_MS, RQF_DEST_RESERVED_MS,
+ RQF_DEST_ACTIVATED_MS, RQF_SOURCE_RELEASED_MS, RQF_TRANSFER_DONE_MS) = REQUEST_F.indices()
 RQ_I_FIELDS = REQUEST_I.width
 RQ_F_FIELDS = REQUEST_F.width
 
 # Workers (event loop side): wk.i64[w, WK_*].
-WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
+WORKER = FieldTable("WK_", "wk.i64", np.int64, [
     ("SIM", 0, "", "simulation of the worker"),
     ("RUN_OFF", 0, "", "first slot of its running list in wk.run_q"),
     ("RUN_LEN", 0, "", "running requests"),
@@ -445,13 +515,20 @@ WORKER = _declare(FieldTable("WK_", "wk.i64", np.int64, [
                              "did (sglang_core.PASS_*), for the group's end"),
     ("CAPACITY_BOUND", 0, "", "vLLM cadence: 1 = the last pass that could prefill left requests "
                               "waiting (the next passes prefill whatever the cadence)"),
-]))
+])
+(WK_SIM, WK_RUN_OFF, WK_RUN_LEN, WK_WAIT_OFF, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_BUSY,
+ WK_TERM_HEAD, WK_STALLED, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_TERM_TAIL, WK_PEND_HEAD,
+ WK_PEND_TAIL, WK_PEND_LEN, WK_CAP_GEN, WK_DEFER_HEAD, WK_DEFER_TAIL, WK_ORDINAL_NEXT, WK_TRT_TAIL,
+ WK_OVERFLOW, WK_SIM_W0, WK_LAST_PASS_NS, WK_STAT_ROW, WK_RUN_CAP, WK_RT_PREFILL_TOKENS,
+ WK_RT_FREED_TOKENS, WK_RT_ACTIVE_BLOCKS, WK_RT_OFF, WK_RT_MASK, WK_RT_USED, WK_RT_LIMIT,
+ WK_SG_RATIO_BITS, WK_SG_PREFILL_ROUNDS, WK_SG_READY_HEAD, WK_SG_READY_TAIL, WK_SG_READY_LEN,
+ WK_DP_CURSOR, WK_DP_WAVE, WK_RESERVED_LEN, WK_SG_PASS_FLAGS, WK_CAPACITY_BOUND) = WORKER.indices()
 WK_FIELDS = WORKER.width
 
 # Simulations: sims.i64[s, SM_*]. Disaggregated simulations: workers [W_OFF, W_OFF +
 # PREFILL_LEN) are the prefill pool, the rest the decode pool (0 prefill workers =
 # aggregated).
-SIMULATION = _declare(FieldTable("SM_", "sims.i64", np.int64, [
+SIMULATION = FieldTable("SM_", "sims.i64", np.int64, [
     ("Q_OFF", 0, "q", "first request row"),
     ("Q_LEN", 0, "", "logical requests (trace rows)"),
     ("W_OFF", 0, "w", "first worker"),
@@ -498,7 +575,13 @@ SIMULATION = _declare(FieldTable("SM_", "sims.i64", np.int64, [
     ("DEST_FIRST", 0, "", "disaggregated: 1 = DestinationFirst handoff order (SGLang: the decode "
                           "slot is reserved at arrival, the prefill submitted once it holds), "
                           "0 = SourceFirst (vLLM, TRT-LLM)"),
-]))
+])
+(SM_Q_OFF, SM_Q_LEN, SM_W_OFF, SM_W_LEN, SM_CONCURRENCY, SM_STATUS, SM_NUM_STARTS, SM_START_PTR,
+ SM_HEAP_LEN, SM_ACTIVE_SESSIONS, SM_RR_CURSOR, SM_NUM_ARRIVED, SM_NUM_TERMINAL, SM_NUM_NOT_SENT,
+ SM_UUID_NEXT, SM_PASS_LOG_LEN, SM_RESUME_WORKER, SM_PREFILL_LEN, SM_DECODE_CURSOR, SM_ACTQ_HEAD,
+ SM_ACTQ_LEN, SM_XFER_LEN, SM_OPEN_HANDOFFS, SM_XFER_SEQ, SM_HLOG_LEN, SM_DECODE_RUN_PASSES,
+ SM_PLACEMENT, SM_RNG_STATE, SM_PREFILL_Q_OFF, SM_RT_LOG_LEN, SM_BUSY_LEN, SM_DEAD_IN_FLIGHT,
+ SM_GROUP_PASS, SM_TOKEN_HEAD, SM_TOKEN_TAIL, SM_INDEPENDENT, SM_DEST_FIRST) = SIMULATION.indices()
 SM_FIELDS = SIMULATION.width
 
 STATE_TABLES = (RANK_CONFIG_I, RANK_CONFIG_F, POOL_W, POOL_B, REQUEST_I, REQUEST_F, WORKER,
@@ -591,8 +674,20 @@ EV_PRESSURE_SGLANG = 7
 EV_KV_REPORTED = 8  # a worker reports its KV rows logged since its last report, at EV_TIME_BITS
 EV_KIND_NAMES = ("stored", "removed", "admitted", "preempted", "finished", "output", "pressure",
                  "pressure_sglang", "reported")
-(EV_KIND, EV_WORKER, EV_A, EV_B, EV_C, EV_TIME_BITS, EV_TOKENS_HASH, EV_REQUEST, EV_BLOCK) = range(9)
-EV_NUM_COLUMNS = 9
+EVENT_LOG = FieldTable("EV_", "pool.event_log", np.int64, [
+    ("KIND", 0, "", "EV_KV_STORED ... EV_KV_REPORTED"),
+    ("WORKER", 0, "w", "the worker"),
+    ("A", 0, "", "see the kinds above"),
+    ("B", 0, "", "see the kinds above"),
+    ("C", 0, "", "see the kinds above"),
+    ("TIME_BITS", 0, "", "the time (float64 bits)"),
+    ("TOKENS_HASH", 0, "", "KV_STORED: the block's tokens-only hash"),
+    ("REQUEST", 0, "q", "KV_STORED: the request (kernel row)"),
+    ("BLOCK", 0, "", "KV_STORED: the block index in the request"),
+])
+(EV_KIND, EV_WORKER, EV_A, EV_B, EV_C, EV_TIME_BITS, EV_TOKENS_HASH, EV_REQUEST,
+ EV_BLOCK) = EVENT_LOG.indices()
+EV_NUM_COLUMNS = EVENT_LOG.width
 (KV_FIRST, KV_FIRST_WITH_PARENT, KV_NEXT) = range(3)  # EV_C of KV rows
 EVH_LEN = 0            # header row: events so far
 EVH_CLOCK_BITS = 1     # header row: time of the events now (float64 bits)
@@ -605,7 +700,7 @@ _NO_EVENT_LOG = np.zeros((0, 0, EV_NUM_COLUMNS), np.int64)
 # page slot: radix.pg32[b, RP_*] and radix.pg_key[b]; per tree node: radix.nd[n, RN_*].
 # A node's edge is a chain of pages (RP_NEXT / RP_PREV, head to tail = oldest to
 # newest position), so splits, appends and tail evictions move no keys.
-RADIX_W = _declare(FieldTable("RW_", "radix.w64", np.int64, [
+RADIX_W = FieldTable("RW_", "radix.w64", np.int64, [
     ("PAGE_OFF", 0, "b", "first page slot of the worker"),
     ("PAGE_LEN", 0, "", "page slots of the worker (resident pages at most)"),
     ("PAGE_CAP", 0, "", "the pool: num_gpu_blocks pages (free = PAGE_CAP - PAGES_USED)"),
@@ -634,10 +729,14 @@ RADIX_W = _declare(FieldTable("RW_", "radix.w64", np.int64, [
     ("KV_UNREPORTED", 0, "", "KV events: the worker's KV rows logged since its last report"),
     ("DECODE_PASSES", 0, "", "passes without a prefill batch since the run's start (the "
                              "reference reports KV events at every DECODE_LOG_INTERVAL-th)"),
-]))
+])
+(RW_PAGE_OFF, RW_PAGE_LEN, RW_PAGE_CAP, RW_PAGE_FREE_TOP, RW_PAGE_BUMP, RW_PAGES_USED, RW_NODE_OFF,
+ RW_NODE_LEN, RW_NODE_FREE_TOP, RW_NODE_BUMP, RW_TAB_OFF, RW_TAB_MASK, RW_HEAP_OFF, RW_HEAP_LEN,
+ RW_HEAP_CAP, RW_CLOCK, RW_EVICTABLE, RW_PROTECTED, RW_PAGE_SIZE, RW_INSERT_SHARED, RW_SIM,
+ RW_KV_RUN, RW_KV_TAIL_HASH, RW_KV_UNREPORTED, RW_DECODE_PASSES) = RADIX_W.indices()
 RW_FIELDS = RADIX_W.width
 KV_RUN_NONE, KV_RUN_REMOVED, KV_RUN_STORED = 0, 1, 2
-RADIX_P = _declare(FieldTable("RP_", "radix.pg32", np.int32, [
+RADIX_P = FieldTable("RP_", "radix.pg32", np.int32, [
     ("NEXT", -1, "b", "next (newer) page of the same edge"),
     ("PREV", -1, "b", "previous (older) page of the same edge"),
     ("IN_TREE", 0, "", "1 = the page belongs to a tree edge, 0 = to a lease alone (or free)"),
@@ -645,9 +744,10 @@ RADIX_P = _declare(FieldTable("RP_", "radix.pg32", np.int32, [
     ("RUN_LAST", -1, "b", "in the tree: the last page of its run, a stretch of its edge's pages "
                           "with equal keys (runs need not be maximal; matching skips them)"),
     ("RUN_LEFT", 0, "", "in the tree: pages from this one to RUN_LAST, both included"),
-]))
+])
+(RP_NEXT, RP_PREV, RP_IN_TREE, RP_FREE_STACK, RP_RUN_LAST, RP_RUN_LEFT) = RADIX_P.indices()
 RP_FIELDS = RADIX_P.width
-RADIX_N = _declare(FieldTable("RN_", "radix.nd", np.int64, [
+RADIX_N = FieldTable("RN_", "radix.nd", np.int64, [
     ("PARENT", -1, "n", "parent node; -1 = the root"),
     ("HEAD", -1, "b", "first page of the edge"),
     ("TAIL", -1, "b", "last page of the edge"),
@@ -656,7 +756,9 @@ RADIX_N = _declare(FieldTable("RN_", "radix.nd", np.int64, [
     ("TIME", 0, "", "last access (logical clock)"),
     ("CHILDREN", 0, "", "child nodes"),
     ("FREE_STACK", -1, "n", "free-node stack entry"),
-]))
+])
+(RN_PARENT, RN_HEAD, RN_TAIL, RN_LEN, RN_LOCK, RN_TIME, RN_CHILDREN,
+ RN_FREE_STACK) = RADIX_N.indices()
 RN_FIELDS = RADIX_N.width
 _NO_RADIX_W = np.zeros((0, RW_FIELDS), np.int64)
 _NO_RADIX_P = np.zeros((0, RP_FIELDS), np.int32)
@@ -724,8 +826,19 @@ _NO_RT_KEY = np.zeros(0, np.uint64)
 _NO_RT_COUNT = np.zeros(0, np.int32)
 # kv_router decision log (``sims.rt_log[s, row, RL_*]``, one row per decision; the
 # costs of every worker of the pool in ``sims.rt_costs[s, row, worker]``)
-(RL_REQUEST, RL_WORKER, RL_COST, RL_OVERLAP, RL_BEST_OVERLAP, RL_TIED, RL_TIME_MS, RL_POOL) = range(8)
-RL_NUM_COLUMNS = 8
+ROUTING_LOG = FieldTable("RL_", "sims.rt_log", np.float64, [
+    ("REQUEST", 0, "q", "the request (kernel row)"),
+    ("WORKER", 0, "", "the worker chosen (in its pool)"),
+    ("COST", 0, "", "its cost"),
+    ("OVERLAP", 0, "", "its prefix overlap in blocks"),
+    ("BEST_OVERLAP", 0, "", "the pool's best overlap"),
+    ("TIED", 0, "", "workers tied at the lowest cost"),
+    ("TIME_MS", 0, "", "when it was decided"),
+    ("POOL", 0, "", "the pool it placed in, ROUTE_*"),
+])
+(RL_REQUEST, RL_WORKER, RL_COST, RL_OVERLAP, RL_BEST_OVERLAP, RL_TIED, RL_TIME_MS,
+ RL_POOL) = ROUTING_LOG.indices()
+RL_NUM_COLUMNS = ROUTING_LOG.width
 # the pool a decision placed in (RL_POOL), and the cost each pool's router computes
 # (kernels.routing.kv_router)
 ROUTE_AGGREGATED, ROUTE_PREFILL, ROUTE_DECODE = 0, 1, 2
@@ -764,3 +877,8 @@ class Sims(NamedTuple):
     hlog: np.ndarray         # float64[s, rows, HL_NUM_COLUMNS] handoff journal (0 rows = off)
     rt_log: np.ndarray = _NO_RT_LOG      # float64[s, rows, RL_NUM_COLUMNS] kv_router decisions
     rt_costs: np.ndarray = _NO_RT_COSTS  # float64[s, rows, workers] every worker's cost
+
+
+for _table in (*STATE_TABLES, RADIX_W, RADIX_P, RADIX_N, PASS_LOG, PASS_COUNTERS, EVENT_LOG, HANDOFF_LOG,
+               ROUTING_LOG):
+    check_constants(_table, globals())

@@ -17,7 +17,8 @@ Same signature as ``vllm_core.run_pass``; ``backends`` dispatches on the policy 
 """
 
 import numpy as np
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.kv.block_pool import event_log_on, note_event, outputs_logged
 from aisim_fast.kernels.kv.lease import local_block_hash
@@ -26,9 +27,10 @@ from aisim_fast.kernels.loop.rank_queues import (push_terminal, run_push_back, r
                                                  wait_push_back, wait_push_front, wait_remove_at)
 from aisim_fast.kernels.loop.request_state import ceil_div
 from aisim_fast.kernels.loop.token_output import emit_token
-from aisim_fast.kernels.schema.layout import (CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
-                                              CFG_PREFIX_CACHING, CFG_ROLE, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP,
-                                              CFG_SG_LPM, CFG_SG_MAX_PREFILL_TOKENS, CFG_SG_PD_INTERVAL,
+from aisim_fast.kernels.schema.layout import (ACC_ADMITTED, ACC_BATCH, ACC_ISL, ACC_PREFIX, CFG_MAX_MODEL_LEN,
+                                              CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING,
+                                              CFG_ROLE, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM,
+                                              CFG_SG_MAX_PREFILL_TOKENS, CFG_SG_PD_INTERVAL,
                                               CFGF_SG_DECAY_STEP, CFGF_SG_INIT_RATIO, CFGF_SG_MIN_RATIO,
                                               EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE,
                                               EV_PRESSURE_SGLANG, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
@@ -60,28 +62,28 @@ DECODE_LOG_INTERVAL = 40  # SGLang's decode_log_interval: passes between decode 
 # ---------------------------------------------------------------------------------
 # request helpers
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _seq(rq, q):
     return rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_GENERATED]
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _remaining(rq, q):
     return max(0, rq.i64[q, RQ_MAX_OUTPUT] - rq.i64[q, RQ_GENERATED])
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _ratio(wk, w):
     return np.int64(wk.i64[w, WK_SG_RATIO_BITS]).view(np.float64)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _set_ratio(wk, w, x):
     wk.i64[w, WK_SG_RATIO_BITS] = np.float64(x).view(np.int64)
 
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _ensure_keys(rq, wl, q, n_pages, ps, scratch_tokens):
     """Page keys of q's first n_pages pages, computed once (kept across retraction).
 
@@ -128,7 +130,7 @@ def _ensure_keys(rq, wl, q, n_pages, ps, scratch_tokens):
     rq.i64[q, RQ_NUM_HASHED] = n_pages
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _evict_for(r, w, tokens):
     """Make ``tokens`` available if the tree can (evicting only the deficit)."""
     have = rx.available_tokens(r, w)
@@ -136,7 +138,7 @@ def _evict_for(r, w, tokens):
         rx.evict(r, w, tokens - have)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _take_pages(r, rq, w, q, first, count):
     """count fresh pages into q's lease at page index ``first``; False when the
     worker's page slots ran out (the caller checked the pool)."""
@@ -152,7 +154,7 @@ def _take_pages(r, rq, w, q, first, count):
 # ---------------------------------------------------------------------------------
 # KV operations on a request (§4)
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def first_allocation(cfg, r, rq, wl, w, q, chunk_end, cap, path, scratch_tokens):
     """§4.1: lock the cached prefix (matched up to ``cap``, the read-only match the
     admission step just made), take pages for the rest of the chunk. Returns the
@@ -184,7 +186,7 @@ def first_allocation(cfg, r, rq, wl, w, q, chunk_end, cap, path, scratch_tokens)
     return prefix
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def extend_allocation(r, rq, w, q, chunk_end):
     """§4.2: pages for a chunk continuation. 0 ok, -1 does not fit, -2 no slots."""
     ps = r.w64[w, RW_PAGE_SIZE]
@@ -200,7 +202,7 @@ def extend_allocation(r, rq, w, q, chunk_end):
     return 0
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _adopt_tree_pages(r, rq, w, q, node, lo, hi, path):
     """Where the tree's page on ``node``'s path differs from q's lease page in page
     positions [lo, hi), free q's page and take the tree's (canonicalize)."""
@@ -212,7 +214,7 @@ def _adopt_tree_pages(r, rq, w, q, node, lo, hi, path):
             rq.lease[k0 + j] = path[j]
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _log_insert(r, rq, w, end, q, hi, n_keys, scratch_tokens):
     """KV events of an insert of q's pages up to ``hi`` (``n_keys`` of them offered):
     the ones the tree did not hold yet are Stored."""
@@ -223,7 +225,7 @@ def _log_insert(r, rq, w, end, q, hi, n_keys, scratch_tokens):
                             rq.i64[q, RQ_SESSION_ROW] != 0)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens):
     """§4.3: the materialized complete pages beyond the cached prefix enter the tree."""
     if cfg.i64[w, CFG_PREFIX_CACHING] == 0:
@@ -248,7 +250,7 @@ def cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens):
     rq.i64[q, RQ_SG_CACHED] = aligned
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def finish_kv(cfg, r, rq, wl, w, q, path, scratch_tokens):
     """§4.4: a finished request's complete pages enter the tree, the rest of its
     lease goes back to the pool, its lock is released."""
@@ -284,7 +286,7 @@ def finish_kv(cfg, r, rq, wl, w, q, path, scratch_tokens):
     rq.i64[q, RQ_SG_CACHED] = 0
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def release_on_retraction(r, rq, w, q):
     """§4.5: the pages beyond the cached prefix go back, the lock is released; the
     request keeps its keys and generated tokens and is recomputed later."""
@@ -299,7 +301,7 @@ def release_on_retraction(r, rq, w, q):
     rq.i64[q, RQ_ALLOCATED] = 0
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def drop_queued(r, rq, wk, w, q):
     """CancelRequest of q on SGLang worker w: out of the running list or the waiting
     queue, its lease aborted like a retraction's (pages beyond the cached prefix
@@ -331,7 +333,7 @@ def drop_queued(r, rq, wk, w, q):
 # ---------------------------------------------------------------------------------
 # outputs
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens):
     """q completes in this pass. A disaggregated prefill (source) request keeps its
     lease instead - its KV is held for the decode side until ReleaseSource - and its
@@ -350,7 +352,7 @@ def _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens):
     push_terminal(rq, wk, w, q)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _finish_done(cfg, p, rq, wl, wk, w, first, path, scratch_tokens):
     """Finish, in running order, the requests from running index ``first`` on that have
     nothing left to generate; the others keep their order."""
@@ -372,7 +374,7 @@ def _finish_done(cfg, p, rq, wl, wk, w, first, path, scratch_tokens):
 MAX_SAME_TIMESTAMP_RETRIES = 1024  # the reference's bound on consecutive retries
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def effect_free_pass_gives_up(cfg, wk, w):
     """Worker w's pass changed nothing and took no time while it still holds work.
     The reference runs such a pass again at the same instant for as long as the pass
@@ -400,7 +402,7 @@ PASS_MODEL_WORK = 2
 PASS_INTERVAL_IDLE = 4
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def finish_group_pass(cfg, wk, lead, dp):
     """The end of an attention-DP group pass for every rank of the group, idle ones
     included (the reference's synchronized EXTEND signal): ``prefill_decode_interval``
@@ -421,7 +423,7 @@ def finish_group_pass(cfg, wk, lead, dp):
         wk.i64[w, WK_SG_PASS_FLAGS] = 0
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def worker_in_flight(rq, sims, s, w):
     """Requests worker w holds as the reference's replay counts them for a worker:
     taken by a submit or an accepted destination and not yet completed (a held
@@ -443,7 +445,7 @@ def worker_in_flight(rq, sims, s, w):
 # ---------------------------------------------------------------------------------
 # the ready list of a decode rank: activated destinations waiting for a running slot
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def ready_remove(rq, wk, w, q):
     """Take q out of w's ready list; False when it is not there."""
     prev = -1
@@ -466,7 +468,7 @@ def ready_remove(rq, wk, w, q):
 
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def ready_push(rq, wk, w, q):
     """q (activated, prompt KV resident) joins the back of w's ready list."""
     rq.i64[q, RQ_SG_READY_NEXT] = -1
@@ -479,7 +481,7 @@ def ready_push(rq, wk, w, q):
     wk.i64[w, WK_SG_READY_LEN] += 1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def promote_ready(cfg, p, rq, wl, wk, w, now_ms, path, scratch_tokens):
     """The reference's ``promote_prebuilt_ready``: activated requests join the running
     batch in activation order while running slots remain, each an admission with no
@@ -520,7 +522,7 @@ LPM_SHORT_PREFIX = 32    # tokens: a request matching at most this much ...
 LPM_DUP_TOKENS = 32      # ... whose leading pages an earlier one shares goes last
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def lpm_order(cfg, r, rq, wl, wk, w, scratch_tokens):
     """Reorder the waiting queue by the longest cached prefix (read-only matches of
     every complete page of each sequence), stable; a request with a short match whose
@@ -566,7 +568,7 @@ def lpm_order(cfg, r, rq, wl, wk, w, scratch_tokens):
         _wait_set(wk, w, j + 1, x)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _wait_set(wk, w, i, q):
     wk.wait_q[wk.i64[w, WK_WAIT_OFF] + (wk.i64[w, WK_WAIT_HEAD] + i) % wk.i64[w, WK_WAIT_CAP]] = q
 
@@ -574,11 +576,11 @@ def _wait_set(wk, w, i, q):
 # ---------------------------------------------------------------------------------
 # the pass
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
     """§5: the prefill batch. Admitted requests are appended to the running list (the
-    one whose chunk stops short goes back to the waiting front); acc[1] batch size,
-    acc[2] total isl, acc[3] total prefix, acc[5] first admissions. Returns False
+    one whose chunk stops short goes back to the waiting front); acc[ACC_BATCH] batch size,
+    acc[ACC_ISL] total isl, acc[ACC_PREFIX] total prefix, acc[ACC_ADMITTED] first admissions. Returns False
     when the page slots ran out."""
     r = p.radix
     slots = max(0, cfg.i64[w, CFG_MAX_NUM_SEQS] - wk.i64[w, WK_RUN_LEN])
@@ -596,7 +598,7 @@ def _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
     rem_chunk = float(cfg.i64[w, CFG_SG_CHUNK_SIZE])
     caching = cfg.i64[w, CFG_PREFIX_CACHING] != 0
     partial = -1
-    while acc[1] < slots and wk.i64[w, WK_WAIT_LEN] > 0:
+    while acc[ACC_BATCH] < slots and wk.i64[w, WK_WAIT_LEN] > 0:
         q = wait_at(wk, w, 0)
         seq = _seq(rq, q)
         mat = rq.i64[q, RQ_NUM_COMPUTED]
@@ -645,13 +647,13 @@ def _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
                 rq.i64[q, RQ_FIRST_CACHED] = prefix
                 rq.f64[q, RQF_FIRST_ADMIT_MS] = now_ms
             rq.i64[q, RQ_MAX_CACHED] = max(rq.i64[q, RQ_MAX_CACHED], prefix)
-            acc[5] += 1
+            acc[ACC_ADMITTED] += 1
             if event_log_on(p):
                 note_event(p, w, EV_ADMITTED, q, prefix, rq.i64[q, RQ_ADMISSIONS])
         rq.i64[q, RQ_STATUS] = RS_RUNNING
-        acc[1] += 1
-        acc[2] += chunk_end
-        acc[3] += prefix
+        acc[ACC_BATCH] += 1
+        acc[ACC_ISL] += chunk_end
+        acc[ACC_PREFIX] += prefix
         rem_total -= charged + out_res
         rem_input -= charged
         rem_chunk -= charged
@@ -667,7 +669,7 @@ def _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
     return True
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _retract_before(rq, a, b):
     """a sorts before b for retraction: more generated tokens, then a shorter prompt
     (victims come off the end)."""
@@ -675,7 +677,7 @@ def _retract_before(rq, a, b):
     return ga > gb or (ga == gb and rq.i64[a, RQ_PROMPT_LEN] < rq.i64[b, RQ_PROMPT_LEN])
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _sort_for_retraction(rq, wk, w):
     """The reference's retract_decode: the running batch sorted (stable) so that the
     victims - fewest generated tokens, then the longest prompt, then the last such -
@@ -690,7 +692,7 @@ def _sort_for_retraction(rq, wk, w):
         wk.run_q[off + j + 1] = x
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _decode_need(r, rq, wk, w):
     """(tokens the running batch's next tokens need beyond their pages, the batch's
     sequence tokens): the decode step's memory need and its timing input, in one
@@ -715,7 +717,7 @@ def _decode_need(r, rq, wk, w):
     return need, kv
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _add_token_slot(r, rq, w, q):
     """Room for q's next token: a page when its pages are full. False: no slot left."""
     ps = r.w64[w, RW_PAGE_SIZE]
@@ -735,7 +737,7 @@ def _add_token_slot(r, rq, w, q):
     return True
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
     """One pass of SGLang worker w from ``now_ms``: ``(end_ms, had_effect, arena_full)``."""
     r = p.radix
@@ -765,7 +767,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     # already in it when a prefill batch stalls the running requests)
     n_promoted = promote_ready(cfg, p, rq, wl, wk, w, now_ms, path, scratch_tokens) \
         if wk.i64[w, WK_SG_READY_LEN] > 0 else 0
-    acc[5] += n_promoted
+    acc[ACC_ADMITTED] += n_promoted
     if cfg.i64[w, CFG_SG_LPM] != 0:
         lpm_order(cfg, r, rq, wl, wk, w, scratch_tokens)
     prev = wk.i64[w, WK_RUN_LEN]
@@ -779,7 +781,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     if fresh_kv and not defer_prefill \
             and not _admit(cfg, p, rq, wl, wk, w, now_ms, acc, path, scratch_tokens):
         return now_ms, True, True
-    b = acc[1]
+    b = acc[ACC_BATCH]
     # a deferred pass with nothing to decode is idle: it does not decay the ratio, and
     # (no model work) resets it to its initial value
     interval_idle = False
@@ -803,7 +805,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         if cfg.i64[w, CFG_ROLE] == ROLE_DECODE:
             end_ms = now_ms + 0.0
         else:
-            end_ms = now_ms + ns_to_ms(prefill_ns(cfg, w, b, acc[2], acc[3]))
+            end_ms = now_ms + ns_to_ms(prefill_ns(cfg, w, b, acc[ACC_ISL], acc[ACC_PREFIX]))
         n_run = wk.i64[w, WK_RUN_LEN]
         # §6.2 first tokens of the newly prefilled requests, in order
         prefill_role = cfg.i64[w, CFG_ROLE] == ROLE_PREFILL
@@ -926,7 +928,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         q = rq.i64[q, RQ_TERM_NEXT]
     had_effect = b > 0 or n_tokens > 0 or n_rejected > 0 or n_retracted > 0 or n_promoted > 0 \
         or wk.i64[w, WK_TERM_HEAD] >= 0
-    prefilled = acc[2] - acc[3] > 0  # a fully cached zero-output admission is no prefill
+    prefilled = acc[ACC_ISL] - acc[ACC_PREFIX] > 0  # a fully cached zero-output admission is no prefill
     model_work = prefilled or (b == 0 and n_tokens > 0)
     if sims.i64[s, SM_GROUP_PASS] != 0:
         # an attention-DP rank: the group's end applies the interval over all its ranks
@@ -951,9 +953,9 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         rx.report_kv(r, w, end_ms)
     if sims.i64[s, SM_PASS_LOG_LEN] < sims.pass_log.shape[1]:
         row = sims.i64[s, SM_PASS_LOG_LEN]
-        pf_kv = acc[3]
-        append_pass_row(p, wk, sims, s, w, now_ms, end_ms, b, acc[2] - pf_kv, pf_kv, acc[2] - pf_kv,
-                        np.int64(dc_n), np.int64(dc_kv), acc[5], np.int64(n_retracted),
+        pf_kv = acc[ACC_PREFIX]
+        append_pass_row(p, wk, sims, s, w, now_ms, end_ms, b, acc[ACC_ISL] - pf_kv, pf_kv, acc[ACC_ISL] - pf_kv,
+                        np.int64(dc_n), np.int64(dc_kv), acc[ACC_ADMITTED], np.int64(n_retracted),
                         np.int64(n_tokens), np.int64(dc_n), np.int64(dc_kv))
         evictable_pages = r.w64[w, RW_EVICTABLE] // ps
         sims.pass_log[s, row, PL_ACTIVE_BLOCKS] = r.w64[w, RW_PAGES_USED] - evictable_pages

@@ -19,7 +19,8 @@ runs the handoff and calls these where a worker's backend is SGLang.
   a request (nothing of it is in the tree yet).
 """
 
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.loop.request_state import ceil_div
 from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_NUM_GPU_BLOCKS,
@@ -32,7 +33,7 @@ from aisim_fast.kernels.sglang.core import (_ensure_keys, _evict_for, _take_page
                                             ready_remove, release_on_retraction)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def destination_impossible(cfg, rq, w, q):
     """The rank refuses the destination outright (the reference's ReserveDestination
     error): its page-rounded prompt exceeds the whole pool, or the prompt is at or
@@ -44,7 +45,7 @@ def destination_impossible(cfg, rq, w, q):
     return ceil_div(rq.i64[q, RQ_PROMPT_LEN], ps) > cfg.i64[w, CFG_NUM_GPU_BLOCKS]
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def reserve_destination(cfg, p, rq, wl, w, q, scratch_tokens):
     """Reserve q's prompt on decode worker w: 1 reserved, 0 it does not fit now (the
     match is unlocked again), -2 the worker's page or node slots ran out."""
@@ -74,7 +75,7 @@ def reserve_destination(cfg, p, rq, wl, w, q, scratch_tokens):
     return 1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def activate_destination(cfg, p, rq, wk, w, q):
     """Commit q's reservation on decode worker w: its prompt is materialized and it
     joins the ready list. Nothing is freed, so no capacity generation starts. Its
@@ -91,7 +92,7 @@ def activate_destination(cfg, p, rq, wk, w, q):
     ready_push(rq, wk, w, q)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def release_source(cfg, p, rq, wl, wk, w, qp, path, scratch_tokens):
     """ReleaseSource of prefill row qp held on worker w: finished like a completed
     request (pages into the tree, lock released); a capacity generation starts."""
@@ -99,7 +100,7 @@ def release_source(cfg, p, rq, wl, wk, w, qp, path, scratch_tokens):
     wk.i64[w, WK_CAP_GEN] += 1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def cancel_destination(p, rq, wk, w, q):
     """Give back reserved or activated destination q on decode worker w (an activated
     one leaves the ready list first): its fresh pages are freed and the matched

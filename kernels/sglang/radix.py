@@ -51,6 +51,8 @@ in as slices of caller arrays (``keys[k0 : k0 + n]``, ``pages[p0 : p0 + n]``).
 import numpy as np
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 from aisim_fast.kernels.hashing.xxh3 import hash_chain, xxh3_64_u32_seed1337
 from aisim_fast.kernels.kv.block_pool import log_row
 from aisim_fast.kernels.schema.layout import (EV_BLOCK, EV_KV_REMOVED, EV_KV_REPORTED, EV_KV_STORED,
@@ -74,7 +76,7 @@ NO_PAGE = np.int32(-1)
 # ---------------------------------------------------------------------------------
 # clock, pages, nodes
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def clock(r, w):
     """A new access time, larger than every earlier one."""
     r.w64[w, RW_CLOCK] += 1
@@ -124,7 +126,7 @@ def page_free(r, w, b):
     r.w64[w, RW_PAGES_USED] -= 1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _node_new(r, w):
     """A fresh node slot, or NO_NODE when the worker's node slots are exhausted."""
     top = r.w64[w, RW_NODE_FREE_TOP]
@@ -148,7 +150,7 @@ def _node_new(r, w):
     return n
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _node_free(r, w, n):
     r.nd[n, RN_LEN] = 0
     r.nd[n, RN_TIME] = -1  # its heap entries are stale from now on
@@ -162,12 +164,12 @@ def root(r, w):
     return r.w64[w, RW_NODE_OFF]
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _first_key(r, n):
     return r.pg_key[r.nd[n, RN_HEAD]]
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def is_evictable_leaf(r, w, n):
     return n != r.w64[w, RW_NODE_OFF] and r.nd[n, RN_LEN] > 0 and r.nd[n, RN_CHILDREN] == 0 \
         and r.nd[n, RN_LOCK] == 0
@@ -176,14 +178,14 @@ def is_evictable_leaf(r, w, n):
 # ---------------------------------------------------------------------------------
 # the child table: (parent, first key of the child's edge) -> child
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _home(r, w, parent, key):
     h = key * np.uint64(0x9E3779B97F4A7C15) + np.uint64(parent) * np.uint64(0xC2B2AE3D27D4EB4F)
     h ^= h >> np.uint64(31)
     return np.int64(h & np.uint64(r.w64[w, RW_TAB_MASK]))
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def child_find(r, w, parent, key):
     """The child of ``parent`` whose edge starts with ``key``, or NO_NODE."""
     off = r.w64[w, RW_TAB_OFF]
@@ -198,7 +200,7 @@ def child_find(r, w, parent, key):
         i = (i + 1) & mask
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _child_put(r, w, parent, key, child):
     """Point (parent, key) at ``child``: replaces the entry of that key if present
     (a split's upper node taking its lower node's place), else inserts."""
@@ -213,7 +215,7 @@ def _child_put(r, w, parent, key, child):
         i = (i + 1) & mask
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _child_delete(r, w, parent, key):
     """Remove (parent, key); the rest of its probe cluster shifts back (no tombstones)."""
     off = r.w64[w, RW_TAB_OFF]
@@ -246,18 +248,18 @@ def _child_delete(r, w, parent, key):
 # ---------------------------------------------------------------------------------
 # the evictable-leaf heap (lazy)
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _entry_current(r, w, t, n):
     return is_evictable_leaf(r, w, n) and r.nd[n, RN_TIME] == t
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _before(r, i, j):
     ti, tj = r.heap_time[i], r.heap_time[j]
     return ti < tj or (ti == tj and r.heap_node[i] < r.heap_node[j])
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _sift_up(r, off, i):
     while i > 0:
         parent = (i - 1) // 2
@@ -269,7 +271,7 @@ def _sift_up(r, off, i):
             return
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _sift_down(r, off, n, i):
     while True:
         c = 2 * i + 1
@@ -285,7 +287,7 @@ def _sift_down(r, off, n, i):
             return
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _heap_compact(r, w):
     """Drop stale entries and rebuild the heap (when it is full)."""
     off = r.w64[w, RW_HEAP_OFF]
@@ -302,7 +304,7 @@ def _heap_compact(r, w):
         _sift_down(r, off, keep, i)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _note_leaf(r, w, n):
     """Push n's current (time, node) if n is an evictable leaf. Returns False when
     the heap has no room even after dropping stale entries (sizing bug)."""
@@ -321,7 +323,7 @@ def _note_leaf(r, w, n):
     return True
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _oldest_leaf(r, w):
     """The evictable leaf with the oldest access time (stale entries dropped on the
     way), left in the heap; NO_NODE when there is none."""
@@ -338,7 +340,7 @@ def _oldest_leaf(r, w):
     return NO_NODE
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _touch(r, w, n, now):
     r.nd[n, RN_TIME] = now
     return _note_leaf(r, w, n)
@@ -383,7 +385,7 @@ def dec_lock(r, w, n):
 # ---------------------------------------------------------------------------------
 # split, match, insert
 # ---------------------------------------------------------------------------------
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _page_at(r, b, steps):
     """The page ``steps`` pages after b in its edge (which has them), run by run."""
     while steps > 0:
@@ -399,7 +401,7 @@ def _page_at(r, b, steps):
     return b
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _end_run_at(r, b):
     """The edge now ends at page b (a split or a tail eviction cut what followed): the
     pages of b's run up to b get b as their run's last page."""
@@ -415,7 +417,7 @@ def _end_run_at(r, b):
         b = r.pg32[b, RP_PREV]
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _split(r, w, x, k):
     """Split node x after its first k pages (0 < k < len): a new upper node U takes
     those pages, x's parent, lock and old time; x keeps the suffix, becomes U's only
@@ -449,7 +451,7 @@ def _split(r, w, x, k):
     return u
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _common(r, n, keys, k0, n_keys):
     """Pages of n's edge that equal keys[k0:], at most n_keys."""
     b = r.nd[n, RN_HEAD]
@@ -516,7 +518,7 @@ def match_lock(r, w, keys, k0, n_keys):
     return i, node
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def match_lock_known(r, w, keys, k0, n_keys):
     """``match_lock`` of keys[k0 : k0 + n_keys] that a read-only match just found in
     full (nothing changed the tree since): the same times, split and locks, reached
@@ -539,7 +541,7 @@ def match_lock_known(r, w, keys, k0, n_keys):
     return n_keys, node
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _link_new_pages(r, w, n, pages, p0, count, keys, k0):
     """Append pages[p0 : p0 + count] (keys keys[k0 :]) to the tail of n's edge."""
     tail = r.nd[n, RN_TAIL]
@@ -569,7 +571,7 @@ def _link_new_pages(r, w, n, pages, p0, count, keys, k0):
         r.pg32[b, RP_RUN_LEFT] = left
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _new_child(r, w, parent, keys, k0, pages, p0, count):
     n = _node_new(r, w)
     if n == NO_NODE:
@@ -633,13 +635,13 @@ def insert(r, w, start, keys, k0, n_keys, pages, p0):
     return cur
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def kv_logged(r, w):
     """Whether worker w's simulation logs KV Stored / Removed events."""
     return r.event_log.shape[1] > 1 and r.event_log[r.w64[w, RW_SIM], 0, EVH_KV] != 0
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def log_inserted(r, w, end, q, pos0, n_new, scratch_tokens, session_row):
     """The last ``n_new`` pages of node ``end``'s edge just entered the tree for request
     q (its pages ``pos0`` on): give each its sequence hash and log them as one KV
@@ -693,7 +695,7 @@ def log_inserted(r, w, end, q, pos0, n_new, scratch_tokens, session_row):
     r.w64[w, RW_KV_UNREPORTED] += n_new
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _log_removed(r, w, b):
     """Tree page b leaves the tree: a Removed row, continuing the worker's open event
     when that is a Removed one (``RW_KV_RUN``): the reference reports the evictions of
@@ -706,7 +708,7 @@ def _log_removed(r, w, b):
     r.w64[w, RW_KV_UNREPORTED] += 1
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def report_kv(r, w, t_ms):
     """Worker w reports the KV rows it logged since its last report, at ``t_ms``: a
     report row (``EV_KV_REPORTED``) after them in the log, which gives them that time

@@ -43,6 +43,8 @@ import math
 import numpy as np
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 # ---------------------------------------------------------------------------------------
 # Sketch mapping constants (ddsketchy's DDSketch::new, evaluated in the same order).
 # ---------------------------------------------------------------------------------------
@@ -225,7 +227,7 @@ def fold_gap(stat, hist, s, gap_ms):
             fold_value(stat, hist, s, RATE_STAT_BASE, RATE_HIST_BASE, rate_tok_s)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def fold_value_run(stat, hist, s, stat_base, hist_base, x, count):
     """Fold ``count`` identical samples ``x >= 0`` at once (Chan's merge of a run of
     equal values: mean and M2 as if folded one by one, up to rounding)."""
@@ -246,7 +248,7 @@ def fold_value_run(stat, hist, s, stat_base, hist_base, x, count):
         stat[s, stat_base + STAT_ZERO_COUNT] += count
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def fold_gap_run(stat, hist, s, gap_ms, count):
     """Fold ``count`` equal inter-token gaps of simulation ``s`` into both streams.
 
@@ -264,7 +266,7 @@ def fold_gap_run(stat, hist, s, gap_ms, count):
             fold_value_run(stat, hist, s, RATE_STAT_BASE, RATE_HIST_BASE, rate_tok_s, count)
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def fold_token_times(stat, hist, s, token_times_ms):
     """Fold all gaps of one request's token times (in emission order) into simulation s.
 

@@ -19,6 +19,8 @@ Keys are the reference's integer arguments packed into one int64: prefill
 import numpy as np
 from numba import njit, objmode
 
+from aisim_fast.kernels.jit import kernel
+
 from aisim_fast.kernels.schema.layout import (AIC_EMPTY, AICM_COUNT, AICM_FIELDS, AICM_MASK, AICM_OFF,
                                                AICM_TIMING, CFG_AIC_LOCAL, CFG_AIC_SHARED)
 
@@ -31,7 +33,7 @@ _FIB = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing
 MAX_LOAD = 0.75  # past this share of a table's slots in use, misses are computed, not kept
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def pack_key(kind, b, x, y):
     """The table key of a timing query, or AIC_EMPTY when a value does not fit its
     bits (the query then goes to the provider every time: correct, only slower)."""
@@ -48,13 +50,13 @@ def pack_keys_np(kind: int, b, x, y) -> np.ndarray:
     return np.where(fits, packed, AIC_EMPTY).astype(np.int64)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _home_slot(key, mask):
     """Home slot of a key: the high bits of its Fibonacci hash."""
     return np.int64((np.uint64(key) * _FIB) >> np.uint64(33)) & mask
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def _find(keys, vals, meta, t, key):
     """Slot of ``key`` in table t, or -1."""
     off = meta[t, AICM_OFF]
@@ -97,7 +99,7 @@ def fill_miss(kind, b, x, y, key, keys, vals, meta, t):
     return ms
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def aic_raw_ms(cfg, w, kind, b, x, y):
     """Raw (unscaled) duration of a timing key on worker w."""
     keys = cfg.aic_key

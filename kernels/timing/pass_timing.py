@@ -13,6 +13,8 @@ import math
 import numpy as np
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 from aisim_fast.kernels.features import gate
 from aisim_fast.kernels.schema.layout import (CFG_TIMING, CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS,
                                               CFGF_FIXED_PREFILL_MS, CFGF_SPEEDUP_RATIO, TIMING_AIC,
@@ -23,7 +25,7 @@ NS_PER_S = 1_000_000_000
 _SPLIT = 134217729.0  # 2**27 + 1, Veltkamp splitter for an exact f64 product
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _two_product(a, b):
     """(p, e) with p = fl(a*b) and a*b = p + e exactly (Dekker)."""
     p = a * b
@@ -52,7 +54,7 @@ def secs_to_ns(secs):
     return ns
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def ns_to_ms(ns):
     """Milliseconds of a nanosecond count, as the reference converts a Duration."""
     secs = float(ns // NS_PER_S) + float(ns % NS_PER_S) / 1e9
@@ -78,7 +80,7 @@ def modeled_ns(raw_ms, ratio):
     return ns
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def polynomial_prefill_ms(batch, total_isl, total_prefix):
     """Prefill latency of a batch. The polynomial's argument uses floored integer
     means, ``T = b * (floor(isl/b) - floor(prefix/b))``, not the true total."""
@@ -93,7 +95,7 @@ def polynomial_prefill_ms(batch, total_isl, total_prefix):
     return 4.209989e-07 * (t * t) + 1.518344e-02 * t + 16.50142
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def polynomial_decode_ms(batch, active_kv_tokens, total_kv_tokens):
     """Decode latency: a function of KV utilisation of the configured capacity."""
     if batch == 0:
@@ -110,7 +112,7 @@ def polynomial_decode_ms(batch, active_kv_tokens, total_kv_tokens):
 _aic_raw_ms = gate("aic", aic_raw_ms, 0.0)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def prefill_ns(cfg, w, batch, total_isl, total_prefix):
     """Quantized prefill duration of a pass on worker w (0 when no request computed
     prompt tokens or the floored means say everything was cached)."""
@@ -127,7 +129,7 @@ def prefill_ns(cfg, w, batch, total_isl, total_prefix):
     return modeled_ns(raw, cfg.f64[w, CFGF_SPEEDUP_RATIO])
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def decode_ns(cfg, w, batch, active_kv_tokens, total_kv_tokens):
     """Quantized decode duration of a pass on worker w over its decode batch
     (``active_kv_tokens``: the batch's tokens before this pass's; AIC keys on their

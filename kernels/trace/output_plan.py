@@ -14,6 +14,8 @@ kernel computes any token on demand without the plan ever being materialised
 import numpy as np
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 SYNTHETIC_OUTPUT_SEED = 0xD37A0A7E5EED
 _M64 = (1 << 64) - 1
 
@@ -35,13 +37,13 @@ PLAN_KEY = seed_key(SYNTHETIC_OUTPUT_SEED)   # a module constant to the kernels
 _SIGMA = np.array([0x61707865, 0x3320646E, 0x79622D32, 0x6B206574], np.uint32)
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _rotl(x, n):
     # Numba widens uint32 arithmetic to 64 bits: every result is cut back to 32
     return np.uint32(((x << np.uint32(n)) | (x >> np.uint32(32 - n))) & np.uint32(0xFFFFFFFF))
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def _quarter(a, b, c, d):
     a = np.uint32(a + b)
     d = _rotl(np.uint32(d ^ a), 16)
@@ -54,7 +56,7 @@ def _quarter(a, b, c, d):
     return a, b, c, d
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def chacha12_block(key, counter):
     """Block ``counter`` of the ChaCha12 stream of ``key`` (stream id 0): its 16
     words as a tuple (scalars, so the kernels allocate nothing)."""

@@ -13,6 +13,8 @@ accepts rows whose meaning is unambiguous, and gives exactly what ``json`` would
 import numpy as np
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 SCAN_OK = 0
 SCAN_UNSUPPORTED = 1   # not the simple shape: use the general loader
 
@@ -25,19 +27,19 @@ _KEY_HASH_IDS = 8
 _U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-@njit(cache=True, inline="always")
+@kernel(cache=True, inline="always")
 def _is_space(c):
     return c == 32 or c == 9 or c == 13
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _skip_space(data, i, end):
     while i < end and _is_space(data[i]):
         i += 1
     return i
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _parse_uint(data, i, end):
     """(value, next index, ok) of a JSON non-negative integer without sign, fraction
     or exponent (a fraction or exponent is reported as not ok)."""
@@ -57,7 +59,7 @@ def _parse_uint(data, i, end):
     return value, i, True
 
 
-@njit(cache=True)
+@kernel(cache=True)
 def _key_at(data, i, end):
     """(key bit, index after the closing quote) of a quoted key, 0 if unknown."""
     j = i + 1

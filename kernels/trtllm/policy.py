@@ -10,6 +10,8 @@ Same signatures as ``vllm_policy``; ``capacity_policy`` picks one per worker.
 
 from numba import njit
 
+from aisim_fast.kernels.jit import kernel
+
 from aisim_fast.kernels.kv.block_pool import num_active, reserve
 from aisim_fast.kernels.loop.request_state import ceil_div
 from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS,
@@ -35,7 +37,7 @@ def blocks_to_finish(cfg, p, rq, w, q, active_cached):
     return max(0, to_completion - have)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def running_tail(cfg, p, rq, wk, w):
     """Blocks the running requests still need to finish, plus (decode rank) those of
     reserved and activated-waiting destinations."""
@@ -45,32 +47,32 @@ def running_tail(cfg, p, rq, wk, w):
     return tail
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def prefix_cap(cfg, rq, w, q, cached, active):
     """No recompute cap."""
     return cached, active
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def rejects(cfg, rq, w, q, capacity):
     """A fresh waiting request whose whole completion can never fit the pool."""
     return ceil_div(rq.i64[q, RQ_PROMPT_LEN] + rq.i64[q, RQ_MAX_OUTPUT], cfg.i64[w, CFG_BLOCK_SIZE]) > capacity
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def admission_shortfall(cfg, p, rq, wk, w, q, active_cached, capacity):
     """Blocks missing to admit q with every running request still able to finish."""
     available = capacity - num_active(p, w) - running_tail(cfg, p, rq, wk, w)
     return blocks_to_finish(cfg, p, rq, w, q, active_cached) - available
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def preempts(cfg, w):
     """Guaranteed-no-evict never preempts."""
     return False
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh):
     """Disaggregated decode rank: reserve fresh blocks for q's prompt when its whole
     completion fits and a running slot is free (reserved and activated destinations
@@ -89,19 +91,19 @@ def reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh):
     return res, 0
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def destination_impossible(cfg, p, rq, w, q):
     """The decode rank can never hold q's whole completion."""
     return blocks_to_finish(cfg, p, rq, w, q, 0) > cfg.i64[w, CFG_NUM_GPU_BLOCKS]
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def on_activated_admitted(cfg, p, rq, wk, w, q):
     """An admitted destination's tail now counts through the running list."""
     wk.i64[w, WK_TRT_TAIL] -= blocks_to_finish(cfg, p, rq, w, q, 0)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def on_destination_dropped(cfg, p, rq, wk, w, q, reserved_blocks):
     """A canceled reserved destination (``reserved_blocks`` > 0, before its blocks
     are released) or activated one gives its held-back tail back."""

@@ -7,7 +7,8 @@ not inlined: they run a few times per admission, not per token, and inlining bot
 policies' code into every caller cost compile time for nothing."""
 
 import numpy as np
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.features import gate
 from aisim_fast.kernels.schema.layout import CFG_POLICY, POLICY_TRTLLM
@@ -27,56 +28,56 @@ _trt_on_activated_admitted = gate("trtllm", trtllm_policy.on_activated_admitted)
 _trt_on_destination_dropped = gate("trtllm", trtllm_policy.on_destination_dropped)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def prefix_cap(cfg, rq, w, q, cached, active):
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         return _trt_prefix_cap(cfg.features, cfg, rq, w, q, cached, active)
     return vllm_policy.prefix_cap(cfg, rq, w, q, cached, active)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def rejects(cfg, rq, w, q, capacity):
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         return _trt_rejects(cfg.features, cfg, rq, w, q, capacity)
     return vllm_policy.rejects(cfg, rq, w, q, capacity)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def admission_shortfall(cfg, p, rq, wk, w, q, active_cached, capacity):
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         return _trt_admission_shortfall(cfg.features, cfg, p, rq, wk, w, q, active_cached, capacity)
     return vllm_policy.admission_shortfall(cfg, p, rq, wk, w, q, active_cached, capacity)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def preempts(cfg, w):
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         return _trt_preempts(cfg.features, cfg, w)
     return vllm_policy.preempts(cfg, w)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh):
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         return _trt_reserve_destination(cfg.features, cfg, p, rq, wk, w, q, n_blocks, hits, fresh)
     return vllm_policy.reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def destination_impossible(cfg, p, rq, w, q):
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         return _trt_destination_impossible(cfg.features, cfg, p, rq, w, q)
     return vllm_policy.destination_impossible(cfg, p, rq, w, q)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def on_activated_admitted(cfg, p, rq, wk, w, q):
     """TRT-LLM's accounting of held-back tails (vLLM holds none back)."""
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:
         _trt_on_activated_admitted(cfg.features, cfg, p, rq, wk, w, q)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def on_destination_dropped(cfg, p, rq, wk, w, q, reserved_blocks):
     """TRT-LLM's accounting of held-back tails (vLLM holds none back)."""
     if cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM:

@@ -15,7 +15,8 @@ at the pass end it returns (tokens are stamped with that end here).
 """
 
 import numpy as np
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.dp.attention_dp import defers_prefills_gated
 from aisim_fast.kernels.kv.block_pool import event_log_on, note_event, num_active, outputs_logged
@@ -25,7 +26,10 @@ from aisim_fast.kernels.loop.rank_queues import (push_terminal, run_push_back, r
                                                  wait_push_front, wait_remove_at)
 from aisim_fast.kernels.loop.request_state import ceil_div, remaining_generation, remaining_tokens, seq_len
 from aisim_fast.kernels.loop.token_output import emit_token
-from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_MAX_MODEL_LEN,
+from aisim_fast.kernels.schema.layout import (ACC_ADMITTED, ACC_BATCH, ACC_BUDGET, ACC_COMPLETE,
+                                              ACC_DECODE_BATCH, ACC_DECODE_KV, ACC_ISL, ACC_PREEMPTED_ANY,
+                                              ACC_PREFIX, ACC_REJECTED, ACC_SCHEDULED_TOKENS, ACC_SIZE,
+                                              CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_MAX_MODEL_LEN,
                                               CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS,
                                               CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_PREFILL_CADENCE,
                                               CFG_ROLE, EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE,
@@ -54,7 +58,7 @@ CURRENT_PREEMPTED = 2
 ALLOC_ARENA_FULL = 3
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def capped_prefix_cost(cfg, p, rq, w, q):
     """(cached, active cached) tokens of q's prefix lookup after the policy's cap."""
     cached, active = prefix_cost(cfg, p, rq, w, q)
@@ -64,13 +68,9 @@ def capped_prefix_cost(cfg, p, rq, w, q):
 # ---------------------------------------------------------------------------------
 # the pass
 # ---------------------------------------------------------------------------------
-# the pass counters (``acc``): 0 budget, 1 batch_count, 2 total_isl, 3 total_prefix,
-# 4 preempted_any, 5 admitted, 6 scheduled_tokens, 7 rejected, 8 decode batch size,
-# 9 decode batch KV tokens, 10 ready requests with nothing left to generate
-ACC_SIZE = 11
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def preempt(cfg, p, rq, wk, w):
     """Preempt the last (lifo) or first (fifo) running request; returns it or -1."""
     n = wk.i64[w, WK_RUN_LEN]
@@ -97,7 +97,7 @@ def preempt(cfg, p, rq, wk, w):
     return v
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def finish_request(cfg, p, rq, wk, w, q):
     """A request completes in this pass: lease back to the pool (tail first), onto
     the worker's terminal list. A disaggregated prefill (source) request instead
@@ -118,7 +118,7 @@ def finish_request(cfg, p, rq, wk, w, q):
 # inline: a call would pass the state bundles (~25 arrays, each several words) on
 # every pass, 40% of a disaggregated replay's kernel time (it has no decode runs); the
 # event loop inlines it at one site only (kernels.loop.backends)
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
     """Run one pass of worker ``w`` starting at ``now_ms``.
 
@@ -135,10 +135,10 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     bs = cfg.i64[w, CFG_BLOCK_SIZE]
     capacity = cfg.i64[w, CFG_NUM_GPU_BLOCKS]
     not_decode = cfg.i64[w, CFG_ROLE] != ROLE_DECODE
-    # acc: see ACC_SIZE; 8-10 are kept as requests are scheduled (decode_step.classify)
+    # acc: layout.PASS_COUNTERS; the decode batch's are kept as requests are scheduled (decode_step.classify)
     for i in range(ACC_SIZE):
         acc[i] = 0
-    acc[0] = cfg.i64[w, CFG_MAX_NUM_BATCHED_TOKENS]
+    acc[ACC_BUDGET] = cfg.i64[w, CFG_MAX_NUM_BATCHED_TOKENS]
     limit = cfg.i64[w, CFG_MAX_MODEL_LEN]
 
     # attention DP's prefill cadence: a deferring pass continues no prompt chunk and
@@ -149,7 +149,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     # running first; the cursor is an index (a fifo victim before it shifts the list)
     rq_i = rq.i64
     i = 0
-    while i < wk.i64[w, WK_RUN_LEN] and acc[0] > 0:
+    while i < wk.i64[w, WK_RUN_LEN] and acc[ACC_BUDGET] > 0:
         q = wk.run_q[wk.i64[w, WK_RUN_OFF] + i]
         if defer and rq_i[q, RQ_NUM_COMPUTED] < rq_i[q, RQ_PROMPT_LEN]:
             i += 1
@@ -176,7 +176,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     # order, skipping the others.
     dest_pending = wk.i64[w, WK_PEND_LEN] > 0
     i_wait = np.int64(0)  # typed: a literal start would compile schedule_request twice
-    while acc[4] == 0 and wk.i64[w, WK_RUN_LEN] < cfg.i64[w, CFG_MAX_NUM_SEQS] \
+    while acc[ACC_PREEMPTED_ANY] == 0 and wk.i64[w, WK_RUN_LEN] < cfg.i64[w, CFG_MAX_NUM_SEQS] \
             and i_wait < wk.i64[w, WK_WAIT_LEN]:
         q = wait_at(wk, w, i_wait)
         activated = rq.i64[q, RQ_STATUS] == RS_ACTIVATED
@@ -190,7 +190,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                                    acc, hits, fresh, scratch_tokens, not_decode, i_wait)
             if out == ALLOC_ARENA_FULL:
                 return now_ms, True, True
-            if acc[0] == 0:
+            if acc[ACC_BUDGET] == 0:
                 break
             continue
         reject = limit >= 0 and rq.i64[q, RQ_PROMPT_LEN] >= limit
@@ -204,36 +204,36 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             if event_log_on(p):
                 note_event(p, w, EV_FINISHED, q, np.int64(TERM_REJECTED), rq.i64[q, RQ_GENERATED])
             push_terminal(rq, wk, w, q)
-            acc[7] += 1
+            acc[ACC_REJECTED] += 1
             continue
         cached, active_cached = capped_prefix_cost(cfg, p, rq, w, q)
         if capacity_policy.admission_shortfall(cfg, p, rq, wk, w, q, active_cached, capacity) > 0:
             break
         if defer and seq_len(rq, q) - cached > 1:
             break
-        budget_before = acc[0]
+        budget_before = acc[ACC_BUDGET]
         out = schedule_request(cfg, p, rq, wl, wk, w, q, np.bool_(True), cached, now_ms, stamp, acc,
                                hits, fresh, scratch_tokens, not_decode, np.int64(0))
         if out == ALLOC_ARENA_FULL:
             return now_ms, True, True
         if out != SCHEDULED:
             break
-        if budget_before == acc[0] and acc[0] == 0:
+        if budget_before == acc[ACC_BUDGET] and acc[ACC_BUDGET] == 0:
             break
 
-    if acc[4] == 0 and not defer:
+    if acc[ACC_PREEMPTED_ANY] == 0 and not defer:
         # a pass that could prefill and left requests waiting: the cadence yields until
         # one clears the queue (the reference's prefill_capacity_bound)
         wk.i64[w, WK_CAPACITY_BOUND] = 1 if wk.i64[w, WK_WAIT_LEN] > 0 else 0
 
     # timing: prefill first, then the decode batch
-    pf_ns = prefill_ns(cfg, w, acc[1], acc[2], acc[3])
+    pf_ns = prefill_ns(cfg, w, acc[ACC_BATCH], acc[ACC_ISL], acc[ACC_PREFIX])
     decode_start_ms = now_ms + ns_to_ms(pf_ns)
     # only requests scheduled in this pass can be ready to emit: every other running
     # request emitted in its last pass and needs a computed token first
-    n_decode = acc[8]
-    kv_sum = acc[9]
-    n_complete = acc[10]
+    n_decode = acc[ACC_DECODE_BATCH]
+    kv_sum = acc[ACC_DECODE_KV]
+    n_complete = acc[ACC_COMPLETE]
     # the per-request loops below index the field matrices directly (hoisted once)
     rq_i = rq.i64
     cfg_i = cfg.i64
@@ -291,7 +291,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         rq.f64[q, RQF_TERMINAL_MS] = end_ms
         q = rq.i64[q, RQ_TERM_NEXT]
 
-    had_effect = acc[5] > 0 or acc[6] > 0 or acc[7] > 0 or acc[4] > 0 or n_tokens > 0 \
+    had_effect = acc[ACC_ADMITTED] > 0 or acc[ACC_SCHEDULED_TOKENS] > 0 or acc[ACC_REJECTED] > 0 or acc[ACC_PREEMPTED_ANY] > 0 or n_tokens > 0 \
         or wk.i64[w, WK_TERM_HEAD] >= 0
     if sims.i64[s, SM_PASS_LOG_LEN] < sims.pass_log.shape[1]:  # logging on and room left
         log_pass(cfg, p, rq, wk, sims, s, w, now_ms, end_ms, stamp, acc, n_tokens,
@@ -299,7 +299,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     return end_ms, had_effect, False
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def schedule_request(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms, stamp, acc, hits,
                      fresh, scratch_tokens, not_decode, wait_index):
     """The reference's ``schedule_request``: allocate (preempting on exhaustion),
@@ -324,9 +324,9 @@ def schedule_request(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms
     prompt_before = min(before, prompt)
     prompt_remaining = prompt - prompt_before
     remaining_known = max(0, length - before)
-    if prompt_remaining > 0 and cfg.i64[w, CFG_CHUNKED_PREFILL] == 0 and prompt_remaining > acc[0]:
+    if prompt_remaining > 0 and cfg.i64[w, CFG_CHUNKED_PREFILL] == 0 and prompt_remaining > acc[ACC_BUDGET]:
         return BLOCKED
-    desired = min(remaining_known, acc[0])
+    desired = min(remaining_known, acc[ACC_BUDGET])
     if desired == 0 and remaining_known > 0:
         return BLOCKED
     target = before + desired
@@ -356,23 +356,23 @@ def schedule_request(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms
             after = before
             break
         victims_queued += 1
-        acc[4] = 1
+        acc[ACC_PREEMPTED_ANY] = 1
         if rq.i64[v, RQ_SCHED_STAMP] == stamp:
             # the victim's work in this pass is undone
             rq.i64[v, RQ_SCHED_STAMP] = 0
-            acc[0] += rq.i64[v, RQ_SCHED_TOKENS]
-            acc[6] -= rq.i64[v, RQ_SCHED_TOKENS]
+            acc[ACC_BUDGET] += rq.i64[v, RQ_SCHED_TOKENS]
+            acc[ACC_SCHEDULED_TOKENS] -= rq.i64[v, RQ_SCHED_TOKENS]
             if rq.i64[v, RQ_SCHED_CLASS] == CLASS_DECODE:
-                acc[8] -= 1
-                acc[9] -= rq.i64[v, RQ_SCHED_LEN]
+                acc[ACC_DECODE_BATCH] -= 1
+                acc[ACC_DECODE_KV] -= rq.i64[v, RQ_SCHED_LEN]
             elif rq.i64[v, RQ_SCHED_CLASS] == CLASS_COMPLETE:
-                acc[10] -= 1
+                acc[ACC_COMPLETE] -= 1
             if rq.i64[v, RQ_SCHED_PROMPT] > 0:
                 rq.i64[v, RQ_COMMITTED_PREFILL] -= rq.i64[v, RQ_SCHED_TOKENS]
                 if not_decode:
-                    acc[1] -= 1
-                    acc[2] -= rq.i64[v, RQ_SCHED_PREFIX] + rq.i64[v, RQ_SCHED_PROMPT]
-                    acc[3] -= rq.i64[v, RQ_SCHED_PREFIX]
+                    acc[ACC_BATCH] -= 1
+                    acc[ACC_ISL] -= rq.i64[v, RQ_SCHED_PREFIX] + rq.i64[v, RQ_SCHED_PROMPT]
+                    acc[ACC_PREFIX] -= rq.i64[v, RQ_SCHED_PREFIX]
         if v == q:
             return CURRENT_PREEMPTED
     used = after - before
@@ -395,11 +395,11 @@ def schedule_request(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms
         # tokens, on any worker (a decode-side recompute after preemption included)
         rq.i64[q, RQ_COMMITTED_PREFILL] += used
         if not_decode:
-            acc[1] += 1
-            acc[2] += prompt_before + prompt_tokens
-            acc[3] += prompt_before
-    acc[0] -= used
-    acc[6] += used
+            acc[ACC_BATCH] += 1
+            acc[ACC_ISL] += prompt_before + prompt_tokens
+            acc[ACC_PREFIX] += prompt_before
+    acc[ACC_BUDGET] -= used
+    acc[ACC_SCHEDULED_TOKENS] += used
     if from_waiting:
         # victims preempted by this call were queued ahead of q
         wait_remove_at(wk, w, wait_index + victims_queued)
@@ -412,11 +412,11 @@ def schedule_request(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms
         rq.i64[q, RQ_ADMISSIONS] += 1
         if event_log_on(p):
             note_event(p, w, EV_ADMITTED, q, cached, rq.i64[q, RQ_ADMISSIONS])
-        acc[5] += 1
+        acc[ACC_ADMITTED] += 1
     return SCHEDULED
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def schedule_request_ahead(cfg, p, rq, wl, wk, w, q, k_ahead, now_ms, stamp, acc, hits, fresh,
                            scratch_tokens):
     """The schedule step of running request q in the pass ``k_ahead`` passes into a
@@ -435,7 +435,7 @@ def schedule_request_ahead(cfg, p, rq, wl, wk, w, q, k_ahead, now_ms, stamp, acc
     return out
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens, n_preempted):
     """Append this pass's ForwardPassMetrics row to simulation s's pass log."""
     if sims.i64[s, SM_PASS_LOG_LEN] >= sims.pass_log.shape[1]:
@@ -473,9 +473,9 @@ def log_pass(cfg, p, rq, wk, sims, s, w, start_ms, end_ms, stamp, acc, n_tokens,
                 n_dc += 1
                 dc_kv += rq.i64[q, RQ_SCHED_LEN]
         q = rq.i64[q, RQ_TERM_NEXT]
-    timed_dc = acc[8] if cfg.i64[w, CFG_ROLE] != ROLE_PREFILL else np.int64(0)
-    timed_dc_kv = acc[9] if cfg.i64[w, CFG_ROLE] != ROLE_PREFILL else np.int64(0)
+    timed_dc = acc[ACC_DECODE_BATCH] if cfg.i64[w, CFG_ROLE] != ROLE_PREFILL else np.int64(0)
+    timed_dc_kv = acc[ACC_DECODE_KV] if cfg.i64[w, CFG_ROLE] != ROLE_PREFILL else np.int64(0)
     append_pass_row(p, wk, sims, s, w, start_ms, end_ms, n_pf, pf_tokens, pf_kv, pf_prompt, n_dc,
-                    dc_kv, acc[5], n_preempted, n_tokens, timed_dc, timed_dc_kv)
+                    dc_kv, acc[ACC_ADMITTED], n_preempted, n_tokens, timed_dc, timed_dc_kv)
 
 

@@ -26,28 +26,29 @@ running list then cost more than the plain passes.
 """
 
 import numpy as np
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.kv.block_pool import event_log_on, event_set_clock, kv_events_visible_at, num_free
 from aisim_fast.kernels.loop.arrivals import arrivals_due, next_release_ms
 from aisim_fast.kernels.loop.busy_heap import next_pass_end_ms
 from aisim_fast.kernels.loop.pass_log import append_pass_row
 from aisim_fast.kernels.loop.request_state import ceil_div
-from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_BATCHED_TOKENS,
-                                              CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_ROLE, EVH_LEN,
-                                              PW_LRU_LEN, PW_PASS_NUM, ROLE_AGGREGATED, RQ_ALLOCATED,
-                                              RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT, RQ_NO_TOKEN_STATS,
-                                              RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQF_LAST_TOKEN_MS,
-                                              RQF_SECOND_TOKEN_MS, SM_INDEPENDENT, SM_W_LEN, SM_W_OFF,
-                                              WK_BUSY, WK_PASS_STAMP, WK_RUN_LEN, WK_RUN_OFF, WK_STALLED,
-                                              WK_STAT_ROW, WK_WAIT_LEN)
+from aisim_fast.kernels.schema.layout import (ACC_BUDGET, CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN,
+                                              CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS,
+                                              CFG_NUM_GPU_BLOCKS, CFG_ROLE, EVH_LEN, PW_LRU_LEN, PW_PASS_NUM,
+                                              ROLE_AGGREGATED, RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED,
+                                              RQ_MAX_OUTPUT, RQ_NO_TOKEN_STATS, RQ_NUM_COMPUTED,
+                                              RQ_PROMPT_LEN, RQF_LAST_TOKEN_MS, RQF_SECOND_TOKEN_MS,
+                                              SM_INDEPENDENT, SM_W_LEN, SM_W_OFF, WK_BUSY, WK_PASS_STAMP,
+                                              WK_RUN_LEN, WK_RUN_OFF, WK_STALLED, WK_STAT_ROW, WK_WAIT_LEN)
 from aisim_fast.kernels.stats.sketch import fold_gap_run
 from aisim_fast.kernels.timing.pass_timing import decode_ns, ns_to_ms
 from aisim_fast.kernels.vllm.core import ALLOC_ARENA_FULL, schedule_request_ahead
 from aisim_fast.kernels.vllm.decode_step import CLASS_DECODE, stamp_scheduled
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def quiet_until_ms(rq, wk, sims, s, w, now_ms):
     """Earliest time at which something other than worker w's own passes happens in
     its simulation: the next release, or another worker's pass end (unless the
@@ -72,7 +73,7 @@ def quiet_until_ms(rq, wk, sims, s, w, now_ms):
     return min(next_release_ms(rq, sims, s), next_pass_end_ms(wk, sims, s))
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, acc, hits, fresh,
                scratch_tokens):
     """Run worker w's decode passes from ``now_ms``: the first starts now, each next
@@ -162,7 +163,7 @@ def decode_run(cfg, p, rq, wl, wk, sims, s, w, now_ms, quiet_until, max_passes, 
                 if base_computed + pass_k > rq_i[q, RQ_FAST_LIMIT]:
                     if event_log_on(p):
                         event_set_clock(p, s, start_ms)  # KV events of this step: at its pass start
-                    acc[0] = n  # the step's pass counters (scratch here: this loop keeps its own)
+                    acc[ACC_BUDGET] = n  # the step's pass counters (scratch here: this loop keeps its own)
                     if schedule_request_ahead(cfg, p, rq, wl, wk, w, q, k, start_ms, stamp, acc, hits,
                                               fresh, scratch_tokens) == ALLOC_ARENA_FULL:
                         return now_ms, 0, True

@@ -9,12 +9,14 @@ preemption in the same pass undoes and what the pass log counts, so the three
 paths must write it identically: here is the one place that does.
 """
 
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.loop.request_state import remaining_tokens
-from aisim_fast.kernels.schema.layout import (RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED, RQ_MAX_OUTPUT,
-                                              RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_SCHED_CLASS, RQ_SCHED_LEN,
-                                              RQ_SCHED_PREFIX, RQ_SCHED_PROMPT, RQ_SCHED_STAMP,
+from aisim_fast.kernels.schema.layout import (ACC_BUDGET, ACC_COMPLETE, ACC_DECODE_BATCH, ACC_DECODE_KV,
+                                              ACC_SCHEDULED_TOKENS, RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED,
+                                              RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_SCHED_CLASS,
+                                              RQ_SCHED_LEN, RQ_SCHED_PREFIX, RQ_SCHED_PROMPT, RQ_SCHED_STAMP,
                                               RQ_SCHED_TERMINAL, RQ_SCHED_TOKENS)
 
 # what a scheduled request contributes to its pass's timing (RQ_SCHED_CLASS)
@@ -23,24 +25,24 @@ CLASS_DECODE = 1    # in the decode batch
 CLASS_COMPLETE = 2  # ready with nothing left to generate: a terminal without a token
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def classify(acc, computed, length, remaining, free_first_token):
     """Class of a request just scheduled up to ``computed`` tokens of ``length``;
-    adds it to the pass's decode-batch counters (``acc[8]`` requests, ``acc[9]``
-    their KV tokens, ``acc[10]`` complete ones)."""
+    adds it to the pass's decode-batch counters (``acc[ACC_DECODE_BATCH]`` requests, ``acc[ACC_DECODE_KV]``
+    their KV tokens, ``acc[ACC_COMPLETE]`` complete ones)."""
     if computed < length:
         return CLASS_NONE
     if remaining <= 0:
-        acc[10] += 1
+        acc[ACC_COMPLETE] += 1
         return CLASS_COMPLETE
     if free_first_token:
         return CLASS_NONE
-    acc[8] += 1
-    acc[9] += length
+    acc[ACC_DECODE_BATCH] += 1
+    acc[ACC_DECODE_KV] += length
     return CLASS_DECODE
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def stamp_scheduled(rq_i, q, stamp, used, prompt_tokens, prompt_before, length, terminal,
                     sched_class):
     """Record that q was scheduled in the pass ``stamp``: ``used`` tokens, of which
@@ -55,7 +57,7 @@ def stamp_scheduled(rq_i, q, stamp, used, prompt_tokens, prompt_before, length, 
     rq_i[q, RQ_SCHED_CLASS] = sched_class
 
 
-@njit(cache=True, _nrt=False, inline="always")
+@kernel(cache=True, _nrt=False, inline="always")
 def fast_decode_step(rq_i, q, acc, stamp, limit):
     """The bulk of all scheduling: a running request past its prompt whose next
     tokens fit in its last block and complete no block. Does exactly what the full
@@ -68,7 +70,7 @@ def fast_decode_step(rq_i, q, acc, stamp, limit):
     if before < prompt:
         return 0
     generated = rq_i[q, RQ_GENERATED]
-    used = min(prompt + generated - before, acc[0])
+    used = min(prompt + generated - before, acc[ACC_BUDGET])
     after = before + used
     if used <= 0 or after > rq_i[q, RQ_FAST_LIMIT]:
         return 0
@@ -78,6 +80,6 @@ def fast_decode_step(rq_i, q, acc, stamp, limit):
     rem = remaining_tokens(rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit)
     stamp_scheduled(rq_i, q, stamp, used, 0, prompt, prompt + generated, rem <= 0,
                     classify(acc, after, prompt + generated, rem, False))
-    acc[0] -= used
-    acc[6] += used
+    acc[ACC_BUDGET] -= used
+    acc[ACC_SCHEDULED_TOKENS] += used
     return used

@@ -9,7 +9,8 @@ signature; ``capacity_policy`` picks one by the worker's policy code (TRT-LLM ha
 two more hooks, for the completion tails it holds back).
 """
 
-from numba import njit
+
+from aisim_fast.kernels.jit import kernel
 
 from aisim_fast.kernels.kv.block_pool import num_active, reserve, table_find
 from aisim_fast.kernels.loop.request_state import ceil_div, remaining_generation, seq_len
@@ -18,7 +19,7 @@ from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, 
                                               RQ_PROMPT_LEN, WK_RUN_LEN)
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def prefix_cap(cfg, rq, w, q, cached, active):
     """The recompute rule: while logits are still needed the cached prefix is capped
     at ``floor((len-1)/bs)*bs`` (a fully cached aligned prompt recomputes its last
@@ -31,26 +32,26 @@ def prefix_cap(cfg, rq, w, q, cached, active):
     return cached, active
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def rejects(cfg, rq, w, q, capacity):
     """A fresh waiting request whose known sequence can never fit the pool."""
     return ceil_div(seq_len(rq, q), cfg.i64[w, CFG_BLOCK_SIZE]) > capacity
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def admission_shortfall(cfg, p, rq, wk, w, q, active_cached, capacity):
     """Blocks missing to admit q now (<= 0: it fits)."""
     needed = ceil_div(seq_len(rq, q), cfg.i64[w, CFG_BLOCK_SIZE]) - active_cached // cfg.i64[w, CFG_BLOCK_SIZE]
     return needed - (capacity - num_active(p, w))
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def preempts(cfg, w):
     """vLLM preempts running requests (recompute) when the pool is exhausted."""
     return True
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh):
     """Disaggregated decode rank: reserve q's prompt blocks, reusing the longest
     resident prefix of complete prompt blocks, if a running slot is free. Returns
@@ -69,7 +70,7 @@ def reserve_destination(cfg, p, rq, wk, w, q, n_blocks, hits, fresh):
     return reserve(p, w, cfg.i64[w, CFG_NUM_GPU_BLOCKS], hits, n_hit, n_blocks - n_hit, fresh), n_hit
 
 
-@njit(cache=True, _nrt=False)
+@kernel(cache=True, _nrt=False)
 def destination_impossible(cfg, p, rq, w, q):
     """The decode rank can never hold q's prompt."""
     return ceil_div(rq.i64[q, RQ_PROMPT_LEN], cfg.i64[w, CFG_BLOCK_SIZE]) > cfg.i64[w, CFG_NUM_GPU_BLOCKS]

@@ -33,6 +33,7 @@ import pytest
 import aisim_fast
 import support.paths
 from aisim_fast.cli import app as cli
+from aisim_fast.cli import commands, flags
 from aisim_fast.io import run_folder
 from support.cli_runs import (NOT_COMPARED, PER_REQUEST_ABS_TOL_MS, SUMMARY_REL_TOL, TOKEN_LEVEL_MARKERS,
                               assert_summary_matches, assert_user_error, golden_report, run_cli)
@@ -179,7 +180,7 @@ def test_flags_reproduce_the_spec_run(tmp_path, tiny_run, capsys):
 
 def test_flags_trtllm_closed_loop_on_default_trace(tmp_path, capsys, monkeypatch):
     """No TRACE = the bundled default (pointed at tiny20 here to keep the test short)."""
-    monkeypatch.setattr(cli, "default_trace_path", lambda: TINY_TRACE)
+    monkeypatch.setattr(flags, "default_trace_path", lambda: TINY_TRACE)
     out = tmp_path / "run"
     code, _, err = run_cli(["replay", "--backend", "trtllm", "--workers", "2", "--concurrency",
                             "4", "--engine-args", '{"num_gpu_blocks": 2048, "max_num_seqs": 8}',
@@ -575,7 +576,7 @@ def test_compile_notice_once_per_missing_kernel_set(tmp_path, capsys, monkeypatc
 
     from aisim_fast.kernels import jit
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(kernels, "_ANNOUNCED", set())
+    monkeypatch.setattr(jit, "_ANNOUNCED", set())
     jit.compile_notice(["trace", "aggregated"])
     err = capsys.readouterr().err
     assert err.count("\n") == 1
@@ -583,13 +584,13 @@ def test_compile_notice_once_per_missing_kernel_set(tmp_path, capsys, monkeypatc
     jit.compile_notice(["aggregated"])
     assert capsys.readouterr().err == ""
     jit.mark_compiled("disaggregated")
-    monkeypatch.setattr(kernels, "_ANNOUNCED", set())
+    monkeypatch.setattr(jit, "_ANNOUNCED", set())
     jit.compile_notice(["disaggregated"])
     assert capsys.readouterr().err == ""
     # another checkout of the same sources compiles anew (Numba keys its cache by the
     # sources' location): the first one's marker does not silence its notice
-    monkeypatch.setattr(kernels, "_HERE", tmp_path / "another_checkout" / "kernels")
-    monkeypatch.setattr(kernels, "_ANNOUNCED", set())
+    monkeypatch.setattr(jit, "_HERE", tmp_path / "another_checkout" / "kernels")
+    monkeypatch.setattr(jit, "_ANNOUNCED", set())
     jit.compile_notice(["disaggregated"])
     assert "compiling kernels for disaggregated replay" in capsys.readouterr().err
 
@@ -712,10 +713,9 @@ def test_output_events_flag_writes_every_token(tmp_path, capsys):
 def test_progress_line_of_a_long_replay(tmp_path, capsys, monkeypatch):
     """A replay longer than the progress delay reports requests done and simulated time
     on stderr (plain lines when stderr is not a terminal); --quiet silences it."""
-    from aisim_fast.cli import app as cli
     from aisim_fast.engine import batch_run
 
-    monkeypatch.setattr(cli, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(commands, "PROGRESS_DELAY_S", 0.0)
     monkeypatch.setattr(batch_run, "PROGRESS_SLICE_S", 1e-6)
     code, _, err = run_cli(_flags(tmp_path), capsys)
     assert code == 0, err

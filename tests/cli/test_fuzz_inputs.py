@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import event, given, HealthCheck, settings, strategies as st
 
 from aisim_fast.cli import app as cli
 from aisim_fast.io import run_folder

@@ -18,8 +18,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from aisim_fast.config.payload import ConfigError, parse_payload
 from aisim_fast.engine.batch import run_batch

@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from aisim_fast.kernels.stats import sketch as sk
 from aisim_fast.report import metrics as report

@@ -20,8 +20,7 @@ import tempfile
 
 import pytest
 
-from support import oracle
-from support import oracle_sglang as sg
+from support import oracle, oracle_sglang as sg
 from support.parity_rules import as_key_part, row_differences
 from support.paths import DATA_DIR
 

@@ -24,8 +24,7 @@ import tempfile
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.build import build_state

@@ -11,8 +11,7 @@ import os
 import tempfile
 
 import numpy as np
-from hypothesis import HealthCheck, Phase
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, Phase, strategies as st
 
 from aisim_fast.config.payload import parse_payload
 from aisim_fast.engine.batch import run_batch

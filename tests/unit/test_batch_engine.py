@@ -21,8 +21,7 @@ import numba
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from aisim_fast.config.payload import RankConfig, parse_payload
 from aisim_fast.engine import batch, batch_run, build, event_frames, memory, split, templates

@@ -102,7 +102,7 @@ def test_a_feature_set_is_a_kernel_set_of_its_own(tmp_path, capsys, monkeypatch)
     about the same topology with TRT-LLM."""
     from aisim_fast.kernels import jit
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(kernels, "_ANNOUNCED", set())
+    monkeypatch.setattr(jit, "_ANNOUNCED", set())
     plain, trt = L.Features(), L.Features(trtllm=ON, kv_router=ON)
     assert jit.kernel_part("aggregated", plain) == "aggregated"
     assert jit.kernel_part("aggregated", trt) == "aggregated+kv_router+trtllm"

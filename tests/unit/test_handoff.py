@@ -6,8 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import given, HealthCheck, settings, strategies as st
 
 from aisim_fast.protocol.handoff.coordinator import (ActionKind, ActionOutcome, Backend, Completion,
                                                       CoordinatorMode, FactKind, HandoffCoordinator,

@@ -1,7 +1,6 @@
 """Nanosecond quantization of the timing models (kernels/timing/pass_timing.py)."""
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from aisim_fast.kernels.timing.pass_timing import EXACT_ROUND_TRIP_NS, NS_PER_S, modeled_ns, secs_to_ns
 from support.oracle import ns_to_secs

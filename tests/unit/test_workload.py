@@ -17,8 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from aisim_fast.trace.workload import (DEFAULT_TRACE_NAME, TraceError, TraceWarning, Workload,
                                         default_trace_path, load_default_trace, load_mooncake, prompt_tokens)

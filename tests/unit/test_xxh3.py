@@ -19,8 +19,7 @@ import uuid
 import numpy as np
 import pytest
 import xxhash
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from numba.core.errors import TypingError
 
 from aisim_fast.kernels.hashing import xxh3
