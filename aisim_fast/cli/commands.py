@@ -8,7 +8,7 @@ from pathlib import Path
 
 from aisim_fast.cli.console import MS_PER_S, nothing_completed, pressure_counts, rejection_causes, with_rank
 from aisim_fast.cli.flags import setup_from_flags, setup_from_spec
-from aisim_fast.cli.parser import PROG, UsageError, _sla_flag, aic_flags
+from aisim_fast.cli.parser import PROG, UsageError, sla_flag, aic_flags
 from aisim_fast.cli.signals import raise_pending_sigterm
 from aisim_fast.config.payload import ConfigError, ReplaySetup
 from aisim_fast.engine.batch import run_batch
@@ -51,7 +51,7 @@ def run_listing(args) -> str:
 def run_size_command(args) -> str:
     from aisim_fast.studies.sizing import format_answers, size
 
-    sla = _sla_flag(args.sla)
+    sla = sla_flag(args.sla)
     rates = (None,)
     if args.rates:
         try:

@@ -195,7 +195,7 @@ def aic_flags(args) -> dict:
             if getattr(args, k, None) is not None}
 
 
-def _sla_flag(text: str) -> dict:
+def sla_flag(text: str) -> dict:
     sla = {}
     for part in text.split(","):
         key, _, value = part.partition("=")

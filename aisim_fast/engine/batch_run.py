@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from aisim_fast.engine.build import DEFAULT_PASS_LOG_ROWS, build_state
-from aisim_fast.engine.event_frames import (_worker_and_rank, any_attention_dp, compile_event_kernels,
+from aisim_fast.engine.event_frames import (worker_and_rank, any_attention_dp, compile_event_kernels,
                                             drained_event_rows, engine_event_frame, event_rows,
                                             kv_event_frame, output_event_frame, pressure_event_frame)
 from aisim_fast.engine.frames import handoff_frame, pass_frame, request_frame, routing_frame
@@ -315,7 +315,7 @@ class BatchRun:
             if any_attention_dp(self.sims[s]):
                 # the kernel logs a pass under its rank: name the rank's worker and number
                 chunk = chunk.copy()
-                chunk[:, L.PL_WORKER], chunk[:, L.PL_DP_RANK] = _worker_and_rank(
+                chunk[:, L.PL_WORKER], chunk[:, L.PL_RANK] = worker_and_rank(
                     self.sims[s], chunk[:, L.PL_WORKER].astype(np.int64))
             yield chunk
 

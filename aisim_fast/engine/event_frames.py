@@ -76,7 +76,7 @@ def engine_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.Da
 
     status = status.copy()
     status[~finished] = None
-    worker, dp_rank = _worker_and_rank(sim, rows[:, L.EV_WORKER] - w_first)
+    worker, dp_rank = worker_and_rank(sim, rows[:, L.EV_WORKER] - w_first)
     frame = pd.DataFrame({
         "worker": worker,
         "time_ms": np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64),
@@ -94,7 +94,7 @@ def engine_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.Da
     return frame
 
 
-def _worker_and_rank(sim: Simulation, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def worker_and_rank(sim: Simulation, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(worker, attention-DP rank) of kernel workers numbered from the simulation's
     first (a worker's ranks are consecutive; disaggregated: the prefill pool's ranks
     first, its workers numbered before the decode pool's, as without attention DP)."""
@@ -141,7 +141,7 @@ def pressure_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.
         return out
 
     has_waiting = waiting_before >= 0
-    worker, dp_rank = _worker_and_rank(sim, head[:, L.EV_WORKER] - w_first)
+    worker, dp_rank = worker_and_rank(sim, head[:, L.EV_WORKER] - w_first)
     return pd.DataFrame({
         "at_ms": np.ascontiguousarray(head[:, L.EV_TIME_BITS]).view(np.float64),
         "kind": np.where(retraction, "sglang_retraction", "vllm_preemption").astype(object),
@@ -173,7 +173,7 @@ def output_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.Da
     token_id = np.empty(len(rows), np.uint32)
     output_tokens_at(out_plan, authored, np.ascontiguousarray(logical),
                      np.ascontiguousarray(rows[:, L.EV_B] - 1), token_id)
-    worker, dp_rank = _worker_and_rank(sim, rows[:, L.EV_WORKER] - w_first)
+    worker, dp_rank = worker_and_rank(sim, rows[:, L.EV_WORKER] - w_first)
     frame = pd.DataFrame({
         "worker": worker,
         "time_ms": np.ascontiguousarray(rows[:, L.EV_TIME_BITS]).view(np.float64),
@@ -216,7 +216,7 @@ def kv_event_frame(sim: Simulation, rows: np.ndarray, w_first: int) -> pd.DataFr
     tokens_hash = pd.array(rows[:, L.EV_TOKENS_HASH].view(np.uint64), dtype="UInt64")
     tokens_hash[~stored] = pd.NA
     event_id = pd.Series(first.astype(np.int64)).groupby(worker).cumsum().to_numpy() - 1
-    logical, dp_rank = _worker_and_rank(sim, worker)
+    logical, dp_rank = worker_and_rank(sim, worker)
     frame = pd.DataFrame({
         "worker": logical,
         "dp_rank": dp_rank,  # event ids count per rank

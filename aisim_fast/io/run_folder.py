@@ -304,7 +304,7 @@ def write_run(out_dir, requests_df: pd.DataFrame, passes_df: pd.DataFrame | None
 
 
 # the last run folder moved into place in this process: from that moment the run is
-# written, and a SIGTERM that arrives afterwards no longer undoes it (cli._on_sigterm).
+# written, and a SIGTERM that arrives afterwards no longer undoes it (cli.signals.on_sigterm).
 COMMITTED: list = [None]
 # True while the rename runs: a SIGTERM then is let through (the run completes) rather
 # than raised between the rename and the record of it. A flag the handler reads, not a
