@@ -4,7 +4,7 @@ outgrew its sizing, time caps and the per-worker split."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,11 +15,12 @@ from aisim_fast.config.payload import ConfigError
 from aisim_fast.engine.batch_run import BatchRun, merge_leftovers
 from aisim_fast.engine.build import DEFAULT_PASS_LOG_ROWS
 from aisim_fast.engine.caps import CapFacts, until_cap
-from aisim_fast.engine.frames import LazyFrames, handoff_frame, pass_table, request_frame
+from aisim_fast.engine.frames import LazyFrames, pass_table, request_frame
 from aisim_fast.engine.lowering import pool_extents, small_pages
 from aisim_fast.engine.simulation import (STATUS_CAPACITY, STATUS_OK, STATUS_REJECTED_CONFIG, Simulation,
                                           SimulationError, check_simulation)
 from aisim_fast.engine.split import worker_shards
+from aisim_fast.engine.tables import BY_TRACE_ROW, NONE_WHEN_SPLIT, TABLES, UNSPLIT
 from aisim_fast.kernels.schema import layout as L
 from aisim_fast.kernels.stats import sketch
 from aisim_fast.report.metrics import sketch_merge_rows
@@ -28,41 +29,39 @@ PASS_PART_ROWS = 1 << 19  # rows of a pass_parts table at least (but the last)
 DEFAULT_EVENT_ROWS = 65536  # per simulation; drained whenever half full, doubled on overflow
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchResult:
     """Results of a batch, indexed by simulation. ``status[s]`` is ``ok`` or a failure
-    (STATUS_*) with ``error[s]`` saying why; the frames of a failed simulation raise
-    SimulationError when read, the other simulations' results are intact."""
-    requests: Sequence[pd.DataFrame]   # one frame per simulation, one row per request (built on access)
-    passes: Sequence[pd.DataFrame]     # one frame per simulation, one row per forward pass
+    (STATUS_*) with ``error[s]`` saying why; the tables of a failed simulation raise
+    SimulationError when read, the other simulations' results are intact.
+
+    ``tables[name][s]`` is simulation s's table ``name`` (``engine.tables.TABLES``:
+    requests, passes, handoffs, kv_events, engine_events, pressure_events,
+    output_events, routing), built on first access; ``result.requests[s]`` and the
+    like are the same sequences by attribute. A table the batch did not record is
+    empty."""
+    tables: Mapping[str, Sequence[pd.DataFrame]]
     token_stat: np.ndarray             # float64[s, TOKEN_STAT_WIDTH]
     token_hist: np.ndarray             # int64[s, TOKEN_HIST_WIDTH]
     kernel_calls: int
     end_ms: np.ndarray                 # float64[s] virtual clock when the simulation finished
-    # one frame per simulation, one row per handoff lifecycle event (record_handoffs=True;
-    # empty for aggregated simulations)
-    handoffs: Sequence[pd.DataFrame] = ()
+    status: Sequence[str]              # STATUS_* per simulation
+    error: Sequence[str]               # "" when ok, else what went wrong
     # per simulation: what is still held when it finished (see ``leftovers_of``)
     leftovers: Sequence[dict] = ()
-    status: Sequence[str] = ()         # STATUS_* per simulation
-    error: Sequence[str] = ()          # "" when ok, else what went wrong
-    # one frame per simulation, one row per KV event (record_events=True)
-    kv_events: Sequence[pd.DataFrame] = ()
-    # one frame per simulation, one row per admission, preemption or finish (record_events=True)
-    engine_events: Sequence[pd.DataFrame] = ()
-    # one frame per simulation, one row per output token (record_outputs=True)
-    output_events: Sequence[pd.DataFrame] = ()
-    # one frame per simulation, one row per kv_router decision (empty for other placements)
-    routing: Sequence[pd.DataFrame] = ()
-    # one frame per simulation, one row per vLLM preemption or SGLang retraction
-    # (record_pressure=True or record_events=True)
-    pressure_events: Sequence[pd.DataFrame] = ()
     # pass_parts(s): simulation s's passes as consecutive Arrow tables, never joined -
     # the rows of ``passes[s]`` grouped by worker unit (a run split per worker: by
     # worker, each in time order) and in drain order within one; for writing big runs
     pass_parts: Callable[[int], Iterator] | None = None
     # per simulation: its CapFacts when it ran with a time cap, else None
     capped: Sequence = ()
+
+    def __getattr__(self, name: str):
+        # result.requests, result.kv_events, ...: the tables by attribute
+        tables = self.__dict__.get("tables")
+        if tables is not None and name in tables:
+            return tables[name]
+        raise AttributeError(f"BatchResult has no attribute {name!r}")
 
     def check(self) -> "BatchResult":
         """Raise SimulationError for the first simulation that did not finish."""
@@ -167,44 +166,22 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         if status[s] != STATUS_OK:
             raise SimulationError(error[s])
 
-    def requests(s):
-        failed(s)
-        if len(parts[s]) == 1 and owner[parts[s][0]][1] < 0:
-            return res.requests[parts[s][0]]
-        runs = {id(res.sources[u][0]) for u in parts[s]}
-        if len(runs) == 1:
-            # every worker unit in one kernel state: one frame over their rows
-            run = res.sources[parts[s][0]][0]
-            n = len(sims[s].workload.input_len)
-            q_rows = np.empty(n, np.int64)
-            w_base = np.empty(n, np.int64)
-            for u in parts[s]:
-                _, w, rows = owner[u]
-                q0, w0 = run.offsets(res.sources[u][1])
-                q_rows[rows] = q0 + np.arange(len(rows))
-                w_base[rows] = w0 - w * sims[s].dp_size  # a unit's ranks are its worker's
-            return request_frame(sims[s], run.state.rq, q_rows, w_base)
-        frames = []
-        for u in parts[s]:
-            _, w, rows = owner[u]
-            frame = res.requests[u].copy()
-            frame.index = rows
-            frame["worker"] = frame["worker"].where(frame["worker"].isna(), w)
-            frame["decode_worker"] = frame["worker"]
-            frames.append(frame)
-        return pd.concat(frames).sort_index().reset_index(drop=True)
+    def merged(name):
+        """Table ``name`` per simulation: a whole simulation's own, or its worker units'
+        merged by the table's rule (engine.tables)."""
+        rule, unit_tables = TABLES[name].merge, res.tables[name]
 
-    def passes(s):
-        failed(s)
-        if len(parts[s]) == 1 and owner[parts[s][0]][1] < 0:
-            return res.passes[parts[s][0]]
-        frames = []
-        for u in parts[s]:
-            frame = res.passes[u].copy()
-            frame["worker"] = owner[u][1]
-            frames.append(frame)
-        merged = pd.concat(frames, ignore_index=True)
-        return merged.sort_values(["start_ms", "worker"], kind="stable", ignore_index=True)
+        def read(s):
+            failed(s)
+            first = parts[s][0]
+            if (len(parts[s]) == 1 and owner[first][1] < 0) or rule == UNSPLIT:
+                return unit_tables[first]
+            if rule == NONE_WHEN_SPLIT:
+                return unit_tables[first].iloc[:0]
+            if rule == BY_TRACE_ROW:
+                return _requests_of_units(sims[s], parts[s], owner, res)
+            return _passes_of_units(parts[s], owner, unit_tables)
+        return read
 
     def pass_parts(s):
         # raw drained chunks gathered into parts of about PASS_PART_ROWS rows: a frame
@@ -227,33 +204,6 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         if buffered or not parts[s]:
             yield pass_table(buffered)
 
-    def handoffs(s):
-        failed(s)
-        if len(parts[s]) == 1 and owner[parts[s][0]][1] < 0:
-            return res.handoffs[parts[s][0]]
-        # only aggregated simulations are split: they have no handoffs
-        return handoff_frame(sims[s], np.zeros((0, L.HL_NUM_COLUMNS)))
-
-    def kv_events(s):
-        failed(s)
-        return res.kv_events[parts[s][0]]  # recorded runs are never split
-
-    def engine_events(s):
-        failed(s)
-        return res.engine_events[parts[s][0]]
-
-    def pressure_events(s):
-        failed(s)
-        return res.pressure_events[parts[s][0]]
-
-    def output_events(s):
-        failed(s)
-        return res.output_events[parts[s][0]]
-
-    def routing(s):
-        failed(s)
-        return res.routing[parts[s][0]]  # routed simulations are never split
-
     end_ms = np.array([res.end_ms[parts[s]].max() if parts[s] else np.nan for s in range(n_sims)])
     for s, facts in enumerate(capped):
         if facts is not None:
@@ -261,22 +211,61 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
     leftovers = [merge_leftovers([res.leftovers[u] for u in parts[s]]) if parts[s] else {}
                  for s in range(n_sims)]
 
-    def by_cap(table):
+    def by_cap(name):
         # a capped simulation keeps what happened by its cap (spec replay.md 12.11)
-        def read(s):
-            frame = table(s)
-            return frame if capped[s] is None else until_cap(frame, capped[s].cap_ms)
-        return LazyFrames(n_sims, read)
+        read, column = merged(name), TABLES[name].cap_column
+
+        def read_capped(s):
+            frame = read(s)
+            return frame if capped[s] is None else until_cap(frame, capped[s].cap_ms, column)
+        return LazyFrames(n_sims, read_capped)
 
     def capped_pass_parts(s):
         for part in pass_parts(s):
-            yield part if capped[s] is None else until_cap(part, capped[s].cap_ms)
+            yield part if capped[s] is None else until_cap(part, capped[s].cap_ms, TABLES["passes"].cap_column)
 
-    return BatchResult(by_cap(requests), by_cap(passes),
-                       stat, hist, res.kernel_calls, end_ms, by_cap(handoffs),
-                       leftovers, status, error, by_cap(kv_events),
-                       by_cap(engine_events), by_cap(output_events),
-                       by_cap(routing), by_cap(pressure_events), capped_pass_parts, capped)
+    return BatchResult(tables={name: by_cap(name) for name in TABLES}, token_stat=stat, token_hist=hist,
+                       kernel_calls=res.kernel_calls, end_ms=end_ms, status=status, error=error,
+                       leftovers=leftovers, pass_parts=capped_pass_parts, capped=capped)
+
+
+def _requests_of_units(sim: Simulation, unit_ids: list[int], owner, res: _UnitResults) -> pd.DataFrame:
+    """The requests table of a simulation split into worker units: its rows back in
+    trace order, each unit's worker numbered in the simulation."""
+    runs = {id(res.sources[u][0]) for u in unit_ids}
+    if len(runs) == 1:
+        # every worker unit in one kernel state: one frame over their rows
+        run = res.sources[unit_ids[0]][0]
+        n = len(sim.workload.input_len)
+        q_rows = np.empty(n, np.int64)
+        w_base = np.empty(n, np.int64)
+        for u in unit_ids:
+            _, w, rows = owner[u]
+            q0, w0 = run.offsets(res.sources[u][1])
+            q_rows[rows] = q0 + np.arange(len(rows))
+            w_base[rows] = w0 - w * sim.dp_size  # a unit's ranks are its worker's
+        return request_frame(sim, run.state.rq, q_rows, w_base)
+    frames = []
+    for u in unit_ids:
+        _, w, rows = owner[u]
+        frame = res.tables["requests"][u].copy()
+        frame.index = rows
+        frame["worker"] = frame["worker"].where(frame["worker"].isna(), w)
+        frame["decode_worker"] = frame["worker"]
+        frames.append(frame)
+    return pd.concat(frames).sort_index().reset_index(drop=True)
+
+
+def _passes_of_units(unit_ids: list[int], owner, unit_tables) -> pd.DataFrame:
+    """The passes table of a simulation split into worker units: each unit's worker
+    numbered in the simulation, in (start_ms, worker) order."""
+    frames = []
+    for u in unit_ids:
+        frame = unit_tables[u].copy()
+        frame["worker"] = owner[u][1]
+        frames.append(frame)
+    merged = pd.concat(frames, ignore_index=True)
+    return merged.sort_values(["start_ms", "worker"], kind="stable", ignore_index=True)
 
 
 def _end_at_caps(sims, parts, status, res) -> list:
@@ -292,7 +281,7 @@ def _end_at_caps(sims, parts, status, res) -> list:
             continue
         cap_ms = float(sim.max_sim_time_ms)
         (u,) = parts[s]
-        requests, passes = res.requests[u], res.passes[u]
+        requests, passes = res.tables["requests"][u], res.tables["passes"][u]
         arrival_ms = requests["arrival_ms"].to_numpy(np.float64)
         arrived = arrival_ms <= cap_ms
         start_ms, end_ms = passes["start_ms"].to_numpy(np.float64), passes["end_ms"].to_numpy(np.float64)
@@ -324,14 +313,7 @@ class _UnitResults:
     """Results of independent units (whole simulations or worker shards), by unit."""
     status: list          # STATUS_* per unit, or the kernel's "arena_full" / "capacity"
     error: list
-    requests: Sequence
-    passes: Sequence
-    handoffs: Sequence
-    kv_events: Sequence
-    engine_events: Sequence
-    pressure_events: Sequence
-    output_events: Sequence
-    routing: Sequence
+    tables: dict          # table name (engine.tables) -> per unit
     sources: list         # per unit: (the BatchRun that ran it, its index there)
     leftovers: list
     token_stat: np.ndarray
@@ -385,12 +367,7 @@ def _run_units_resized(units: Sequence[Simulation], pass_log_rows: int, record_p
         return LazyFrames(len(units), lambda u: second[where[u]] if u in where else first[u])
 
     return dataclasses.replace(
-        res, requests=pick(res.requests, again.requests), passes=pick(res.passes, again.passes),
-        handoffs=pick(res.handoffs, again.handoffs), kv_events=pick(res.kv_events, again.kv_events),
-        engine_events=pick(res.engine_events, again.engine_events),
-        pressure_events=pick(res.pressure_events, again.pressure_events),
-        output_events=pick(res.output_events, again.output_events),
-        routing=pick(res.routing, again.routing),
+        res, tables={name: pick(res.tables[name], again.tables[name]) for name in TABLES},
         kernel_calls=res.kernel_calls + again.kernel_calls)
 
 
@@ -402,7 +379,7 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
     if not sims:
         with small_pages():
             stat, hist = sketch.token_stats_new(0)
-        return _UnitResults([], [], [], [], [], [], [], [], [], [], [], [], stat, hist, np.zeros(0), 0)
+        return _UnitResults([], [], {name: [] for name in TABLES}, [], [], stat, hist, np.zeros(0), 0)
     run = BatchRun(sims, pass_log_rows, record_passes, record_handoffs, event_rows, log_outputs,
                    sim_names=sim_names, log_kv=log_kv, spill_passes=spill_passes)
     if progress is None:
@@ -412,11 +389,7 @@ def _run_units(sims: Sequence[Simulation], pass_log_rows: int, record_passes: bo
     n = len(sims)
     status = [STATUS_OK if x == "done" else x for x in run.status]
     st = run.state.st
-    return _UnitResults(status, list(run.error), LazyFrames(n, run.requests),
-                        LazyFrames(n, run.passes), LazyFrames(n, run.handoffs),
-                        LazyFrames(n, run.kv_events), LazyFrames(n, run.engine_events),
-                        LazyFrames(n, run.pressure_events),
-                        LazyFrames(n, run.output_events), LazyFrames(n, run.routing),
+    return _UnitResults(status, list(run.error), {name: LazyFrames(n, getattr(run, name)) for name in TABLES},
                         [(run, s) for s in range(n)],
                         [run.leftovers(s) for s in range(n)], st.token_stat[:n], st.token_hist[:n],
                         st.now_ms.copy(), run.kernel_calls)

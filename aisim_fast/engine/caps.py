@@ -19,12 +19,11 @@ class CapFacts:
     committed_prefill_tokens: int
 
 
-def until_cap(table, cap_ms: float):
+def until_cap(table, cap_ms: float, column: str):
     """The rows of a result table (a frame, or an Arrow table of passes) that happened
-    by the cap: requests terminal by then, passes that end by then, events and
-    decisions at or before it. A pass that ends after the cap is dropped whole."""
-    columns = table.columns if isinstance(table, pd.DataFrame) else table.column_names
-    column = next(c for c in ("completion_ms", "end_ms", "time_ms", "at_ms") if c in columns)
+    by the cap, by its cap column (``engine.tables``): requests terminal by then, passes
+    that end by then, events and decisions at or before it. A pass that ends after the
+    cap is dropped whole."""
     if isinstance(table, pd.DataFrame):
         kept = table[table[column].to_numpy(np.float64) <= cap_ms]
         # requests keep their trace rows as the index (``requests_in_uuid_order``)

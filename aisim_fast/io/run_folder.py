@@ -32,20 +32,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from aisim_fast.engine.tables import EVENT_TABLES, TABLES
 from aisim_fast.version import __version__
 
-REQUESTS_FILE = "requests.parquet"
-PASSES_FILE = "passes.parquet"
+REQUESTS_FILE = TABLES["requests"].file
+PASSES_FILE = TABLES["passes"].file
 SUMMARY_FILE = "summary.json"
-KV_EVENTS_FILE = "kv_events.parquet"
-ENGINE_EVENTS_FILE = "engine_events.parquet"
-PRESSURE_EVENTS_FILE = "pressure_events.parquet"
-OUTPUT_EVENTS_FILE = "output_events.parquet"
-ROUTING_FILE = "routing.parquet"
-# the optional event tables of a run: result key -> file
-EVENT_FILES = {"kv_events": KV_EVENTS_FILE, "engine_events": ENGINE_EVENTS_FILE,
-               "pressure_events": PRESSURE_EVENTS_FILE, "output_events": OUTPUT_EVENTS_FILE,
-               "routing": ROUTING_FILE}
+# the optional tables a run folder may hold, by table name (engine.tables)
+EVENT_FILES = {name: TABLES[name].file for name in EVENT_TABLES}
 RUN_FILES = (REQUESTS_FILE, PASSES_FILE, SUMMARY_FILE, *EVENT_FILES.values())
 
 META_VERSION_KEY = "aisim_fast.version"
