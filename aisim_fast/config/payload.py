@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from aisim_fast.aic import timing as aic
 
 BACKENDS = ("vllm", "trtllm", "sglang")
@@ -50,6 +52,13 @@ def _float(path: str, value: Any, minimum: float = 0.0) -> float:
         _fail(path, f"must be a finite number >= {minimum}, got {value!r}")
     if value < minimum:
         _fail(path, f"must be a finite number >= {minimum}, got {value}")
+    return float(value)
+
+
+def _positive_float(path: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0:
+        _fail(path, f"must be a finite number > 0, got {value!r}")
     return float(value)
 
 
@@ -489,8 +498,8 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         workers=workers,
         trace_path=str(trace_path),
         trace_block_size=_int("traffic.trace_block_size", traffic.get("trace_block_size", 512), 1),
-        arrival_speedup_ratio=_float("traffic.arrival_speedup_ratio",
-                                     traffic.get("arrival_speedup_ratio", 1.0)),
+        arrival_speedup_ratio=_positive_float("traffic.arrival_speedup_ratio",
+                                              traffic.get("arrival_speedup_ratio", 1.0)),
         concurrency=concurrency,
         sla={k: float(v) for k, v in sla.items() if v is not None},
         tensor_parallel_size=tp,
@@ -517,9 +526,7 @@ def parse_placement(raw: Any, path: str) -> tuple[str, int, RouterConfig | None]
         if key not in allowed:
             _fail(f"{path}.config.{key}", f"unknown field for placement {provider!r}; allowed: "
                                           + (", ".join(allowed) or "none"))
-    seed = _int(f"{path}.config.seed", config.get("seed", 0), 0)
-    if seed >= 2 ** 63:
-        _fail(f"{path}.config.seed", f"must be below 2**63, got {seed}")
+    seed = check_placement_seed(f"{path}.config.seed", config.get("seed", 0))
     router = None
     if provider == "kv_router":
         router = RouterConfig(
@@ -532,6 +539,13 @@ def parse_placement(raw: Any, path: str) -> tuple[str, int, RouterConfig | None]
             pin_to_trace_worker=_bool(f"{path}.config.pin_to_trace_worker",
                                       config.get("pin_to_trace_worker", False)))
     return provider, seed, router
+
+
+def check_placement_seed(path: str, seed: Any) -> int:
+    """A placement seed: the generator's (random placement, the router's ties)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2 ** 63:
+        _fail(path, f"must be an integer in [0, 2**63), got {seed!r}")
+    return int(seed)
 
 
 def check_rank(rank: RankConfig, path: str = "rank") -> None:

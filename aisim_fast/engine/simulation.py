@@ -3,12 +3,14 @@ per-simulation statuses."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from aisim_fast.config.payload import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, RouterConfig,
-                                        check_attention_dp, check_disaggregated_pair, check_rank)
+                                       check_attention_dp, check_disaggregated_pair, check_placement_seed,
+                                       check_rank)
 from aisim_fast.trace.workload import PIN_KEYS, Workload, load_mooncake
 
 
@@ -71,14 +73,14 @@ class Simulation:
 
 
 def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) -> Simulation:
+    """The simulation a parsed setup describes (its trace loaded unless ``workload`` is
+    given): every setting the two share, by name."""
     if workload is None:
         workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
                                  arrival_speedup_ratio=setup.arrival_speedup_ratio)
-    return Simulation(workload, setup.rank, setup.workers, setup.concurrency,
-                      prefill_rank=setup.prefill_rank, prefill_workers=setup.prefill_workers,
-                      handoff_latency_ms=setup.handoff_latency_ms, placement=setup.placement,
-                      placement_seed=setup.placement_seed, router=setup.router, dp_size=setup.dp_size,
-                      prefill_dp_size=setup.prefill_dp_size, max_sim_time_ms=setup.max_sim_time_ms)
+    shared = {f.name: getattr(setup, f.name) for f in dataclasses.fields(Simulation)
+              if f.name != "workload" and hasattr(setup, f.name)}
+    return Simulation(workload=workload, **shared)
 
 
 def router_config(sim: Simulation) -> RouterConfig:
@@ -110,8 +112,7 @@ def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
         raise ConfigError(f"prefill_workers: must be >= 0, got {sim.prefill_workers!r}")
     if sim.placement not in PLACEMENTS:
         raise ConfigError(f"placement: must be one of {', '.join(PLACEMENTS)}; got {sim.placement!r}")
-    if not 0 <= sim.placement_seed < 2 ** 63:
-        raise ConfigError(f"placement_seed: must be in [0, 2**63), got {sim.placement_seed!r}")
+    check_placement_seed("placement_seed", sim.placement_seed)
     if sim.placement == "kv_router":
         if sim.rank.backend == "sglang":
             raise ConfigError("placement: kv_router is not simulated over SGLang ranks yet "
