@@ -1,6 +1,6 @@
 """Optional kernel features, compiled only for the batches that use them.
 
-A batch's ``RankConfig.features`` (a ``layout.Features``) says, by the *type* of each field,
+A batch's ``RankConfig.features`` (a ``schema.layout.Features``) says, by the *type* of each field,
 which optional code its kernels carry: ``None`` leaves the feature's code out, ``ON``
 puts it in. Numba compiles a kernel once per argument types, so a plain batch (every
 field None) and a batch with, say, the KV router get separate machine code, and the

@@ -22,7 +22,6 @@ import numpy as np
 from numba import njit
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.kv.block_pool import _mix
 from aisim_fast.kernels.schema.layout import (NO_BLOCK, PB_CACHED, PB_DUP, PB_DUP_PREV, PB_DUP_TAIL,
                                               PB_FREE_STACK, PB_NEXT, PB_PIN, PB_PREV, PB_REF, PW_BLK_LEN,

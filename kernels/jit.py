@@ -1,4 +1,5 @@
-"""Numba kernels of aisim_fast (installed as ``aisim_fast.kernels``).
+"""How the kernels are compiled: the cache folder, the compile lock, the first-run
+notice, "compile for these arguments", and ``@kernel`` for functions only kernels call.
 
 Compiled kernels are cached on disk. Numba invalidates a cached function only
 when the file that defines it changes, not when a function it inlines from

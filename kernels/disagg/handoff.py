@@ -3,7 +3,7 @@
 DestinationFirst order (SGLang, ``SM_DEST_FIRST``: ReserveDestination at arrival,
 SubmitPrefill once the reservation holds, StartTransfer once the source is held;
 the rest as below). What an SGLang rank does on each command is
-``sglang_handoff``'s.
+``sglang.handoff``'s.
 
 The entry points take ``sg``: None in the vLLM / TRT-LLM event loop, a constant in
 the SGLang one (both pools of a simulation run one backend). Numba removes an
@@ -11,7 +11,7 @@ the SGLang one (both pools of a simulation run one backend). Numba removes an
 compiles none of the SGLang code and the SGLang set none of vLLM's leases (a branch
 on the worker's policy code compiled both into each, 28 CPU-seconds more).
 
-A logical request is served by two request rows (see ``layout``): its prefill row
+A logical request is served by two request rows (see ``schema.layout``): its prefill row
 runs on a prefill worker with one output token; when that pass ends the source KV
 is held (SourceHeld) and the handoff continues with the logical row on a decode
 worker: ReserveDestination -> DestinationReserved -> StartTransfer ->
@@ -37,10 +37,9 @@ accepted at once and reserved at once only when the decode worker is idle.
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.disagg.transfer_timing import kv_transfer_ms_kernel
 from aisim_fast.kernels.dp.attention_dp import reset_wave_if_drained_gated
+from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.kv.block_pool import release_ref, table_find
 from aisim_fast.kernels.kv.lease import publish_block, release_lease
 from aisim_fast.kernels.loop.arrivals import logical_terminal, queue_action
@@ -84,7 +83,7 @@ from aisim_fast.kernels.vllm import capacity as capacity_policy
 
 @njit(cache=True, _nrt=False)
 def transfer_delay_ms(tokens, kv_bytes_per_token, bandwidth_gb_s, fallback_ms):
-    """KV transfer delay (``transfer_timing``, no state bytes); the topology's fallback
+    """KV transfer delay (``disagg.transfer_timing``, no state bytes); the topology's fallback
     when the model is incomplete (bytes or bandwidth unset, bandwidth 0 or not finite)."""
     if np.isnan(kv_bytes_per_token) or not np.isfinite(bandwidth_gb_s) or bandwidth_gb_s <= 0.0:
         return fallback_ms
@@ -323,7 +322,7 @@ def accept_destination(rq, wl, wk, wd, q, sg):
 @kernel(cache=True, _nrt=False)
 def activate_destination(cfg, p, rq, wk, wd, q, sg):
     """ActivateDestination of reserved q on decode worker wd (vLLM / TRT-LLM:
-    ``_activate``; SGLang: ``sglang_handoff``, nothing enters the tree before
+    ``_activate``; SGLang: ``sglang.handoff``, nothing enters the tree before
     promotion). Returns (blocks that became visible, fresh prompt blocks whose hash
     was visible before)."""
     if sg is not None:
@@ -407,7 +406,7 @@ def _sglang_drop_destination(p, rq, wk, wd, q, status):
 def cancel_destination(cfg, p, rq, wk, q, sg):
     """CancelDestination for handoff q: a pending destination leaves the FIFO, a
     reserved one gives its reservation back (vLLM / TRT-LLM: prefix references and
-    fresh blocks, in reverse; SGLang: ``sglang_handoff.cancel_destination``), an
+    fresh blocks, in reverse; SGLang: ``sglang.handoff.cancel_destination``), an
     activated (queued or running) one is dropped like a canceled request. Applied
     bumps the capacity generation; the caller then retries the decode worker's
     pending head. CMD_NOOP when the destination is gone already."""

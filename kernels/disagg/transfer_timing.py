@@ -1,5 +1,5 @@
 """The KV transfer delay of a prefill -> decode handoff: the one definition of the
-formula, used by the kernels' handoff (``disagg_handoff``) and, on numpy arrays, by
+formula, used by the kernels' handoff (``disagg.handoff``) and, on numpy arrays, by
 the driver's coordinator (``aisim_fast.protocol.handoff.coordinator``)::
 
     delay_ms = (tokens * kv_bytes_per_token + state_bytes) / (bandwidth_gb_s * 1e9) * 1000

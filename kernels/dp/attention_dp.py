@@ -6,7 +6,7 @@ consecutively per logical worker (``CFG_DP_RANK``; rank 0 leads the group). The 
 has one pass in flight at a time: when it is free and any rank has work, every rank
 with work runs its pass at ``now`` in rank order, and the group's pass ends at the
 latest rank end. Every rank's outputs become visible then: its tokens get their
-time from the group's end (``token_output.token_times``), and so do its terminals,
+time from the group's end (``loop.token_output.token_times``), and so do its terminals,
 its pass-log rows and its KV events. A rank without work still waits for the
 barrier. The busy heap holds the group's rank 0 only; its completion completes
 every rank in rank order.
@@ -29,20 +29,19 @@ reference's pool round robin), so no rank cursor there.
 
 SGLang's ``prefill_decode_interval`` counts group passes: each rank notes what its
 pass did and the group's end applies the countdown to every rank
-(``sglang_core.finish_group_pass``).
+(``sglang.core.finish_group_pass``).
 
 The kv_router routes over every rank of a pool (``kernels.routing.kv_router``): each rank has
 its own prefill load, active blocks and prefix index, as Dynamo's router sees the
 (worker, dp_rank) pairs. A rank that sits out a group pass has no pass of its own in
-flight (``block_pool.NO_PASS``): everything it stored or evicted is seen.
+flight (``kv.block_pool.NO_PASS``): everything it stored or evicted is seen.
 
 Not simulated with attention DP (the configuration refuses it): the rank protocol."""
 
 import numpy as np
 
-from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.features import gate
+from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.kv.block_pool import event_log_on
 from aisim_fast.kernels.loop.token_output import token_times
 from aisim_fast.kernels.routing.placement import place

@@ -22,7 +22,6 @@ import numpy as np
 from numba import njit
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.schema.layout import (EV_A, EV_B, EV_BLOCK, EV_C, EV_KIND, EV_KV_REMOVED,
                                                EV_KV_STORED, EV_REQUEST, EV_TIME_BITS, EV_TOKENS_HASH,
                                                EV_WORKER, EVH_CLOCK_BITS, EVH_KV, EVH_LEN, EVH_OUTPUTS,

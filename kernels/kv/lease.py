@@ -1,18 +1,17 @@
-"""A request's KV lease on the shared paged block pool (``block_pool``): prefix
+"""A request's KV lease on the shared paged block pool (``kv.block_pool``): prefix
 lookup, growth, release, and the identities of blocks as they complete
 (``cache/vllm_block_pool.rs`` and the lease handling of ``scheduler/vllm/core.rs``).
 
 Prompt tokens are the interned trace hash ids of their trace block; generated
-tokens are the replay's output plan (``output_plan``), so block hashes, generated
+tokens are the replay's output plan (``trace.output_plan``), so block hashes, generated
 blocks included, are the reference's XXH3 sequence hashes.
 """
 
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.hashing.xxh3 import hash_chain, xxh3_64_u32_seed1337
+from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.kv.block_pool import (cache_copy, kv_events_logged, note_kv_stored, release_ref,
                                               reserve, table_find)
 from aisim_fast.kernels.loop.request_state import ceil_div, seq_len

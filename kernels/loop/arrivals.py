@@ -11,10 +11,9 @@ turn of a session is released ``delay_ms`` after the previous turn's terminal.
 
 import numpy as np
 
-from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.dp.attention_dp import place_rank_gated, reset_wave_if_drained_gated
 from aisim_fast.kernels.features import gate
+from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.loop.rank_queues import wait_push_back, wake
 from aisim_fast.kernels.routing.kv_router import pass_end_gated, request_ended_gated, route_gated
 from aisim_fast.kernels.routing.placement import place

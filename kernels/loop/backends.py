@@ -1,25 +1,24 @@
-"""The backend dispatcher: which scheduler runs a worker's forward pass, by the
-worker's policy code (``cfg.i64[w, CFG_POLICY]``, ``POLICY_*`` in layout), so a
-batch may mix backends.
+"""The scheduler passes the event loop calls, one per backend family.
 
-* ``POLICY_VLLM`` and ``POLICY_TRTLLM`` run the vLLM scheduler core
-  (``vllm_core``), each with its own capacity policy over the shared block pool
-  (``vllm_policy``, ``trtllm_policy``);
-* ``POLICY_SGLANG`` runs the SGLang scheduler over its radix cache
-  (``sglang_core``, ``sglang_radix``); its simulations run in an event loop of their
-  own (``event_loop``), so a batch without SGLang never compiles it;
-* a new backend is a module with a ``run_pass`` of the same signature, a policy
-  code, and an entry here.
+* ``run_pass``: the vLLM scheduler core (``vllm.core``) for vLLM and TRT-LLM workers;
+  the two differ only in their capacity policy, chosen per worker by its policy code
+  (``vllm.capacity``: ``vllm.policy`` or ``trtllm.policy``);
+* ``sglang_run_pass``: the SGLang scheduler over its radix cache (``sglang.core``,
+  ``sglang.radix``); SGLang simulations run in event loops of their own
+  (``loop.event_loop``), so a batch without SGLang never compiles it;
+* ``group_rank_pass`` / ``group_sglang_rank_pass``: the pass called (not inlined) for a
+  rank of an attention-DP group, behind the attention_dp gate;
+* ``decode_run``: runs of decode passes (``vllm.decode_run``), an optimization of the
+  vLLM core; for SGLang it runs nothing and the loop takes the pass.
 
-Runs of decode passes (``decode_run``) are an optimization of the vLLM core: for
-any other backend ``decode_run`` runs nothing and the loop takes ``run_pass``.
+A new backend family is a module with a ``run_pass`` of the same signature, a policy
+code in ``schema.layout``, an entry here and the event loop set that calls it.
 """
 
 from numba import njit
 
-from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.features import gate
+from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.schema.layout import CFG_POLICY, POLICY_TRTLLM, POLICY_VLLM
 from aisim_fast.kernels.sglang import core as sglang_core
 from aisim_fast.kernels.vllm import core as vllm_core, decode_run as vllm_decode_run

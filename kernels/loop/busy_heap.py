@@ -6,7 +6,6 @@ instead of scanning every worker, which made an instant cost O(workers)."""
 import numpy as np
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.schema.layout import SM_BUSY_LEN, SM_W_OFF
 
 

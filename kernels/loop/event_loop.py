@@ -61,7 +61,6 @@ from aisim_fast.kernels.schema.layout import (ACC_SIZE, CFG_DP_RANK, CFG_DP_SIZE
                                               WK_LAST_PASS_NS, WK_OVERFLOW, WK_RUN_LEN, WK_SG_READY_LEN,
                                               WK_STALLED, WK_WAIT_LEN)
 from aisim_fast.kernels.sglang.core import effect_free_pass_gives_up, finish_group_pass, worker_in_flight
-
 from aisim_fast.kernels.vllm.decode_run import quiet_until_ms
 
 
@@ -70,7 +69,7 @@ def _event_loop(disaggregated, sglang=False):
     backend family (``sglang``: SGLang workers; else vLLM / TRT-LLM)."""
     pass_kernel = sglang_run_pass if sglang else run_pass
     group_pass_kernel = group_sglang_rank_pass if sglang else group_rank_pass  # attention DP
-    # the handoff's backend: its type prunes the other backend's code (disagg_handoff)
+    # the handoff's backend: its type prunes the other backend's code (disagg.handoff)
     sg = 1 if sglang else None
 
     def run_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh, scratch_tokens):

@@ -3,7 +3,6 @@ row writer for every backend and every pass path."""
 
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.kv.block_pool import num_active
 from aisim_fast.kernels.schema.layout import (PL_ACTIVE_BLOCKS, PL_RANK, PL_END_MS, PL_INACTIVE_BLOCKS,
                                               PL_NUM_ADMITTED, PL_NUM_DECODE_REQUESTS, PL_NUM_OUTPUT_TOKENS,

@@ -8,7 +8,6 @@ the simulation (``WK_OVERFLOW`` of its first worker): the event loop then ends t
 from numba import njit
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.schema.layout import (RQ_TERM_NEXT, WK_OVERFLOW, WK_RUN_CAP, WK_RUN_LEN, WK_RUN_OFF,
                                                WK_SIM_W0, WK_STALLED, WK_TERM_HEAD, WK_TERM_TAIL, WK_WAIT_CAP,
                                                WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF)

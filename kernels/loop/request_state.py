@@ -3,7 +3,6 @@
 
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.schema.layout import CFG_MAX_MODEL_LEN, RQ_GENERATED, RQ_MAX_OUTPUT, RQ_PROMPT_LEN
 
 

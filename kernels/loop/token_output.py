@@ -1,7 +1,7 @@
 """One output token of a request at its pass end, for every backend: the token
 counters and times of the request (first, second, last token), the kv_router's
 first-token release, the running fold of equal token gaps into the simulation's
-token statistics (``sketch``), and the opt-in output-event log.
+token statistics (``stats.sketch``), and the opt-in output-event log.
 
 Inside an attention-DP group pass (``SM_GROUP_PASS``) the token is counted at once
 (the rest of the rank's pass reads the count) but its time is the group's end, known
@@ -11,7 +11,6 @@ gives the times then (kernels.dp.attention_dp)."""
 import numpy as np
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.kv.block_pool import note_event_at, outputs_logged
 from aisim_fast.kernels.routing.kv_router import first_token_seen_gated
 from aisim_fast.kernels.schema.layout import (EV_OUTPUT, RQ_GENERATED, RQ_NO_TOKEN_STATS, RQ_RT_PENDING,

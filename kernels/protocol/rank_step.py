@@ -11,10 +11,9 @@ takes an array of simulations, so one call steps many ranks (the batch form).
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.disagg.handoff import (_drop_queued, accept_destination, activate_destination,
                                                 cancel_destination, release_held_source, retry_destination)
+from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.kv.block_pool import event_log_on, event_set_clock, kv_events_visible_at, note_event
 from aisim_fast.kernels.loop.arrivals import _arrive, complete_pass
 from aisim_fast.kernels.loop.backends import run_pass, sglang_run_pass
@@ -116,7 +115,7 @@ def complete_passes(cfg, rq, wk, sims, sim_ids):
 def cancel_requests(cfg, p, rq, wk, sims, sim_ids, q_rows, now_ms):
     """CancelRequest of request row ``q_rows[i]`` on rank ``sim_ids[i]``: a request
     the rank's queues own (waiting, running, preempted) is dropped - vLLM releases
-    its lease as a finish does, SGLang aborts it (``sglang_core.drop_queued``) - and
+    its lease as a finish does, SGLang aborts it (``sglang.core.drop_queued``) - and
     its terminal is ``canceled`` (CANCEL_APPLIED); any other request is left alone
     (CANCEL_NOOP). The rank's capacity generation moves when KV was freed (vLLM: the
     request held blocks or ran; SGLang: pages freed or a lock released)."""
@@ -154,7 +153,7 @@ def cancel_requests(cfg, p, rq, wk, sims, sim_ids, q_rows, now_ms):
 def release_sources(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms, max_lease_blocks, max_block_size):
     """ReleaseSource (or CancelSource) of the held source row ``q_rows[i]`` on prefill
     rank ``sim_ids[i]``: its KV released as a finish does
-    (``disagg_handoff.release_held_source``, the replay's own). Returns whether each
+    (``disagg.handoff.release_held_source``, the replay's own). Returns whether each
     was held (else nothing is done)."""
     path = np.empty(max_lease_blocks, np.int32)
     scratch_tokens = np.empty(max_block_size, np.uint32)
@@ -257,7 +256,7 @@ def activate_destinations(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms, in_
 def cancel_destinations(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms, in_flight, max_lease_blocks,
                         max_block_size):
     """CancelDestination of request row ``q_rows[i]`` on decode rank ``sim_ids[i]``
-    (``disagg_handoff.cancel_destination``: pending removed, reserved given back,
+    (``disagg.handoff.cancel_destination``: pending removed, reserved given back,
     activated dropped); applied, the pending head is retried when no pass is in
     flight. Returns (applied[i], reserved row[i])."""
     hits = np.empty(max_lease_blocks, np.int32)
@@ -323,7 +322,7 @@ def effect_free_passes_give_up(cfg, wk, sims, sim_ids):
     """SGLang rank ``sim_ids[i]`` ran a zero-duration pass that changed nothing while
     holding work: the reference's replay runs it again at that instant while the
     pass still decays the new-token ratio and gives up after its retry limit
-    (``sglang_core.effect_free_pass_gives_up``, which applies those decays). Returns
+    (``sglang.core.effect_free_pass_gives_up``, which applies those decays). Returns
     whether each gives up."""
     out = np.zeros(sim_ids.shape[0], np.bool_)
     for i in range(sim_ids.shape[0]):

@@ -11,7 +11,7 @@ the pool costs (reference/dynamo/README.md, verified there on every decision)::
 * ``overlap_w``: leading complete prompt blocks of the request in w's prefix index.
   The index learns a block at the end of the pass that stored it, and forgets one at
   the end of the pass that evicted it: a block published by the pass in flight
-  (``PB_PUB_PASS``) does not count yet, and one it evicted (``block_pool._note_evicted``)
+  (``PB_PUB_PASS``) does not count yet, and one it evicted (``kv.block_pool._note_evicted``)
   still counts.
 * ``D_w`` (``WK_RT_ACTIVE_BLOCKS``): distinct complete prompt blocks over the
   requests active on w (routed, not completed), this request's included; kept in
@@ -41,9 +41,8 @@ has its own router over its own workers.
 
 import numpy as np
 
-from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.features import gate
+from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.kv.block_pool import NO_PASS, PASS_NUM_MASK, _mix, evicted_in_flight, table_find
 from aisim_fast.kernels.loop.rank_queues import wait_at
 from aisim_fast.kernels.routing.placement import next_random

@@ -19,7 +19,6 @@ full one ends the simulation with ``SIM_CAPACITY`` (the driver reruns it larger)
 import numpy as np
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.schema.layout import PLACE_RANDOM, SM_PLACEMENT, SM_RNG_STATE
 
 _GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)

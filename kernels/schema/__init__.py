@@ -1,1 +1,1 @@
-"""The kernels' state, declared once: every column of every table (``layout``)."""
+"""The kernels' state, declared once: every column of every table (``schema.layout``)."""

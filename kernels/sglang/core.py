@@ -5,7 +5,7 @@ A pass admits waiting requests into a prefill batch under the new-token-ratio
 budgets (§5); if it admitted any it is a prefill-only pass whose newly prefilled
 requests emit their first token (§6.2) while the running ones wait; otherwise it is
 a decode pass over every running request, retracting requests under memory pressure
-(§6.3). The KV cache is the worker's radix tree (``sglang_radix``): a request's
+(§6.3). The KV cache is the worker's radix tree (``sglang.radix``): a request's
 lease is its pages (``rq.lease`` at RQ_LEASE_OFF, one per page of its allocated
 footprint), the prefix it has in the tree (RQ_SG_CACHED tokens) and the tree node
 that ends it (RQ_SG_LAST, locked).
@@ -13,13 +13,12 @@ that ends it (RQ_SG_LAST, locked).
 Page keys are the contents of the request's pages (``rq.seq_hash``, computed when
 first needed, see ``_ensure_keys``), as the reference keys its tree.
 
-Same signature as ``vllm_core.run_pass``; ``backends`` dispatches on the policy code.
+Same signature as ``vllm.core.run_pass``; ``loop.backends`` dispatches on the policy code.
 """
 
 import numpy as np
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.kv.block_pool import event_log_on, note_event, outputs_logged
 from aisim_fast.kernels.kv.lease import local_block_hash
 from aisim_fast.kernels.loop.pass_log import append_pass_row

@@ -1,6 +1,6 @@
 """The SGLang rank's side of the disaggregated handoff (the DestinationFirst order):
 what the reference's SGLang rank does on each handoff command, over its radix
-cache (``sglang_radix``) and request leases (``sglang_core``). ``disagg_handoff``
+cache (``sglang.radix``) and request leases (``sglang.core``). ``disagg.handoff``
 runs the handoff and calls these where a worker's backend is SGLang.
 
 * ReserveDestination, at the head of a decode worker's pending-destination FIFO: a
@@ -11,7 +11,7 @@ runs the handoff and calls these where a worker's backend is SGLang.
   worker's ready list (the reference's prebuilt-ready FIFO). A later pass moves it
   to the running batch while slots remain, and only then do its prompt's complete
   pages enter the tree from the matched prefix on (the insert and canonicalization
-  of ``cache_prefix``) and a capacity generation start (``sglang_core.promote_ready``).
+  of ``cache_prefix``) and a capacity generation start (``sglang.core.promote_ready``).
 * ReleaseSource of a held prefill: it finishes as a completed request does (its
   complete prompt pages enter the tree, its lock is released).
 * CancelDestination of a reserved or activated (not yet promoted) destination: its
@@ -21,7 +21,6 @@ runs the handoff and calls these where a worker's backend is SGLang.
 
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.loop.request_state import ceil_div
 from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_NUM_GPU_BLOCKS,
                                               CFG_PREFIX_CACHING, RQ_ALLOCATED, RQ_LEASE_OFF, RQ_NUM_COMPUTED,
@@ -80,7 +79,7 @@ def activate_destination(cfg, p, rq, wk, w, q):
     """Commit q's reservation on decode worker w: its prompt is materialized and it
     joins the ready list. Nothing is freed, so no capacity generation starts. Its
     pages enter the tree only when a pass moves it to the running batch
-    (``sglang_core.promote_ready``): reference runs e7 (an activated request still
+    (``sglang.core.promote_ready``): reference runs e7 (an activated request still
     waiting for a running slot is no prefix hit for a later reservation) and e13
     (a running one is)."""
     ps = p.radix.w64[w, RW_PAGE_SIZE]

@@ -7,7 +7,7 @@ lock count (requests whose matched path runs through it) and a last-access time
 from a logical clock. Eviction takes the unlocked leaf with the oldest access time
 and cuts its newest pages first.
 
-Layout (``layout.Radix``, sliced per worker by ``RW_*_OFF``):
+Layout (``schema.layout.Radix``, sliced per worker by ``RW_*_OFF``):
 
 * pages: ``pg32[b, RP_*]`` and ``pg_key[b]``. A node's edge is a doubly linked
   chain of its pages, oldest position first, so a split, an append or a tail
@@ -38,7 +38,7 @@ page that enters the tree gets its sequence hash (``pg_hash``: the tokens-only h
 of the page chained to its parent page's, as vLLM's blocks) and the pages one insert
 adds form one Stored event (``log_inserted``); evicted pages are Removed rows, each
 leaf's in position order (oldest first). The reference buffers these facts and
-reports them at some passes only (``sglang_core.run_pass`` says which): ``report_kv``
+reports them at some passes only (``sglang.core.run_pass`` says which): ``report_kv``
 then logs a report row that gives the worker's rows since its last report its time.
 Within one report a worker's consecutive Removed rows form one event, and an insert
 chained to the previous Stored event's last block extends that event unless either
@@ -51,9 +51,8 @@ in as slices of caller arrays (``keys[k0 : k0 + n]``, ``pages[p0 : p0 + n]``).
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.hashing.xxh3 import hash_chain, xxh3_64_u32_seed1337
+from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.kv.block_pool import log_row
 from aisim_fast.kernels.schema.layout import (EV_BLOCK, EV_KV_REMOVED, EV_KV_REPORTED, EV_KV_STORED,
                                               EV_REQUEST, EVH_CLOCK_BITS, EVH_KV, KV_FIRST,

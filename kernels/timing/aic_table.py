@@ -20,7 +20,6 @@ import numpy as np
 from numba import njit, objmode
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.schema.layout import (AIC_EMPTY, AICM_COUNT, AICM_FIELDS, AICM_MASK, AICM_OFF,
                                                AICM_TIMING, CFG_AIC_LOCAL, CFG_AIC_SHARED)
 

@@ -13,9 +13,8 @@ import math
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.features import gate
+from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.schema.layout import (CFG_TIMING, CFGF_DECODE_SPEEDUP_RATIO, CFGF_FIXED_DECODE_MS,
                                               CFGF_FIXED_PREFILL_MS, CFGF_SPEEDUP_RATIO, TIMING_AIC,
                                               TIMING_FIXED)

@@ -5,13 +5,12 @@ need to finish, so nothing is ever preempted; the prefix is not capped; a decode
 rank reserves fresh blocks only and holds back the completion tails of its
 reserved and activated destinations (``WK_TRT_TAIL``).
 
-Same signatures as ``vllm_policy``; ``capacity_policy`` picks one per worker.
+Same signatures as ``vllm.policy``; ``vllm.capacity`` picks one per worker.
 """
 
 from numba import njit
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.kv.block_pool import num_active, reserve
 from aisim_fast.kernels.loop.request_state import ceil_div
 from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_MAX_NUM_SEQS,

@@ -1,6 +1,6 @@
 """The capacity policy of a worker running the vLLM scheduler core, chosen by its
-policy code (``cfg.i64[w, CFG_POLICY]``): vLLM's (``vllm_policy``) or TRT-LLM's
-guaranteed-no-evict (``trtllm_policy``). Each hook is one branch per policy with
+policy code (``cfg.i64[w, CFG_POLICY]``): vLLM's (``vllm.policy``) or TRT-LLM's
+guaranteed-no-evict (``trtllm.policy``). Each hook is one branch per policy with
 the same signature on both sides; a new capacity policy for the vLLM core is a
 module with these functions and one line in each hook. The hooks are plain calls,
 not inlined: they run a few times per admission, not per token, and inlining both
@@ -8,9 +8,8 @@ policies' code into every caller cost compile time for nothing."""
 
 import numpy as np
 
-from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.features import gate
+from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.schema.layout import CFG_POLICY, POLICY_TRTLLM
 from aisim_fast.kernels.trtllm import policy as trtllm_policy
 from aisim_fast.kernels.vllm import policy as vllm_policy

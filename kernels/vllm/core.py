@@ -2,7 +2,7 @@
 the reference; behaviour as verified in spec/engine.md §5, §6, §14). vLLM and
 TRT-LLM both run it; where they differ (admission, rejection, preemption, the
 prefix cap, destination reservation) it asks the worker's capacity policy
-(``capacity_policy``: ``vllm_policy`` or ``trtllm_policy``).
+(``vllm.capacity``: ``vllm.policy`` or ``trtllm.policy``).
 
 A pass, in order: running requests first (token budget, chunked prefill, KV
 allocation with preemption by recompute), then the strict-FIFO waiting queue
@@ -16,9 +16,8 @@ at the pass end it returns (tokens are stamped with that end here).
 
 import numpy as np
 
-from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.dp.attention_dp import defers_prefills_gated
+from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.kv.block_pool import event_log_on, note_event, num_active, outputs_logged
 from aisim_fast.kernels.kv.lease import allocate, finalize, prefix_cost, release_lease
 from aisim_fast.kernels.loop.pass_log import append_pass_row
@@ -420,7 +419,7 @@ def schedule_request(cfg, p, rq, wl, wk, w, q, from_waiting, cost_cached, now_ms
 def schedule_request_ahead(cfg, p, rq, wl, wk, w, q, k_ahead, now_ms, stamp, acc, hits, fresh,
                            scratch_tokens):
     """The schedule step of running request q in the pass ``k_ahead`` passes into a
-    run of decode passes (``decode_run``), whose counters are brought up to date only
+    run of decode passes (``vllm.decode_run``), whose counters are brought up to date only
     at the run's end: q is stepped as if it had computed and emitted ``k_ahead`` more
     tokens, and its counters are put back afterwards. An aggregated worker."""
     rq_i = rq.i64

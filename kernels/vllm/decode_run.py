@@ -5,12 +5,12 @@ prompt, computes one token, emits it and is not finished by it, and the waiting
 queue cannot admit anything. Such a pass changes no queue or list; most requests
 only move their counters by one, and the pass's duration depends on the batch
 size and the batch's KV tokens, which grow by the batch size each pass.
-``decode_run`` runs K of them back to back: a request's fields are brought up to
+``vllm.decode_run`` runs K of them back to back: a request's fields are brought up to
 date once at the end of the run, and only the requests that leave the schedule
 fast path in a pass (completing a block, which is hashed and published, or
 growing the lease by a fresh block) go through the full schedule step, in running
 order, in that pass. The result is exactly the float operations, pass log rows,
-token-gap folds, pool operations and request fields that ``vllm_core.run_pass``
+token-gap folds, pool operations and request fields that ``vllm.core.run_pass``
 produces one pass at a time (the property tests hold it to that pass by pass).
 
 A run ends before the first pass that finishes a request or whose fresh blocks
@@ -28,7 +28,6 @@ running list then cost more than the plain passes.
 import numpy as np
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.kv.block_pool import event_log_on, event_set_clock, kv_events_visible_at, num_free
 from aisim_fast.kernels.loop.arrivals import arrivals_due, next_release_ms
 from aisim_fast.kernels.loop.busy_heap import next_pass_end_ms

@@ -1,6 +1,6 @@
 """The decode step shared by every path that schedules a running request of the
-vLLM core: the pass's fast path (``vllm_core.run_pass``), the full schedule step
-(``vllm_core.schedule_request``) and runs of decode passes (``decode_run``) all
+vLLM core: the pass's fast path (``vllm.core.run_pass``), the full schedule step
+(``vllm.core.schedule_request``) and runs of decode passes (``vllm.decode_run``) all
 record what a request was scheduled for in a pass with ``stamp_scheduled``, and
 classify its contribution to the pass's timing with ``classify``.
 
@@ -11,7 +11,6 @@ paths must write it identically: here is the one place that does.
 
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.loop.request_state import remaining_tokens
 from aisim_fast.kernels.schema.layout import (ACC_BUDGET, ACC_COMPLETE, ACC_DECODE_BATCH, ACC_DECODE_KV,
                                               ACC_SCHEDULED_TOKENS, RQ_ALLOCATED, RQ_FAST_LIMIT, RQ_GENERATED,

@@ -4,14 +4,13 @@ sequence that are not already active fit in what is not in use; on exhaustion th
 core preempts by recompute; the cached prefix is capped so that the last prompt
 block is recomputed while logits are still needed.
 
-Every function here has a TRT-LLM twin in ``trtllm_policy`` with the same
-signature; ``capacity_policy`` picks one by the worker's policy code (TRT-LLM has
+Every function here has a TRT-LLM twin in ``trtllm.policy`` with the same
+signature; ``vllm.capacity`` picks one by the worker's policy code (TRT-LLM has
 two more hooks, for the completion tails it holds back).
 """
 
 
 from aisim_fast.kernels.jit import kernel
-
 from aisim_fast.kernels.kv.block_pool import num_active, reserve, table_find
 from aisim_fast.kernels.loop.request_state import ceil_div, remaining_generation, seq_len
 from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
