@@ -37,7 +37,7 @@ accepted at once and reserved at once only when the decode worker is idle.
 import numpy as np
 from numba import njit
 
-from aisim_fast.kernels.disagg.transfer_timing import kv_transfer_ms_kernel
+from aisim_fast.kernels.disagg.transfer_timing import kv_transfer_ms_kernel, transfer_is_modeled_kernel
 from aisim_fast.kernels.dp.attention_dp import reset_wave_if_drained_gated
 from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.kv.block_pool import release_ref, table_find
@@ -84,8 +84,8 @@ from aisim_fast.kernels.vllm import capacity as capacity_policy
 @njit(cache=True, _nrt=False)
 def transfer_delay_ms(tokens, kv_bytes_per_token, bandwidth_gb_s, fallback_ms):
     """KV transfer delay (``disagg.transfer_timing``, no state bytes); the topology's fallback
-    when the model is incomplete (bytes or bandwidth unset, bandwidth 0 or not finite)."""
-    if np.isnan(kv_bytes_per_token) or not np.isfinite(bandwidth_gb_s) or bandwidth_gb_s <= 0.0:
+    where the model is incomplete (``transfer_is_modeled``)."""
+    if not transfer_is_modeled_kernel(kv_bytes_per_token, bandwidth_gb_s):
         return fallback_ms
     return kv_transfer_ms_kernel(np.float64(tokens), kv_bytes_per_token, 0.0, bandwidth_gb_s)
 

@@ -45,7 +45,7 @@ from typing import Sequence
 
 import numpy as np
 
-from aisim_fast.kernels.disagg.transfer_timing import kv_transfer_ms
+from aisim_fast.kernels.disagg.transfer_timing import kv_transfer_ms, transfer_is_modeled
 from aisim_fast.kernels.schema import layout as L
 
 __all__ = [
@@ -306,7 +306,9 @@ def _delay_ms_unchecked(
     where the model is incomplete. Adding ``state_bytes`` = 0 does not change the
     product.
     """
-    defined = has_kv_bytes_per_token & has_bandwidth_gb_s & (bandwidth_gb_s != 0.0)
+    # the kernels' rule (transfer_is_modeled), an absent value read as unknown (NaN)
+    defined = transfer_is_modeled(np.where(has_kv_bytes_per_token, kv_bytes_per_token, np.nan),
+                                  np.where(has_bandwidth_gb_s, bandwidth_gb_s, np.nan))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         delay_ms = kv_transfer_ms(tokens.astype(np.float64), kv_bytes_per_token, state_bytes,
                                   bandwidth_gb_s)
