@@ -36,6 +36,16 @@ def pytest_addoption(parser):
                      help="also run tests marked slow (lifts the default -m 'not slow')")
 
 
+ROOMS = ("unit", "oracle", "golden", "cli")  # tests/<room>/: each also a marker (-m unit, ...)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        room = Path(str(item.fspath)).parent.name
+        if room in ROOMS:
+            item.add_marker(room)
+
+
 def pytest_configure(config):
     if config.getoption("--runslow"):
         # Only the pyproject default is replaced: ``-m 'not slow'`` coming from
