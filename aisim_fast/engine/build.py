@@ -8,7 +8,7 @@ import numpy as np
 
 from aisim_fast.engine import reused_buffers
 from aisim_fast.engine.frames import handoff_log_rows
-from aisim_fast.engine.grow import kernel_output_plan
+from aisim_fast.engine.grow import workload_rows
 from aisim_fast.engine.lowering import reset_pools, small_pages, with_aic_tables
 from aisim_fast.engine.memory import check_state_fits
 from aisim_fast.engine.simulation import Simulation, router_config
@@ -16,7 +16,6 @@ from aisim_fast.engine.split import workers_independent
 from aisim_fast.engine.templates import (SIM_SETTINGS, SimTemplate, fresh_row, pow2_at_least, sim_template,
                                          table_key)
 from aisim_fast.kernels.features import features_of, union
-from aisim_fast.kernels.hashing.prompt_blocks import count_prompt_blocks, hash_prompt_blocks
 from aisim_fast.kernels.schema import layout as L
 from aisim_fast.kernels.sglang import radix as sglang_radix
 from aisim_fast.kernels.stats import sketch
@@ -52,42 +51,21 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
                 table_rows[key] = n_rows
                 tables.append((sim.workload, key[1]))
                 n_rows += len(sim.workload.input_len)
-    hash_indptr_parts, hash_id_parts, tbs_parts, phash_indptr_parts, phash_parts = [], [], [], [], []
-    plan_parts, authored_parts = [], []
-    authored_base = 0
+    parts = {name: [] for name in L.Workload._fields}
     distinct_prompt_blocks: dict[tuple[int, int], int] = {}
-    hash_base = 0
-    phash_base = 0
+    hash_base = phash_base = authored_base = 0
     for wl, bs in tables:
-        if bs == 0:  # an SGLang pool's rows: no hashes
-            indptr = np.zeros(len(wl.input_len) + 1, np.int64)
-            phash = np.zeros(0, np.uint64)
-        else:
-            indptr = count_prompt_blocks(wl.input_len.astype(np.int64), bs)
-            phash = np.empty(indptr[-1], np.uint64)
-            hash_prompt_blocks(wl.hash_indptr, wl.hash_ids, wl.input_len.astype(np.int64),
-                               wl.trace_block_size, bs, indptr, phash)
-            distinct_prompt_blocks[(id(wl), bs)] = len(np.unique(phash))
-        hash_indptr_parts.append(wl.hash_indptr[:-1] + hash_base)
-        hash_id_parts.append(wl.hash_ids)
-        tbs_parts.append(np.full(len(wl.input_len), wl.trace_block_size, np.int64))
-        phash_indptr_parts.append(indptr[:-1] + phash_base)
-        phash_parts.append(phash)
-        hash_base += len(wl.hash_ids)
-        phash_base += len(phash)
-        plan, authored = kernel_output_plan(wl, authored_base)
-        plan_parts.append(plan)
-        authored_parts.append(authored)
-        authored_base += len(authored)
-    workload = L.Workload(
-        hash_indptr=np.concatenate(hash_indptr_parts + [np.array([hash_base], np.int64)]),
-        hash_ids=np.concatenate(hash_id_parts),
-        trace_block_size=np.concatenate(tbs_parts),
-        phash_indptr=np.concatenate(phash_indptr_parts + [np.array([phash_base], np.int64)]),
-        phash=np.concatenate(phash_parts),
-        out_plan=np.concatenate(plan_parts),
-        out_authored=np.concatenate(authored_parts),
-    )
+        block = workload_rows(wl, bs, hash_base, phash_base, authored_base)
+        if bs != 0:
+            distinct_prompt_blocks[(id(wl), bs)] = len(np.unique(block.parts["phash"]))
+        for name, values in block.parts.items():
+            parts[name].append(values)
+        hash_base += block.n_hash_ids
+        phash_base += block.n_block_hashes
+        authored_base += block.n_authored
+    parts["hash_indptr"].append(np.array([hash_base], np.int64))
+    parts["phash_indptr"].append(np.array([phash_base], np.int64))
+    workload = L.Workload(**{name: np.concatenate(values) for name, values in parts.items()})
 
     q_len = np.array([len(s.workload.input_len) for s in sims], np.int64)
     q_off = np.concatenate([[0], np.cumsum(q_len)[:-1]]).astype(np.int64)

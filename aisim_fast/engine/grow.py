@@ -53,40 +53,60 @@ def kernel_output_plan(workload, authored_base: int) -> tuple[np.ndarray, np.nda
     return np.where(plan < 0, plan - authored_base, plan), authored
 
 
+@dataclass
+class WorkloadRows:
+    """One block of the kernels' workload table: a trace's rows for one engine block
+    size (prompt tokens as hash ids, prompt block hashes, the output plan), numbered
+    after the rows, hash ids, block hashes and authored ids already in the table."""
+    parts: dict               # field of layout.Workload -> its arrays of the block
+    n_hash_ids: int
+    n_block_hashes: int
+    n_authored: int
+
+
+def workload_rows(workload, block_size: int, hash_base: int, phash_base: int,
+                  authored_base: int) -> WorkloadRows:
+    """The kernel workload rows of ``workload`` for ``block_size`` (0: an SGLang pool's
+    rows, without block hashes), the one way both a new batch (``build.build_state``)
+    and a grown one (``append_workload_rows``) lay them out."""
+    input_len = workload.input_len.astype(np.int64)
+    if block_size == 0:
+        indptr = np.zeros(len(input_len) + 1, np.int64)
+        phash = np.zeros(0, np.uint64)
+    else:
+        indptr = count_prompt_blocks(input_len, block_size)
+        phash = np.empty(indptr[-1], np.uint64)
+        hash_prompt_blocks(workload.hash_indptr, workload.hash_ids, input_len,
+                           workload.trace_block_size, block_size, indptr, phash)
+    plan, authored = kernel_output_plan(workload, authored_base)
+    parts = dict(hash_indptr=workload.hash_indptr[:-1] + hash_base, hash_ids=workload.hash_ids,
+                 trace_block_size=np.full(len(input_len), workload.trace_block_size, np.int64),
+                 phash_indptr=indptr[:-1] + phash_base, phash=phash, out_plan=plan,
+                 out_authored=authored)
+    return WorkloadRows(parts, len(workload.hash_ids), len(phash), len(authored))
+
+
 def append_workload_rows(state: KernelState, workload, block_sizes) -> dict:
     """Append the trace rows of ``workload`` once per engine block size (prompt tokens
     and prompt block hashes; block size 0: an SGLang pool's rows, without hashes);
     returns {(id(workload), block size): first table row}."""
     wl = state.wl
     rows = {}
-    parts = dict(hash_indptr=[wl.hash_indptr[:-1]], hash_ids=[wl.hash_ids],
-                 trace_block_size=[wl.trace_block_size], phash_indptr=[wl.phash_indptr[:-1]],
-                 phash=[wl.phash], out_plan=[wl.out_plan], out_authored=[wl.out_authored])
+    parts = {name: [getattr(wl, name)[:-1] if name.endswith("indptr") else getattr(wl, name)]
+             for name in L.Workload._fields}
     n_rows = len(wl.trace_block_size)
     hash_end = int(wl.hash_indptr[-1])
     phash_end = int(wl.phash_indptr[-1])
-    input_len = workload.input_len.astype(np.int64)
+    authored_end = len(wl.out_authored)
     for bs in dict.fromkeys(block_sizes):
         rows[(id(workload), bs)] = n_rows
-        if bs == 0:  # an SGLang pool's rows: no hashes (templates.table_key)
-            indptr = np.zeros(len(input_len) + 1, np.int64)
-            phash = np.zeros(0, np.uint64)
-        else:
-            indptr = count_prompt_blocks(input_len, bs)
-            phash = np.empty(indptr[-1], np.uint64)
-            hash_prompt_blocks(workload.hash_indptr, workload.hash_ids, input_len,
-                               workload.trace_block_size, bs, indptr, phash)
-        parts["hash_indptr"].append(workload.hash_indptr[:-1] + hash_end)
-        parts["hash_ids"].append(workload.hash_ids)
-        parts["trace_block_size"].append(np.full(len(input_len), workload.trace_block_size, np.int64))
-        parts["phash_indptr"].append(indptr[:-1] + phash_end)
-        parts["phash"].append(phash)
-        plan, authored = kernel_output_plan(workload, sum(len(a) for a in parts["out_authored"]))
-        parts["out_plan"].append(plan)
-        parts["out_authored"].append(authored)
-        n_rows += len(input_len)
-        hash_end += len(workload.hash_ids)
-        phash_end += len(phash)
+        block = workload_rows(workload, bs, hash_end, phash_end, authored_end)
+        for name, values in block.parts.items():
+            parts[name].append(values)
+        n_rows += len(workload.input_len)
+        hash_end += block.n_hash_ids
+        phash_end += block.n_block_hashes
+        authored_end += block.n_authored
     parts["hash_indptr"].append(np.array([hash_end], np.int64))
     parts["phash_indptr"].append(np.array([phash_end], np.int64))
     state.wl = L.Workload(**{k: append_into(state.buffers, "wl." + k, v[0], v[1:]) for k, v in parts.items()})
