@@ -1,6 +1,6 @@
 """The event loop of one simulation and the batch entry kernels, one compiled pair
-per topology: an aggregated run compiles no handoff code, a disaggregated one no
-decode runs.
+per topology and backend family (four): an aggregated run compiles no handoff code, a
+disaggregated one no decode runs, and only SGLang runs compile SGLang's scheduler.
 
 The loop follows the reference's per-instant drain (spec/replay.md §1.4, verified
 against the goldens): pass completions in worker order (prefill workers come first),

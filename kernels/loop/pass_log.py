@@ -1,6 +1,7 @@
-"""The per-pass log (ForwardPassMetrics rows, ``sims.pass_log[s, row, PL_*]``): one
-row writer for every backend and every pass path."""
-
+"""The per-pass log (ForwardPassMetrics rows, ``sims.pass_log[s, row, PL_*]``): the row
+writer of every backend and every pass path. Two callers then correct what only they
+know: SGLang's pass its block columns (pages of the radix cache, ``sglang.core``), and an
+attention-DP group's pass its end time at the group's barrier (``dp.attention_dp``)."""
 
 from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.kv.block_pool import num_active
