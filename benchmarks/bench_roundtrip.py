@@ -55,9 +55,10 @@ def main(argv=None) -> int:
     from aisim_fast.engine.simulation import simulation_from_setup
     from aisim_fast.kernels.loop.event_loop import replay_batch
     from aisim_fast.protocol.handoff.audit import audit_handoffs, audited_runs
-    from aisim_fast.protocol.handoff.coordinator import (FactKind, HandoffOrder, HandoffState, OutcomeKind,
-                                                         TransferTimingArrays, add_handoffs, apply_facts,
+    from aisim_fast.protocol.handoff.actions import FactKind, HandoffOrder, OutcomeKind
+    from aisim_fast.protocol.handoff.coordinator import (HandoffState, add_handoffs, apply_facts,
                                                          apply_outcomes, apply_start)
+    from aisim_fast.protocol.handoff.timing import TransferTimingArrays
 
     spec = Path(args.spec)
     trace = json.loads(spec.read_text())["traffic"]["trace_path"]

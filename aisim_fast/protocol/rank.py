@@ -44,7 +44,7 @@ from aisim_fast.kernels.jit import compile_for, compile_notice, mark_compiled
 from aisim_fast.kernels.protocol import rank_step
 from aisim_fast.kernels.schema import layout as L
 from aisim_fast.kernels.trace.output_plan import output_tokens_at
-from aisim_fast.protocol.handoff.coordinator import HandoffTransferTiming, TransferTimingMode
+from aisim_fast.protocol.handoff.timing import HandoffTransferTiming, TransferTimingMode
 from aisim_fast.protocol.types import (APPLIED, NOOP, ActivateDestination, Admission, CancelDestination,
                                        CancelRequest, CancelSource, CommandEffects, DestinationAccepted,
                                        DestinationReserved, ForwardPassMetrics, KvBlock, KvEvent, Metrics,

@@ -45,9 +45,10 @@ from aisim_fast.config.payload import ConfigError
 from aisim_fast.engine.frames import nullable_ints
 from aisim_fast.engine.simulation import Simulation, SimulationError
 from aisim_fast.engine.templates import next_turns
-from aisim_fast.protocol.handoff.coordinator import (ActionKind, FactKind, HandoffState, OutcomeKind,
-                                                     add_handoffs, apply_facts, apply_outcomes, apply_start,
-                                                     handoff_order_for_backend)
+from aisim_fast.protocol.handoff.actions import (ActionKind, FactKind, OutcomeKind,
+                                                 handoff_order_for_backend)
+from aisim_fast.protocol.handoff.coordinator import (HandoffState, add_handoffs, apply_facts,
+                                                     apply_outcomes, apply_start)
 from aisim_fast.protocol.rank import RankGroup
 from aisim_fast.protocol.types import Applied, DestinationReserved, RankError, Request, SourceHeld
 from aisim_fast.trace.workload import prompt_tokens, sequence_tokens

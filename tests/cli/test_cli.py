@@ -32,8 +32,7 @@ import pytest
 
 import aisim_fast
 import support.paths
-from aisim_fast.cli import app as cli
-from aisim_fast.cli import commands, flags
+from aisim_fast.cli import app as cli, commands, flags
 from aisim_fast.io import run_folder
 from support.cli_runs import (NOT_COMPARED, PER_REQUEST_ABS_TOL_MS, SUMMARY_REL_TOL, TOKEN_LEVEL_MARKERS,
                               assert_summary_matches, assert_user_error, golden_report, run_cli)

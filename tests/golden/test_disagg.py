@@ -24,9 +24,9 @@ from aisim_fast.io.request_order import requests_in_uuid_order
 from aisim_fast.kernels.disagg.handoff import transfer_delay_ms as kernel_delay_ms
 from aisim_fast.protocol.handoff.audit import (HandoffAuditError, audit_handoffs, audited_runs,
                                                conformance_record)
-from aisim_fast.protocol.handoff.coordinator import (resolve_transfer_delay_ms,
-                                                     transfer_delay_ms as coordinator_delay_ms,
-                                                     TransferTimingArrays, TransferTimingMode)
+from aisim_fast.protocol.handoff.timing import (resolve_transfer_delay_ms,
+                                                transfer_delay_ms as coordinator_delay_ms,
+                                                TransferTimingArrays, TransferTimingMode)
 from aisim_fast.report.summary import summarize_disaggregated_run
 from aisim_fast.trace.workload import load_mooncake
 from support.cli_runs import NOT_COMPARED, assert_summary_matches, assert_user_error, run_cli

@@ -8,18 +8,21 @@ import numpy as np
 import pytest
 from hypothesis import given, HealthCheck, settings, strategies as st
 
-from aisim_fast.protocol.handoff.coordinator import (ActionKind, ActionOutcome, Backend, Completion,
-                                                      CoordinatorMode, FactKind, HandoffCoordinator,
-                                                      HandoffError, HandoffFact, HandoffOrder, HandoffState,
-                                                      HandoffTransferTiming, NormalizedHandoffConformance,
-                                                      NormalizedHandoffEvent, NormalizedStoredTiming,
-                                                      OutcomeKind, TransferTimingArrays, TransferTimingError,
-                                                      TransferTimingMode, add_handoffs, apply_facts,
-                                                      apply_outcomes, apply_start,
-                                                      expected_normalized_handoff, handoff_order_for_backend,
-                                                      pending_action_mask, prefill_handoff_delay_ms,
-                                                      resolve_transfer_delay_ms, transfer_delay_ms,
-                                                      validate_transfer_delay_ms, validate_transfer_timing)
+from aisim_fast.protocol.handoff.actions import (ActionKind, Backend, Completion, CoordinatorMode,
+                                                 FactKind, HandoffOrder, OutcomeKind,
+                                                 handoff_order_for_backend)
+from aisim_fast.protocol.handoff.coordinator import (ActionOutcome, HandoffCoordinator,
+                                                     HandoffError, HandoffFact, HandoffState,
+                                                     add_handoffs, apply_facts, apply_outcomes,
+                                                     apply_start, pending_action_mask)
+from aisim_fast.protocol.handoff.timing import (HandoffTransferTiming, TransferTimingArrays,
+                                                TransferTimingError, TransferTimingMode,
+                                                prefill_handoff_delay_ms, resolve_transfer_delay_ms,
+                                                transfer_delay_ms, validate_transfer_delay_ms,
+                                                validate_transfer_timing)
+from aisim_fast.protocol.handoff.conformance import (NormalizedHandoffConformance,
+                                                     NormalizedHandoffEvent, NormalizedStoredTiming,
+                                                     expected_normalized_handoff)
 
 SF = HandoffOrder.SOURCE_FIRST
 DF = HandoffOrder.DESTINATION_FIRST

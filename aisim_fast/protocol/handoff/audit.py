@@ -44,13 +44,14 @@ from aisim_fast.config.payload import check_disaggregated_pair, parse_rank
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.simulation import Simulation
 from aisim_fast.kernels.schema import layout as L
-from aisim_fast.protocol.handoff.coordinator import (ActionKind, Backend, Completion, FactKind, HandoffOrder,
-                                                     HandoffState, IssuedActions,
-                                                     NormalizedHandoffConformance, NormalizedHandoffEvent,
-                                                     NormalizedStoredTiming, OutcomeKind,
-                                                     TransferTimingArrays, TransferTimingMode, add_handoffs,
-                                                     apply_facts, apply_outcomes, apply_start,
-                                                     handoff_order_for_backend)
+from aisim_fast.protocol.handoff.actions import (ActionKind, Backend, Completion, FactKind,
+                                                 HandoffOrder, OutcomeKind,
+                                                 handoff_order_for_backend)
+from aisim_fast.protocol.handoff.coordinator import (HandoffState, IssuedActions, add_handoffs,
+                                                     apply_facts, apply_outcomes, apply_start)
+from aisim_fast.protocol.handoff.conformance import (NormalizedHandoffConformance,
+                                                     NormalizedHandoffEvent, NormalizedStoredTiming)
+from aisim_fast.protocol.handoff.timing import TransferTimingArrays, TransferTimingMode
 from aisim_fast.trace.workload import load_mooncake
 
 

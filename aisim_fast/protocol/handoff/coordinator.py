@@ -1,503 +1,38 @@
-"""Prefill-to-decode handoff: KV transfer timing and the replay-side coordinator.
+"""The replay-side handoff coordinator over arrays of handoffs.
 
-Three parts live here.
+One row of a ``HandoffState`` table per handoff, for every in-flight handoff of every
+simulation in a batch. ``apply_start``, ``apply_facts`` and ``apply_outcomes`` take
+arrays of rows and apply one event per row at once with numpy masks. Each call
+validates the whole batch before touching the table, then computes the transition on a
+copy of the addressed rows and writes it back only when every row succeeded, so one bad
+row never leaves another row half-updated. ``HandoffCoordinator`` is a readable
+one-handoff wrapper over the same three functions. What it issues follows the
+transitions of ``handoff.actions``; transfer delays come from ``handoff.timing``.
 
-1. Transfer timing.  A prefill (source) worker publishes its timing inputs when
-   it holds the prompt KV; the replayer turns them into the virtual transfer
-   delay::
-
-       tokens   = full_prompt_tokens            (mode full_prompt)
-                | destination_missing_tokens    (mode destination_missing)
-       delay_ms = (tokens * kv_bytes_per_token + state_bytes)
-                  / (bandwidth_gb_s * 1e9) * 1000
-
-   The delay is undefined (None / NaN) when the per-token bytes or the
-   bandwidth are absent, or the bandwidth is exactly 0; the caller then uses
-   its configured fallback (``handoff_latency_ms``).  Negative or non-finite
-   inputs are rejected.  The formula itself is written once, in
-   ``aisim_fast.kernels.disagg.transfer_timing``, for the kernels and for
-   ``transfer_delay_ms`` here (numpy, any number of handoffs); the scalar
-   ``HandoffTransferTiming`` calls that with one-element arrays.
-
-2. The coordinator.  One row of a ``HandoffState`` table per handoff, for every
-   in-flight handoff of every simulation in a batch.  ``apply_start``,
-   ``apply_facts`` and ``apply_outcomes`` take arrays of rows and apply one
-   event per row at once with numpy masks.  Each call validates the whole
-   batch before touching the table, then computes the transition on a copy
-   of the addressed rows and writes it back only when every row succeeded,
-   so one bad row never leaves another row half-updated.  ``HandoffCoordinator``
-   is a readable one-handoff wrapper over the same three functions.
-
-3. The normalized conformance record and its validation rules.
-
-Action ids are allocated per handoff, starting at 0 and increasing by one per
-issued action, like the reference coordinator.  Every action kind is issued at
-most once per handoff (each is guarded by its own "issued" flag), so the
-action journal is a fixed ``(rows, 8)`` table indexed by action kind.
+Action ids are allocated per handoff, starting at 0 and increasing by one per issued
+action, like the reference coordinator. Every action kind is issued at most once per
+handoff (each is guarded by its own "issued" flag), so the action journal is a fixed
+``(rows, 8)`` table indexed by action kind.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from aisim_fast.kernels.disagg.transfer_timing import kv_transfer_ms, transfer_is_modeled
-from aisim_fast.kernels.schema import layout as L
-
-__all__ = [
-    "ActionKind",
-    "ActionOutcome",
-    "Backend",
-    "Completion",
-    "CoordinatorMode",
-    "FactKind",
-    "HandoffCoordinator",
-    "HandoffError",
-    "HandoffFact",
-    "HandoffOrder",
-    "HandoffState",
-    "HandoffTransferTiming",
-    "IssuedActions",
-    "IssuedHandoffAction",
-    "NormalizedHandoffConformance",
-    "NormalizedHandoffEvent",
-    "NormalizedStoredTiming",
-    "OutcomeKind",
-    "TransferTimingArrays",
-    "TransferTimingError",
-    "TransferTimingMode",
-    "add_handoffs",
-    "apply_facts",
-    "apply_outcomes",
-    "apply_start",
-    "expected_normalized_handoff",
-    "handoff_order_for_backend",
-    "pending_action_mask",
-    "prefill_handoff_delay_ms",
-    "resolve_transfer_delay_ms",
-    "transfer_delay_ms",
-    "transfer_timing_violations",
-    "validate_transfer_delay_ms",
-    "validate_transfer_timing",
-]
-
-
-# ---------------------------------------------------------------------------
-# Vocabulary
-# ---------------------------------------------------------------------------
-
-
-class TransferTimingMode(enum.IntEnum):
-    """Which prompt footprint is charged to the KV transfer."""
-
-    FULL_PROMPT = 0
-    DESTINATION_MISSING = 1
-
-    @property
-    def wire_name(self) -> str:
-        return self.name.lower()
-
-    @classmethod
-    def parse(cls, value: "TransferTimingMode | int | str") -> "TransferTimingMode":
-        """Accept the enum, its integer code or the engine-arg spelling."""
-        if isinstance(value, str):
-            try:
-                return cls[value.strip().upper()]
-            except KeyError:
-                raise ValueError(
-                    f"unknown kv_transfer_timing_mode {value!r}; "
-                    "expected 'full_prompt' or 'destination_missing'"
-                ) from None
-        return cls(int(value))
-
-
-class HandoffOrder(enum.IntEnum):
-    """Which side is engaged first; fixed by the backend."""
-
-    SOURCE_FIRST = 0
-    DESTINATION_FIRST = 1
-
-
-class Backend(str, enum.Enum):
-    VLLM = "vllm"
-    SGLANG = "sglang"
-    TRTLLM = "trtllm"
-
-
-def handoff_order_for_backend(backend: "Backend | str") -> HandoffOrder:
-    """vLLM and TRT-LLM hold the source first; SGLang reserves the decode slot first."""
-    backend = Backend(backend)
-    if backend is Backend.SGLANG:
-        return HandoffOrder.DESTINATION_FIRST
-    return HandoffOrder.SOURCE_FIRST
-
-
-class FactKind(enum.IntEnum):
-    SOURCE_HELD = 0
-    DESTINATION_RESERVED = 1
-    TRANSFER_COMPLETED = 2
-    FAILED = 3
-    TIMED_OUT = 4
-    CANCELED = 5
-
-
-class ActionKind(enum.IntEnum):
-    """The handoff actions, numbered as the kernels number them (``ACT_*`` of
-    ``kernels.schema.layout``): one vocabulary for the coordinator and the kernels."""
-    SUBMIT_PREFILL = L.ACT_SUBMIT_PREFILL
-    RESERVE_DESTINATION = L.ACT_RESERVE
-    START_TRANSFER = L.ACT_START_TRANSFER
-    ACTIVATE_DESTINATION = L.ACT_ACTIVATE
-    RELEASE_SOURCE = L.ACT_RELEASE
-    CANCEL_SOURCE = L.ACT_CANCEL_SOURCE
-    CANCEL_DESTINATION = L.ACT_CANCEL_DESTINATION
-    COMPLETE = L.ACT_COMPLETE
-
-
-N_ACTION_KINDS = len(ActionKind)
-
-# The SourceFirst transition, read from its one definition (``NEXT_ON_*`` of
-# ``kernels.schema.layout``, which the kernels' event loop queues by): the action that
-# follows each lifecycle fact. The rules of ``apply_start`` / ``_advance_active``
-# issue these; the DestinationFirst order (reservation first) has its own two rules
-# and shares the rest.
-NEXT_ON_ARRIVAL = ActionKind(L.NEXT_ON_ARRIVAL)
-NEXT_ON_SOURCE_HELD = ActionKind(L.NEXT_ON_SOURCE_HELD)
-NEXT_ON_DESTINATION_RESERVED = ActionKind(L.NEXT_ON_DESTINATION_RESERVED)
-NEXT_ON_TRANSFER_COMPLETED = ActionKind(L.NEXT_ON_TRANSFER_COMPLETED)
-NEXT_ON_DESTINATION_ACTIVATED = ActionKind(L.NEXT_ON_DESTINATION_ACTIVATED)
-NEXT_ON_SOURCE_RELEASED = ActionKind(L.NEXT_ON_SOURCE_RELEASED)
-
-
-class OutcomeKind(enum.IntEnum):
-    # 0 marks "no outcome recorded yet" in the journal; it is not a valid input.
-    NONE = 0
-    SUBMITTED = 1
-    ACCEPTED = 2
-    SCHEDULED = 3
-    APPLIED = 4
-    NOOP = 5
-    FAILED = 6
-
-
-class CoordinatorMode(enum.IntEnum):
-    ACTIVE = 0
-    CLEANING_UP = 1
-    COMPLETE = 2
-
-
-class Completion(enum.IntEnum):
-    # 0 marks "not complete" in the completion column.
-    NONE = 0
-    SUCCESS = 1
-    CANCELED = 2
-
-
-def _camel(name: str) -> str:
-    return "".join(part.capitalize() for part in name.split("_"))
-
-
-_FACT_NAMES = {k: _camel(k.name) for k in FactKind}
-_ACTION_NAMES = {k: _camel(k.name) for k in ActionKind}
-_OUTCOME_NAMES = {k: _camel(k.name) for k in OutcomeKind}
-
-# Which successful outcome each action kind accepts.  Failed is handled before
-# this table is consulted.  Complete never receives an outcome in practice
-# (the handoff is already complete when it is issued), so every kind is
-# accepted there and nothing happens.
-_ALLOWED_OUTCOMES = np.zeros((N_ACTION_KINDS, len(OutcomeKind)), dtype=bool)
-_ALLOWED_OUTCOMES[ActionKind.SUBMIT_PREFILL, OutcomeKind.SUBMITTED] = True
-_ALLOWED_OUTCOMES[ActionKind.RESERVE_DESTINATION, OutcomeKind.ACCEPTED] = True
-_ALLOWED_OUTCOMES[ActionKind.START_TRANSFER, OutcomeKind.SCHEDULED] = True
-_ALLOWED_OUTCOMES[ActionKind.ACTIVATE_DESTINATION, OutcomeKind.APPLIED] = True
-for _kind in (ActionKind.RELEASE_SOURCE, ActionKind.CANCEL_SOURCE, ActionKind.CANCEL_DESTINATION):
-    _ALLOWED_OUTCOMES[_kind, OutcomeKind.APPLIED] = True
-    _ALLOWED_OUTCOMES[_kind, OutcomeKind.NOOP] = True
-_ALLOWED_OUTCOMES[ActionKind.COMPLETE, 1:] = True
-
-_CLEANUP_ACTIONS = np.array([ActionKind.CANCEL_SOURCE, ActionKind.CANCEL_DESTINATION], dtype=np.int64)
-
-
-# ---------------------------------------------------------------------------
-# Transfer timing
-# ---------------------------------------------------------------------------
-
-
-class TransferTimingError(ValueError):
-    """Invalid transfer-timing inputs; ``indices`` are the offending elements."""
-
-    def __init__(self, message: str, indices: Sequence[int] = ()):
-        super().__init__(message)
-        self.indices = np.asarray(indices, dtype=np.int64)
-
-
-@dataclass
-class TransferTimingArrays:
-    """Transfer-timing inputs for many handoffs, one element per handoff.
-
-    Absent optional values are NaN.  ``has_kv_bytes_per_token`` and
-    ``has_bandwidth_gb_s`` default to "not NaN"; pass them explicitly when a
-    present-but-NaN value must be rejected rather than treated as absent.
-    """
-
-    mode: np.ndarray
-    full_prompt_tokens: np.ndarray
-    kv_bytes_per_token: np.ndarray
-    bandwidth_gb_s: np.ndarray
-    state_bytes: np.ndarray | None = None
-    has_kv_bytes_per_token: np.ndarray | None = None
-    has_bandwidth_gb_s: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        self.mode = np.atleast_1d(np.asarray(self.mode, dtype=np.int64))
-        n = self.mode.shape[0]
-        self.full_prompt_tokens = _broadcast(self.full_prompt_tokens, n, np.int64, "full_prompt_tokens")
-        self.kv_bytes_per_token = _broadcast(self.kv_bytes_per_token, n, np.float64, "kv_bytes_per_token")
-        self.bandwidth_gb_s = _broadcast(self.bandwidth_gb_s, n, np.float64, "bandwidth_gb_s")
-        self.state_bytes = _broadcast(
-            0.0 if self.state_bytes is None else self.state_bytes, n, np.float64, "state_bytes"
-        )
-        if self.has_kv_bytes_per_token is None:
-            self.has_kv_bytes_per_token = ~np.isnan(self.kv_bytes_per_token)
-        else:
-            self.has_kv_bytes_per_token = _broadcast(self.has_kv_bytes_per_token, n, bool, "has_kv_bytes_per_token")
-        if self.has_bandwidth_gb_s is None:
-            self.has_bandwidth_gb_s = ~np.isnan(self.bandwidth_gb_s)
-        else:
-            self.has_bandwidth_gb_s = _broadcast(self.has_bandwidth_gb_s, n, bool, "has_bandwidth_gb_s")
-
-    def __len__(self) -> int:
-        return int(self.mode.shape[0])
-
-    def take(self, idx: np.ndarray) -> "TransferTimingArrays":
-        return TransferTimingArrays(
-            self.mode[idx],
-            self.full_prompt_tokens[idx],
-            self.kv_bytes_per_token[idx],
-            self.bandwidth_gb_s[idx],
-            self.state_bytes[idx],
-            self.has_kv_bytes_per_token[idx],
-            self.has_bandwidth_gb_s[idx],
-        )
-
-
-def _broadcast(values, n: int, dtype, name: str) -> np.ndarray:
-    arr = np.asarray(values, dtype=dtype)
-    if arr.ndim == 0:
-        return np.full(n, arr, dtype=dtype)
-    if arr.ndim != 1 or arr.shape[0] != n:
-        raise ValueError(f"{name} has shape {arr.shape}; expected a scalar or ({n},)")
-    return arr
-
-
-def _delay_ms_unchecked(
-    tokens: np.ndarray,
-    kv_bytes_per_token: np.ndarray,
-    has_kv_bytes_per_token: np.ndarray,
-    bandwidth_gb_s: np.ndarray,
-    has_bandwidth_gb_s: np.ndarray,
-    state_bytes: np.ndarray,
-) -> np.ndarray:
-    """The delay formula (``kernels.disagg.transfer_timing``, the one the kernels use), NaN
-    where the model is incomplete. Adding ``state_bytes`` = 0 does not change the
-    product.
-    """
-    # the kernels' rule (transfer_is_modeled), an absent value read as unknown (NaN)
-    defined = transfer_is_modeled(np.where(has_kv_bytes_per_token, kv_bytes_per_token, np.nan),
-                                  np.where(has_bandwidth_gb_s, bandwidth_gb_s, np.nan))
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        delay_ms = kv_transfer_ms(tokens.astype(np.float64), kv_bytes_per_token, state_bytes,
-                                  bandwidth_gb_s)
-    return np.where(defined, delay_ms, np.nan)
-
-
-def transfer_timing_violations(timing: TransferTimingArrays) -> dict[int, str]:
-    """Map element index -> reason for every handoff whose timing inputs are invalid.
-
-    Rules (first failing rule is reported): a known mode; non-negative
-    ``full_prompt_tokens``; a present bandwidth must be finite and >= 0; present
-    per-token bytes and the state bytes must be finite and >= 0; the
-    full-prompt delay they imply must be finite and >= 0.  A bandwidth of
-    exactly 0 is valid: it means "no timing model" and selects the fallback.
-    """
-    reasons: dict[int, str] = {}
-
-    def flag(mask: np.ndarray, describe) -> None:
-        for i in np.flatnonzero(mask):
-            reasons.setdefault(int(i), describe(int(i)))
-
-    bw = timing.bandwidth_gb_s
-    kv = timing.kv_bytes_per_token
-    flag(
-        (timing.mode != TransferTimingMode.FULL_PROMPT) & (timing.mode != TransferTimingMode.DESTINATION_MISSING),
-        lambda i: f"unknown transfer timing mode {int(timing.mode[i])}",
-    )
-    flag(
-        timing.full_prompt_tokens < 0,
-        lambda i: f"invalid handoff transfer full_prompt_tokens {int(timing.full_prompt_tokens[i])}",
-    )
-    with np.errstate(invalid="ignore"):
-        flag(
-            timing.has_bandwidth_gb_s & ~(np.isfinite(bw) & (bw >= 0.0)),
-            lambda i: f"invalid handoff transfer bandwidth_gb_s {float(bw[i])!r}",
-        )
-        flag(
-            timing.has_kv_bytes_per_token & ~(np.isfinite(kv) & (kv >= 0.0)),
-            lambda i: f"invalid handoff transfer kv_bytes_per_token {float(kv[i])!r}",
-        )
-        flag(
-            ~(np.isfinite(timing.state_bytes) & (timing.state_bytes >= 0.0)),
-            lambda i: f"invalid handoff transfer state_bytes {float(timing.state_bytes[i])!r}",
-        )
-    full_delay_ms = _delay_ms_unchecked(
-        timing.full_prompt_tokens,
-        kv,
-        timing.has_kv_bytes_per_token,
-        bw,
-        timing.has_bandwidth_gb_s,
-        timing.state_bytes,
-    )
-    flag(_invalid_delay_mask(full_delay_ms), lambda i: f"invalid handoff transfer delay {float(full_delay_ms[i])!r} ms")
-    return dict(sorted(reasons.items()))
-
-
-def _invalid_delay_mask(delay_ms: np.ndarray) -> np.ndarray:
-    """NaN means "undefined" (fallback) and is fine; inf and negatives are not."""
-    with np.errstate(invalid="ignore"):
-        return ~np.isnan(delay_ms) & (~np.isfinite(delay_ms) | (delay_ms < 0.0))
-
-
-def _raise_timing_violations(reasons: dict[int, str]) -> None:
-    if not reasons:
-        return
-    shown = "; ".join(f"[{i}] {r}" for i, r in list(reasons.items())[:10])
-    more = f" (and {len(reasons) - 10} more)" if len(reasons) > 10 else ""
-    raise TransferTimingError(f"invalid transfer timing: {shown}{more}", list(reasons))
-
-
-def transfer_delay_ms(
-    timing: TransferTimingArrays,
-    destination_missing_tokens: np.ndarray | int = 0,
-) -> np.ndarray:
-    """Vectorised KV transfer delay in ms; NaN where the timing model is incomplete.
-
-    ``destination_missing_tokens`` is only read for rows in
-    ``destination_missing`` mode (it is the destination's block-rounded
-    ``transferable_prompt_tokens``).  Raises ``TransferTimingError`` naming
-    the field and element when any input is invalid.
-    """
-    _raise_timing_violations(transfer_timing_violations(timing))
-    missing = _broadcast(destination_missing_tokens, len(timing), np.int64, "destination_missing_tokens")
-    uses_missing = timing.mode == TransferTimingMode.DESTINATION_MISSING
-    bad_missing = uses_missing & (missing < 0)
-    if bad_missing.any():
-        _raise_timing_violations(
-            {int(i): f"invalid destination_missing_tokens {int(missing[i])}" for i in np.flatnonzero(bad_missing)}
-        )
-    delay_ms = _timing_delay_ms(timing, missing)
-    bad_delay = _invalid_delay_mask(delay_ms)
-    if bad_delay.any():
-        _raise_timing_violations(
-            {int(i): f"invalid handoff transfer delay {float(delay_ms[i])!r} ms" for i in np.flatnonzero(bad_delay)}
-        )
-    return delay_ms
-
-
-def _timing_delay_ms(timing: TransferTimingArrays, destination_missing_tokens: np.ndarray) -> np.ndarray:
-    tokens = np.where(
-        timing.mode == TransferTimingMode.DESTINATION_MISSING,
-        destination_missing_tokens,
-        timing.full_prompt_tokens,
-    )
-    return _delay_ms_unchecked(
-        tokens,
-        timing.kv_bytes_per_token,
-        timing.has_kv_bytes_per_token,
-        timing.bandwidth_gb_s,
-        timing.has_bandwidth_gb_s,
-        timing.state_bytes,
-    )
-
-
-def resolve_transfer_delay_ms(delay_ms: np.ndarray, fallback_transfer_delay_ms: np.ndarray | float) -> np.ndarray:
-    """Replace undefined (NaN) delays by the configured fallback ``handoff_latency_ms``."""
-    delay_ms = np.asarray(delay_ms, dtype=np.float64)
-    return np.where(np.isnan(delay_ms), fallback_transfer_delay_ms, delay_ms)
-
-
-def validate_transfer_delay_ms(transfer_delay_ms: float | None) -> None:
-    """None (undefined) is fine; a present delay must be finite and >= 0."""
-    if transfer_delay_ms is None:
-        return
-    delay_ms = float(transfer_delay_ms)
-    if not math.isfinite(delay_ms) or delay_ms < 0.0:
-        raise TransferTimingError(f"invalid handoff transfer delay {delay_ms!r} ms", [0])
-
-
-@dataclass(frozen=True)
-class HandoffTransferTiming:
-    """Scalar transfer-timing inputs of one handoff (what SourceHeld carries)."""
-
-    mode: TransferTimingMode = TransferTimingMode.FULL_PROMPT
-    full_prompt_tokens: int = 0
-    kv_bytes_per_token: int | None = None
-    bandwidth_gb_s: float | None = None
-    # Per-request bytes (recurrent state etc.); always 0 in the observed runs.
-    state_bytes: int = 0
-
-    def as_arrays(self) -> TransferTimingArrays:
-        # Presence is explicit so a NaN given on purpose is rejected as
-        # non-finite instead of silently meaning "absent".
-        return TransferTimingArrays(
-            mode=np.array([int(TransferTimingMode.parse(self.mode))], dtype=np.int64),
-            full_prompt_tokens=np.array([self.full_prompt_tokens], dtype=np.int64),
-            kv_bytes_per_token=np.array(
-                [np.nan if self.kv_bytes_per_token is None else self.kv_bytes_per_token], dtype=np.float64
-            ),
-            bandwidth_gb_s=np.array([np.nan if self.bandwidth_gb_s is None else self.bandwidth_gb_s], dtype=np.float64),
-            state_bytes=np.array([self.state_bytes], dtype=np.float64),
-            has_kv_bytes_per_token=np.array([self.kv_bytes_per_token is not None]),
-            has_bandwidth_gb_s=np.array([self.bandwidth_gb_s is not None]),
-        )
-
-    def delay_ms(self, destination_missing_tokens: int = 0) -> float | None:
-        """Transfer delay in ms, or None when the caller must use its fallback."""
-        delay_ms = float(transfer_delay_ms(self.as_arrays(), destination_missing_tokens)[0])
-        return None if math.isnan(delay_ms) else delay_ms
-
-    def full_prompt_delay_ms(self) -> float | None:
-        """Delay charged for the full prompt irrespective of ``mode``."""
-        arrays = self.as_arrays()
-        arrays.mode[:] = TransferTimingMode.FULL_PROMPT
-        delay_ms = float(transfer_delay_ms(arrays, 0)[0])
-        return None if math.isnan(delay_ms) else delay_ms
-
-
-def validate_transfer_timing(timing: HandoffTransferTiming) -> None:
-    """Raise ``TransferTimingError`` when the timing inputs are unusable."""
-    _raise_timing_violations(transfer_timing_violations(timing.as_arrays()))
-
-
-def prefill_handoff_delay_ms(
-    worker_type: str,
-    completed: bool,
-    num_input_tokens: int,
-    bandwidth_gb_s: float | None,
-    kv_bytes_per_token: int | None,
-) -> float | None:
-    """Client-visible prefill-to-decode delay: only a completed prefill-worker request crosses it."""
-    if str(worker_type).lower() != "prefill" or not completed:
-        return None
-    return HandoffTransferTiming(
-        mode=TransferTimingMode.FULL_PROMPT,
-        full_prompt_tokens=num_input_tokens,
-        kv_bytes_per_token=kv_bytes_per_token,
-        bandwidth_gb_s=bandwidth_gb_s,
-    ).full_prompt_delay_ms()
+from aisim_fast.protocol.handoff.actions import (ActionKind, Completion, CoordinatorMode, FactKind,
+                                                 HandoffOrder, NEXT_ON_ARRIVAL, NEXT_ON_DESTINATION_ACTIVATED,
+                                                 NEXT_ON_DESTINATION_RESERVED, NEXT_ON_SOURCE_HELD,
+                                                 NEXT_ON_TRANSFER_COMPLETED, N_ACTION_KINDS, OutcomeKind,
+                                                 ACTION_NAMES, ALLOWED_OUTCOMES, CLEANUP_ACTIONS, FACT_NAMES,
+                                                 OUTCOME_NAMES)
+from aisim_fast.protocol.handoff.timing import (HandoffTransferTiming, TransferTimingArrays,
+                                                TransferTimingMode, broadcast_column, _invalid_delay_mask,
+                                                _timing_delay_ms, resolve_transfer_delay_ms,
+                                                transfer_timing_violations)
 
 
 # ---------------------------------------------------------------------------
@@ -653,9 +188,9 @@ def add_handoffs(
     """Append fresh (not started) handoffs; returns their row numbers."""
     handoff_ids = np.atleast_1d(np.asarray(handoff_ids, dtype=np.int64))
     n_new = handoff_ids.shape[0]
-    orders = _broadcast(orders, n_new, np.int64, "orders")
-    fallback_ms = _broadcast(fallback_transfer_delay_ms, n_new, np.float64, "fallback_transfer_delay_ms")
-    simulation = _broadcast(simulation, n_new, np.int64, "simulation")
+    orders = broadcast_column(orders, n_new, np.int64, "orders")
+    fallback_ms = broadcast_column(fallback_transfer_delay_ms, n_new, np.float64, "fallback_transfer_delay_ms")
+    simulation = broadcast_column(simulation, n_new, np.int64, "simulation")
     bad_order = (orders != HandoffOrder.SOURCE_FIRST) & (orders != HandoffOrder.DESTINATION_FIRST)
     if bad_order.any():
         i = int(np.flatnonzero(bad_order)[0])
@@ -704,7 +239,7 @@ class IssuedHandoffAction:
 
     def __str__(self) -> str:
         extra = f", delay_ms={self.delay_ms!r}" if self.delay_ms is not None else ""
-        return f"#{self.id} {_ACTION_NAMES[self.kind]}(handoff {self.handoff_id}{extra})"
+        return f"#{self.id} {ACTION_NAMES[self.kind]}(handoff {self.handoff_id}{extra})"
 
 
 @dataclass
@@ -1012,7 +547,7 @@ def apply_facts(
     """
     rows = _check_rows(state, rows)
     k = rows.shape[0]
-    kinds = _broadcast(fact_kinds, k, np.int64, "fact_kinds")
+    kinds = broadcast_column(fact_kinds, k, np.int64, "fact_kinds")
     bad_kind = (kinds < 0) | (kinds >= len(FactKind))
     if bad_kind.any():
         _raise_if_rejected(
@@ -1033,17 +568,17 @@ def apply_facts(
         if is_reserved.any():
             raise ValueError("DestinationReserved facts need the transferable_prompt_tokens argument")
         transferable_prompt_tokens = -1
-    tokens = _broadcast(transferable_prompt_tokens, k, np.int64, "transferable_prompt_tokens")
+    tokens = broadcast_column(transferable_prompt_tokens, k, np.int64, "transferable_prompt_tokens")
 
     # ---- validate everything before changing anything ----
     problems: dict[int, tuple[int, str]] = {}
 
     def reject(mask: np.ndarray, describe) -> None:
         for p in np.flatnonzero(mask):
-            problems.setdefault(int(p), (-1, f"fact {_FACT_NAMES[FactKind(int(kinds[p]))]}: {describe(int(p))}"))
+            problems.setdefault(int(p), (-1, f"fact {FACT_NAMES[FactKind(int(kinds[p]))]}: {describe(int(p))}"))
 
     if handoff_ids is not None:
-        claimed = _broadcast(handoff_ids, k, np.int64, "handoff_ids")
+        claimed = broadcast_column(handoff_ids, k, np.int64, "handoff_ids")
         reject(claimed != state.handoff_id[rows], lambda p: f"fact belongs to a different handoff ({int(claimed[p])})")
 
     active = state.mode[rows] == CoordinatorMode.ACTIVE
@@ -1057,8 +592,8 @@ def apply_facts(
         # the lost or reordered message.
         action_id = int(state.action_id_by_kind[rows[p], kind])
         if action_id < 0:
-            return f"(action {_ACTION_NAMES[kind]} not issued yet)"
-        return f"(action {action_id} ({_ACTION_NAMES[kind]}) has no {_OUTCOME_NAMES[outcome]} outcome)"
+            return f"(action {ACTION_NAMES[kind]} not issued yet)"
+        return f"(action {action_id} ({ACTION_NAMES[kind]}) has no {OUTCOME_NAMES[outcome]} outcome)"
 
     reject(
         apply_held & ~state.src_submitted[rows],
@@ -1121,9 +656,9 @@ def apply_outcomes(
     """
     rows = _check_rows(state, rows)
     k = rows.shape[0]
-    ids = _broadcast(action_ids, k, np.int64, "action_ids")
-    outcomes = _broadcast(outcome_kinds, k, np.int64, "outcome_kinds")
-    codes = _broadcast(-1 if failure_message_codes is None else failure_message_codes, k, np.int64, "failure_message_codes")
+    ids = broadcast_column(action_ids, k, np.int64, "action_ids")
+    outcomes = broadcast_column(outcome_kinds, k, np.int64, "outcome_kinds")
+    codes = broadcast_column(-1 if failure_message_codes is None else failure_message_codes, k, np.int64, "failure_message_codes")
     codes = np.where(outcomes == OutcomeKind.FAILED, codes, -1)
 
     # ---- validate everything before changing anything ----
@@ -1136,10 +671,10 @@ def apply_outcomes(
 
     def describe(p: int) -> str:
         outcome_code = int(outcomes[p])
-        outcome = _OUTCOME_NAMES[OutcomeKind(outcome_code)] if 0 <= outcome_code < len(OutcomeKind) else str(outcome_code)
+        outcome = OUTCOME_NAMES[OutcomeKind(outcome_code)] if 0 <= outcome_code < len(OutcomeKind) else str(outcome_code)
         if outcome_code == OutcomeKind.FAILED and 0 <= codes[p] < len(state.messages):
             outcome = f"Failed({state.messages[int(codes[p])]!r})"
-        action = _ACTION_NAMES[ActionKind(int(action_kinds[p]))] if action_kinds[p] >= 0 else "unknown"
+        action = ACTION_NAMES[ActionKind(int(action_kinds[p]))] if action_kinds[p] >= 0 else "unknown"
         return f"action {int(ids[p])} ({action}) outcome {outcome}"
 
     def reject(mask: np.ndarray, why) -> None:
@@ -1161,10 +696,10 @@ def apply_outcomes(
     reject(conflicting, lambda p: f"conflicting outcome for handoff action {int(ids[p])}")
     fresh = considered & (previous == OutcomeKind.NONE)
     failed = fresh & (outcomes == OutcomeKind.FAILED)
-    failed_cleanup = failed & np.isin(action_kinds, _CLEANUP_ACTIONS)
+    failed_cleanup = failed & np.isin(action_kinds, CLEANUP_ACTIONS)
     reject(failed_cleanup, lambda p: f"handoff cleanup action {int(ids[p])} failed")
     succeeded = fresh & ~failed
-    allowed = _ALLOWED_OUTCOMES[safe_kinds, np.clip(outcomes, 0, len(OutcomeKind) - 1)]
+    allowed = ALLOWED_OUTCOMES[safe_kinds, np.clip(outcomes, 0, len(OutcomeKind) - 1)]
     reject(succeeded & ~allowed, lambda p: "invalid handoff action outcome for this action")
     _raise_if_rejected(state, rows, problems)
 
@@ -1293,92 +828,3 @@ class HandoffCoordinator:
     def completion(self) -> Completion | None:
         value = Completion(int(self.state.completion[self.row]))
         return None if value == Completion.NONE else value
-
-
-# ---------------------------------------------------------------------------
-# Normalized conformance record
-# ---------------------------------------------------------------------------
-
-
-class NormalizedHandoffEvent(enum.Enum):
-    SOURCE_HELD = "SourceHeld"
-    DESTINATION_ACCEPTED = "DestinationAccepted"
-    DESTINATION_RESERVED = "DestinationReserved"
-    DESTINATION_ACTIVATED = "DestinationActivated"
-    SOURCE_RELEASED = "SourceReleased"
-    COMPLETED = "Completed"
-
-
-def expected_normalized_handoff(order: HandoffOrder) -> tuple[NormalizedHandoffEvent, ...]:
-    """Lifecycle of a successful handoff as the conformance fixture records it."""
-    e = NormalizedHandoffEvent
-    if HandoffOrder(order) == HandoffOrder.SOURCE_FIRST:
-        return (
-            e.SOURCE_HELD,
-            e.DESTINATION_ACCEPTED,
-            e.DESTINATION_RESERVED,
-            e.DESTINATION_ACTIVATED,
-            e.SOURCE_RELEASED,
-            e.COMPLETED,
-        )
-    return (
-        e.DESTINATION_ACCEPTED,
-        e.DESTINATION_RESERVED,
-        e.SOURCE_HELD,
-        e.DESTINATION_ACTIVATED,
-        e.SOURCE_RELEASED,
-        e.COMPLETED,
-    )
-
-
-@dataclass
-class NormalizedStoredTiming:
-    """Destination KV ``Stored`` events relative to activation (counts of blocks)."""
-
-    before_activation: int = 0
-    on_activation: int = 0
-    repeated_activation_hashes_after_activation: int = 0
-
-
-@dataclass
-class NormalizedHandoffConformance:
-    """Backend-neutral summary of one fixture handoff (one request, 1 prefill token, 2 decode tokens)."""
-
-    engine_type: Backend
-    order: HandoffOrder
-    lifecycle: list[NormalizedHandoffEvent]
-    source_output_tokens: int
-    destination_output_tokens: int
-    completed_requests: int
-    destination_stored: NormalizedStoredTiming
-    source_drained: bool
-    destination_drained: bool
-    driver_drained: bool
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` describing the first rule the record breaks."""
-        backend = Backend(self.engine_type)
-        if backend is Backend.TRTLLM:
-            # The fixture covers the two backends with a native destination
-            # handoff; TRT-LLM's source-first flow is not part of it.
-            raise ValueError("TRT-LLM does not support destination handoff")
-        expected_order = handoff_order_for_backend(backend)
-        if HandoffOrder(self.order) != expected_order:
-            raise ValueError(
-                f"normalized handoff order mismatch: expected {expected_order.name}, got {HandoffOrder(self.order).name}"
-            )
-        if tuple(self.lifecycle) != expected_normalized_handoff(self.order):
-            raise ValueError(
-                f"normalized handoff lifecycle mismatch: got {[e.value for e in self.lifecycle]}"
-            )
-        if self.source_output_tokens != 1 or self.destination_output_tokens != 2 or self.completed_requests != 1:
-            raise ValueError("normalized handoff output/completion counts do not match the fixture")
-        stored = self.destination_stored
-        if (
-            stored.before_activation != 0
-            or stored.on_activation == 0
-            or stored.repeated_activation_hashes_after_activation != 0
-        ):
-            raise ValueError("normalized handoff destination KV visibility is invalid")
-        if not (self.source_drained and self.destination_drained and self.driver_drained):
-            raise ValueError("normalized handoff did not drain")
