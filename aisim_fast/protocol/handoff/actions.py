@@ -10,7 +10,6 @@ import numpy as np
 from aisim_fast.kernels.schema import layout as L
 
 
-
 class HandoffOrder(enum.IntEnum):
     """Which side is engaged first; fixed by the backend."""
 

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from aisim_fast.protocol.handoff.actions import Backend, HandoffOrder, handoff_order_for_backend
 
 
-
-
 class NormalizedHandoffEvent(enum.Enum):
     SOURCE_HELD = "SourceHeld"
     DESTINATION_ACCEPTED = "DestinationAccepted"

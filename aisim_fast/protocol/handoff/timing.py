@@ -13,9 +13,6 @@ import numpy as np
 from aisim_fast.kernels.disagg.transfer_timing import kv_transfer_ms, transfer_is_modeled
 
 
-
-
-
 class TransferTimingMode(enum.IntEnum):
     """Which prompt footprint is charged to the KV transfer."""
 
@@ -38,8 +35,6 @@ class TransferTimingMode(enum.IntEnum):
                     "expected 'full_prompt' or 'destination_missing'"
                 ) from None
         return cls(int(value))
-
-
 
 
 class TransferTimingError(ValueError):
