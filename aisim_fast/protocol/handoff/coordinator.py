@@ -30,8 +30,8 @@ from aisim_fast.protocol.handoff.actions import (ActionKind, Completion, Coordin
                                                  ACTION_NAMES, ALLOWED_OUTCOMES, CLEANUP_ACTIONS, FACT_NAMES,
                                                  OUTCOME_NAMES)
 from aisim_fast.protocol.handoff.timing import (HandoffTransferTiming, TransferTimingArrays,
-                                                TransferTimingMode, broadcast_column, _invalid_delay_mask,
-                                                _timing_delay_ms, resolve_transfer_delay_ms,
+                                                TransferTimingMode, broadcast_column, invalid_delay_mask,
+                                                timing_delay_ms, resolve_transfer_delay_ms,
                                                 transfer_timing_violations)
 
 
@@ -436,7 +436,7 @@ def _advance_active(work: HandoffState, idx: np.ndarray, log: _IssueLog) -> None
     sel = claim(work.src_held[r] & work.dst_reserved[r] & ~work.xfer_issued[r])
     if sel.shape[0]:
         work.xfer_issued[sel] = True
-        delay_ms = _timing_delay_ms(_stored_timing(work, sel), work.dst_transferable_prompt_tokens[sel])
+        delay_ms = timing_delay_ms(_stored_timing(work, sel), work.dst_transferable_prompt_tokens[sel])
         delay_ms = resolve_transfer_delay_ms(delay_ms, work.fallback_transfer_delay_ms[sel])
         work.xfer_delay_ms[sel] = delay_ms
         _issue(work, sel, NEXT_ON_DESTINATION_RESERVED, log, delay_ms)
@@ -486,7 +486,7 @@ def _commit(state: HandoffState, rows: np.ndarray, work: HandoffState, log: _Iss
     issued = log.finish(rows, work)
     # Last line of defence: a computed StartTransfer delay must be usable.
     # Raised before the write-back, so the table stays untouched.
-    bad = (issued.kinds == ActionKind.START_TRANSFER) & _invalid_delay_mask(issued.delay_ms)
+    bad = (issued.kinds == ActionKind.START_TRANSFER) & invalid_delay_mask(issued.delay_ms)
     if bad.any():
         problems = {}
         for i in np.flatnonzero(bad):

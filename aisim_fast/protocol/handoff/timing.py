@@ -171,11 +171,11 @@ def transfer_timing_violations(timing: TransferTimingArrays) -> dict[int, str]:
         timing.has_bandwidth_gb_s,
         timing.state_bytes,
     )
-    flag(_invalid_delay_mask(full_delay_ms), lambda i: f"invalid handoff transfer delay {float(full_delay_ms[i])!r} ms")
+    flag(invalid_delay_mask(full_delay_ms), lambda i: f"invalid handoff transfer delay {float(full_delay_ms[i])!r} ms")
     return dict(sorted(reasons.items()))
 
 
-def _invalid_delay_mask(delay_ms: np.ndarray) -> np.ndarray:
+def invalid_delay_mask(delay_ms: np.ndarray) -> np.ndarray:
     """NaN means "undefined" (fallback) and is fine; inf and negatives are not."""
     with np.errstate(invalid="ignore"):
         return ~np.isnan(delay_ms) & (~np.isfinite(delay_ms) | (delay_ms < 0.0))
@@ -208,8 +208,8 @@ def transfer_delay_ms(
         _raise_timing_violations(
             {int(i): f"invalid destination_missing_tokens {int(missing[i])}" for i in np.flatnonzero(bad_missing)}
         )
-    delay_ms = _timing_delay_ms(timing, missing)
-    bad_delay = _invalid_delay_mask(delay_ms)
+    delay_ms = timing_delay_ms(timing, missing)
+    bad_delay = invalid_delay_mask(delay_ms)
     if bad_delay.any():
         _raise_timing_violations(
             {int(i): f"invalid handoff transfer delay {float(delay_ms[i])!r} ms" for i in np.flatnonzero(bad_delay)}
@@ -217,7 +217,7 @@ def transfer_delay_ms(
     return delay_ms
 
 
-def _timing_delay_ms(timing: TransferTimingArrays, destination_missing_tokens: np.ndarray) -> np.ndarray:
+def timing_delay_ms(timing: TransferTimingArrays, destination_missing_tokens: np.ndarray) -> np.ndarray:
     tokens = np.where(
         timing.mode == TransferTimingMode.DESTINATION_MISSING,
         destination_missing_tokens,
