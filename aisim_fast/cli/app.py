@@ -39,7 +39,7 @@ from aisim_fast.config.payload import ConfigError
 from aisim_fast.engine.simulation import SimulationError
 from aisim_fast.io import run_folder
 from aisim_fast.io.run_folder import OutputError
-from aisim_fast.studies.plots import PlotError
+from aisim_fast.studies.plots import plot_folder, PlotError
 from aisim_fast.studies.sweeps import SweepError
 from aisim_fast.trace.workload import TraceError
 
@@ -89,7 +89,6 @@ def _main(argv: list[str] | None) -> int:
             print(run_listing(args))
             return EXIT_OK
         if args.command == "plot":
-            from aisim_fast.studies.plots import plot_folder
 
             for path in plot_folder(args.folder):
                 print(f"  {path}")

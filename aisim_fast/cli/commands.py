@@ -6,6 +6,7 @@ import time
 import warnings
 from pathlib import Path
 
+from aisim_fast.aic import timing as aic
 from aisim_fast.cli.console import MS_PER_S, nothing_completed, pressure_counts, rejection_causes, with_rank
 from aisim_fast.cli.flags import setup_from_flags, setup_from_spec
 from aisim_fast.cli.parser import PROG, UsageError, sla_flag, aic_flags
@@ -20,6 +21,8 @@ from aisim_fast.io.run_folder import check_out_dir, write_run
 from aisim_fast.kernels.jit import compile_notice
 from aisim_fast.protocol.handoff.audit import audit_handoffs, audited_runs
 from aisim_fast.report.summary import kv_capacity, prediction_provenance, routing_summary, summarize_replay
+from aisim_fast.studies.sizing import format_answers, size
+from aisim_fast.studies.sweeps import POINTS_FILE, run_sweep
 from aisim_fast.trace.workload import TraceError, TraceWarning, load_mooncake
 
 PROGRESS_DELAY_S = 2.0  # a replay shorter than this shows no progress line
@@ -27,7 +30,6 @@ PROGRESS_DELAY_S = 2.0  # a replay shorter than this shows no progress line
 
 def run_listing(args) -> str:
     """``aisim-fast models`` / ``systems``: what the installed perf database covers."""
-    from aisim_fast.aic import timing as aic
 
     try:
         if args.command == "models":
@@ -49,7 +51,6 @@ def run_listing(args) -> str:
 
 
 def run_size_command(args) -> str:
-    from aisim_fast.studies.sizing import format_answers, size
 
     sla = sla_flag(args.sla)
     rates = (None,)
@@ -66,7 +67,6 @@ def run_size_command(args) -> str:
 
 def run_sweep_command(args) -> str:
     """Run ``aisim-fast sweep``; returns the closing summary text."""
-    from aisim_fast.studies.sweeps import POINTS_FILE, run_sweep
 
     if args.jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
@@ -193,7 +193,6 @@ def run_replay(args) -> dict:
     passes = None
     if record_passes:
         if any(rank.aic is not None for _, rank in setup.pools):
-            from aisim_fast.aic import timing as aic
             evidence = aic.op_latency_evidence(setup, result.passes[0])
             if evidence is not None:
                 summary["op_latency_evidence"] = evidence
