@@ -149,7 +149,7 @@ def cancel_requests(cfg, p, rq, wk, sims, sim_ids, q_rows, now_ms):
     return result
 
 
-@kernel(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def release_sources(cfg, p, rq, wl, wk, sims, sim_ids, q_rows, now_ms, max_lease_blocks, max_block_size):
     """ReleaseSource (or CancelSource) of the held source row ``q_rows[i]`` on prefill
     rank ``sim_ids[i]``: its KV released as a finish does
