@@ -67,7 +67,7 @@ def summary_differences(setup, sim, res, report_path: Path) -> list[tuple]:
     """Keys of the run's summary that differ from the reference's report (1e-9 rel)."""
     import math
 
-    from test_cli import NOT_COMPARED
+    from support.cli_runs import NOT_COMPARED
 
     requests = requests_in_uuid_order(res.requests[0], sim.workload.session, sim.workload.turn_index)
     summary = summarize_replay(setup, requests, res.token_stat[0], res.token_hist[0],
