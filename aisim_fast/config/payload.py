@@ -544,7 +544,7 @@ def parse_placement(raw: Any, path: str) -> tuple[str, int, RouterConfig | None]
 def check_placement_seed(path: str, seed: Any) -> int:
     """A placement seed: the generator's (random placement, the router's ties)."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2 ** 63:
-        _fail(path, f"must be an integer in [0, 2**63), got {seed!r}")
+        _fail(path, f"must be an integer >= 0 and below 2**63, got {seed!r}")
     return int(seed)
 
 
