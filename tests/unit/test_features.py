@@ -10,6 +10,7 @@
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,8 +36,10 @@ FEATURE_MODULES = {"routing/kv_router", "dp/attention_dp", "trtllm/policy", "tim
 def _cached_modules(cache_dir: Path) -> set[str]:
     """Kernel modules (``room/module``) with at least one function in the Numba cache
     folder: an index file ``<module>.<function>-<line>.py311.nbi`` per cached function,
-    in a folder named after the module's room."""
-    return {f"{p.parent.name}/{p.name.split('.')[0]}" for p in cache_dir.rglob("*.nbi")}
+    in a folder named after the module's room (``<room>_<digest of its path>`` under a
+    ``NUMBA_CACHE_DIR``)."""
+    return {f"{re.sub(r'_[0-9a-f]{40}$', '', p.parent.name)}/{p.name.split('.')[0]}"
+            for p in cache_dir.rglob("*.nbi")}
 
 
 def test_plain_run_compiles_no_optional_feature(tmp_path):
