@@ -56,10 +56,13 @@ def main(argv=None) -> int:
     import numba
 
     import aisim_fast
-    import aisim_fast.kernels
-    from aisim_fast.config.payload import ConfigError, load_spec
-    from aisim_fast.engine.batch import run_batch
-    from aisim_fast.engine.simulation import simulation_from_setup
+    try:
+        from aisim_fast import ConfigError, load_spec, run_batch, simulation_from_setup
+        from aisim_fast.kernels.jit import cache_root
+    except ImportError:  # a tree before the public surface (bench_replay --aisim-path)
+        from aisim_fast.config import ConfigError, load_spec
+        from aisim_fast.kernels import cache_root
+        from aisim_fast.replay import run_batch, simulation_from_setup
     import_s = time.perf_counter() - t0
 
     spec_path = Path(args.spec)
@@ -72,7 +75,7 @@ def main(argv=None) -> int:
         "mode": "cold" if args.cold else "warm",
         "aisim_fast_file": aisim_fast.__file__,  # which tree was measured (see --aisim-path)
         "numba_version": numba.__version__,
-        "numba_cache_dir": aisim_fast.kernels.cache_root(),
+        "numba_cache_dir": cache_root(),
         "numba_num_threads": numba.config.NUMBA_NUM_THREADS,
         "import_s": import_s,
     }
