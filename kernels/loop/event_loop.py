@@ -67,8 +67,10 @@ from aisim_fast.kernels.vllm.decode_run import quiet_until_ms
 def _event_loop(disaggregated, sglang=False):
     """The event loop compiled for one topology (``disaggregated`` is a constant) and
     backend family (``sglang``: SGLang workers; else vLLM / TRT-LLM)."""
-    pass_kernel = sglang_run_pass if sglang else run_pass
-    group_pass_kernel = group_sglang_rank_pass if sglang else group_rank_pass  # attention DP
+    # The closure holds constants only: Numba keys a closure's cache entry by the pickle
+    # of its variables, and a kernel pickles with a per-process uuid, so a closure over
+    # one would compile anew in every process. Kernels are called by their global names,
+    # the other backend's call pruned by the constant ``sglang``.
     # the handoff's backend: its type prunes the other backend's code (disagg.handoff)
     sg = 1 if sglang else None
 
@@ -169,9 +171,14 @@ def _event_loop(disaggregated, sglang=False):
                                     # evicted is seen)
                                     p.w64[r, PW_PASS_NUM] = NO_PASS
                                     continue
-                                rank_end_ms, rank_effect, arena_full = group_pass_kernel(
-                                    cfg.features, cfg, p, rq, wl, wk, sims, s, r, now_ms, acc, hits, fresh,
-                                    scratch_tokens)
+                                if sglang:
+                                    rank_end_ms, rank_effect, arena_full = group_sglang_rank_pass(
+                                        cfg.features, cfg, p, rq, wl, wk, sims, s, r, now_ms, acc, hits,
+                                        fresh, scratch_tokens)
+                                else:
+                                    rank_end_ms, rank_effect, arena_full = group_rank_pass(
+                                        cfg.features, cfg, p, rq, wl, wk, sims, s, r, now_ms, acc, hits,
+                                        fresh, scratch_tokens)
                                 if arena_full:
                                     sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                                     return
@@ -251,8 +258,12 @@ def _event_loop(disaggregated, sglang=False):
                                 changed = True
                                 break
                         first_event = p.event_log[s, 0, EVH_LEN] if events_on else 0
-                        end_ms, had_effect, arena_full = pass_kernel(
-                            cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
+                        if sglang:
+                            end_ms, had_effect, arena_full = sglang_run_pass(
+                                cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
+                        else:
+                            end_ms, had_effect, arena_full = run_pass(
+                                cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens)
                         if arena_full:
                             sims.i64[s, SM_STATUS] = SIM_ARENA_FULL
                             return
@@ -348,13 +359,19 @@ def _variant(fn, disaggregated, sglang):
     return fn
 
 
+run_simulation_aggregated = _event_loop(False)
+run_simulation_disaggregated = _event_loop(True)
+run_simulation_aggregated_sglang = _event_loop(False, sglang=True)
+run_simulation_disaggregated_sglang = _event_loop(True, sglang=True)
+
+
 def _batch_entry(disaggregated, sglang=False):
     """The batch entry kernel of one topology: a serial loop over simulations that
     releases the GIL, so the driver runs chunks of a batch on parallel threads
     (``replay_batch``). A ``parallel=True`` loop would cost ~8 CPU-seconds more to
     compile, on every first run, for the same threads. The scratch arrays come from the
-    driver, so the entry needs no Numba runtime (see the module docstring)."""
-    run_simulation = _event_loop(disaggregated, sglang)
+    driver, so the entry needs no Numba runtime (see the module docstring). It calls its
+    set's loop by global name (closures over constants only: see ``_event_loop``)."""
 
     def replay(cfg, p, rq, wl, wk, sims, sim_ids, horizon_ms, acc, hits, fresh, scratch_tokens):
         """Advance every simulation in ``sim_ids`` that is still running (or paused at
@@ -367,7 +384,19 @@ def _batch_entry(disaggregated, sglang=False):
             status = sims.i64[s, SM_STATUS]
             if status != SIM_RUNNING and status != SIM_NEED_FLUSH and status != SIM_PAUSED:
                 continue
-            run_simulation(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh, scratch_tokens)
+            if disaggregated:
+                if sglang:
+                    run_simulation_disaggregated_sglang(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits,
+                                                        fresh, scratch_tokens)
+                else:
+                    run_simulation_disaggregated(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh,
+                                                 scratch_tokens)
+            elif sglang:
+                run_simulation_aggregated_sglang(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh,
+                                                 scratch_tokens)
+            else:
+                run_simulation_aggregated(cfg, p, rq, wl, wk, sims, s, horizon_ms, acc, hits, fresh,
+                                          scratch_tokens)
 
     return njit(cache=True, nogil=True, _nrt=False)(_variant(replay, disaggregated, sglang))
 

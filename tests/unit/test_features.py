@@ -53,6 +53,17 @@ def test_plain_run_compiles_no_optional_feature(tmp_path):
     assert {"loop/event_loop", "vllm/core", "kv/block_pool"} <= cached, cached  # it did compile
     assert not cached & FEATURE_MODULES, sorted(cached & FEATURE_MODULES)
 
+    # a second process loads every kernel from the cache and compiles nothing: no new
+    # machine code is saved (a kernel whose cache key changed from process to process,
+    # e.g. a closure over a dispatcher, would compile and save a new version every run)
+    saved = sorted(p.name for p in cache.rglob("*.nbc"))
+    again = subprocess.run([sys.executable, "-m", "aisim_fast", "replay", str(TINY_TRACE),
+                            "--backend", "vllm", "--workers", "2", "--out", str(tmp_path / "again")],
+                           env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in cache.rglob("*.nbc")) == saved
+    assert "compiling kernels" not in again.stderr
+
 
 def _state_features(**sim_fields):
     workload = load_mooncake(TINY_TRACE)
