@@ -95,7 +95,7 @@ def _transfer_fields(args) -> dict:
 
 
 # Where a flag's value lands in the payload: an error the payload parser reports at a
-# path is reported at the flag (the longest matching path wins)
+# path is reported at the flag (longer paths first: the first match wins)
 FLAG_PATHS = (
     ("spec.engine.prefill.rank.kv_transfer_bandwidth", "--kv-transfer-bandwidth"),
     ("spec.engine.decode.rank.kv_transfer_bandwidth", "--kv-transfer-bandwidth"),
@@ -123,7 +123,7 @@ FLAG_PATHS = (
 def _at_flag(exc: ConfigError) -> ConfigError:
     """The payload parser's error, named by the flag that gave the value."""
     message = str(exc)
-    for path, flag in sorted(FLAG_PATHS, key=lambda pair: -len(pair[0])):
+    for path, flag in FLAG_PATHS:
         if message == path or message.startswith((path + ":", path + ".")):
             return ConfigError(flag + message[len(path):])
     return exc

@@ -879,6 +879,5 @@ class Sims(NamedTuple):
     rt_costs: np.ndarray = _NO_RT_COSTS  # float64[s, rows, workers] every worker's cost
 
 
-for _table in (*STATE_TABLES, RADIX_W, RADIX_P, RADIX_N, PASS_LOG, PASS_COUNTERS, EVENT_LOG, HANDOFF_LOG,
-               ROUTING_LOG):
+for _table in [value for value in globals().values() if isinstance(value, FieldTable)]:
     check_constants(_table, globals())
