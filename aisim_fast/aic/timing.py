@@ -24,7 +24,7 @@ import math
 import os
 import sys
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,84 @@ CONFIG_FIELDS = ("model", "backend", "system", "tp", "backend_version", "pp", "a
                  "gpu_memory_utilization", "mem_fraction_static", "free_gpu_memory_fraction",
                  "systems_path")
 _ALIASES = {"tp_size": "tp", **{v: k for k, v in _DTYPE_FIELDS.items()}}
+
+# The rest of what the reference's CLI writes into this config (its canonical
+# forward-pass config): key -> (the values simulated, why another value is refused).
+# The values simulated are the ones the CLI writes unless its config asks for the
+# feature; they name provenance only and are carried into the run's summary.
+_CLI_FIELDS = {
+    "worker_type": (("aggregated", "prefill", "decode"), "must be aggregated, prefill or decode"),
+    "fpm_profile": ((None,), "forward-pass-measurement (FPM) profile timing is not simulated"),
+    "fpm_fmha_quant_mode": ((None,), "FPM attention quantization is not simulated"),
+    "dcp": ((None, 1), "decode context parallelism is not simulated"),
+    "cp_size": ((None, 1), "prefill context parallelism is not simulated"),
+    "speculation": ((None,), "speculative decoding is not simulated"),
+    "decoder_replay": ((False,), "decoder replay is not simulated"),
+    "estimation_mode": (("op_level",), "only op-level estimation is simulated"),
+    "database_mode": (("SILICON",), "only the measured (SILICON) database mode is simulated"),
+    "fallback_policy": (("deny",), "only 'deny' is simulated (a failed lookup stops the run)"),
+    "attention_backend": ((None,), "a non-default attention kernel backend is not simulated"),
+    "moe_kernel_source": ((None,), "a non-default MoE kernel source is not simulated"),
+    "moe_backend": ((None,), "a non-default MoE backend is not simulated"),
+    "enable_eplb": ((False,), "expert-parallel load balancing is not simulated"),
+    "wideep_num_slots": ((None,), "wide expert parallelism is not simulated"),
+    "enable_shared_layer": ((None, False), "shared-layer models are not simulated"),
+    "strict_provenance": ((False,), "strict provenance checking is not simulated"),
+    "encoder_parallel": ((None,), "vision encoders are not simulated"),
+}
+# the CLI's transfer policy: every kind of transfer between database entries allowed
+_TRANSFER_POLICY = ("xop", "xprofile", "xquant", "xshape")
+# estimator_config blocks that tune the FPM estimators (correction, regression,
+# interpolation) from measured passes; a replay feeds none, so only op_level matters
+_ESTIMATOR_BLOCKS = ("features", "op_level", "fpm_interpolation", "fpm_regression", "correction")
+_MAX_RESERVED_BYTES = 2 ** 53  # the reference's largest exact byte count
+
+
+def _is_value(value: Any, allowed: tuple) -> bool:
+    """``value`` is one of ``allowed`` (None and booleans by identity: 0 is not False)."""
+    return any(value is a if a is None or isinstance(a, bool) else
+               (not isinstance(value, bool) and value == a) for a in allowed)
+
+
+def _cli_field(path: str, key: str, value: Any) -> Any:
+    """One key of the reference CLI's canonical config, checked: its value (normalized
+    as the reference normalizes it) or an error naming the field and the reason."""
+    if key == "database_mode" and isinstance(value, str):
+        value = value.upper()
+    if key == "transfer_policy":
+        kinds = [value] if isinstance(value, str) else value
+        if value is not None and (not isinstance(kinds, list) or sorted(kinds) != list(_TRANSFER_POLICY)):
+            _fail(f"{path}.{key}", f"only the default policy {list(_TRANSFER_POLICY)} (or null) is "
+                                   f"simulated, got {value!r}")
+        return value
+    if key == "estimator_config":
+        if value is None:
+            return value
+        if not isinstance(value, dict):
+            _fail(f"{path}.{key}", f"must be an object, got {value!r}")
+        for block in value:
+            if block not in _ESTIMATOR_BLOCKS:
+                _fail(f"{path}.{key}.{block}", "unknown block; allowed: " + ", ".join(_ESTIMATOR_BLOCKS))
+        if value.get("op_level") not in (None, {}):
+            _fail(f"{path}.{key}.op_level", "op-level estimator options are not simulated; only {} is accepted")
+        return value
+    if key == "systems_paths":
+        if value is None or value == []:
+            return None
+        if not isinstance(value, list) or len(value) != 1 or not isinstance(value[0], str):
+            _fail(f"{path}.{key}", f"one systems folder is simulated (a list of one path), got {value!r}")
+        return value[0]
+    if key == "cuda_graph_reserved_bytes":
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_RESERVED_BYTES:
+            _fail(f"{path}.{key}", f"must be an integer in [0, 2**53], got {value!r}")
+        return value
+    allowed, why = _CLI_FIELDS[key]
+    if not _is_value(value, allowed):
+        _fail(f"{path}.{key}", f"{why}; accepted: {', '.join(map(repr, allowed))}; got {value!r}")
+    return value
+
+
+CLI_ONLY_FIELDS = (*_CLI_FIELDS, "transfer_policy", "estimator_config", "systems_paths")
 
 
 class AicError(ValueError):
@@ -166,9 +244,24 @@ class AicConfig:
     memory_fraction_kind: str = "of_total"
     memory_fraction_value: float = 0.9
     systems_path: str | None = None
+    # bytes the rank keeps for CUDA graphs, out of the KV budget (num_gpu_blocks only)
+    cuda_graph_reserved_bytes: int = 0
+    # the reference CLI's provenance keys as given ((key, value as JSON) pairs): carried
+    # into the summary, no part of the timing (equal configs share one engine)
+    cli_fields: tuple = field(default=(), compare=False)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = self.values_json()
+        if self.cuda_graph_reserved_bytes:
+            out["cuda_graph_reserved_bytes"] = self.cuda_graph_reserved_bytes
+        if self.cli_fields:
+            out["cli_fields"] = {key: json.loads(text) for key, text in self.cli_fields}
+        return out
+
+    def values_json(self) -> dict:
+        """What the per-op latencies depend on (the disk cache's identity)."""
+        return {k: v for k, v in asdict(self).items()
+                if k not in ("cuda_graph_reserved_bytes", "cli_fields")}
 
     def spec_json(self) -> dict:
         """The config as a spec payload's ``timing_model.config``."""
@@ -182,10 +275,14 @@ class AicConfig:
                 out[key] = getattr(self, key)
         fraction_field = _MEMORY_FRACTION[self.backend][1]
         out[fraction_field] = self.memory_fraction_value
+        if self.cuda_graph_reserved_bytes:
+            out["cuda_graph_reserved_bytes"] = self.cuda_graph_reserved_bytes
+        for key, text in self.cli_fields:
+            out[key] = json.loads(text)
         return out
 
     def digest(self) -> str:
-        text = json.dumps([PACKAGE_VERSION, VALUES_REVISION, self.to_json()], sort_keys=True)
+        text = json.dumps([PACKAGE_VERSION, VALUES_REVISION, self.values_json()], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
     def _engine_kwargs(self) -> dict:
@@ -205,10 +302,25 @@ def parse_config(raw: Any, path: str, *, backend: str, block_size: int, tp: int,
     if not isinstance(raw, dict):
         _fail(path, f"must be an object with model, backend, system, tp; got {raw!r}")
     cfg: dict[str, Any] = {}
+    cli: list[tuple[str, str]] = []
+    reserved = 0
     for key, value in raw.items():
+        if key in CLI_ONLY_FIELDS or key == "cuda_graph_reserved_bytes":
+            checked = _cli_field(path, key, value)
+            if key == "cuda_graph_reserved_bytes":
+                reserved = checked
+            elif key == "systems_paths":
+                if checked is not None:
+                    if cfg.get("systems_path") not in (None, checked):
+                        _fail(f"{path}.{key}", "names another folder than systems_path")
+                    cfg["systems_path"] = checked
+            else:
+                cli.append((key, json.dumps(checked, sort_keys=True)))
+            continue
         name = _ALIASES.get(key, key)
         if name not in CONFIG_FIELDS:
-            _fail(f"{path}.{key}", "unknown field; allowed: " + ", ".join(CONFIG_FIELDS))
+            _fail(f"{path}.{key}", "unknown field; allowed: "
+                  + ", ".join((*CONFIG_FIELDS, *CLI_ONLY_FIELDS, "cuda_graph_reserved_bytes")))
         if name in cfg:
             _fail(f"{path}.{key}", f"duplicate field (alias of {name})")
         cfg[name] = value
@@ -285,7 +397,8 @@ def parse_config(raw: Any, path: str, *, backend: str, block_size: int, tp: int,
         tp=cfg["tp"], pp=cfg.get("pp", 1), attention_dp=cfg.get("attention_dp", 1),
         moe_tp_size=cfg.get("moe_tp_size"), moe_ep_size=cfg.get("moe_ep_size"),
         **{k: cfg.get(k) for k in _DTYPE_FIELDS}, nextn=0, kv_block_size=cfg.get("kv_block_size"),
-        memory_fraction_kind=kind, memory_fraction_value=fraction, systems_path=systems_path)
+        memory_fraction_kind=kind, memory_fraction_value=fraction, systems_path=systems_path,
+        cuda_graph_reserved_bytes=reserved, cli_fields=tuple(cli))
     timing(config).check_buildable(path)
     return config
 
@@ -555,7 +668,7 @@ class AicTiming:
         try:
             with np.load(self._cache_path(), allow_pickle=False) as data:
                 meta = json.loads(str(data["meta"]))
-                if meta.get("config") != self.config.to_json():
+                if meta.get("config") != self.config.values_json():
                     return
                 self.prefill_memo.load(data, "prefill", meta["prefill_names"], meta["prefill_sources"])
                 self.decode_memo.load(data, "decode", meta["decode_names"], meta["decode_sources"])
@@ -572,7 +685,7 @@ class AicTiming:
             sizes = (len(self.prefill_memo), len(self.decode_memo))
             if sizes == self._saved:
                 return
-            meta = {"package": f"{PACKAGE}=={PACKAGE_VERSION}", "config": self.config.to_json(),
+            meta = {"package": f"{PACKAGE}=={PACKAGE_VERSION}", "config": self.config.values_json(),
                     "prefill_names": list(self.prefill_memo.names),
                     "decode_names": list(self.decode_memo.names),
                     "prefill_sources": self.prefill_memo.sources,
@@ -615,26 +728,23 @@ _BLOCKS: dict[tuple, int] = {}
 
 
 def estimate_num_gpu_blocks(config: AicConfig, block_size: int, max_num_batched_tokens: int) -> int:
-    """KV capacity of one rank from model + GPU memory, as the reference asks the
-    package for it (max_batch_size 1, the backend's memory fraction)."""
-    key = (config, block_size, max_num_batched_tokens)
+    """KV capacity of one rank from model + GPU memory, as the reference computes it:
+    the package's non-KV memory breakdown (max_batch_size 1, activations for
+    ``max_num_batched_tokens``), the CUDA-graph reserve added to the non-KV bytes, the
+    backend's memory fraction of total (vLLM, SGLang) or of free memory (TRT-LLM), and
+    the model's KV bytes-to-tokens inverse, in whole blocks."""
+    reserved = config.cuda_graph_reserved_bytes
+    key = (config, block_size, max_num_batched_tokens, reserved)
     blocks = _BLOCKS.get(key)
-    stored = cache_dir() / f"blocks-{config.digest()}-{block_size}-{max_num_batched_tokens}.json"
+    tag = f"-cg{reserved}" if reserved else ""
+    stored = cache_dir() / f"blocks-{config.digest()}-{block_size}-{max_num_batched_tokens}{tag}.json"
     if blocks is None:
         try:
             blocks = int(json.loads(stored.read_text())["num_gpu_blocks"])
         except (OSError, ValueError, KeyError, TypeError):
             blocks = None
     if blocks is None:
-        _package()
-        from aiconfigurator_core.sdk import memory
-        kw = config._engine_kwargs()
-        with _quiet_stderr():
-            blocks = int(memory.estimate_num_gpu_blocks(
-                config.model, config.system, config.backend, backend_version=config.backend_version,
-                scheduler_block_size=block_size, max_num_tokens=max_num_batched_tokens,
-                max_batch_size=1, memory_fraction_kind=config.memory_fraction_kind,
-                memory_fraction_value=config.memory_fraction_value, **kw))
+        blocks = _kv_tokens(config, max_num_batched_tokens) // block_size
         if blocks <= 0:
             raise AicError(f"timing_model.config: the database estimates no KV-cache blocks for "
                            f"{config.model} on {config.system} (tp {config.tp}); give num_gpu_blocks")
@@ -647,6 +757,35 @@ def estimate_num_gpu_blocks(config: AicConfig, block_size: int, max_num_batched_
             pass
     _BLOCKS[key] = blocks
     return blocks
+
+
+def _kv_tokens(config: AicConfig, max_num_batched_tokens: int) -> int:
+    """Tokens of KV cache one rank holds (the package's ``estimate_kv_cache`` budget
+    with the reference's CUDA-graph reserve, which the package does not take)."""
+    _package()
+    from aiconfigurator_core.sdk import memory
+    kw = config._engine_kwargs()
+    with _quiet_stderr():
+        try:
+            native = memory.KVCacheEstimator.from_request(
+                config.model, config.system, config.backend, config.backend_version,
+                max_num_tokens=int(max_num_batched_tokens), max_batch_size=1, nextn=0, **kw)
+        except Exception as exc:  # the package's own errors are of many kinds
+            raise AicError(f"timing_model.config: the database cannot size the KV cache of "
+                           f"{config.model} on {config.system} with {config.backend}: {exc}") from None
+    breakdown = native.breakdown
+    budget = memory.kv_cache_budget_bytes(
+        capacity=float(breakdown["gpu_memory_capacity_bytes"]),
+        non_kv=float(breakdown["non_kv_bytes"]) + float(config.cuda_graph_reserved_bytes),
+        fraction=float(config.memory_fraction_value),
+        of_free=config.memory_fraction_kind == "of_free")
+    if budget <= 0.0:
+        raise AicError(f"timing_model.config: no KV budget for {config.model} on {config.system}: "
+                       f"the non-KV memory (with {config.cuda_graph_reserved_bytes} bytes of CUDA "
+                       f"graphs) meets the memory fraction's limit; give num_gpu_blocks")
+    to_tokens = breakdown.get("tokens_from_kv_bytes") or memory._linear_tokens_from_bytes(
+        float(breakdown["kv_size_per_token_bytes"]))
+    return int(to_tokens(budget))
 
 
 # ---------------------------------------------------------------------------------

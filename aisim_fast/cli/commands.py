@@ -20,7 +20,8 @@ from aisim_fast.io.request_order import requests_in_uuid_order
 from aisim_fast.io.run_folder import check_out_dir, write_run
 from aisim_fast.kernels.jit import compile_notice
 from aisim_fast.protocol.handoff.audit import audit_handoffs, audited_runs
-from aisim_fast.report.summary import kv_capacity, prediction_provenance, routing_summary, summarize_replay
+from aisim_fast.report.summary import (kv_capacity, power_report, prediction_provenance, routing_summary,
+                                       summarize_replay)
 from aisim_fast.studies.sizing import format_answers, size
 from aisim_fast.studies.sweeps import POINTS_FILE, run_sweep
 from aisim_fast.trace.workload import TraceError, TraceWarning, load_mooncake
@@ -191,11 +192,13 @@ def run_replay(args) -> dict:
     summary["prediction_provenance"] = prediction_provenance(setup)
     summary["kv_capacity"] = kv_capacity(setup)
     passes = None
+    evidence = None
+    if record_passes and any(rank.aic is not None for _, rank in setup.pools):
+        evidence = aic.op_latency_evidence(setup, result.passes[0])
+        if evidence is not None:
+            summary["op_latency_evidence"] = evidence
+    summary.update(power_report(setup, evidence) or {})
     if record_passes:
-        if any(rank.aic is not None for _, rank in setup.pools):
-            evidence = aic.op_latency_evidence(setup, result.passes[0])
-            if evidence is not None:
-                summary["op_latency_evidence"] = evidence
         # the pass log as it was drained, part by part (a million-request run has tens
         # of millions of passes: never one frame, never sorted in memory)
         passes = with_rank(result.pass_parts(0))

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from aisim_fast.cli.parser import EXIT_USER_ERROR, PROG
-from aisim_fast.config.payload import ReplaySetup
+from aisim_fast.config.payload import ConfigWarning, ReplaySetup
 from aisim_fast.trace.workload import TraceWarning
 
 MS_PER_S = 1000.0
@@ -138,8 +138,9 @@ def fail(message: str) -> int:
 
 
 def show_warning(message, category, filename, lineno, file=None, line=None):
-    """Trace warnings as one line each (``aisim-fast: warning: FILE:LINE: ...``)."""
-    if issubclass(category, TraceWarning):
+    """Trace and config warnings as one line each (``aisim-fast: warning: FILE:LINE: ...``,
+    ``aisim-fast: warning: FIELD: ...``)."""
+    if issubclass(category, (TraceWarning, ConfigWarning)):
         print(f"{PROG}: warning: {message}", file=sys.stderr)
     else:
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))

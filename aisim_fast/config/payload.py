@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,15 @@ PLACEMENTS = ("round_robin", "random", "kv_router")
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message starts with the field path."""
+
+
+class ConfigWarning(UserWarning):
+    """An input the reference accepts and runs in its own way; the message starts with
+    the field path and says how it is run."""
+
+
+def _warn(path: str, message: str) -> None:
+    warnings.warn(f"{path}: {message}", ConfigWarning, stacklevel=3)
 
 
 def _fail(path: str, message: str):
@@ -393,7 +403,8 @@ DETERMINISM_MODES = ("canonical_v1", "random")
 _SPEC_KEYS = {"version", "topology", "engine", "adapters", "max_sim_time_ms", "max_in_flight",
               "record_per_request", "sla", "encoder", "requests"}
 _TRAFFIC_KEYS = {"source_type", "load_type", "trace_path", "trace_paths", "trace_format",
-                 "trace_block_size", "arrival_speedup_ratio", "replay_concurrency", "concurrency"}
+                 "trace_block_size", "arrival_speedup_ratio", "replay_concurrency", "concurrency",
+                 "max_sim_time_ms"}
 
 
 def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str | None = None
@@ -487,12 +498,32 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         concurrency = _int("traffic.replay_concurrency", conc, 1)
     elif load == "concurrency":
         _fail("traffic.replay_concurrency", "required when load_type is 'concurrency'")
-    trace = trace_override or traffic.get("trace_path")
+    if traffic.get("max_sim_time_ms") is not None:
+        # the reference's CLI writes the cap into traffic and spec both; a trace replay
+        # stops at the spec's (traffic's bounds generated load only)
+        traffic_cap = _float("traffic.max_sim_time_ms", traffic["max_sim_time_ms"])
+        if traffic_cap < 0:
+            _fail("traffic.max_sim_time_ms", f"must be >= 0, got {traffic_cap!r}")
+        if traffic_cap != max_sim_time_ms:
+            _warn("traffic.max_sim_time_ms", "does not stop a trace replay (the reference stops it at "
+                  f"spec.max_sim_time_ms, here {max_sim_time_ms}); run so")
+    paths = traffic.get("trace_paths")
+    if paths is not None:
+        # the reference replays trace_paths when given (trace_path is its first entry)
+        if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+            _fail("traffic.trace_paths", f"must be a list of file paths, got {paths!r}")
+        if len(paths) > 1:
+            _fail("traffic.trace_paths", f"one trace file is simulated, got {len(paths)}")
+    trace = trace_override or (paths[0] if paths else None) or traffic.get("trace_path")
     if not trace:
         _fail("traffic.trace_path", "required (or pass --trace)")
     trace_path = Path(trace)
     if trace_override is None and not trace_path.is_absolute():
-        trace_path = Path(base_dir) / trace_path
+        beside = Path(base_dir) / trace_path
+        # the reference opens a relative path from the working directory (where its CLI
+        # wrote the payload); next to the spec first, then there
+        if beside.exists() or not trace_path.exists():
+            trace_path = beside
     return ReplaySetup(
         rank=rank,
         workers=workers,
@@ -592,6 +623,12 @@ def _engine_pool(path: str, engine: dict, worker_type: str) -> tuple[RankConfig,
     if declared != worker_type:
         _fail(f"{path}.rank.worker_type", f"must be {worker_type!r} in this pool, got {declared!r}")
     raw["worker_type"] = worker_type
+    explicit = _bool(f"{path}.num_gpu_blocks_is_explicit", engine.get("num_gpu_blocks_is_explicit", True))
+    timing = raw.get("timing_model")
+    if not explicit and isinstance(timing, dict) and timing.get("type") == "external":
+        # the reference's CLI writes the blocks it sized beside this flag; its core sizes
+        # them again from the memory model, so the number written is not the one run
+        raw.pop("num_gpu_blocks", None)
     rank = parse_rank(raw, f"{path}.rank", tp, dp)
     check_attention_dp(rank, dp, f"{path}.rank", worker_type)
     return rank, tp, dp

@@ -105,8 +105,9 @@ def prediction_provenance(setup) -> dict:
     out = {}
     for role, rank in sorted(setup.pools):
         if rank.timing_model == "aic":
-            out[role] = {"data_version": rank.aic.backend_version, "data_version_unavailable_reason": None,
-                         "estimator": "op_level", "timing_source": "aic"}
+            out[role] = {"data_identity": None, "data_version": rank.aic.backend_version,
+                         "data_version_unavailable_reason": None, "estimator": "op_level",
+                         "timing_source": "aic"}
         else:
             kind = "configured" if rank.timing_model == "fixed" else "built_in"
             out[role] = {"data_version": None,
@@ -114,6 +115,44 @@ def prediction_provenance(setup) -> dict:
                                                              "not use performance data"),
                          "estimator": rank.timing_model, "timing_source": kind}
     return out
+
+
+# The reference's power report (schema 1.0): the GPU power of the active forward passes,
+# published only where energy evidence covers at least COVERAGE_GATE of their latency.
+# The op-level database this project reads has latencies only, so every op is reported
+# as the reference reports an op without energy data, and power is withheld.
+POWER_COVERAGE_GATE = 0.9
+_POWER_HEAD = {"coverage_gate": POWER_COVERAGE_GATE, "energy_unit": "W-ms", "latency_unit": "ms",
+               "power_w_unit": "W", "schema_version": "1.0", "scope": "active_forward_pass_per_gpu"}
+_NO_ENERGY = "timing provider returned latency without positive energy evidence"
+
+
+def power_report(setup, evidence: dict | None) -> dict | None:
+    """``power_w``, ``power_coverage`` and ``power_diagnostics`` as the reference reports
+    them: unsupported when a pool has no timing provider (polynomial or fixed timing),
+    else withheld, with each op's latency (``evidence``: ``aic.op_latency_evidence``
+    of the run's passes; None when the passes were not recorded: no report)."""
+    if any(rank.aic is None for _, rank in setup.pools):
+        return {"power_w": None, "power_coverage": None, "power_diagnostics": {
+            **_POWER_HEAD, "phases": [], "power_coverage": None, "power_w": None,
+            "publication_status": "unsupported",
+            "unavailable_reason": "one or more replay roles have no timing provider"}}
+    if evidence is None:
+        return None
+    phases = []
+    for phase in evidence["phases"]:
+        ops = [{"covered_latency_ms": 0.0, "latency_ms": op["latency_ms"], "name": op["name"],
+                "power_coverage": 0.0, "source": op["source"], "source_kind": "missing",
+                "status": "missing", "uncovered_reason": _NO_ENERGY} for op in phase["operations"]]
+        sources = {op["source"] for op in ops}
+        phases.append({"covered_latency_ms": 0.0, "latency_ms": phase["latency_ms"],
+                       "name": phase["name"], "operations": ops, "power_coverage": 0.0,
+                       "power_w": None, "publication_status": "withheld",
+                       "source": sources.pop() if len(sources) == 1 else "mixed",
+                       "source_kind": "missing"})
+    return {"power_w": None, "power_coverage": 0.0, "power_diagnostics": {
+        **_POWER_HEAD, "covered_latency_ms": 0.0, "latency_ms": evidence["latency_ms"],
+        "phases": phases, "power_coverage": 0.0, "power_w": None, "publication_status": "withheld"}}
 
 
 def routing_summary(routing: pd.DataFrame) -> dict:

@@ -22,7 +22,7 @@ from aisim_fast.config.payload import ConfigError, load_spec, parse_payload
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.simulation import simulation_from_setup
 from support import goldens
-from support.parity_rules import as_number, EXACT_INT_COLUMNS, EXACT_TIME_COLUMNS
+from support.parity_rules import timeline_differences
 from support.paths import TESTS_DIR
 
 GOLDEN = TESTS_DIR / "data" / "golden_aic"
@@ -74,14 +74,7 @@ def test_aic_golden_bit_exact(case):
     cand = goldens.index_frame(run(case)[1])
     missing, bad = goldens.parity_failures(gold, cand)
     assert not missing and not bad, goldens.failure_report(case, missing, bad)
-    diffs = []
-    for col in EXACT_TIME_COLUMNS + EXACT_INT_COLUMNS:
-        if col not in next(iter(gold.values())):
-            continue
-        for key, row in gold.items():
-            g, c = as_number(row[col]), as_number(cand[key].get(col))
-            if not (g is None and c is None) and g != c:
-                diffs.append((key, col, g, c))
+    diffs = timeline_differences(gold, cand)
     assert not diffs, f"{case}: {len(diffs)} cells differ, first {diffs[:3]}"
 
 

@@ -32,8 +32,7 @@ from aisim_fast.report.summary import summarize_aggregated_run
 from support.goldens import (AGGREGATED_CASES, ALL_CASES, FAST_CASES, MINI_GOLDEN, TRACES, failure_report,
                              golden_dir, index_frame, parity_failures, read_golden, simulation, solo)
 from support.lanes import lane
-from support.parity_rules import (EXACT_INT_COLUMNS, EXACT_TIME_COLUMNS, as_number, row_differences,
-                                  values_outside_run)
+from support.parity_rules import row_differences, timeline_differences, values_outside_run
 
 
 @pytest.mark.parametrize("case", lane(ALL_CASES))
@@ -51,21 +50,7 @@ def test_golden_parity(case):
 def test_golden_timeline_bit_exact(case):
     gold = read_golden(case)
     cand = index_frame(solo(case)[0])
-    gold_cols = next(iter(gold.values())).keys()
-    bad = []
-    for col in EXACT_TIME_COLUMNS + EXACT_INT_COLUMNS:
-        if col not in gold_cols:
-            continue
-        for key, row in gold.items():
-            g = as_number(row[col])
-            c = as_number(cand[key].get(col))  # aggregated runs have no handoff columns
-            # bit equality; two missing values agree
-            if not (g is None and c is None) and g != c:
-                bad.append((key, col, g, c))
-    for key, row in gold.items():
-        if row["terminal_status"] != cand[key]["terminal_status"]:
-            bad.append((key, "terminal_status", row["terminal_status"],
-                        cand[key]["terminal_status"]))
+    bad = timeline_differences(gold, cand)
     assert not bad, "%s: %d cells differ, first: %s" % (case, len(bad), bad[:5])
 
 

@@ -148,3 +148,24 @@ def assert_rows_match_reference_csv(csv_path, frame) -> None:
     report = [f"{'/'.join(k)} {col}: reference {g!r}, aisim_fast {c!r}"
               for k, row in gold.items() for col, g, c in row_differences(row, cand[k])]
     assert not report, f"{len(report)} cells differ, first:\n" + "\n".join(report[:8])
+
+
+def timeline_differences(gold: dict, cand: dict) -> list:
+    """[(key, column, golden, candidate)] of the timeline columns (bit for bit; two missing
+    values agree; a column the golden lacks is skipped) and the terminal status, over the
+    golden's requests (``gold``, ``cand``: rows by (request id, turn))."""
+    gold_cols = next(iter(gold.values())).keys() if gold else ()
+    bad = []
+    for col in EXACT_TIME_COLUMNS + EXACT_INT_COLUMNS:
+        if col not in gold_cols:
+            continue
+        for key, row in gold.items():
+            g = as_number(row[col])
+            c = as_number(cand[key].get(col))  # aggregated runs have no handoff columns
+            if not (g is None and c is None) and g != c:
+                bad.append((key, col, g, c))
+    if "terminal_status" in gold_cols:
+        for key, row in gold.items():
+            if row["terminal_status"] != cand[key]["terminal_status"]:
+                bad.append((key, "terminal_status", row["terminal_status"], cand[key]["terminal_status"]))
+    return bad

@@ -1,0 +1,230 @@
+"""Payloads as the reference's own CLI writes them (tests/data/golden_cli), against
+reference runs of the same payloads.
+
+``aisimulate predict --stack engine`` lowers a YAML config to an execution payload whose
+op-level timing config carries the CLI's canonical keys (``worker_type``,
+``estimation_mode``, ``database_mode``, ``estimator_config``, ...), a CUDA-graph reserve,
+``num_gpu_blocks_is_explicit: false`` beside the blocks it sized, and ``trace_paths``.
+The payloads are the captured ones (``../shared/reference/cli-payloads/timing``) kept as
+the CLI wrote them, and two made from them on the 1k trace where the KV capacity binds:
+``cg60_1k`` (a 60 GB CUDA-graph reserve: 327 blocks) and ``written_blocks_ignored_1k``
+(40 blocks written beside ``num_gpu_blocks_is_explicit: false``, which the reference sizes
+again). Each request's timeline must be bit-exact and the report keys the reference adds
+(``prediction_provenance``, ``power_w``, ``power_coverage``, ``power_diagnostics``) equal.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from aisim_fast.aic import timing as aic
+from aisim_fast.config.payload import ConfigError, ConfigWarning, parse_payload
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import simulation_from_setup
+from aisim_fast.report.summary import power_report, prediction_provenance
+from support import goldens
+from support.parity_rules import timeline_differences
+from support.paths import DATA_DIR
+
+GOLDEN = DATA_DIR / "golden_cli"
+TRACES = DATA_DIR / "traces"
+CASES = sorted(p.name[:-len(".payload.json")] for p in GOLDEN.glob("*.payload.json"))
+# the KV blocks per worker the reference's core sizes (the CLI writes the same number
+# beside num_gpu_blocks_is_explicit: false; cg60_1k's 327 is confirmed by a reference run
+# of the same payload with 327 explicit blocks, equal request for request)
+SIZED_BLOCKS = {"mem_default": 3904, "mem_frac": 294, "mem_frac09_cg4g": 3665, "cg60_1k": 327,
+                "written_blocks_ignored_1k": 294}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _own_value_cache(tmp_path_factory):
+    """The AIC value cache in a folder of this module's own, as on a fresh machine."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AISIM_FAST_CACHE_DIR", str(tmp_path_factory.mktemp("aic_cache")))
+    yield
+    mp.undo()
+
+
+def payload_of(case: str) -> dict:
+    return json.loads((GOLDEN / f"{case}.payload.json").read_text())
+
+
+def setup_of(payload: dict):
+    """The payload as run from the folder it was written in: its relative trace path
+    names a trace of tests/data/traces."""
+    trace = TRACES / Path(payload["traffic"]["trace_paths"][0]).name
+    return parse_payload(payload, GOLDEN, trace_override=str(trace))
+
+
+_RUNS: dict = {}
+
+
+def run(case: str):
+    if case not in _RUNS:
+        setup = setup_of(payload_of(case))
+        result = run_batch([simulation_from_setup(setup)]).check()
+        _RUNS[case] = (setup, result.requests[0], result.passes[0])
+    return _RUNS[case]
+
+
+def reference_rows(case: str) -> dict:
+    saved = goldens.golden_dir
+    goldens.golden_dir = lambda c: GOLDEN
+    try:
+        return goldens.read_golden(case)
+    finally:
+        goldens.golden_dir = saved
+
+
+def reference_report(case: str) -> dict:
+    return json.loads((GOLDEN / f"{case}.report.json").read_text())
+
+
+def test_cases_present():
+    assert len(CASES) >= 12 and {"hetero_disagg", "tp2", "cg60_1k", "poly_memfrac"} <= set(CASES)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_requests_match_the_reference(case):
+    gold = reference_rows(case)
+    cand = goldens.index_frame(run(case)[1])
+    missing, bad = goldens.parity_failures(gold, cand)
+    assert not missing and not bad, goldens.failure_report(case, missing, bad)
+    diffs = timeline_differences(gold, cand)
+    assert not diffs, f"{case}: {len(diffs)} cells differ, first {diffs[:3]}"
+    assert len(cand) == len(gold)
+
+
+@pytest.mark.parametrize("case", sorted(SIZED_BLOCKS))
+def test_kv_blocks_sized_as_the_reference(case):
+    setup = run(case)[0]
+    assert setup.rank.num_gpu_blocks == SIZED_BLOCKS[case]
+    assert setup.rank.num_gpu_blocks_estimated
+
+
+def _without_latencies(node):
+    """A report tree with its latency values left out (compared apart, within 1e-9)."""
+    if isinstance(node, dict):
+        return {k: _without_latencies(v) for k, v in node.items() if k != "latency_ms"}
+    if isinstance(node, list):
+        return [_without_latencies(v) for v in node]
+    return node
+
+
+def _latencies(node, out=None):
+    out = [] if out is None else out
+    if isinstance(node, dict):
+        if "latency_ms" in node:
+            out.append(node["latency_ms"])
+        for v in node.values():
+            _latencies(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _latencies(v, out)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_report_keys_match_the_reference(case):
+    setup, _, passes = run(case)
+    want = reference_report(case)
+    assert prediction_provenance(setup) == want["prediction_provenance"]
+    evidence = aic.op_latency_evidence(setup, passes) if setup.rank.aic is not None else None
+    got = power_report(setup, evidence)
+    assert got["power_w"] == want["power_w"] and got["power_coverage"] == want["power_coverage"]
+    assert _without_latencies(got["power_diagnostics"]) == _without_latencies(want["power_diagnostics"])
+    assert _latencies(got["power_diagnostics"]) == pytest.approx(_latencies(want["power_diagnostics"]),
+                                                                 rel=1e-9, abs=1e-9)
+
+
+def test_cli_keys_are_carried_as_provenance():
+    setup = run("hetero_disagg")[0]
+    prefill, decode = setup.prefill_rank.to_json()["aic"], setup.rank.to_json()["aic"]
+    assert prefill["cli_fields"]["worker_type"] == "prefill"
+    assert decode["cli_fields"]["worker_type"] == "decode"
+    assert decode["cli_fields"]["estimation_mode"] == "op_level"
+    assert prefill["system"] == "h100_sxm" and decode["system"] == "h200_sxm"
+    # provenance names the run, it does not time it: one engine per timing config
+    plain = dict(setup.rank.aic.values_json())
+    assert "cli_fields" not in plain and "cuda_graph_reserved_bytes" not in plain
+
+
+def test_a_cli_config_reparses_to_itself():
+    """``RankConfig.payload()`` (what check_rank validates) keeps every CLI key."""
+    rank = run("mem_frac09_cg4g")[0].rank
+    config = rank.payload()["timing_model"]["config"]
+    assert config["cuda_graph_reserved_bytes"] == 4_000_000_000
+    assert config["database_mode"] == "SILICON"
+
+
+# key, value the CLI writes for a feature not simulated, words the error must hold
+REFUSED = [
+    ("estimation_mode", "fpm_interpolation", "only op-level estimation"),
+    ("database_mode", "hybrid", "SILICON"),
+    ("fpm_profile", {"path": "p.parquet"}, "FPM"),
+    ("speculation", {"kind": "mtp", "params": {"depth": 2}}, "speculative decoding"),
+    ("dcp", 2, "decode context parallelism"),
+    ("decoder_replay", True, "decoder replay"),
+    ("fallback_policy", "allow", "deny"),
+    ("attention_backend", "flashinfer", "attention kernel backend"),
+    ("enable_eplb", True, "load balancing"),
+    ("worker_type", "mixed", "aggregated, prefill or decode"),
+    ("transfer_policy", ["xop"], "default policy"),
+    ("estimator_config", {"op_level": {"scale": 2.0}}, "op-level estimator options"),
+    ("estimator_config", {"learned": {}}, "unknown block"),
+    ("systems_paths", ["/a", "/b"], "one systems folder"),
+    ("cuda_graph_reserved_bytes", -1, "integer in [0, 2**53]"),
+    ("cuda_graph_reserved_bytes", True, "integer in [0, 2**53]"),
+]
+
+
+@pytest.mark.parametrize("key,value,words", REFUSED, ids=[f"{k}={v!r}"[:40] for k, v, _ in REFUSED])
+def test_features_not_simulated_are_refused_by_name(key, value, words):
+    payload = payload_of("oplevel_min")
+    payload["spec"]["engine"]["rank"]["timing_model"]["config"][key] = value
+    with pytest.raises(ConfigError) as err:
+        setup_of(payload)
+    message = str(err.value)
+    assert message.startswith(f"spec.engine.rank.timing_model.config.{key}"), message
+    assert words in message
+
+
+def test_database_mode_is_read_in_any_case():
+    payload = payload_of("oplevel_min")
+    payload["spec"]["engine"]["rank"]["timing_model"]["config"]["database_mode"] = "silicon"
+    assert setup_of(payload).rank.aic.cli_fields  # accepted, as the reference upper-cases it
+
+
+def test_traffic_time_cap_does_not_stop_a_trace_replay():
+    """The reference stops a trace replay at spec.max_sim_time_ms only (its run of
+    poly_memfrac with traffic.max_sim_time_ms 1000 completes all 20 requests, as the
+    golden); a differing traffic cap warns once, naming the field."""
+    payload = payload_of("poly_memfrac")
+    payload["traffic"]["max_sim_time_ms"] = 1000.0
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        setup = setup_of(payload)
+    assert [str(w.message).split(":")[0] for w in seen if w.category is ConfigWarning] == \
+        ["traffic.max_sim_time_ms"]
+    assert setup.max_sim_time_ms is None
+    requests = run_batch([simulation_from_setup(setup)]).check().requests[0]
+    gold = reference_rows("poly_memfrac")
+    assert not timeline_differences(gold, goldens.index_frame(requests))
+
+
+def test_trace_paths_win_over_trace_path(tmp_path):
+    """The reference replays ``trace_paths`` when both are given; several files are
+    refused by name."""
+    payload = payload_of("poly_memfrac")
+    payload["traffic"]["trace_path"] = "traces/not_this_one.jsonl"
+    payload["traffic"]["trace_paths"] = [str(TRACES / "mooncake_tiny20.jsonl")]
+    setup = parse_payload(copy.deepcopy(payload), tmp_path)
+    assert Path(setup.trace_path).name == "mooncake_tiny20.jsonl"
+    payload["traffic"]["trace_paths"] = ["a.jsonl", "b.jsonl"]
+    with pytest.raises(ConfigError, match=r"^traffic\.trace_paths: one trace file"):
+        parse_payload(payload, tmp_path)
