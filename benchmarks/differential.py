@@ -32,6 +32,13 @@ of its own, now and then exactly at one of its arrivals: the reference reruns th
 payload with it, and besides the rows of the requests terminal by the cap, the
 summary is compared with the reference's report on every key (arrivals by the cap,
 worker-seconds to its last instant, committed prefill, token statistics).
+
+With ``--cli-fraction F`` that share of the cases runs a payload as the reference's
+own CLI writes it (a template of ``tests/data/golden_cli``: op-level timing of
+Qwen3-32B at tp 1 and 2, on h200 and b200, homogeneous and heterogeneous
+disaggregation, polynomial timing with a memory fraction) on the case's trace, with a
+drawn memory fraction, CUDA-graph reserve, ``num_gpu_blocks_is_explicit: false`` (the
+blocks sized from memory on both sides), ``max_num_seqs`` and worker count.
 """
 
 from __future__ import annotations
@@ -175,6 +182,32 @@ def random_config(rng: random.Random, disagg_fraction: float = 0.3, sglang_fract
     return args
 
 
+CLI_TEMPLATES = sorted((ROOT / "tests" / "data" / "golden_cli").glob("*.payload.json"))
+
+
+def random_cli_payload(rng: random.Random) -> tuple[Path, list[str]]:
+    """A CLI payload template and ``dotted.path=JSON`` edits of its memory sizing,
+    ``max_num_seqs`` and workers (every pool of a disaggregated one)."""
+    template = rng.choice(CLI_TEMPLATES)
+    payload = json.loads(template.read_text())
+    engine = payload["spec"]["engine"]
+    pools = [f"spec.engine.{role}" for role in ("prefill", "decode") if role in engine] or ["spec.engine"]
+    edits = []
+    for pool in pools:
+        block = engine if pool == "spec.engine" else engine[pool.rsplit(".", 1)[1]]
+        timing = block["rank"].get("timing_model") or {}
+        edits.append(f"{pool}.rank.max_num_seqs={rng.choice([4, 16, 64, 256])}")
+        if timing.get("provider") == "aic":
+            config = f"{pool}.rank.timing_model.config"
+            edits += [f"{pool}.num_gpu_blocks_is_explicit=false",
+                      f"{config}.gpu_memory_utilization={round(rng.uniform(0.5, 0.95), 3)}",
+                      f"{config}.cuda_graph_reserved_bytes={rng.choice([0, 10**9, 4 * 10**9, 2 * 10**10, 5 * 10**10])}"]
+    topology = payload["spec"]["topology"]
+    for role in ("prefill", "decode") if topology["kind"] == "disaggregated" else ("workers",):
+        edits.append(f"spec.topology.{role}.initial_workers={rng.choice([1, 2, 3])}")
+    return template, edits
+
+
 def read_csv(path: Path) -> dict:
     with path.open(newline="", encoding="utf-8") as fh:
         return {(r["request_id"].strip(), as_key_part(r.get("turn_index"))): r for r in csv.DictReader(fh)}
@@ -230,6 +263,9 @@ def main() -> int:
                         "summary compared with the reference's report too")
     p.add_argument("--dp-fraction", type=float, default=0.0,
                    help="share of aggregated cases run with attention DP (dp_size 2 or 3)")
+    p.add_argument("--cli-fraction", type=float, default=0.0,
+                   help="share of the cases run as a payload the reference's CLI writes "
+                        "(tests/data/golden_cli), memory sizing and pools drawn")
     p.add_argument("--kv-artifacts", action="store_true",
                    help="one aggregated worker per case (vLLM / TRT-LLM, SGLang with "
                         "--sglang-fraction); compare KV events and output token ids with the "
@@ -277,22 +313,35 @@ def main() -> int:
                     cap_ms = float(cap_rng.choice(arrivals)) if cap_rng.random() < 0.2 \
                         else round(cap_rng.uniform(0.0, span), 3)
                     kind += "/cap"
+            cli_edits = None
+            if args.cli_fraction > 0 and not args.kv_artifacts:
+                cli_rng = random.Random(args.seed * 100003 + i + 0xC11)
+                if cli_rng.random() < args.cli_fraction:
+                    template, cli_edits = random_cli_payload(cli_rng)
+                    payload = json.loads(template.read_text())
+                    payload["traffic"]["trace_path"] = str(trace)
+                    payload["traffic"]["trace_paths"] = [str(trace)]
+                    (case / "spec.json").write_text(json.dumps(payload, indent=1))
+                    kind = "cli/" + template.name.removesuffix(".payload.json") + ("/cap" if cap_ms else "")
+                    dp_size = prefill_dp = 1
             kinds[kind] += 1
-            try:
-                ref = subprocess.run([args.ref_python, str(REF_DIR / "ref_replay.py"), "--trace", str(trace),
-                                      *cfg, "--csv", str(case / "ref.csv"), "--report",
-                                      str(case / "ref.report.json"), "--dump-spec", str(case / "spec.json")],
-                                     capture_output=True, text=True, timeout=args.ref_timeout)
-            except subprocess.TimeoutExpired:
-                # the reference spins on some SGLang livelocks (a lone request that can
-                # neither grow nor be retracted) instead of aborting
-                reference_timed_out(tally, i, kind, args.ref_timeout, case / "spec.json", trace)
-                continue
-            ref_failed = ref.returncode != 0 or not (case / "ref.csv").exists()
-            if not (case / "spec.json").exists():
-                tally["reference refused the config"] += 1
-                continue
-            edits = [] if cap_ms is None else [f"spec.max_sim_time_ms={cap_ms}"]
+            if cli_edits is None:
+                try:
+                    ref = subprocess.run([args.ref_python, str(REF_DIR / "ref_replay.py"), "--trace", str(trace),
+                                          *cfg, "--csv", str(case / "ref.csv"), "--report",
+                                          str(case / "ref.report.json"), "--dump-spec", str(case / "spec.json")],
+                                         capture_output=True, text=True, timeout=args.ref_timeout)
+                except subprocess.TimeoutExpired:
+                    # the reference spins on some SGLang livelocks (a lone request that can
+                    # neither grow nor be retracted) instead of aborting
+                    reference_timed_out(tally, i, kind, args.ref_timeout, case / "spec.json", trace)
+                    continue
+                ref_failed = ref.returncode != 0 or not (case / "ref.csv").exists()
+                if not (case / "spec.json").exists():
+                    tally["reference refused the config"] += 1
+                    continue
+            # a CLI payload is run by the reference through the edit step only
+            edits = list(cli_edits or []) + ([] if cap_ms is None else [f"spec.max_sim_time_ms={cap_ms}"])
             if max(dp_size, prefill_dp) > 1:
                 if "--workers" in cfg:
                     edits += [f"spec.engine.dp_size={dp_size}",
@@ -322,9 +371,13 @@ def main() -> int:
             try:
                 setup = parse_payload(payload, case, trace_override=str(trace))
             except Exception as exc:  # a field aisim_fast refuses (named in the message)
-                tally["aisim_fast refused the payload"] += 1
+                # a payload the reference stops on with the same words (a CLI payload whose
+                # memory leaves no KV budget) is an agreement
+                lines = [ln for ln in (ref.stderr if ref else "").strip().splitlines() if ln.strip()]
+                words = lines[-1].rsplit("ValueError: ", 1)[-1] if lines else ""
+                ok = ref_failed and bool(words) and same_stop(words, str(exc))
+                tally["both refused" if ok else "aisim_fast refused the payload"] += 1
                 outcome = f"refused: {exc}"
-                ok = False
             else:
                 sim = simulation_from_setup(setup)
                 if args.kv_artifacts:

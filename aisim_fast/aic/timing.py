@@ -774,15 +774,18 @@ def _kv_tokens(config: AicConfig, max_num_batched_tokens: int) -> int:
             raise AicError(f"timing_model.config: the database cannot size the KV cache of "
                            f"{config.model} on {config.system} with {config.backend}: {exc}") from None
     breakdown = native.breakdown
+    capacity = float(breakdown["gpu_memory_capacity_bytes"])
+    non_kv = float(breakdown["non_kv_bytes"]) + float(config.cuda_graph_reserved_bytes)
     budget = memory.kv_cache_budget_bytes(
-        capacity=float(breakdown["gpu_memory_capacity_bytes"]),
-        non_kv=float(breakdown["non_kv_bytes"]) + float(config.cuda_graph_reserved_bytes),
-        fraction=float(config.memory_fraction_value),
+        capacity=capacity, non_kv=non_kv, fraction=float(config.memory_fraction_value),
         of_free=config.memory_fraction_kind == "of_free")
     if budget <= 0.0:
-        raise AicError(f"timing_model.config: no KV budget for {config.model} on {config.system}: "
-                       f"the non-KV memory (with {config.cuda_graph_reserved_bytes} bytes of CUDA "
-                       f"graphs) meets the memory fraction's limit; give num_gpu_blocks")
+        # the reference's words (it stops the run with them)
+        raise AicError(f"timing_model.config: {config.model} on {config.system}, memory fraction "
+                       f"{config.memory_fraction_value}, {config.cuda_graph_reserved_bytes} bytes of "
+                       f"CUDA graphs: no KV budget: non-KV memory ({int(max(non_kv, 0.0))} bytes) "
+                       f"meets/exceeds the KV-cache memory limit (capacity={int(max(capacity, 0.0))} "
+                       f"bytes); lower the reserve, raise the fraction or give num_gpu_blocks")
     to_tokens = breakdown.get("tokens_from_kv_bytes") or memory._linear_tokens_from_bytes(
         float(breakdown["kv_size_per_token_bytes"]))
     return int(to_tokens(budget))

@@ -9,7 +9,7 @@ from pathlib import Path
 from aisim_fast.aic import timing as aic
 from aisim_fast.cli.console import MS_PER_S, nothing_completed, pressure_counts, rejection_causes, with_rank
 from aisim_fast.cli.flags import setup_from_flags, setup_from_spec
-from aisim_fast.cli.parser import PROG, UsageError, sla_flag, aic_flags
+from aisim_fast.cli.parser import PROG, UsageError, aic_flags, sla_flag
 from aisim_fast.cli.signals import raise_pending_sigterm
 from aisim_fast.config.payload import ConfigError, ReplaySetup
 from aisim_fast.engine.batch import run_batch
@@ -20,8 +20,13 @@ from aisim_fast.io.request_order import requests_in_uuid_order
 from aisim_fast.io.run_folder import check_out_dir, write_run
 from aisim_fast.kernels.jit import compile_notice
 from aisim_fast.protocol.handoff.audit import audit_handoffs, audited_runs
-from aisim_fast.report.summary import (kv_capacity, power_report, prediction_provenance, routing_summary,
-                                       summarize_replay)
+from aisim_fast.report.summary import (
+    kv_capacity,
+    power_report,
+    prediction_provenance,
+    routing_summary,
+    summarize_replay,
+)
 from aisim_fast.studies.sizing import format_answers, size
 from aisim_fast.studies.sweeps import POINTS_FILE, run_sweep
 from aisim_fast.trace.workload import TraceError, TraceWarning, load_mooncake

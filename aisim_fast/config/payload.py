@@ -474,6 +474,8 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     max_sim_time_ms = None
     if spec.get("max_sim_time_ms") is not None:
         max_sim_time_ms = _float("spec.max_sim_time_ms", spec["max_sim_time_ms"])
+    if spec.get("encoder") is not None:
+        _fail("spec.encoder", "encoder pools (EPD, vision encoders) are not simulated; only null is accepted")
     if spec.get("requests"):
         _fail("spec.requests", "inline requests are not supported; give traffic.trace_path")
     sla = _obj("spec.sla", spec.get("sla"))

@@ -228,3 +228,26 @@ def test_trace_paths_win_over_trace_path(tmp_path):
     payload["traffic"]["trace_paths"] = ["a.jsonl", "b.jsonl"]
     with pytest.raises(ConfigError, match=r"^traffic\.trace_paths: one trace file"):
         parse_payload(payload, tmp_path)
+
+
+def test_an_encoder_pool_is_refused_by_name():
+    payload = payload_of("oplevel_min")
+    payload["spec"]["encoder"] = {"workers": 1}
+    with pytest.raises(ConfigError, match=r"^spec\.encoder: encoder pools"):
+        setup_of(payload)
+
+
+def test_no_kv_budget_stops_with_the_references_words():
+    """The reference's run of this payload (the differential's seed 7, case 0) stops with
+    "no KV budget: non-KV memory (90757384192 bytes) meets/exceeds the KV-cache memory
+    limit (capacity=85899345920 bytes)": H100 prefill workers at fraction 0.761 with
+    20 GB of CUDA graphs."""
+    payload = payload_of("hetero_disagg")
+    prefill = payload["spec"]["engine"]["prefill"]
+    prefill["num_gpu_blocks_is_explicit"] = False
+    prefill["rank"]["timing_model"]["config"].update(gpu_memory_utilization=0.761,
+                                                     cuda_graph_reserved_bytes=20_000_000_000)
+    with pytest.raises(ConfigError) as err:
+        setup_of(payload)
+    assert "no KV budget: non-KV memory (90757384192 bytes) meets/exceeds the KV-cache memory " \
+           "limit (capacity=85899345920 bytes)" in str(err.value)
