@@ -727,7 +727,8 @@ def save_all() -> None:
 _BLOCKS: dict[tuple, int] = {}
 
 
-def estimate_num_gpu_blocks(config: AicConfig, block_size: int, max_num_batched_tokens: int) -> int:
+def estimate_num_gpu_blocks(config: AicConfig, block_size: int, max_num_batched_tokens: int,
+                            path: str = "timing_model.config") -> int:
     """KV capacity of one rank from model + GPU memory, as the reference computes it:
     the package's non-KV memory breakdown (max_batch_size 1, activations for
     ``max_num_batched_tokens``), the CUDA-graph reserve added to the non-KV bytes, the
@@ -744,9 +745,9 @@ def estimate_num_gpu_blocks(config: AicConfig, block_size: int, max_num_batched_
         except (OSError, ValueError, KeyError, TypeError):
             blocks = None
     if blocks is None:
-        blocks = _kv_tokens(config, max_num_batched_tokens) // block_size
+        blocks = _kv_tokens(config, max_num_batched_tokens, path) // block_size
         if blocks <= 0:
-            raise AicError(f"timing_model.config: the database estimates no KV-cache blocks for "
+            raise AicError(f"{path}: the database estimates no KV-cache blocks for "
                            f"{config.model} on {config.system} (tp {config.tp}); give num_gpu_blocks")
         try:
             stored.parent.mkdir(parents=True, exist_ok=True)
@@ -759,7 +760,7 @@ def estimate_num_gpu_blocks(config: AicConfig, block_size: int, max_num_batched_
     return blocks
 
 
-def _kv_tokens(config: AicConfig, max_num_batched_tokens: int) -> int:
+def _kv_tokens(config: AicConfig, max_num_batched_tokens: int, path: str) -> int:
     """Tokens of KV cache one rank holds (the package's ``estimate_kv_cache`` budget
     with the reference's CUDA-graph reserve, which the package does not take)."""
     _package()
@@ -771,7 +772,7 @@ def _kv_tokens(config: AicConfig, max_num_batched_tokens: int) -> int:
                 config.model, config.system, config.backend, config.backend_version,
                 max_num_tokens=int(max_num_batched_tokens), max_batch_size=1, nextn=0, **kw)
         except Exception as exc:  # the package's own errors are of many kinds
-            raise AicError(f"timing_model.config: the database cannot size the KV cache of "
+            raise AicError(f"{path}: the database cannot size the KV cache of "
                            f"{config.model} on {config.system} with {config.backend}: {exc}") from None
     breakdown = native.breakdown
     capacity = float(breakdown["gpu_memory_capacity_bytes"])
@@ -781,7 +782,7 @@ def _kv_tokens(config: AicConfig, max_num_batched_tokens: int) -> int:
         of_free=config.memory_fraction_kind == "of_free")
     if budget <= 0.0:
         # the reference's words (it stops the run with them)
-        raise AicError(f"timing_model.config: {config.model} on {config.system}, memory fraction "
+        raise AicError(f"{path}: {config.model} on {config.system}, memory fraction "
                        f"{config.memory_fraction_value}, {config.cuda_graph_reserved_bytes} bytes of "
                        f"CUDA graphs: no KV budget: non-KV memory ({int(max(non_kv, 0.0))} bytes) "
                        f"meets/exceeds the KV-cache memory limit (capacity={int(max(capacity, 0.0))} "

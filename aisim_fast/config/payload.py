@@ -245,7 +245,8 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1, dp_
                                           tp=tensor_parallel_size, dp=dp_size)
             if "num_gpu_blocks" not in raw:
                 out["num_gpu_blocks"] = aic.estimate_num_gpu_blocks(
-                    out["aic"], out["block_size"], out["max_num_batched_tokens"])
+                    out["aic"], out["block_size"], out["max_num_batched_tokens"],
+                    f"{path}.timing_model.config")
                 out["num_gpu_blocks_estimated"] = True
         except aic.AicError as exc:
             raise ConfigError(str(exc)) from None
@@ -452,9 +453,10 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         # a role without its own block runs the engine's top-level pool fields, as the
         # reference does (aggregated_role of the engine config)
         top = {k: v for k, v in engine.items() if k not in ("prefill", "decode")}
-        rank, tp, dp = _engine_pool(*_role_block(engine, top, "decode"), "decode")
+        # the prefill pool first: the reference sizes (and refuses) it before the decode pool
         prefill_path, prefill_block = _role_block(engine, top, "prefill")
         prefill_rank, prefill_tp, prefill_dp = _engine_pool(prefill_path, prefill_block, "prefill")
+        rank, tp, dp = _engine_pool(*_role_block(engine, top, "decode"), "decode")
         if prefill_rank.kv_transfer_bandwidth is not None and prefill_rank.kv_transfer_bytes_per_token is None:
             # the transfer is timed by the prefill side's model: the reference refuses
             # a bandwidth it could not use (and does not fall back to the latency)

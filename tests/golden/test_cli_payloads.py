@@ -251,3 +251,18 @@ def test_no_kv_budget_stops_with_the_references_words():
         setup_of(payload)
     assert "no KV budget: non-KV memory (90757384192 bytes) meets/exceeds the KV-cache memory " \
            "limit (capacity=85899345920 bytes)" in str(err.value)
+
+
+def test_the_prefill_pool_is_sized_first():
+    """Neither pool has a KV budget: the reference names the prefill pool's (its run of
+    this payload, the differential's seed 8, case 5: H100 capacity 85899345920 bytes)."""
+    payload = payload_of("hetero_disagg")
+    for role, fraction, reserve in (("prefill", 0.745, 10 ** 9), ("decode", 0.632, 5 * 10 ** 10)):
+        payload["spec"]["engine"][role]["num_gpu_blocks_is_explicit"] = False
+        payload["spec"]["engine"][role]["rank"]["timing_model"]["config"].update(
+            gpu_memory_utilization=fraction, cuda_graph_reserved_bytes=reserve)
+    with pytest.raises(ConfigError) as err:
+        setup_of(payload)
+    assert str(err.value).startswith("spec.engine.prefill.rank.timing_model.config")
+    assert "no KV budget: non-KV memory (71757384192 bytes) meets/exceeds the KV-cache memory " \
+           "limit (capacity=85899345920 bytes)" in str(err.value)
