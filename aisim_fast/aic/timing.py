@@ -295,7 +295,7 @@ class AicConfig:
 
 
 def parse_config(raw: Any, path: str, *, backend: str, block_size: int, tp: int,
-                 dp: int = 1) -> AicConfig:
+                 dp: int = 1, check_buildable: bool = True) -> AicConfig:
     """Validate ``timing_model.config`` of an ``external``/``aic`` timing model against
     the rank it times and the installed database (the reference's checks: backend,
     tp, attention_dp and kv_block_size must match the engine's)."""
@@ -399,7 +399,8 @@ def parse_config(raw: Any, path: str, *, backend: str, block_size: int, tp: int,
         **{k: cfg.get(k) for k in _DTYPE_FIELDS}, nextn=0, kv_block_size=cfg.get("kv_block_size"),
         memory_fraction_kind=kind, memory_fraction_value=fraction, systems_path=systems_path,
         cuda_graph_reserved_bytes=reserved, cli_fields=tuple(cli))
-    timing(config).check_buildable(path)
+    if check_buildable:  # off when the config only sizes a KV pool (no per-op timing)
+        timing(config).check_buildable(path)
     return config
 
 
@@ -728,16 +729,17 @@ _BLOCKS: dict[tuple, int] = {}
 
 
 def estimate_num_gpu_blocks(config: AicConfig, block_size: int, max_num_batched_tokens: int,
-                            path: str = "timing_model.config") -> int:
+                            path: str = "timing_model.config", max_batch_size: int = 1) -> int:
     """KV capacity of one rank from model + GPU memory, as the reference computes it:
-    the package's non-KV memory breakdown (max_batch_size 1, activations for
-    ``max_num_batched_tokens``), the CUDA-graph reserve added to the non-KV bytes, the
+    the package's non-KV memory breakdown (activations for ``max_num_batched_tokens``;
+    ``max_batch_size`` sequences: 1 where the run re-sizes a pool, the rank's
+    ``max_num_seqs`` where the reference's CLI sizes it, which SGLang's estimate uses), the CUDA-graph reserve added to the non-KV bytes, the
     backend's memory fraction of total (vLLM, SGLang) or of free memory (TRT-LLM), and
     the model's KV bytes-to-tokens inverse, in whole blocks."""
     reserved = config.cuda_graph_reserved_bytes
-    key = (config, block_size, max_num_batched_tokens, reserved)
+    key = (config, block_size, max_num_batched_tokens, reserved, max_batch_size)
     blocks = _BLOCKS.get(key)
-    tag = f"-cg{reserved}" if reserved else ""
+    tag = (f"-cg{reserved}" if reserved else "") + (f"-bs{max_batch_size}" if max_batch_size != 1 else "")
     stored = cache_dir() / f"blocks-{config.digest()}-{block_size}-{max_num_batched_tokens}{tag}.json"
     if blocks is None:
         try:
@@ -745,7 +747,7 @@ def estimate_num_gpu_blocks(config: AicConfig, block_size: int, max_num_batched_
         except (OSError, ValueError, KeyError, TypeError):
             blocks = None
     if blocks is None:
-        blocks = _kv_tokens(config, max_num_batched_tokens, path) // block_size
+        blocks = _kv_tokens(config, max_num_batched_tokens, path, max_batch_size) // block_size
         if blocks <= 0:
             raise AicError(f"{path}: the database estimates no KV-cache blocks for "
                            f"{config.model} on {config.system} (tp {config.tp}); give num_gpu_blocks")
@@ -760,7 +762,7 @@ def estimate_num_gpu_blocks(config: AicConfig, block_size: int, max_num_batched_
     return blocks
 
 
-def _kv_tokens(config: AicConfig, max_num_batched_tokens: int, path: str) -> int:
+def _kv_tokens(config: AicConfig, max_num_batched_tokens: int, path: str, max_batch_size: int = 1) -> int:
     """Tokens of KV cache one rank holds (the package's ``estimate_kv_cache`` budget
     with the reference's CUDA-graph reserve, which the package does not take)."""
     _package()
@@ -770,7 +772,8 @@ def _kv_tokens(config: AicConfig, max_num_batched_tokens: int, path: str) -> int
         try:
             native = memory.KVCacheEstimator.from_request(
                 config.model, config.system, config.backend, config.backend_version,
-                max_num_tokens=int(max_num_batched_tokens), max_batch_size=1, nextn=0, **kw)
+                max_num_tokens=int(max_num_batched_tokens), max_batch_size=int(max_batch_size), nextn=0,
+                **kw)
         except Exception as exc:  # the package's own errors are of many kinds
             raise AicError(f"{path}: the database cannot size the KV cache of "
                            f"{config.model} on {config.system} with {config.backend}: {exc}") from None

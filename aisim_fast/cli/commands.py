@@ -129,7 +129,7 @@ def _warm_up(setup: ReplaySetup) -> None:
 
 def run_replay(args) -> dict:
     """Resolve, simulate, and write one replay. Returns what the summary table shows."""
-    if args.spec is not None:
+    if args.spec is not None or args.predict_config is not None:
         setup, gpus_per_worker, source = setup_from_spec(args)
     else:
         setup, gpus_per_worker, source = setup_from_flags(args)

@@ -9,6 +9,7 @@ from pathlib import Path
 from aisim_fast.cli.parser import (DEFAULT_ARRIVAL_SPEEDUP_RATIO, DEFAULT_TRACE_BLOCK_SIZE, UsageError,
                                     aic_flags)
 from aisim_fast.config.payload import (ConfigError, ReplaySetup, parse_payload, set_aic_timing)
+from aisim_fast.config.predict_config import read_predict_config
 from aisim_fast.trace.workload import default_trace_path
 
 # Flags that describe a replay without a spec; with --spec they would be silently
@@ -49,19 +50,28 @@ def _read_json_file(path: Path, what: str):
 
 
 def setup_from_spec(args) -> tuple[ReplaySetup, int, dict]:
-    given = [flag for attr, flag in NO_SPEC_FLAGS if getattr(args, attr) is not None]
+    """--spec (a payload) or --predict-config (a predict config, lowered to its payload)."""
+    flag = "--spec" if args.spec is not None else "--predict-config"
+    if args.spec is not None and args.predict_config is not None:
+        raise UsageError("give one of --spec and --predict-config")
+    given = [name for attr, name in NO_SPEC_FLAGS if getattr(args, attr) is not None]
     if given:
-        raise UsageError(f"{', '.join(given)} cannot be combined with --spec; "
-                         "change the spec file instead")
+        raise UsageError(f"{', '.join(given)} cannot be combined with {flag}; "
+                         "change the config file instead")
     if args.trace is not None:
-        raise UsageError("with --spec, give the trace as --trace PATH")
-    spec_path = Path(args.spec)
-    payload = _read_json_file(spec_path, "spec file")
+        raise UsageError(f"with {flag}, give the trace as --trace PATH")
+    if args.spec is not None:
+        spec_path = Path(args.spec)
+        payload = _read_json_file(spec_path, "spec file")
+        source = {"mode": "spec", "spec_file": str(spec_path.resolve())}
+    else:
+        spec_path = Path(args.predict_config)
+        payload = read_predict_config(spec_path)
+        source = {"mode": "predict_config", "predict_config": str(spec_path.resolve())}
     if aic_flags(args):
         payload = set_aic_timing(payload, **aic_flags(args), where="--")
     setup = parse_payload(payload, spec_path.parent, args.trace_flag)
-    source = {"mode": "spec", "spec_file": str(spec_path.resolve()),
-              "trace_override": args.trace_flag is not None}
+    source["trace_override"] = args.trace_flag is not None
     return setup, setup.gpus_per_worker, source
 
 

@@ -35,14 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
         "replay", help="replay a Mooncake trace on vLLM / TRT-LLM workers (aggregated or "
                        "disaggregated prefill/decode)",
         description="Replay a Mooncake JSONL trace. Either --spec SPEC.json (a reference "
-                    "execution payload) or --backend with --workers (aggregated) or "
+                    "execution payload), --predict-config CONFIG.yaml (a reference predict config) "
+                    "or --backend with --workers (aggregated) or "
                     "--prefill-workers and --decode-workers (disaggregated).")
     replay.add_argument("trace", nargs="?", metavar="TRACE",
                         help="Mooncake JSONL trace (without --spec; default: the bundled trace)")
     replay.add_argument("--spec", metavar="SPEC.json",
                         help="reference execution payload {\"spec\": ..., \"traffic\": ...}")
+    replay.add_argument("--predict-config", metavar="CONFIG.yaml",
+                        help="a reference `aisimulate predict` config (YAML), lowered to the payload "
+                             "the reference's CLI writes for it and run as --spec runs a payload")
     replay.add_argument("--trace", dest="trace_flag", metavar="PATH",
-                        help="trace file; with --spec it replaces traffic.trace_path")
+                        help="trace file; with --spec or --predict-config it replaces the config's trace")
     replay.add_argument("--backend", choices=SIMULATED_BACKENDS,
                         help="rank scheduler (sglang: its num_gpu_blocks counts pages of block_size "
                              "tokens, default 1, so it is a token count; disaggregated sglang reserves "
