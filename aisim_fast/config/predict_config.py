@@ -262,9 +262,7 @@ def _worker(engine: dict, role: str, raw: Any, backend: str) -> dict:
         if not isinstance(hardware, str) or not hardware.strip() or hardware.strip() != hardware \
                 or hardware == "auto":
             _fail(f"{path}.hardware", "must be one concrete non-empty hardware identifier")
-    startup = _number(f"{path}.startup_seconds", worker.get("startup_seconds", 0.0))
-    if startup != 0.0:
-        _not_simulated(f"{path}.startup_seconds", "a worker start-up delay")
+    startup_s = _number(f"{path}.startup_seconds", worker.get("startup_seconds", 0.0))
 
     par = _section(f"{path}.parallelism", worker.get("parallelism"), _PARALLEL_KEYS)
     parallel = {key: _int(f"{path}.parallelism.{key}", par.get(key, 1))
@@ -380,7 +378,7 @@ def _worker(engine: dict, role: str, raw: Any, backend: str) -> dict:
             "bytes_per_token": bytes_per_token, "capacity_type": capacity_type,
             "blocks": cap.get("blocks"), "bytes": cap.get("bytes"), "memory_fraction": fraction,
             "cuda_graph_reserved_bytes": reserve, "timing": tim, "timing_type": timing_type,
-            "context_length": context_length}
+            "context_length": context_length, "startup_delay_ms": 1000.0 * startup_s}
 
 
 def _model_config(model: str) -> dict:
@@ -632,14 +630,14 @@ def lower_predict_config(doc: Any) -> dict:
     if mode == "aggregated":
         topology = {"kind": "aggregated",
                     "workers": {"initial_workers": parsed["aggregated"]["parallel"]["replicas"],
-                                "startup_delay_ms": 0.0}}
+                                "startup_delay_ms": parsed["aggregated"]["startup_delay_ms"]}}
         spec_engine = pools["aggregated"]
     else:
         topology = {"kind": "disaggregated",
                     "prefill": {"initial_workers": parsed["prefill"]["parallel"]["replicas"],
-                                "startup_delay_ms": 0.0},
+                                "startup_delay_ms": parsed["prefill"]["startup_delay_ms"]},
                     "decode": {"initial_workers": parsed["decode"]["parallel"]["replicas"],
-                               "startup_delay_ms": 0.0},
+                               "startup_delay_ms": parsed["decode"]["startup_delay_ms"]},
                     "handoff_latency_ms": 0.0}
         spec_engine = pools
     spec = {"version": 1, "topology": topology, "engine": spec_engine,

@@ -35,6 +35,7 @@ def edited(*edits) -> dict:
 
 
 AGG = "engine.workers.aggregated"
+BASE_TRAFFIC_PAYLOAD = {"source_type": "trace", "load_type": "trace_timestamps", "trace_path": "t.jsonl"}
 
 
 def test_the_defaults_the_reference_fills_in():
@@ -75,6 +76,13 @@ def test_backend_geometry_and_context():
     assert rank["block_size"] == 32 and rank["max_model_len"] == 4096
 
 
+def test_startup_seconds_become_the_pool_delay():
+    """Carried as the reference's CLI writes it; it delays only workers a scaler adds."""
+    spec = lower_predict_config(edited((f"{AGG}.startup_seconds", 0.25)))["spec"]
+    assert spec["topology"]["workers"]["startup_delay_ms"] == 250.0
+    parse_payload({"spec": spec, "traffic": BASE_TRAFFIC_PAYLOAD})
+
+
 def test_trace_concurrency_sla_and_time_cap():
     doc = edited(("traffic.load", {"type": "concurrency", "concurrency": 7}),
                  ("traffic.stop", {"max_virtual_time_seconds": 2.5}),
@@ -97,7 +105,6 @@ def test_trace_concurrency_sla_and_time_cap():
     ([("engine.fpm_profile", {"x": 1})], "engine.fpm_profile: not simulated"),
     ([("engine.estimation_mode", "fpm_interpolation")], "engine.estimation_mode: not simulated"),
     ([("engine.workers.encoder", {})], "engine.workers.encoder: not simulated"),
-    ([(f"{AGG}.startup_seconds", 2.0)], f"{AGG}.startup_seconds: not simulated"),
     ([(f"{AGG}.host_loop", True)], f"{AGG}.host_loop: not simulated"),
     ([(f"{AGG}.kv_cache.host_offload", {"num_host_blocks": 10})], f"{AGG}.kv_cache.host_offload: not simulated"),
     ([(f"{AGG}.kv_cache.state_cache", {})], f"{AGG}.kv_cache.state_cache: not simulated"),
