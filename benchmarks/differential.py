@@ -39,6 +39,13 @@ Qwen3-32B at tp 1 and 2, on h200 and b200, homogeneous and heterogeneous
 disaggregation, polynomial timing with a memory fraction) on the case's trace, with a
 drawn memory fraction, CUDA-graph reserve, ``num_gpu_blocks_is_explicit: false`` (the
 blocks sized from memory on both sides), ``max_num_seqs`` and worker count.
+
+With ``--predict-fraction F`` that share of the cases is a random reference ``predict``
+config (YAML: backend, topology and hardware, timing model, KV capacity by blocks or
+memory fraction with a CUDA-graph reserve, scheduler sizes, load, time cap, SLA): the
+reference's CLI lowers and runs it (``cli-payloads/capture.py``), aisim_fast's
+``--predict-config`` lowering must write the same payload, and its run must match the
+reference's rerun of that payload request for request.
 """
 
 from __future__ import annotations
@@ -208,6 +215,138 @@ def random_cli_payload(rng: random.Random) -> tuple[Path, list[str]]:
     return template, edits
 
 
+def random_predict_config(rng: random.Random, trace: str) -> dict:
+    """A reference ``predict`` config (the YAML its CLI reads) over the family
+    ``--predict-config`` lowers: vLLM / TRT-LLM / SGLang, aggregated or disaggregated
+    (heterogeneous hardware now and then), op-level, polynomial or fixed timing, fixed
+    blocks or a memory fraction with a CUDA-graph reserve, scheduler sizes, trace
+    timestamps (sped up) or concurrency, a virtual-time cap, an SLA."""
+    backend = rng.choice(["vllm", "vllm", "trtllm", "sglang"])
+    mode = "disaggregated" if rng.random() < 0.35 else "aggregated"
+
+    def worker(role: str) -> dict:
+        out: dict = {"parallelism": {"replicas": rng.choice([1, 1, 2, 3])}}
+        if rng.random() < 0.3:
+            out["parallelism"]["tensor"] = 2
+        scheduler = {}
+        if rng.random() < 0.5:
+            scheduler["max_batched_tokens"] = rng.choice([1024, 2048, 4096, 8192])
+        if rng.random() < 0.5:
+            scheduler["max_sequences"] = rng.choice([2, 8, 32, 256])
+        if scheduler:
+            out["scheduler"] = scheduler
+        timing = rng.choice(["default", "polynomial", "fixed"]) if backend != "sglang" \
+            else rng.choice(["polynomial", "fixed"])
+        if timing == "fixed":
+            out["timing"] = {"type": "fixed", "prefill_ms": rng.choice([2.0, 10.0, 25.0]),
+                             "decode_ms": rng.choice([1.0, 4.0, 9.0])}
+        elif timing == "polynomial":
+            out["timing"] = {"type": "polynomial"}
+        kv: dict = {}
+        if backend != "sglang" and rng.random() < 0.4:
+            kv["block_size"] = rng.choice([16, 32, 64])
+        if backend == "sglang" or rng.random() < 0.5:
+            blocks = rng.choice([300, 2000, 20000]) * (64 if backend == "sglang" else 1)
+            kv["capacity"] = {"type": "fixed", "blocks": blocks}
+        else:
+            capacity = {"type": "default"}
+            if rng.random() < 0.7:
+                capacity["memory_fraction"] = round(rng.uniform(0.3, 0.95), 3)
+            if rng.random() < 0.5:
+                capacity["cuda_graph_reserved_bytes"] = rng.choice([10**9, 4 * 10**9, 3 * 10**10])
+            kv["capacity"] = capacity
+        if kv:
+            out["kv_cache"] = kv
+        if mode == "disaggregated" and rng.random() < 0.3:
+            out["hardware"] = rng.choice(["h100_sxm", "h200_sxm"])
+        return out
+
+    engine: dict = {"mode": mode, "model": "Qwen/Qwen3-32B", "hardware": "h200_sxm", "backend": backend}
+    if mode == "aggregated":
+        engine["workers"] = {"aggregated": worker("aggregated")}
+    else:
+        engine["workers"] = {"prefill": worker("prefill"), "decode": worker("decode")}
+        engine["kv_transfer"] = {"bandwidth_gb_per_second": rng.choice([5.0, 25.0, 100.0]),
+                                 "timing_mode": rng.choice(["full_prompt", "destination_missing"])}
+    if rng.random() < 0.2:
+        engine["context_length"] = rng.choice([16384, 40960])
+    if backend != "sglang" and rng.random() < 0.2:
+        engine["enable_chunked_prefill"] = rng.choice([True, False])
+    load = {"type": "concurrency", "concurrency": rng.choice([1, 4, 16])} if rng.random() < 0.3 \
+        else {"type": "trace_timestamps", **({"speedup": rng.choice([0.5, 2.0])} if rng.random() < 0.3 else {})}
+    traffic: dict = {"source": {"type": "trace", "paths": [trace], "format": "mooncake", "block_size": 512},
+                     "load": load}
+    if rng.random() < 0.15:
+        traffic["stop"] = {"max_virtual_time_seconds": rng.choice([0.5, 2.0, 10.0])}
+    config = {"traffic": traffic, "engine": engine}
+    if rng.random() < 0.2:
+        config["evaluation"] = {"sla": {"ttft_ms": 500.0, "itl_ms": 30.0}}
+    return config
+
+
+def predict_case(ref_python: str, rng: random.Random, case: Path, trace: Path,
+                 timeout_s: float) -> tuple[str, bool, str, str]:
+    """One predict-config case: the reference's CLI lowers and runs the config
+    (``cli-payloads/capture.py``), its payload is rerun for the golden CSV; our
+    lowering must write that payload and our run must match the CSV.
+    Returns (kind, ok, tally key, outcome)."""
+    import yaml
+
+    from aisim_fast.config.predict_config import lower_predict_config
+
+    config = random_predict_config(rng, str(trace))
+    engine = config["engine"]
+    kind = f"predict/{engine['backend']}/{engine['mode'][:5]}"
+    (case / "config.predict.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    try:
+        subprocess.run([ref_python, str(REF_DIR / "cli-payloads" / "capture.py"), "config.predict.yaml", "ref"],
+                       cwd=case, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return kind, False, "reference timed out", "reference timed out"
+    captured = case / "ref" / "captured_payload_0.json"
+    try:
+        ours = lower_predict_config(config)
+    except Exception as exc:  # a key aisim_fast refuses (or the reference refused too)
+        stderr = (case / "ref" / "predict_stderr.txt").read_text() if (case / "ref").exists() else ""
+        lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+        words = lines[-1].rsplit("Error: ", 1)[-1].strip() if lines else ""
+        if not captured.exists() and words and (words in str(exc) or same_stop(words, str(exc))):
+            return kind, True, "both refused", f"refused: {exc}"
+        return kind, False, "aisim_fast refused the config", f"refused: {exc}; reference: {words[-150:]}"
+    if not captured.exists():
+        return kind, False, "reference refused the config", \
+            (case / "ref" / "predict_stderr.txt").read_text().strip()[-200:]
+    theirs = json.loads(captured.read_text())
+    engine_pools = theirs["spec"]["engine"]
+    for pool in ([engine_pools] if "rank" in engine_pools else engine_pools.values()):
+        (pool["rank"]["timing_model"].get("config") or {}).pop("systems_paths", None)
+    (case / "spec.json").write_text(json.dumps(theirs, indent=1))
+    if ours != theirs:
+        return kind, False, "lowering differs", "our payload differs from the reference CLI's"
+    ref = subprocess.run([ref_python, str(ROOT / "benchmarks" / "ref_payload_run.py"), str(case / "spec.json"),
+                          str(case / "rr")], capture_output=True, text=True, timeout=timeout_s)
+    ref_failed = ref.returncode != 0 or not (case / "rr.csv").exists()
+    try:
+        setup = parse_payload(ours, case, trace_override=str(trace))
+    except Exception as exc:
+        lines = [ln for ln in ref.stderr.strip().splitlines() if ln.strip()]
+        words = lines[-1].rsplit("ValueError: ", 1)[-1] if lines else ""
+        ok = ref_failed and bool(words) and same_stop(words, str(exc))
+        return kind, ok, "both refused" if ok else "aisim_fast refused the payload", f"refused: {exc}"
+    sim = simulation_from_setup(setup)
+    res = run_batch([sim])
+    if res.status[0] != "ok" or ref_failed:
+        ok = res.status[0] != "ok" and ref_failed and same_stop(ref.stderr, res.error[0])
+        return kind, ok, "both stopped" if ok else "stop disagreement", \
+            f"aisim_fast {res.status[0]} ({res.error[0]}); reference {'failed' if ref_failed else 'ok'}"
+    gold = read_csv(case / "rr.csv")
+    bad = compare(gold, res.requests[0])
+    if len(gold) != len(res.requests[0]):
+        bad.insert(0, ("rows", f"reference {len(gold)}, aisim_fast {len(res.requests[0])}"))
+    return kind, not bad, "match" if not bad else "divergent", \
+        "match" if not bad else f"{len(bad)} differences, first {bad[:3]}"
+
+
 def read_csv(path: Path) -> dict:
     with path.open(newline="", encoding="utf-8") as fh:
         return {(r["request_id"].strip(), as_key_part(r.get("turn_index"))): r for r in csv.DictReader(fh)}
@@ -266,6 +405,10 @@ def main() -> int:
     p.add_argument("--cli-fraction", type=float, default=0.0,
                    help="share of the cases run as a payload the reference's CLI writes "
                         "(tests/data/golden_cli), memory sizing and pools drawn")
+    p.add_argument("--predict-fraction", type=float, default=0.0,
+                   help="share of the cases run as a reference predict config (YAML): the "
+                        "reference's CLI lowers and runs it, aisim_fast's lowering must write "
+                        "the same payload and its run match request for request")
     p.add_argument("--kv-artifacts", action="store_true",
                    help="one aggregated worker per case (vLLM / TRT-LLM, SGLang with "
                         "--sglang-fraction); compare KV events and output token ids with the "
@@ -280,6 +423,17 @@ def main() -> int:
             case.mkdir()
             trace = case / "trace.jsonl"
             random_trace(rng, trace)
+            if args.predict_fraction > 0 and not args.kv_artifacts:
+                predict_rng = random.Random(args.seed * 100003 + i + 0x9D1C7)
+                if predict_rng.random() < args.predict_fraction:
+                    kind, ok, key, outcome = predict_case(args.ref_python, predict_rng, case, trace,
+                                                          args.ref_timeout)
+                    kinds[kind] += 1
+                    tally[key] += 1
+                    if not ok and args.keep is not None:
+                        shutil.copytree(case, args.keep / f"seed{args.seed}_case{i:04d}", dirs_exist_ok=True)
+                    print(f"{i:4d} {kind:12s} {'ok ' if ok else 'DIFF'} {outcome[:150]}", flush=True)
+                    continue
             cfg = random_config(rng, 0.0 if args.kv_artifacts else args.disagg_fraction, args.sglang_fraction)
             if args.kv_artifacts:
                 cfg[cfg.index("--workers") + 1] = "1"
