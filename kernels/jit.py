@@ -103,6 +103,7 @@ FEATURE_PARTS = {
     "attention_dp": ("attention DP", 5),
     "trtllm": ("TRT-LLM", 3),
     "aic": ("op-level timing", 2),
+    "tokenization": ("a tokenization pool", 2),
 }
 _ANNOUNCED: set[str] = set()
 

@@ -337,6 +337,45 @@ ROUTER_KEYS = ("overlap_score_credit", "prefill_load_scale", "router_temperature
 
 
 @dataclass(frozen=True)
+class TokenizationConfig:
+    """The payload's ``tokenization``: a pool of ``workers`` servers ahead of each
+    worker's scheduler, ``base_ms + per_input_token_ms * prompt tokens`` per request
+    (kernels.loop.tokenization)."""
+    workers: int = 1
+    base_ms: float = 0.0
+    per_input_token_ms: float = 0.0
+
+
+_TOKENIZATION_KEYS = ("workers", "base_ms", "per_input_token_ms")
+
+
+def parse_tokenization(raw: Any, path: str = "tokenization") -> TokenizationConfig | None:
+    """The payload's top-level ``tokenization``; None for null (no pool)."""
+    if raw is None:
+        return None
+    tok = _obj(path, raw)
+    for key in tok:
+        if key not in _TOKENIZATION_KEYS:
+            _fail(f"{path}.{key}", "unknown field; allowed: " + ", ".join(_TOKENIZATION_KEYS))
+    return TokenizationConfig(workers=_int(f"{path}.workers", tok.get("workers", 1), 1),
+                              base_ms=_float(f"{path}.base_ms", tok.get("base_ms", 0.0)),
+                              per_input_token_ms=_float(f"{path}.per_input_token_ms",
+                                                        tok.get("per_input_token_ms", 0.0)))
+
+
+def check_tokenization(tok: TokenizationConfig, path: str, *, disaggregated: bool, placement: str,
+                       dp_size: int) -> None:
+    """The combinations the tokenization pool is simulated in (checked against the
+    reference: aggregated workers placed at arrival, one rank each)."""
+    if disaggregated:
+        _fail(path, "a tokenization pool ahead of disaggregated prefill workers is not simulated yet")
+    if placement == "kv_router":
+        _fail(path, "a tokenization pool with kv_router placement is not simulated yet")
+    if dp_size > 1:
+        _fail(path, "a tokenization pool ahead of attention-DP workers is not simulated yet")
+
+
+@dataclass(frozen=True)
 class ReplaySetup:
     """One replay: topology, rank config, and the traffic to drive it."""
     rank: RankConfig
@@ -361,6 +400,8 @@ class ReplaySetup:
     # simulated-time cap (spec replay.md 12.11): the run stops after the last instant at
     # or before it; requests unfinished then have no record. None = run to the end
     max_sim_time_ms: float | None = None
+    # the payload's top-level tokenization pool (kernels.loop.tokenization); None = none
+    tokenization: TokenizationConfig | None = None
 
     @property
     def disaggregated(self) -> bool:
@@ -399,7 +440,7 @@ def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str)
                                  f"{prefill.backend!r} and decode {decode.backend!r}")
 
 
-_PAYLOAD_KEYS = {"spec", "traffic", "determinism"}
+_PAYLOAD_KEYS = {"spec", "traffic", "determinism", "tokenization"}
 DETERMINISM_MODES = ("canonical_v1", "random")
 _SPEC_KEYS = {"version", "topology", "engine", "adapters", "max_sim_time_ms", "max_in_flight",
               "record_per_request", "sla", "encoder", "requests"}
@@ -528,6 +569,10 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         # wrote the payload); next to the spec first, then there
         if beside.exists() or not trace_path.exists():
             trace_path = beside
+    tokenization = parse_tokenization(payload.get("tokenization"))
+    if tokenization is not None:
+        check_tokenization(tokenization, "tokenization", disaggregated=kind == "disaggregated",
+                           placement=placement, dp_size=max(dp, disagg.get("prefill_dp_size", 1)))
     return ReplaySetup(
         rank=rank,
         workers=workers,
@@ -543,6 +588,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         placement_seed=placement_seed,
         router=router,
         max_sim_time_ms=max_sim_time_ms,
+        tokenization=tokenization,
         **disagg,
     )
 

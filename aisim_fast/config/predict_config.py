@@ -234,11 +234,20 @@ def _check_engine_controls(engine: dict) -> None:
             ("estimator_config", ({}, None), "estimator tuning (estimator_config)")):
         if key in engine:
             _neutral(f"engine.{key}", engine[key], neutral, what)
-    tokenization = engine.get("tokenization")
-    if tokenization is not None:
-        tok = _section("engine.tokenization", tokenization, ("workers", "base_ms", "per_input_token_us"))
-        if tok.get("base_ms", 0) != 0 or tok.get("per_input_token_us", 0) != 0:
-            _not_simulated("engine.tokenization", "the tokenization pool")
+
+
+def _tokenization(raw: Any) -> dict | None:
+    """``engine.tokenization`` as the payload's top-level ``tokenization`` (per-token
+    time in ms); none when it costs nothing, as the reference writes it."""
+    if raw is None:
+        return None
+    tok = _section("engine.tokenization", raw, ("workers", "base_ms", "per_input_token_us"))
+    workers = _int("engine.tokenization.workers", tok.get("workers", 1))
+    base_ms = _number("engine.tokenization.base_ms", tok.get("base_ms", 0.0))
+    per_token_us = _number("engine.tokenization.per_input_token_us", tok.get("per_input_token_us", 0.0))
+    if base_ms == 0 and per_token_us == 0:
+        return None
+    return {"workers": workers, "base_ms": base_ms, "per_input_token_ms": per_token_us / 1000.0}
 
 
 def _worker(engine: dict, role: str, raw: Any, backend: str) -> dict:
@@ -640,12 +649,16 @@ def lower_predict_config(doc: Any) -> dict:
                                "startup_delay_ms": parsed["decode"]["startup_delay_ms"]},
                     "handoff_latency_ms": 0.0}
         spec_engine = pools
+    payload_extra = {}
+    tokenization = _tokenization(engine.get("tokenization"))
+    if tokenization is not None:
+        payload_extra["tokenization"] = tokenization
     spec = {"version": 1, "topology": topology, "engine": spec_engine,
             "adapters": {"placement": {"provider": "round_robin", "config": None},
                          "scaling": {"provider": "none", "config": None}},
             "max_sim_time_ms": cap_ms, "max_in_flight": in_flight, "record_per_request": True,
             "sla": sla, "requests": []}
-    return {"spec": spec, "traffic": traffic}
+    return {"spec": spec, "traffic": traffic, **payload_extra}
 
 
 def read_predict_config(path: str | Path) -> dict:

@@ -250,10 +250,26 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         for w in np.flatnonzero(rt_slots > 1):
             rt_count[wk_i[w, L.WK_RT_OFF]:wk_i[w, L.WK_RT_OFF] + in_use[w]] = -1  # RT_NEVER_USED
         router_state = dict(rt_key=rt_key, rt_count=rt_count)
+    tokenization_state = {}
+    tokenized = [s for s, sim in enumerate(sims) if sim.tokenization is not None]
+    if tokenized:
+        # a pool of servers ahead of every worker of these simulations (aggregated,
+        # one rank per worker: kernels.loop.tokenization), all free at 0
+        servers = np.zeros(n_w, np.int64)
+        for s in tokenized:
+            tok = sims[s].tokenization
+            ws = slice(int(w_off[s]), int(w_off[s] + w_len[s]))
+            servers[ws] = tok.workers
+            cfg_f[ws, L.CFGF_TOK_BASE_MS] = tok.base_ms
+            cfg_f[ws, L.CFGF_TOK_PER_TOKEN_MS] = tok.per_input_token_ms
+        cfg_i[:, L.CFG_TOK_SERVERS] = servers
+        wk_i[:, L.WK_TOK_OFF] = np.concatenate([[0], np.cumsum(servers)[:-1]])
+        tokenization_state = dict(tok_free_ms=np.zeros(int(servers.sum())))
     wk = L.Workers(i64=wk_i, pass_end_ms=np.zeros(n_w),
                    run_q=np.zeros(int(run_cap.sum()), np.int64),
                    wait_q=np.zeros(int(wait_cap.sum()), np.int64),
-                   busy_heap=np.zeros(n_w, np.int64), ready=np.ones(n_w, np.uint8), **router_state)
+                   busy_heap=np.zeros(n_w, np.int64), ready=np.ones(n_w, np.uint8), **router_state,
+                   **tokenization_state)
     sm_i[:, L.SM_Q_OFF] = q_off
     sm_i[:, L.SM_Q_LEN] = q_len
     sm_i[:, L.SM_W_OFF] = w_off

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from aisim_fast.config.payload import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, RouterConfig,
-                                       check_attention_dp, check_disaggregated_pair, check_placement_seed,
-                                       check_rank)
+                                       TokenizationConfig, check_attention_dp, check_disaggregated_pair,
+                                       check_placement_seed, check_rank, check_tokenization)
 from aisim_fast.trace.workload import PIN_KEYS, Workload, load_mooncake
 
 
@@ -56,6 +56,8 @@ class Simulation:
     max_sim_time_ms: float | None = None
     # requests (logical rows) whose token gaps stay out of the token statistics
     token_stats_excluded: np.ndarray | None = None
+    # a tokenization pool ahead of every worker (kernels.loop.tokenization); None = none
+    tokenization: TokenizationConfig | None = None
 
     @property
     def disaggregated(self) -> bool:
@@ -119,6 +121,9 @@ def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
                               "(its overlap reads the vLLM block pool); use round_robin or random")
         if router_config(sim).pin_to_trace_worker:
             _check_pins(sim)
+    if sim.tokenization is not None:
+        check_tokenization(sim.tokenization, "tokenization", disaggregated=sim.disaggregated,
+                           placement=sim.placement, dp_size=sim.dp_size)
     if sim.queue_slots is not None and sim.queue_slots < 1:
         raise ConfigError(f"queue_slots: must be >= 1 or None, got {sim.queue_slots!r}")
     if sim.arena_blocks is not None and sim.arena_blocks < 1:

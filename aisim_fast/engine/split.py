@@ -46,7 +46,8 @@ def worker_shards(sim: Simulation):
             _SHARD_CACHE.pop(next(iter(_SHARD_CACHE)))
         _SHARD_CACHE[key] = cached
     return [(sub.line_no_rows, Simulation(sub.workload, sim.rank, 1, 0, sim.arena_blocks,
-                                          queue_slots=sim.queue_slots, dp_size=sim.dp_size))
+                                          queue_slots=sim.queue_slots, dp_size=sim.dp_size,
+                                          tokenization=sim.tokenization))
             for sub in cached[1]]
 
 

@@ -15,14 +15,16 @@ from aisim_fast.kernels.dp.attention_dp import place_rank_gated, reset_wave_if_d
 from aisim_fast.kernels.features import gate
 from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.loop.rank_queues import wait_push_back, wake
+from aisim_fast.kernels.loop.tokenization import tokenize_gated
 from aisim_fast.kernels.routing.kv_router import pass_end_gated, request_ended_gated, route_gated
 from aisim_fast.kernels.routing.placement import place
-from aisim_fast.kernels.schema.layout import (CFG_DP_SIZE, DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL,
+from aisim_fast.kernels.schema.layout import (CFG_DP_SIZE, CFG_TOK_SERVERS, DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL,
                                               PLACE_KV_ROUTER, ROUTE_AGGREGATED, RQ_ACTION, RQ_LEASE_OFF,
                                               RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS,
                                               RQ_TERM_NEXT, RQ_TERMINAL, RQ_TURN, RQ_UUID, RQ_WORKER,
                                               RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS,
-                                              RQF_TERMINAL_MS, RS_WAITING, SM_ACTIVE_SESSIONS, SM_ACTQ_HEAD,
+                                              RQF_TERMINAL_MS, RS_TOKENIZING, RS_WAITING, SM_ACTIVE_SESSIONS,
+                                              SM_ACTQ_HEAD,
                                               SM_ACTQ_LEN, SM_CONCURRENCY, SM_DEST_FIRST, SM_HEAP_LEN,
                                               SM_NUM_ARRIVED, SM_NUM_NOT_SENT, SM_NUM_STARTS, SM_NUM_TERMINAL,
                                               SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR,
@@ -128,6 +130,13 @@ def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
     for i in range(n_prompt_blocks):
         rq.seq_hash[k0 + i] = wl.phash[p0 + i]
     rq.i64[q, RQ_NUM_HASHED] = n_prompt_blocks
+    if cfg.i64[w, CFG_TOK_SERVERS] > 0:
+        # through the worker's tokenization pool first (kernels.loop.tokenization): it
+        # waits in the release heap until its prompt is tokenized
+        rq.f64[q, RQF_READY_MS] = tokenize_gated(cfg.features, cfg, wk, rq, w, q, arrival_ms)
+        rq.i64[q, RQ_STATUS] = RS_TOKENIZING
+        _heap_push(sims, rq, s, q)
+        return
     wait_push_back(wk, w, q)
     wake(wk, w)
 
@@ -166,7 +175,13 @@ def admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms):
             _arrive(cfg, p, rq, wl, wk, sims, s, q_start, t_start)
         else:
             _heap_pop(sims, rq, s)
-            _arrive(cfg, p, rq, wl, wk, sims, s, q_turn, rq.f64[q_turn, RQF_READY_MS])
+            if rq.i64[q_turn, RQ_STATUS] == RS_TOKENIZING:
+                # tokenized: it reaches the scheduler of the worker it was placed on
+                rq.i64[q_turn, RQ_STATUS] = RS_WAITING
+                wait_push_back(wk, rq.i64[q_turn, RQ_WORKER], q_turn)
+                wake(wk, rq.i64[q_turn, RQ_WORKER])
+            else:
+                _arrive(cfg, p, rq, wl, wk, sims, s, q_turn, rq.f64[q_turn, RQF_READY_MS])
         n += 1
 
 

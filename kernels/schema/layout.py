@@ -102,6 +102,7 @@ RS_HELD = 5           # prefill (source) side finished, KV held until ReleaseSou
 RS_PENDING_DEST = 6   # decode side accepted, in the rank's pending-destination FIFO
 RS_RESERVED = 7       # decode side reserved, waiting for the transfer
 RS_ACTIVATED = 8      # decode side activated: queued with its prompt KV resident
+RS_TOKENIZING = 9     # arrived and placed, its prompt in its worker's tokenization pool
 
 # Terminal status (``rq.i64[q, RQ_TERMINAL]``), names follow the reference's records.
 TERM_NONE = 0
@@ -285,12 +286,14 @@ RANK_CONFIG_I = FieldTable("CFG_", "cfg.i64", np.int64, [
     ("DP_RANK", 0, "", "its rank in that group: the group's rank 0 is worker w - DP_RANK"),
     ("PREFILL_CADENCE", 1, "", "vLLM with attention DP: prefill_schedule_interval (prefills on every "
                                "N-th group pass unless capacity-bound; engine.md 5.7)"),
+    ("TOK_SERVERS", 0, "", "tokenization pool: servers ahead of the worker's scheduler "
+                           "(kernels.loop.tokenization); 0 = none"),
 ])
 (CFG_NUM_GPU_BLOCKS, CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, CFG_MAX_NUM_BATCHED_TOKENS,
  CFG_MAX_MODEL_LEN, CFG_PREFIX_CACHING, CFG_CHUNKED_PREFILL, CFG_PREEMPTION_FIFO, CFG_POLICY,
  CFG_ROLE, CFG_TIMING, CFG_TRANSFER_MODE, CFG_AIC_SHARED, CFG_AIC_LOCAL, CFG_ROUTER_PIN,
  CFG_SG_MAX_PREFILL_TOKENS, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM, CFG_SG_PD_INTERVAL,
- CFG_DP_SIZE, CFG_DP_RANK, CFG_PREFILL_CADENCE) = RANK_CONFIG_I.indices()
+ CFG_DP_SIZE, CFG_DP_RANK, CFG_PREFILL_CADENCE, CFG_TOK_SERVERS) = RANK_CONFIG_I.indices()
 # CFGF_KV_BANDWIDTH_GBS / CFGF_KV_BYTES_PER_TOKEN are NaN when not configured (the
 # transfer then takes CFGF_HANDOFF_LATENCY_MS, the topology's fallback).
 RANK_CONFIG_F = FieldTable("CFGF_", "cfg.f64", np.float64, [
@@ -307,11 +310,13 @@ RANK_CONFIG_F = FieldTable("CFGF_", "cfg.f64", np.float64, [
     ("SG_INIT_RATIO", 0.7, "", "SGLang: initial new-token ratio (0.7 x schedule_conservativeness)"),
     ("SG_MIN_RATIO", 0.098, "", "SGLang: its floor (init x 0.14)"),
     ("SG_DECAY_STEP", 0.001001, "", "SGLang: its decay per decode pass ((init - min) / 600)"),
+    ("TOK_BASE_MS", 0.0, "", "tokenization pool: time of a request"),
+    ("TOK_PER_TOKEN_MS", 0.0, "", "tokenization pool: time per prompt token"),
 ])
 (CFGF_FIXED_PREFILL_MS, CFGF_FIXED_DECODE_MS, CFGF_SPEEDUP_RATIO, CFGF_DECODE_SPEEDUP_RATIO,
  CFGF_KV_BANDWIDTH_GBS, CFGF_KV_BYTES_PER_TOKEN, CFGF_HANDOFF_LATENCY_MS, CFGF_ROUTER_CREDIT,
  CFGF_ROUTER_LOAD_SCALE, CFGF_ROUTER_TEMPERATURE, CFGF_SG_INIT_RATIO, CFGF_SG_MIN_RATIO,
- CFGF_SG_DECAY_STEP) = RANK_CONFIG_F.indices()
+ CFGF_SG_DECAY_STEP, CFGF_TOK_BASE_MS, CFGF_TOK_PER_TOKEN_MS) = RANK_CONFIG_F.indices()
 CFG_I_FIELDS = RANK_CONFIG_I.width
 CFG_F_FIELDS = RANK_CONFIG_F.width
 
@@ -451,10 +456,11 @@ REQUEST_F = FieldTable("RQF_", "rq.f64", np.float64, [
     ("DEST_ACTIVATED_MS", np.nan, "", "destination activated"),
     ("SOURCE_RELEASED_MS", np.nan, "", "source released"),
     ("TRANSFER_DONE_MS", np.nan, "", "KV transfer completed"),
+    ("TOKENIZED_MS", np.nan, "", "tokenization pool: its prompt tokenized (it reaches its scheduler)"),
 ])
 (RQF_DELAY_MS, RQF_START_MS, RQF_READY_MS, RQF_ARRIVAL_MS, RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS,
  RQF_SECOND_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_TERMINAL_MS, RQF_SOURCE_HELD_MS, RQF_DEST_RESERVED_MS,
- RQF_DEST_ACTIVATED_MS, RQF_SOURCE_RELEASED_MS, RQF_TRANSFER_DONE_MS) = REQUEST_F.indices()
+ RQF_DEST_ACTIVATED_MS, RQF_SOURCE_RELEASED_MS, RQF_TRANSFER_DONE_MS, RQF_TOKENIZED_MS) = REQUEST_F.indices()
 RQ_I_FIELDS = REQUEST_I.width
 RQ_F_FIELDS = REQUEST_F.width
 
@@ -515,6 +521,7 @@ WORKER = FieldTable("WK_", "wk.i64", np.int64, [
                              "did (sglang_core.PASS_*), for the group's end"),
     ("CAPACITY_BOUND", 0, "", "vLLM cadence: 1 = the last pass that could prefill left requests "
                               "waiting (the next passes prefill whatever the cadence)"),
+    ("TOK_OFF", 0, "", "tokenization pool: first of its servers' free times in wk.tok_free_ms"),
 ])
 (WK_SIM, WK_RUN_OFF, WK_RUN_LEN, WK_WAIT_OFF, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_BUSY,
  WK_TERM_HEAD, WK_STALLED, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_TERM_TAIL, WK_PEND_HEAD,
@@ -522,7 +529,7 @@ WORKER = FieldTable("WK_", "wk.i64", np.int64, [
  WK_OVERFLOW, WK_SIM_W0, WK_LAST_PASS_NS, WK_STAT_ROW, WK_RUN_CAP, WK_RT_PREFILL_TOKENS,
  WK_RT_FREED_TOKENS, WK_RT_ACTIVE_BLOCKS, WK_RT_OFF, WK_RT_MASK, WK_RT_USED, WK_RT_LIMIT,
  WK_SG_RATIO_BITS, WK_SG_PREFILL_ROUNDS, WK_SG_READY_HEAD, WK_SG_READY_TAIL, WK_SG_READY_LEN,
- WK_DP_CURSOR, WK_DP_WAVE, WK_RESERVED_LEN, WK_SG_PASS_FLAGS, WK_CAPACITY_BOUND) = WORKER.indices()
+ WK_DP_CURSOR, WK_DP_WAVE, WK_RESERVED_LEN, WK_SG_PASS_FLAGS, WK_CAPACITY_BOUND, WK_TOK_OFF) = WORKER.indices()
 WK_FIELDS = WORKER.width
 
 # Simulations: sims.i64[s, SM_*]. Disaggregated simulations: workers [W_OFF, W_OFF +
@@ -610,6 +617,7 @@ class Features(NamedTuple):
     attention_dp: object = None  # ranks of dp_size behind one pass barrier (kernels.dp.attention_dp)
     trtllm: object = None        # TRT-LLM's capacity policy (kernels.trtllm.policy)
     aic: object = None           # op-level timing tables (kernels.timing.aic_table)
+    tokenization: object = None  # a tokenization pool ahead of the schedulers (kernels.loop.tokenization)
 
 
 class RankConfig(NamedTuple):
@@ -847,6 +855,9 @@ _NO_RT_LOG = np.zeros((0, 0, RL_NUM_COLUMNS))
 _NO_RT_COSTS = np.zeros((0, 0, 0))
 
 
+_NO_TOK_FREE = np.zeros(0, np.float64)
+
+
 class Workers(NamedTuple):
     """Event-loop state of every worker."""
     i64: np.ndarray          # int64[w, WK_FIELDS]
@@ -861,6 +872,9 @@ class Workers(NamedTuple):
     ready: np.ndarray = np.zeros(0, np.uint8)
     rt_key: np.ndarray = _NO_RT_KEY      # uint64[..] kv_router active-block multisets (WK_RT_OFF)
     rt_count: np.ndarray = _NO_RT_COUNT  # int32[..] their counts (0 = free or no longer active)
+    # float64[..] when each tokenization server of a worker is next free (WK_TOK_OFF,
+    # CFG_TOK_SERVERS slots); empty when no worker has a pool
+    tok_free_ms: np.ndarray = _NO_TOK_FREE
 
 
 class Sims(NamedTuple):

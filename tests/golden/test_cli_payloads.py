@@ -100,6 +100,27 @@ def test_requests_match_the_reference(case):
     assert len(cand) == len(gold)
 
 
+TOKENIZED = sorted(p.name[:-len(".tokenized.csv")] for p in GOLDEN.glob("*.tokenized.csv"))
+
+
+@pytest.mark.parametrize("case", TOKENIZED)
+def test_tokenized_ms_match_the_reference(case):
+    """A tokenization pool ahead of each worker (the payload's ``tokenization``): when
+    each prompt reached its scheduler, as the reference records it (its raw per-request
+    ``tokenized_ms``; the requests unfinished at a cap have no record)."""
+    import pandas as pd
+    gold = pd.read_csv(GOLDEN / f"{case}.tokenized.csv")
+    ours = run(case)[1].set_index(["request_id", "turn_index"])["tokenized_ms"]
+    want = gold.set_index(["request_id", "turn_index"])["tokenized_ms"]
+    assert len(want) >= 20
+    assert (ours.loc[want.index] - want).abs().max() <= 1e-9
+
+
+def test_tokenization_cases_present():
+    assert {"tokenization", "tok_1k_pools", "tok_sessions_closed"} <= set(TOKENIZED)
+    assert payload_of("tok_1k_pools")["tokenization"]["workers"] == 2
+
+
 @pytest.mark.parametrize("case", sorted(SIZED_BLOCKS))
 def test_kv_blocks_sized_as_the_reference(case):
     setup = run(case)[0]

@@ -101,7 +101,6 @@ def test_trace_concurrency_sla_and_time_cap():
     ([("engine.speculation", {"kind": "ngram"})], "engine.speculation: not simulated"),
     ([("engine.nextn", 2), ("engine.nextn_accepted", 1.2)], "engine.nextn: not simulated"),
     ([("engine.mode", "afd")], "engine.mode: not simulated"),
-    ([("engine.tokenization", {"base_ms": 1.0})], "engine.tokenization: not simulated"),
     ([("engine.fpm_profile", {"x": 1})], "engine.fpm_profile: not simulated"),
     ([("engine.estimation_mode", "fpm_interpolation")], "engine.estimation_mode: not simulated"),
     ([("engine.workers.encoder", {})], "engine.workers.encoder: not simulated"),
@@ -154,3 +153,12 @@ def test_a_file_that_is_not_yaml_names_its_line(tmp_path):
         read_predict_config(path)
     with pytest.raises(ConfigError, match="predict config not found"):
         read_predict_config(tmp_path / "missing.yaml")
+
+
+def test_tokenization_becomes_the_payload_pool():
+    payload = lower_predict_config(edited(("engine.tokenization",
+                                           {"workers": 3, "base_ms": 2.0, "per_input_token_us": 1.5})))
+    assert payload["tokenization"] == {"workers": 3, "base_ms": 2.0, "per_input_token_ms": 0.0015}
+    assert parse_payload(payload).tokenization.workers == 3
+    # a pool that costs nothing is none, as the reference writes it
+    assert "tokenization" not in lower_predict_config(edited(("engine.tokenization", {"workers": 2})))

@@ -1,0 +1,53 @@
+"""The payload's ``tokenization`` pool (``config.payload.parse_tokenization``): its fields,
+and the combinations not simulated refused by name. Its timing against the reference is
+``tests/golden/test_cli_payloads.py`` (``*.tokenized.csv``)."""
+
+import copy
+
+import pytest
+
+from aisim_fast.config.payload import ConfigError, TokenizationConfig, parse_payload
+
+PAYLOAD = {
+    "spec": {"topology": {"kind": "aggregated", "workers": {"initial_workers": 2}},
+             "engine": {"rank": {"backend": "vllm"}}},
+    "traffic": {"trace_path": "t.jsonl"},
+    "tokenization": {"workers": 2, "base_ms": 3.0, "per_input_token_ms": 0.001},
+}
+
+
+def with_(path: str, value) -> dict:
+    payload = copy.deepcopy(PAYLOAD)
+    node = payload
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return payload
+
+
+def test_the_pool_is_read():
+    assert parse_payload(PAYLOAD).tokenization == TokenizationConfig(2, 3.0, 0.001)
+    assert parse_payload(with_("tokenization", None)).tokenization is None
+    assert parse_payload(with_("tokenization", {})).tokenization == TokenizationConfig(1, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("path, value, words", [
+    ("tokenization.workers", 0, "tokenization.workers: must be an integer >= 1"),
+    ("tokenization.base_ms", -1.0, "tokenization.base_ms: must be a finite number >= 0"),
+    ("tokenization.per_input_token_ms", "fast", "tokenization.per_input_token_ms: must be a finite number"),
+    ("tokenization.threads", 2, "tokenization.threads: unknown field"),
+    ("spec.adapters", {"placement": {"provider": "kv_router"}}, "tokenization: a tokenization pool with kv_router"),
+    ("spec.engine.dp_size", 2, "tokenization: a tokenization pool ahead of attention-DP workers"),
+])
+def test_bad_pools_are_named(path, value, words):
+    with pytest.raises(ConfigError, match="^" + words.replace(".", r"\.")):
+        parse_payload(with_(path, value))
+
+
+def test_disaggregated_pools_are_refused():
+    payload = with_("spec.topology", {"kind": "disaggregated", "prefill": {"initial_workers": 1},
+                                      "decode": {"initial_workers": 1}})
+    payload["spec"]["engine"] = {"prefill": {"rank": {"backend": "vllm"}}, "decode": {"rank": {"backend": "vllm"}}}
+    with pytest.raises(ConfigError, match="disaggregated prefill workers is not simulated yet"):
+        parse_payload(payload)
