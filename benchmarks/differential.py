@@ -42,7 +42,8 @@ blocks sized from memory on both sides), ``max_num_seqs`` and worker count.
 
 With ``--predict-fraction F`` that share of the cases is a random reference ``predict``
 config (YAML: backend, topology and hardware, timing model, KV capacity by blocks or
-memory fraction with a CUDA-graph reserve, scheduler sizes, load, time cap, SLA): the
+memory fraction with a CUDA-graph reserve, scheduler sizes, load, time cap, SLA, a
+tokenization pool): the
 reference's CLI lowers and runs it (``cli-payloads/capture.py``), aisim_fast's
 ``--predict-config`` lowering must write the same payload, and its run must match the
 reference's rerun of that payload request for request.
@@ -220,7 +221,7 @@ def random_predict_config(rng: random.Random, trace: str) -> dict:
     ``--predict-config`` lowers: vLLM / TRT-LLM / SGLang, aggregated or disaggregated
     (heterogeneous hardware now and then), op-level, polynomial or fixed timing, fixed
     blocks or a memory fraction with a CUDA-graph reserve, scheduler sizes, trace
-    timestamps (sped up) or concurrency, a virtual-time cap, an SLA."""
+    timestamps (sped up) or concurrency, a virtual-time cap, an SLA, a tokenization pool."""
     backend = rng.choice(["vllm", "vllm", "trtllm", "sglang"])
     mode = "disaggregated" if rng.random() < 0.35 else "aggregated"
 
@@ -278,6 +279,10 @@ def random_predict_config(rng: random.Random, trace: str) -> dict:
                      "load": load}
     if rng.random() < 0.15:
         traffic["stop"] = {"max_virtual_time_seconds": rng.choice([0.5, 2.0, 10.0])}
+    if mode == "aggregated" and rng.random() < 0.3:
+        # a tokenization pool ahead of each worker (base ms, us per prompt token)
+        engine["tokenization"] = {"workers": rng.choice([1, 2, 4]), "base_ms": rng.choice([0.0, 2.0, 20.0]),
+                                  "per_input_token_us": rng.choice([1.0, 10.0, 50.0])}
     config = {"traffic": traffic, "engine": engine}
     if rng.random() < 0.2:
         config["evaluation"] = {"sla": {"ttft_ms": 500.0, "itl_ms": 30.0}}
@@ -343,6 +348,16 @@ def predict_case(ref_python: str, rng: random.Random, case: Path, trace: Path,
     bad = compare(gold, res.requests[0])
     if len(gold) != len(res.requests[0]):
         bad.insert(0, ("rows", f"reference {len(gold)}, aisim_fast {len(res.requests[0])}"))
+    if "tokenization" in ours and not bad:
+        # the golden CSV has no tokenized_ms: the reference's raw records do
+        ours_tok = {(str(r["request_id"]), int(r["turn_index"])): r["tokenized_ms"]
+                    for r in res.requests[0].to_dict("records")}
+        for line in (case / "rr.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            got = ours_tok.get((rec["session_id"], int(rec["turn_index"])))
+            if got is None or abs(got - rec["tokenized_ms"]) > 1e-9:
+                bad.append(("tokenized_ms", rec["session_id"], rec["tokenized_ms"], got))
+        kind += "/tok"
     return kind, not bad, "match" if not bad else "divergent", \
         "match" if not bad else f"{len(bad)} differences, first {bad[:3]}"
 

@@ -13,7 +13,7 @@ from aisim_fast.cli.parser import PROG, UsageError, aic_flags, sla_flag
 from aisim_fast.cli.signals import raise_pending_sigterm
 from aisim_fast.config.payload import ConfigError, ReplaySetup
 from aisim_fast.engine.batch import run_batch
-from aisim_fast.engine.simulation import SimulationError, simulation_from_setup
+from aisim_fast.engine.simulation import SimulationError, setup_workload, simulation_from_setup
 from aisim_fast.engine.warmup import warm_kernels
 from aisim_fast.io.progress import Progress
 from aisim_fast.io.request_order import requests_in_uuid_order
@@ -29,7 +29,7 @@ from aisim_fast.report.summary import (
 )
 from aisim_fast.studies.sizing import format_answers, size
 from aisim_fast.studies.sweeps import POINTS_FILE, run_sweep
-from aisim_fast.trace.workload import TraceError, TraceWarning, load_mooncake
+from aisim_fast.trace.workload import TraceError, TraceWarning
 
 PROGRESS_DELAY_S = 2.0  # a replay shorter than this shows no progress line
 
@@ -98,15 +98,15 @@ def run_warmup(args) -> None:
 
 
 def load_setup_trace(setup: ReplaySetup, max_rows: int | None = None):
+    if setup.requests is not None:  # inline in the payload
+        return setup_workload(setup, max_rows)
     path = Path(setup.trace_path)
     if not path.exists():
         raise TraceError(str(path), None, "trace file not found")
     if path.is_dir():
         raise TraceError(str(path), None, "is a folder, not a trace file")
     try:
-        return load_mooncake(path, trace_block_size=setup.trace_block_size,
-                             arrival_speedup_ratio=setup.arrival_speedup_ratio, max_rows=max_rows,
-                             closed_loop=setup.concurrency > 0)
+        return setup_workload(setup, max_rows, closed_loop=setup.concurrency > 0)
     except OSError as exc:
         raise TraceError(str(path), None, f"cannot read ({exc.strerror or exc})") from None
 
@@ -187,7 +187,7 @@ def run_replay(args) -> dict:
         "record_pressure": args.pressure_events,
         "record_outputs": args.output_events,
         **setup.to_json(),
-        "trace_path": str(Path(setup.trace_path).resolve()),
+        "trace_path": str(Path(setup.trace_path).resolve()) if setup.requests is None else None,
     }
     if setup.placement == "kv_router":
         routing = result.routing[0]

@@ -93,7 +93,8 @@ def format_summary(setup: ReplaySetup, summary: dict, requests, written: dict,
     elif not setup.disaggregated and setup.dp_size > 1:
         dp = f", attention DP {setup.dp_size} ranks per worker"
     lines = [
-        f"replay: {Path(setup.trace_path).name} on {pools} {setup.rank.backend} "
+        f"replay: {Path(setup.trace_path).name if setup.requests is None else 'inline requests'} "
+        f"on {pools} {setup.rank.backend} "
         f"worker(s)" + dp + (f", closed loop {setup.concurrency}" if setup.concurrency else ""),
         f"  requests            {summary['num_requests']} arrived, "
         f"{summary['completed_requests']} completed, {rejected} rejected"

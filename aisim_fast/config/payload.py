@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from aisim_fast.aic import timing as aic
+from aisim_fast.trace.inline_requests import InlineRequestError, parse_inline_requests
 
 BACKENDS = ("vllm", "trtllm", "sglang")
 SIMULATED_BACKENDS = ("vllm", "trtllm", "sglang")
@@ -402,6 +403,8 @@ class ReplaySetup:
     max_sim_time_ms: float | None = None
     # the payload's top-level tokenization pool (kernels.loop.tokenization); None = none
     tokenization: TokenizationConfig | None = None
+    # requests given inline (spec.requests) in place of a trace (trace_path ""); None = a trace
+    requests: tuple | None = None
 
     @property
     def disaggregated(self) -> bool:
@@ -428,6 +431,8 @@ class ReplaySetup:
     def to_json(self) -> dict:
         d = asdict(self)
         d["rank"] = self.rank.to_json()
+        if self.requests is not None:  # their count, not their token ids
+            d["requests"] = {"inline": len(self.requests)}
         if self.prefill_rank is not None:
             d["prefill_rank"] = self.prefill_rank.to_json()
         return d
@@ -440,7 +445,7 @@ def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str)
                                  f"{prefill.backend!r} and decode {decode.backend!r}")
 
 
-_PAYLOAD_KEYS = {"spec", "traffic", "determinism", "tokenization"}
+_PAYLOAD_KEYS = {"spec", "traffic", "determinism", "tokenization", "capture_performance_diagnostics"}
 DETERMINISM_MODES = ("canonical_v1", "random")
 _SPEC_KEYS = {"version", "topology", "engine", "adapters", "max_sim_time_ms", "max_in_flight",
               "record_per_request", "sla", "encoder", "requests"}
@@ -463,6 +468,10 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     # the reference's modes; request ids are the canonical ordinals in both (random
     # would give fresh v4 uuids there: rows still join on session and turn)
     _choice("determinism", payload.get("determinism", "canonical_v1"), DETERMINISM_MODES)
+    if _bool("capture_performance_diagnostics", payload.get("capture_performance_diagnostics", False)):
+        _fail("capture_performance_diagnostics", "the per-operation performance diagnostics (latency, "
+              "speed of light and provenance of each op) are not produced by aisim_fast; only false "
+              "is accepted (the summary's op_latency_evidence lists each op's latency)")
     spec = _obj("spec", payload["spec"])
     for key in spec:
         if key not in _SPEC_KEYS:
@@ -519,8 +528,24 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         max_sim_time_ms = _float("spec.max_sim_time_ms", spec["max_sim_time_ms"])
     if spec.get("encoder") is not None:
         _fail("spec.encoder", "encoder pools (EPD, vision encoders) are not simulated; only null is accepted")
+    inline = None
     if spec.get("requests"):
-        _fail("spec.requests", "inline requests are not supported; give traffic.trace_path")
+        # the reference's runner sends a workload given as a list of requests inline
+        if payload.get("traffic") is not None:
+            _fail("spec.requests", "give inline requests or a traffic source, not both")
+        if trace_override is not None:
+            _fail("spec.requests", "the payload's requests are inline: a trace cannot replace them")
+        try:
+            inline = parse_inline_requests(spec["requests"], "spec.requests")
+        except InlineRequestError as exc:
+            raise ConfigError(str(exc)) from None
+        arrivals = [r.arrival_ms for r in inline]
+        if arrivals != sorted(arrivals):
+            _warn("spec.requests", "not in arrival order: request uuids are numbered in arrival order "
+                  "here, in list order by the reference (the timelines are the same); run so")
+    elif spec.get("requests") is not None and not isinstance(spec["requests"], list):
+        _fail("spec.requests", f"must be a list of requests, got {spec['requests']!r}")
+    max_in_flight = spec.get("max_in_flight")
     sla = _obj("spec.sla", spec.get("sla"))
     for key, value in sla.items():
         _choice("spec.sla key", key, ("ttft_ms", "itl_ms", "e2e_ms"))
@@ -529,6 +554,18 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     if "e2e_ms" in sla and ("ttft_ms" in sla or "itl_ms" in sla):
         _fail("spec.sla", "e2e_ms is mutually exclusive with ttft_ms / itl_ms")
 
+    if inline is not None:
+        if max_in_flight is not None:
+            _fail("spec.max_in_flight", "a cap on inline requests in flight is not simulated yet")
+        tokenization = parse_tokenization(payload.get("tokenization"))
+        if tokenization is not None:
+            check_tokenization(tokenization, "tokenization", disaggregated=kind == "disaggregated",
+                               placement=placement, dp_size=max(dp, disagg.get("prefill_dp_size", 1)))
+        return ReplaySetup(rank=rank, workers=workers, trace_path="", requests=inline,
+                           sla={k: float(v) for k, v in sla.items() if v is not None},
+                           tensor_parallel_size=tp, dp_size=dp, placement=placement,
+                           placement_seed=placement_seed, router=router,
+                           max_sim_time_ms=max_sim_time_ms, tokenization=tokenization, **disagg)
     traffic = _obj("traffic", payload.get("traffic"))
     for key in traffic:
         if key not in _TRAFFIC_KEYS:
@@ -543,6 +580,11 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         concurrency = _int("traffic.replay_concurrency", conc, 1)
     elif load == "concurrency":
         _fail("traffic.replay_concurrency", "required when load_type is 'concurrency'")
+    if max_in_flight is not None and max_in_flight != concurrency:
+        # the reference's CLI writes the cap beside replay_concurrency, equal; a cap of
+        # its own keeps requests out of the system past their arrivals
+        _fail("spec.max_in_flight", f"a cap on requests in flight apart from replay_concurrency "
+              f"({concurrency or 'none'}) is not simulated; got {max_in_flight!r}")
     if traffic.get("max_sim_time_ms") is not None:
         # the reference's CLI writes the cap into traffic and spec both; a trace replay
         # stops at the spec's (traffic's bounds generated load only)

@@ -11,6 +11,7 @@ import numpy as np
 from aisim_fast.config.payload import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, RouterConfig,
                                        TokenizationConfig, check_attention_dp, check_disaggregated_pair,
                                        check_placement_seed, check_rank, check_tokenization)
+from aisim_fast.trace.inline_requests import inline_workload
 from aisim_fast.trace.workload import PIN_KEYS, Workload, load_mooncake
 
 
@@ -74,12 +75,20 @@ class Simulation:
         return self.prefill_workers * self.prefill_dp_size
 
 
+def setup_workload(setup: ReplaySetup, max_rows: int | None = None, closed_loop: bool = False) -> Workload:
+    """The requests a parsed setup replays: its inline requests, or its trace loaded."""
+    if setup.requests is not None:
+        return inline_workload(setup.requests, max_rows)
+    return load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
+                         arrival_speedup_ratio=setup.arrival_speedup_ratio, max_rows=max_rows,
+                         closed_loop=closed_loop)
+
+
 def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) -> Simulation:
-    """The simulation a parsed setup describes (its trace loaded unless ``workload`` is
+    """The simulation a parsed setup describes (its requests loaded unless ``workload`` is
     given): every setting the two share, by name."""
     if workload is None:
-        workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
-                                 arrival_speedup_ratio=setup.arrival_speedup_ratio)
+        workload = setup_workload(setup)
     shared = {f.name: getattr(setup, f.name) for f in dataclasses.fields(Simulation)
               if f.name != "workload" and hasattr(setup, f.name)}
     return Simulation(workload=workload, **shared)

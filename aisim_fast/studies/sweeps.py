@@ -55,7 +55,7 @@ import pandas as pd
 from aisim_fast.config.payload import ConfigError, parse_payload, set_aic_timing
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.memory import StateTooLarge
-from aisim_fast.engine.simulation import STATUS_OK, simulation_from_setup
+from aisim_fast.engine.simulation import STATUS_OK, setup_workload, simulation_from_setup
 from aisim_fast.engine.warmup import warm_kernels
 from aisim_fast.io.progress import Progress
 from aisim_fast.io.request_order import requests_in_uuid_order
@@ -362,7 +362,8 @@ _WORKLOADS: dict = {}  # per process: the last traces loaded, by (path, block si
 
 
 def _workload(setup):
-
+    if setup.requests is not None:  # inline in the payload
+        return setup_workload(setup)
     key = (setup.trace_path, setup.trace_block_size, setup.arrival_speedup_ratio)
     wl = _WORKLOADS.get(key)
     if wl is None:

@@ -442,7 +442,7 @@ def _spec_copy(tmp_path, edit):
     (lambda p: p["spec"].update(adapters={"placement": {"provider": "random",
                                                         "config": {"seed": -1}}}),
      ["spec.adapters.placement.config.seed", ">= 0"]),
-    (lambda p: p.update(extras={}), ["extras: unknown field of the payload", "determinism, spec, traffic"]),
+    (lambda p: p.update(extras={}), ["extras: unknown field of the payload", "determinism, spec, tokenization, traffic"]),
     (lambda p: p.update(determinism="seeded"), ["determinism: must be one of canonical_v1, random"]),
     (lambda p: p["spec"].pop("engine"), ["spec.engine: required"]),
 ])

@@ -24,7 +24,7 @@ import tempfile
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.build import build_state
@@ -46,6 +46,26 @@ from support.random_cases import (SETTINGS, Case, cases, check_case_against_orac
 @given(cases())
 def test_kernel_matches_oracle(case):
     check_case_against_oracle(case)
+
+
+@st.composite
+def tokenized_cases(draw):
+    """A random vLLM case behind a tokenization pool per worker (kernels.loop.tokenization)."""
+    case = draw(cases())
+    assume(case.rank.get("backend", "vllm") == "vllm")
+    base_ms = draw(st.sampled_from([0.0, 0.5, 3.0, 40.0]))
+    per_token_ms = draw(st.sampled_from([0.0, 0.01, 0.25]) if base_ms else st.sampled_from([0.01, 0.25]))
+    spec = dict(case.spec, tokenization={"workers": draw(st.integers(1, 3)), "base_ms": base_ms,
+                                         "per_input_token_ms": per_token_ms})
+    return Case(case.rows, spec)
+
+
+@settings(max_examples=examples(120), **SETTINGS)
+@given(tokenized_cases())
+def test_kernel_matches_oracle_behind_a_tokenization_pool(case):
+    """Placement at arrival, the pool's earliest free server, release to the scheduler
+    when tokenized: the timelines, the passes and every ``tokenized_ms``."""
+    check_case_against_oracle(case, extra_columns=("tokenized_ms",))
 
 
 @settings(max_examples=examples(100), **SETTINGS)

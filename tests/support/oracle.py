@@ -1243,6 +1243,7 @@ class RequestRecord:
         self.token_times = []
         self.terminal_ms = None
         self.status = None
+        self.tokenized_ms = None  # when its prompt left its worker's tokenization pool
 
     def as_row(self):
         """One row with the golden CSV column names.  ``cached_tokens`` is the maximum
@@ -1277,6 +1278,7 @@ class RequestRecord:
             "admission_count": len(self.admissions),
             "readmission_count": max(0, len(self.admissions) - 1),
             "terminal_status": self.status,
+            "tokenized_ms": self.tokenized_ms,
         }
 
 
@@ -1310,8 +1312,13 @@ def splitmix64(state):
 
 class Replay:
     def __init__(self, rank_config, num_workers, sessions, trace_block_size, concurrency=None,
-                 placement="round_robin", placement_seed=0):
+                 placement="round_robin", placement_seed=0, tokenization=None):
         self.placement = placement
+        # a pool of servers ahead of each worker: (servers, base ms, ms per prompt token);
+        # each server's next free time per worker, and the requests in the pools
+        self.tokenization = tokenization
+        self.tok_free = [[0.0] * tokenization[0] for _ in range(num_workers)] if tokenization else None
+        self.tokenizing = []  # (tokenized_ms, session index, turn index, worker, uuid, prompt, output)
         self.rng_state = placement_seed
         self.config = rank_config
         self.workers = [Worker(i, rank_config) for i in range(num_workers)]
@@ -1364,8 +1371,29 @@ class Replay:
                                                    worker.worker_id)
             self.label[uuid_int] = (session.session_id, t_index)
             prompt = synthesize_prompt(turn, self.trace_block_size)
+            if self.tokenization:
+                # the earliest free server of the worker's pool (the lowest of equal ones)
+                free = self.tok_free[worker.worker_id]
+                k = min(range(len(free)), key=lambda i: (free[i], i))
+                _, base_ms, per_token_ms = self.tokenization
+                done = max(arrival, free[k]) + (base_ms + per_token_ms * turn.input_length)
+                free[k] = done
+                self.records[uuid_int].tokenized_ms = done
+                self.tokenizing.append((done, s_index, t_index, worker, uuid_int, prompt, turn.output_length))
+                continue
             worker.rank.submit(uuid_int, prompt, turn.output_length, uuid_int=uuid_int)
         return bool(released)
+
+    def _release_tokenized(self):
+        """Requests whose prompts are tokenized by now reach their workers' schedulers,
+        in (time, session, turn) order."""
+        due = sorted((t for t in self.tokenizing if t[0] <= self.now_ms), key=lambda t: t[:3])
+        if not due:
+            return False
+        self.tokenizing = [t for t in self.tokenizing if t[0] > self.now_ms]
+        for _, _, _, worker, uuid_int, prompt, output_length in due:
+            worker.rank.submit(uuid_int, prompt, output_length, uuid_int=uuid_int)
+        return True
 
     def _drive_workers(self):
         """Start passes on idle workers, lowest id first; a zero-duration pass completes at
@@ -1429,6 +1457,7 @@ class Replay:
         while True:
             changed = self._complete_due_passes()
             changed |= self._release_arrivals()
+            changed |= self._release_tokenized()
             changed |= self._drive_workers()
             if not changed:
                 return
@@ -1438,6 +1467,7 @@ class Replay:
         ready = self.driver.next_ready_time()
         if ready is not None:
             times.append(ready)
+        times += [t[0] for t in self.tokenizing]
         return min(times) if times else None
 
     def run(self):
@@ -1508,5 +1538,9 @@ def run(spec, trace_path):
             raise ValueError("concurrency load needs replay_concurrency")
         concurrency = int(concurrency)
     sessions = load_mooncake(trace_path, trace_block_size, speedup)
-    replay = Replay(rank_config, num_workers, sessions, trace_block_size, concurrency, provider, seed)
+    tok = payload.get("tokenization")
+    tokenization = None if tok is None else (int(tok.get("workers", 1)), float(tok.get("base_ms", 0.0)),
+                                             float(tok.get("per_input_token_ms", 0.0)))
+    replay = Replay(rank_config, num_workers, sessions, trace_block_size, concurrency, provider, seed,
+                    tokenization)
     return replay.run()

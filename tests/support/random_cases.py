@@ -230,7 +230,7 @@ def _value(v):
     return v
 
 
-def record_differences(records, frame):
+def record_differences(records, frame, extra_columns=()):
     """[(key, column, oracle value, kernel value)] and the keys present on one side only."""
     want = {(r["request_id"], int(r["turn_index"])): r for r in records}
     got = {(r["request_id"], int(r["turn_index"])): r for r in frame.to_dict("records")}
@@ -239,7 +239,7 @@ def record_differences(records, frame):
         if key not in want or key not in got:
             diffs.append((key, "<presence>", key in want, key in got))
             continue
-        for col in RECORD_COLUMNS:
+        for col in RECORD_COLUMNS + tuple(extra_columns):
             a, b = _value(want[key][col]), _value(got[key][col])
             if a != b:
                 diffs.append((key, col, a, b))
@@ -255,7 +255,7 @@ def pass_rows_kernel(frame):
     return [tuple(_value(v) for v in row) for row in rows]
 
 
-def check_case_against_oracle(case):
+def check_case_against_oracle(case, extra_columns=()):
     with tempfile.TemporaryDirectory() as tmp:
         path = write_trace(case.rows, tmp)
         want = run_oracle(case, path)
@@ -266,7 +266,7 @@ def check_case_against_oracle(case):
         return
     _, records, passes = want
     _, frame, kpasses = got
-    diffs = record_differences(records, frame)
+    diffs = record_differences(records, frame, extra_columns)
     assert not diffs, "%d record differences (key, column, oracle, kernel), first: %s" % (
         len(diffs), diffs[:6])
     # the forward passes themselves: same passes, same times, same FPM counters

@@ -1,6 +1,8 @@
-"""The payload's ``tokenization`` pool (``config.payload.parse_tokenization``): its fields,
+"""The payload's top-level keys beside spec and traffic: the ``tokenization`` pool
+(``config.payload.parse_tokenization``): its fields,
 and the combinations not simulated refused by name. Its timing against the reference is
-``tests/golden/test_cli_payloads.py`` (``*.tokenized.csv``)."""
+``tests/golden/test_cli_payloads.py`` (``*.tokenized.csv``); and
+``capture_performance_diagnostics``, refused when true."""
 
 import copy
 
@@ -51,3 +53,9 @@ def test_disaggregated_pools_are_refused():
     payload["spec"]["engine"] = {"prefill": {"rank": {"backend": "vllm"}}, "decode": {"rank": {"backend": "vllm"}}}
     with pytest.raises(ConfigError, match="disaggregated prefill workers is not simulated yet"):
         parse_payload(payload)
+
+
+def test_performance_diagnostics_are_refused_by_name():
+    assert parse_payload(dict(PAYLOAD, capture_performance_diagnostics=False)).tokenization is not None
+    with pytest.raises(ConfigError, match="^capture_performance_diagnostics: the per-operation"):
+        parse_payload(dict(PAYLOAD, capture_performance_diagnostics=True))
