@@ -236,8 +236,7 @@ def random_predict_config(rng: random.Random, trace: str) -> dict:
             scheduler["max_sequences"] = rng.choice([2, 8, 32, 256])
         if scheduler:
             out["scheduler"] = scheduler
-        timing = rng.choice(["default", "polynomial", "fixed"]) if backend != "sglang" \
-            else rng.choice(["polynomial", "fixed"])
+        timing = rng.choice(["default", "polynomial", "fixed"])
         if timing == "fixed":
             out["timing"] = {"type": "fixed", "prefill_ms": rng.choice([2.0, 10.0, 25.0]),
                              "decode_ms": rng.choice([1.0, 4.0, 9.0])}

@@ -118,6 +118,7 @@ def test_tokenized_ms_match_the_reference(case):
 
 def test_tokenization_cases_present():
     assert {"tokenization", "tok_1k_pools", "tok_sessions_closed"} <= set(TOKENIZED)
+    assert {"sg_aic", "sg_aic_pd"} <= set(CASES)  # SGLang with op-level timing, both topologies
     assert payload_of("tok_1k_pools")["tokenization"]["workers"] == 2
 
 
@@ -287,3 +288,13 @@ def test_the_prefill_pool_is_sized_first():
     assert str(err.value).startswith("spec.engine.prefill.rank.timing_model.config")
     assert "no KV budget: non-KV memory (71757384192 bytes) meets/exceeds the KV-cache memory " \
            "limit (capacity=85899345920 bytes)" in str(err.value)
+
+
+def test_an_sglang_pool_sized_from_memory_is_refused():
+    """SGLang ranks run op-level timing (``sg_aic``, ``sg_aic_pd``) with a pool given;
+    one the reference sizes from memory is refused with the reason."""
+    payload = copy.deepcopy(payload_of("sg_aic"))
+    payload["spec"]["engine"]["num_gpu_blocks_is_explicit"] = False
+    with pytest.raises(ConfigError, match=r"spec\.engine\.rank\.num_gpu_blocks: an SGLang pool sized "
+                                          r"from GPU memory is not reproduced"):
+        setup_of(payload)
