@@ -8,7 +8,8 @@ from pathlib import Path
 
 from aisim_fast.cli.parser import (DEFAULT_ARRIVAL_SPEEDUP_RATIO, DEFAULT_TRACE_BLOCK_SIZE, UsageError,
                                     aic_flags)
-from aisim_fast.config.payload import (ConfigError, ReplaySetup, parse_payload, set_aic_timing)
+from aisim_fast.config.payload import (ConfigError, ReplaySetup, parse_payload, read_config_text,
+                                       set_aic_timing)
 from aisim_fast.config.predict_config import read_predict_config
 from aisim_fast.trace.workload import default_trace_path
 
@@ -35,14 +36,7 @@ NO_SPEC_FLAGS = (("backend", "--backend"), ("workers", "--workers"),
 
 
 def _read_json_file(path: Path, what: str):
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{what} not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{what} {path} is a folder, not a file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
+    text = read_config_text(path, what)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -742,6 +742,18 @@ def check_attention_dp(rank: RankConfig, dp_size: int, path: str = "rank",
                   f"tokens, which is 0 for {rank.sglang_chunked_prefill_size}")
 
 
+def read_config_text(path: Path, what: str) -> str:
+    """A config file's text, every failure one ConfigError naming ``what`` and the file."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a folder, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
+
+
 def load_spec(path: str | Path, trace_override: str | None = None) -> ReplaySetup:
     path = Path(path)
     try:

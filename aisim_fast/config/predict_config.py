@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from aisim_fast.config.payload import NATIVE_BLOCK_SIZE, ConfigError
+from aisim_fast.config.payload import NATIVE_BLOCK_SIZE, ConfigError, read_config_text
 
 # the backend's memory-fraction key and its default (the reference's compiler)
 _MEMORY_FRACTION_KEY = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static",
@@ -664,14 +664,7 @@ def lower_predict_config(doc: Any) -> dict:
 def read_predict_config(path: str | Path) -> dict:
     """A predict config file, parsed (YAML or JSON), with the file named in every error."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"predict config not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"predict config {path} is a folder, not a file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read predict config {path}: {exc}") from None
+    text = read_config_text(path, "predict config")
     import yaml
     try:
         doc = yaml.safe_load(text)

@@ -22,6 +22,7 @@ from aisim_fast.config.payload import ConfigError, load_spec, parse_payload
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.simulation import simulation_from_setup
 from support import goldens
+from support.aic_cache import fresh_value_cache
 from support.parity_rules import timeline_differences
 from support.paths import TESTS_DIR
 
@@ -30,14 +31,8 @@ TRACE = TESTS_DIR / "data" / "traces" / "mooncake_1k.jsonl"
 CASES = sorted(p.name[:-len(".spec.json")] for p in GOLDEN.glob("*.spec.json"))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _own_value_cache(tmp_path_factory):
-    """The disk cache of AIC values in a folder of this module's own (a fresh machine
-    has none): the first case of each config computes its keys."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("AISIM_FAST_CACHE_DIR", str(tmp_path_factory.mktemp("aic_cache")))
-    yield
-    mp.undo()
+# the AIC value cache in a folder of this module's own, as on a fresh machine
+_own_value_cache = pytest.fixture(autouse=True, scope="module")(fresh_value_cache)
 
 
 def setup_of(case):

@@ -28,6 +28,7 @@ from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.simulation import simulation_from_setup
 from aisim_fast.report.summary import power_report, prediction_provenance
 from support import goldens
+from support.aic_cache import fresh_value_cache
 from support.parity_rules import timeline_differences
 from support.paths import DATA_DIR
 
@@ -41,13 +42,8 @@ SIZED_BLOCKS = {"mem_default": 3904, "mem_frac": 294, "mem_frac09_cg4g": 3665, "
                 "written_blocks_ignored_1k": 294}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _own_value_cache(tmp_path_factory):
-    """The AIC value cache in a folder of this module's own, as on a fresh machine."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("AISIM_FAST_CACHE_DIR", str(tmp_path_factory.mktemp("aic_cache")))
-    yield
-    mp.undo()
+# the AIC value cache in a folder of this module's own, as on a fresh machine
+_own_value_cache = pytest.fixture(autouse=True, scope="module")(fresh_value_cache)
 
 
 def payload_of(case: str) -> dict:

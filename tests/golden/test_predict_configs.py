@@ -21,6 +21,7 @@ import yaml
 
 from aisim_fast.config.predict_config import lower_predict_config, read_predict_config
 from support import goldens
+from support.aic_cache import fresh_value_cache
 from support.cli_runs import run_cli
 from support.parity_rules import timeline_differences
 from support.paths import DATA_DIR
@@ -29,13 +30,8 @@ GOLDEN = DATA_DIR / "golden_cli"
 CONFIGS = sorted(p.name[:-len(".predict.yaml")] for p in GOLDEN.glob("*.predict.yaml"))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _own_value_cache(tmp_path_factory):
-    """The AIC value cache in a folder of this module's own, as on a fresh machine."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("AISIM_FAST_CACHE_DIR", str(tmp_path_factory.mktemp("aic_cache")))
-    yield
-    mp.undo()
+# the AIC value cache in a folder of this module's own, as on a fresh machine
+_own_value_cache = pytest.fixture(autouse=True, scope="module")(fresh_value_cache)
 
 
 def _without_systems_paths(payload: dict) -> dict:
