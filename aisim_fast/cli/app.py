@@ -80,11 +80,13 @@ def _main(argv: list[str] | None) -> int:
             run_warmup(args)
             return EXIT_OK
         if args.command == "sweep":
-            print(run_sweep_command(args))
-            return EXIT_OK
+            text, code = run_sweep_command(args)
+            print(text)
+            return code
         if args.command == "size":
-            print(run_size_command(args))
-            return EXIT_OK
+            text, code = run_size_command(args)
+            print(text)
+            return code
         if args.command in ("models", "systems"):
             print(run_listing(args))
             return EXIT_OK

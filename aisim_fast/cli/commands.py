@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
+import math
 import time
 import warnings
 from pathlib import Path
 
+import pandas as pd
+
 from aisim_fast.aic import timing as aic
 from aisim_fast.cli.console import MS_PER_S, nothing_completed, pressure_counts, rejection_causes, with_rank
-from aisim_fast.cli.flags import setup_from_flags, setup_from_spec
-from aisim_fast.cli.parser import PROG, UsageError, aic_flags, sla_flag
+from aisim_fast.cli.flags import at_flag, payload_from_flags, setup_from_flags, setup_from_spec
+from aisim_fast.cli.parser import EXIT_NO_ANSWER, EXIT_OK, PROG, UsageError, aic_flags, int_choices
 from aisim_fast.cli.signals import raise_pending_sigterm
-from aisim_fast.config.payload import ConfigError, ReplaySetup
+from aisim_fast.config.payload import (SIMULATED_BACKENDS, ConfigError, ReplaySetup, parse_payload,
+                                       read_payload_file)
+from aisim_fast.config.predict_config import read_predict_config
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.simulation import SimulationError, setup_workload, simulation_from_setup
 from aisim_fast.engine.warmup import warm_kernels
 from aisim_fast.io.progress import Progress
 from aisim_fast.io.request_order import requests_in_uuid_order
-from aisim_fast.io.run_folder import check_out_dir, write_run
+from aisim_fast.io.run_folder import check_out_dir, write_folder, write_run
 from aisim_fast.kernels.jit import compile_notice
 from aisim_fast.protocol.handoff.audit import audit_handoffs, audited_runs
+from aisim_fast.report.sla import parse_sla_text
 from aisim_fast.report.summary import (
     kv_capacity,
     power_report,
@@ -27,7 +36,10 @@ from aisim_fast.report.summary import (
     routing_summary,
     summarize_replay,
 )
-from aisim_fast.studies.sizing import format_answers, size
+from aisim_fast.studies.over_time import format_over_time, plot_over_time, size_over_time
+from aisim_fast.studies.sizing import (ANSWER_JSON, REPLICAS_PARQUET, REPLICAS_PNG, SIZING_FILES,
+                                       SIZING_PARQUET, Confidence, SizingSpace,
+                                       answers_json, evidence_frame, format_answers, size, stderr_line)
 from aisim_fast.studies.sweeps import POINTS_FILE, run_sweep
 from aisim_fast.trace.workload import TraceError, TraceWarning
 
@@ -56,23 +68,140 @@ def run_listing(args) -> str:
         raise ConfigError(str(exc)) from None
 
 
-def run_size_command(args) -> str:
+def _size_base(args) -> tuple[dict, str, tuple]:
+    """The base payload of ``size`` (its --spec, --predict-config or replay flags), the
+    folder its relative paths resolve against, and the backend choices."""
+    backends = tuple(b.strip() for b in args.backend.split(",")) if args.backend else ()
+    unknown = [b for b in backends if b not in SIMULATED_BACKENDS]
+    if unknown:
+        raise UsageError(f"--backend: {unknown[0]!r} is not one of {', '.join(SIMULATED_BACKENDS)}")
+    if args.spec is not None or args.predict_config is not None:
+        if args.spec is not None and args.predict_config is not None:
+            raise UsageError("give one of --spec and --predict-config")
+        flag = "--spec" if args.spec is not None else "--predict-config"
+        given = [name for attr, name in SIZE_FLAG_NAMES if getattr(args, attr, None) not in (None, False)]
+        if given:
+            raise UsageError(f"{', '.join(given)} cannot be combined with {flag}; change the config file "
+                             "instead")
+        if args.trace is not None:
+            raise UsageError(f"with {flag}, give the trace as --trace PATH")
+        path = Path(args.spec if args.spec is not None else args.predict_config)
+        payload = read_payload_file(path) if args.spec is not None else read_predict_config(path)
+        return payload, str(path.resolve().parent), backends
+    if not backends:
+        raise UsageError("without --spec, --backend is required")
+    flags = argparse.Namespace(**vars(args))
+    flags.backend = backends[0]
+    flags.workers = None if args.disaggregated else 1
+    flags.prefill_workers = flags.decode_workers = 1 if args.disaggregated else None
+    for attr in ("dp_size", "prefill_dp_size", "decode_dp_size", "arrival_speedup_ratio"):
+        setattr(flags, attr, None)
+    if args.trace is not None and args.trace_flag is not None:
+        raise UsageError("give the trace either as TRACE or as --trace, not both")
+    try:
+        payload = payload_from_flags(flags)
+        parse_payload(payload, ".", None)  # an error names the flag, before any run
+    except ConfigError as exc:
+        raise at_flag(exc) from None
+    return payload, str(Path(".").resolve()), backends
 
-    sla = sla_flag(args.sla)
+
+def _names(text: str | None) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip()) if text else ()
+
+
+# size's replay-description flags, refused with --spec / --predict-config
+SIZE_FLAG_NAMES = (("engine_args", "--engine-args"), ("disaggregated", "--disaggregated"),
+                   ("prefill_engine_args", "--prefill-engine-args"),
+                   ("decode_engine_args", "--decode-engine-args"),
+                   ("kv_transfer_bandwidth", "--kv-transfer-bandwidth"),
+                   ("kv_bytes_per_token", "--kv-bytes-per-token"),
+                   ("handoff_latency_ms", "--handoff-latency-ms"), ("concurrency", "--concurrency"),
+                   ("trace_block_size", "--trace-block-size"), ("placement", "--placement"),
+                   ("placement_seed", "--placement-seed"), ("router_json", "--router-json"),
+                   ("max_sim_time_ms", "--max-sim-time-ms"))
+
+
+def run_size_command(args) -> tuple[str, int]:
+    """Run ``aisim-fast size``; returns the answer text and the exit code."""
+    if args.goodput is not None and not 0 <= args.goodput <= 1:
+        raise UsageError(f"--goodput: must be in [0, 1], got {args.goodput}")
+    sla = parse_sla_text(args.sla, goodput=args.goodput)
     rates = (None,)
     if args.rates:
         try:
             rates = tuple(float(r) for r in args.rates.split(","))
         except ValueError:
             raise UsageError(f"--rates: numbers separated by commas, got {args.rates!r}") from None
-    answers = size(args.spec, sla, trace=args.trace, goodput=args.goodput,
-                   max_workers=args.max_workers, rates=rates, jobs=args.jobs,
-                   timing=aic_flags(args) or None)
-    return format_answers(answers, sla, args.goodput)
+        bad = [r for r in rates if not (math.isfinite(r) and r > 0)]
+        if bad:
+            raise UsageError(f"--rates: every rate must be a finite number > 0, got {bad[0]:g}")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
+    payload, base_dir, backends = _size_base(args)
+    timing = aic_flags(args)
+    tps = int_choices(timing.pop("tp", None), "--tp")
+    space = SizingSpace(backend=backends if len(backends) > 1 or args.spec or args.predict_config else (),
+                        tp=tps if len(tps) > 1 else (),
+                        max_num_seqs=int_choices(args.max_num_seqs, "--max-num-seqs"),
+                        max_num_batched_tokens=int_choices(args.max_num_batched_tokens,
+                                                           "--max-num-batched-tokens"),
+                        prefill_system=_names(args.prefill_system), decode_system=_names(args.decode_system))
+    if len(tps) == 1:
+        timing["tp"] = tps[0]
+    if args.out is not None:
+        check_out_dir(args.out, args.overwrite, probe=True, owned=SIZING_FILES)
+    trace = args.trace_flag if args.spec is not None or args.predict_config is not None else None
+    say = (lambda line: None) if args.quiet else stderr_line
+    options = dict(base_dir=base_dir, trace=trace, max_workers=args.max_workers, max_gpus=args.max_gpus,
+                   space=space, timing=timing or None, jobs=args.jobs, quiet=args.quiet, say=say,
+                   exhaustive={"auto": None, "exhaustive": True, "pruned": False}[args.search],
+                   objective=args.objective, prices=args.gpu_prices,
+                   confidence=(Confidence(args.confidence, args.runs, args.timing_perturbation_pct, args.seed)
+                               if args.confidence is not None else None))
+    if args.window_s is not None:
+        return _size_over_time(args, payload, sla, rates, options)
+    answers = size(payload, sla, rates=rates, **options)
+    text = format_answers(answers, sla)
+    if args.out is not None:
+        frame = evidence_frame(answers)
+        doc = json.dumps(answers_json(answers, sla), indent=2, default=str) + "\n"
+        out = write_folder(args.out, {SIZING_PARQUET: lambda path: frame.to_parquet(path, index=False),
+                                      ANSWER_JSON: lambda path: path.write_text(doc, encoding="utf-8")},
+                           args.overwrite, owned=SIZING_FILES)
+        text += f"\nwrote:\n  {out / SIZING_PARQUET}\n  {out / ANSWER_JSON}"
+    return text, (EXIT_OK if all(a.feasible for a in answers) else EXIT_NO_ANSWER)
 
 
-def run_sweep_command(args) -> str:
-    """Run ``aisim-fast sweep``; returns the closing summary text."""
+def _size_over_time(args, payload, sla, rates, options) -> tuple[str, int]:
+    """``size --window-s``: replicas(t), its totals, and with --out its table and plot."""
+    if len(rates) > 1:
+        raise UsageError("--window-s: sizes one load over time; give at most one --rates value")
+    result = size_over_time(payload, sla, window_s=args.window_s, rate=rates[0], **options)
+    text = format_over_time(result, sla.text())
+    if args.out is not None:
+        windows = result.windows
+        evidence = evidence_frame([a for a in result.answers if a is not None])
+        with_window = pd.concat([a.evidence.assign(window=i) for i, a in enumerate(result.answers)
+                                 if a is not None], ignore_index=True)
+        evidence = evidence.assign(window=with_window["window"].to_numpy())
+        doc = json.dumps({"sla": sla.terms(), "over_time": result.totals(),
+                          "windows": windows.to_dict("records")}, indent=2, default=str) + "\n"
+        title = f"GPUs over time meeting {sla.text()}"
+        out = write_folder(args.out, {
+            SIZING_PARQUET: lambda path: evidence.to_parquet(path, index=False),
+            REPLICAS_PARQUET: lambda path: windows.to_parquet(path, index=False),
+            REPLICAS_PNG: lambda path: plot_over_time(result, path, title),
+            ANSWER_JSON: lambda path: path.write_text(doc, encoding="utf-8")},
+            args.overwrite, owned=SIZING_FILES)
+        text += "\nwrote:\n" + "\n".join(f"  {out / name}" for name in
+                                          (SIZING_PARQUET, REPLICAS_PARQUET, REPLICAS_PNG, ANSWER_JSON))
+    return text, (EXIT_OK if result.feasible else EXIT_NO_ANSWER)
+
+
+def run_sweep_command(args) -> tuple[str, int]:
+    """Run ``aisim-fast sweep``; returns the closing summary text and the exit code
+    (``EXIT_NO_ANSWER`` when no point ran)."""
 
     if args.jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
@@ -82,11 +211,24 @@ def run_sweep_command(args) -> str:
     points = run_sweep(args.sweep_spec, args.out, jobs=args.jobs, scheduler=args.scheduler,
                        batch_size=args.batch_size, resume=args.resume, overwrite=args.overwrite,
                        requests=not args.no_requests, quiet=args.quiet,
-                       timing=aic_flags(args) or None)
+                       timing=aic_flags(args) or None, retry_failed=args.retry_failed,
+                       prices=args.gpu_prices)
     counts = points["status"].value_counts().to_dict() if len(points) else {}
     by_status = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    return (f"{len(points)} points ({by_status}) in {time.perf_counter() - start_s:.1f} s\n"
-            f"  {Path(args.out) / POINTS_FILE}")
+    lines = [f"{len(points)} points ({by_status}) in {time.perf_counter() - start_s:.1f} s",
+             f"  {Path(args.out) / POINTS_FILE}"]
+    failed = points[points["status"] != "ok"] if len(points) else points
+    if len(failed):
+        # each distinct reason once, with its count and first point: the console says why
+        reasons = failed.groupby(["status", "error"], sort=False)["point"].agg(["count", "min"])
+        lines.append("failed points:")
+        for (status, error), row in reasons.head(5).iterrows():
+            lines.append(f"  {row['count']} {status} (first: point {row['min']}): {error}")
+        if len(reasons) > 5:
+            lines.append(f"  ... and {len(reasons) - 5} more reasons (see the error column)")
+        lines.append("  --resume --retry-failed reruns them")
+    ran = int(counts.get("ok", 0))
+    return "\n".join(lines), (EXIT_OK if ran or not len(points) else EXIT_NO_ANSWER)
 
 
 def run_warmup(args) -> None:
@@ -133,6 +275,10 @@ def run_replay(args) -> dict:
         setup, gpus_per_worker, source = setup_from_spec(args)
     else:
         setup, gpus_per_worker, source = setup_from_flags(args)
+    sla = None
+    if args.sla is not None:  # its per-request bounds replace the payload's spec.sla
+        sla = parse_sla_text(args.sla)
+        setup = dataclasses.replace(setup, sla=dict(sla.request_bounds))
     kv_events = args.kv_events or args.events or any(rank.emit_kv_events for _, rank in setup.pools)
     # refuse a bad --out before spending time on the simulation (checked again at write)
     check_out_dir(args.out, args.overwrite, probe=True)
@@ -203,6 +349,10 @@ def run_replay(args) -> dict:
         if evidence is not None:
             summary["op_latency_evidence"] = evidence
     summary.update(power_report(setup, evidence) or {})
+    if sla is not None:
+        verdict = sla.judge(summary)
+        summary["sla_verdict"] = {"terms": sla.terms(), "ok": verdict.ok, "failed": list(verdict.failed),
+                                  "values": verdict.values, "reason": verdict.reason}
     if record_passes:
         # the pass log as it was drained, part by part (a million-request run has tens
         # of millions of passes: never one frame, never sorted in memory)

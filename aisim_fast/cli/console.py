@@ -115,6 +115,7 @@ def format_summary(setup: ReplaySetup, summary: dict, requests, written: dict,
         lines.append(f"  {label:<18}{_fmt(summary['mean_' + key]):>12}"
                      f"{_fmt(summary['median_' + key]):>12}{_fmt(summary['p99_' + key]):>12}")
     lines += [
+        *(_sla_lines(summary) if "sla_verdict" in summary else []),
         f"  prefix reuse        {100.0 * summary['prefix_cache_reused_ratio']:.2f} % of input tokens",
         *([f"  KV pressure         {summary['vllm_preemptions_total']} preemptions"]
           if summary.get("vllm_preemptions_total") else []),
@@ -127,6 +128,19 @@ def format_summary(setup: ReplaySetup, summary: dict, requests, written: dict,
     ]
     lines += [f"  {path}" for path in written.values()]
     return "\n".join(lines)
+
+
+def _sla_lines(summary: dict) -> list[str]:
+    verdict = summary["sla_verdict"]
+    terms = ",".join(f"{k}={v:g}" if not isinstance(v, bool) else f"{k}={str(v).lower()}"
+                     for k, v in verdict["terms"].items())
+    lines = [f"  SLA                 {'met' if verdict['ok'] else 'missed'}: {terms}"
+             + ("" if verdict["ok"] else f" ({verdict['reason']})")]
+    if "goodput_completed_requests" in summary:
+        lines.append(f"  goodput             {summary['goodput_completed_requests']} good requests, "
+                     f"{_fmt(summary['goodput_request_throughput_rps'])} req/s, "
+                     f"{_fmt(summary['goodput_output_throughput_tok_s'], 1)} output tok/s")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------

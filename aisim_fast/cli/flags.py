@@ -8,7 +8,7 @@ from pathlib import Path
 
 from aisim_fast.cli.parser import (DEFAULT_ARRIVAL_SPEEDUP_RATIO, DEFAULT_TRACE_BLOCK_SIZE, UsageError,
                                     aic_flags)
-from aisim_fast.config.payload import (ConfigError, ReplaySetup, parse_payload, read_config_text,
+from aisim_fast.config.payload import (ConfigError, ReplaySetup, parse_payload, read_payload_file,
                                        set_aic_timing)
 from aisim_fast.config.predict_config import read_predict_config
 from aisim_fast.trace.workload import default_trace_path
@@ -35,14 +35,6 @@ NO_SPEC_FLAGS = (("backend", "--backend"), ("workers", "--workers"),
 # resolving the replay
 
 
-def _read_json_file(path: Path, what: str):
-    text = read_config_text(path, what)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
-
-
 def setup_from_spec(args) -> tuple[ReplaySetup, int, dict]:
     """--spec (a payload) or --predict-config (a predict config, lowered to its payload)."""
     flag = "--spec" if args.spec is not None else "--predict-config"
@@ -56,7 +48,7 @@ def setup_from_spec(args) -> tuple[ReplaySetup, int, dict]:
         raise UsageError(f"with {flag}, give the trace as --trace PATH")
     if args.spec is not None:
         spec_path = Path(args.spec)
-        payload = _read_json_file(spec_path, "spec file")
+        payload = read_payload_file(spec_path)
         source = {"mode": "spec", "spec_file": str(spec_path.resolve())}
     else:
         spec_path = Path(args.predict_config)
@@ -124,7 +116,7 @@ FLAG_PATHS = (
 )
 
 
-def _at_flag(exc: ConfigError) -> ConfigError:
+def at_flag(exc: ConfigError) -> ConfigError:
     """The payload parser's error, named by the flag that gave the value."""
     message = str(exc)
     for path, flag in FLAG_PATHS:
@@ -224,6 +216,6 @@ def setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:
     try:
         setup = parse_payload(payload, ".", None)
     except ConfigError as exc:
-        raise _at_flag(exc) from None
+        raise at_flag(exc) from None
     default_trace = args.trace is None and args.trace_flag is None
     return setup, setup.gpus_per_worker, {"mode": "flags", "default_trace": default_trace}

@@ -10,6 +10,7 @@ from aisim_fast.version import __version__
 PROG = "aisim-fast"
 EXIT_OK = 0
 EXIT_USER_ERROR = 2
+EXIT_NO_ANSWER = 3  # size: nothing fits some rate; sweep: no point ran
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 DEFAULT_TRACE_BLOCK_SIZE = 512
@@ -95,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="kv_router knobs: overlap_score_credit, prefill_load_scale, "
                              "router_temperature, pin_to_trace_worker (Dynamo's names)")
     _add_aic_flags(replay)
+    replay.add_argument("--sla", metavar="TERM=VALUE,..",
+                        help="judge the run: SLA terms as size takes them (ttft_ms, itl_ms, e2e_ms per "
+                             "request, replacing the spec's sla: goodput keys; <metric>_<stat>_ms "
+                             "bounds; goodput, min_goodput_rps, strict); summary.json's sla_verdict")
     replay.add_argument("--out", required=True, metavar="DIR", help="output folder")
     replay.add_argument("--overwrite", action="store_true",
                         help="replace an existing output folder of an earlier run")
@@ -151,28 +156,91 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--batch-size", type=int, metavar="N",
                        help="points per kernel batch (default: the spec's batch_size, else 64)")
     sweep.add_argument("--resume", action="store_true", help="run only the points DIR lacks")
+    sweep.add_argument("--retry-failed", action="store_true",
+                       help="with --resume: also rerun the points that failed (a trace since fixed, ...)")
     sweep.add_argument("--overwrite", action="store_true", help="replace an earlier sweep in DIR")
     sweep.add_argument("--no-requests", action="store_true",
                        help="do not write the per-request dataset")
     sweep.add_argument("--quiet", action="store_true", help="no progress output")
+    sweep.add_argument("--gpu-prices", metavar="FILE",
+                       help="USD per GPU-hour by GPU system (YAML / JSON) for the cost_*_usd columns "
+                            "(the spec's prices: key; default: the built-in table)")
     _add_aic_flags(sweep)
     size = commands.add_parser(
         "size", help="find the fewest GPUs that meet an SLA at a trace's load",
-        description="Size a base payload: the cheapest worker count (or prefill/decode split) "
-                    "whose replay meets the SLA for the --goodput fraction of requests, by batched "
-                    "sweeps (a coarse grid, then every cheaper candidate near its best point).")
-    size.add_argument("--spec", required=True, metavar="SPEC.json", help="base execution payload")
-    size.add_argument("--trace", metavar="PATH", help="replace the payload's traffic.trace_path")
-    size.add_argument("--sla", required=True, metavar="ttft_ms=..,itl_ms=..",
-                      help="SLA bounds, comma-separated (ttft_ms, itl_ms, e2e_ms)")
-    size.add_argument("--goodput", type=float, default=0.99, metavar="F",
-                      help="fraction of requests that must meet the SLA (default 0.99)")
+        description="Size a deployment: the cheapest candidate (workers or prefill/decode split, "
+                    "and the --backend / --tp / --max-num-seqs / --max-num-batched-tokens choices) "
+                    "whose replay meets the SLA, by batched sweeps: every candidate when the space "
+                    "is small, else a coarse grid then every cheaper candidate near its best point. "
+                    "The base is --spec (JSON or YAML payload), --predict-config, or the replay "
+                    "flags. Exit 0: an answer for every rate; 3: nothing fits some rate (the "
+                    "closest candidate and the failed SLA terms are printed); 2: bad input.")
+    size.add_argument("trace", nargs="?", metavar="TRACE",
+                      help="Mooncake JSONL trace (without --spec; default: the bundled trace)")
+    size.add_argument("--spec", metavar="SPEC", help="base execution payload (.json, .yaml)")
+    size.add_argument("--predict-config", metavar="CONFIG.yaml", help="base as a reference predict config")
+    size.add_argument("--trace", dest="trace_flag", metavar="PATH", help="replace the base's trace")
+    size.add_argument("--backend", metavar="NAME[,NAME..]",
+                      help=f"rank scheduler(s) to choose from ({', '.join(SIMULATED_BACKENDS)}); "
+                           "without --spec the first is the base's")
+    size.add_argument("--engine-args", metavar="JSON", help="reference rank fields of the base (as replay)")
+    size.add_argument("--disaggregated", action="store_true",
+                      help="without --spec: size prefill / decode pools (--prefill-engine-args, "
+                           "--decode-engine-args and the transfer flags as replay)")
+    size.add_argument("--prefill-engine-args", metavar="JSON", help="rank fields of the prefill pool")
+    size.add_argument("--decode-engine-args", metavar="JSON", help="rank fields of the decode pool")
+    size.add_argument("--kv-transfer-bandwidth", type=float, metavar="GBPS", help="as replay")
+    size.add_argument("--kv-bytes-per-token", type=int, metavar="N", help="as replay")
+    size.add_argument("--handoff-latency-ms", type=float, metavar="MS", help="as replay")
+    size.add_argument("--concurrency", type=int, metavar="N", help="closed loop, as replay")
+    size.add_argument("--trace-block-size", type=int, metavar="TOKENS", help="as replay")
+    size.add_argument("--placement", choices=PLACEMENTS, help="as replay")
+    size.add_argument("--placement-seed", type=int, metavar="N", help="as replay")
+    size.add_argument("--router-json", metavar="JSON", help="as replay")
+    size.add_argument("--max-sim-time-ms", type=float, metavar="MS", help="as replay")
+    size.add_argument("--sla", required=True, metavar="TERM=VALUE,..",
+                      help="SLA terms: ttft_ms, itl_ms, e2e_ms (per request, judged by --goodput), "
+                           "<ttft|tpot|itl|e2e>_<mean|p50|p75|p90|p95|p99|max>_ms, goodput, "
+                           "min_goodput_rps, strict (see the README's SLA section)")
+    size.add_argument("--goodput", type=float, metavar="F",
+                      help="fraction of requests that must meet the per-request bounds (default 0.99)")
     size.add_argument("--max-workers", type=int, default=64, metavar="N",
                       help="largest worker count (both pools together) to consider (default 64)")
+    size.add_argument("--max-gpus", type=int, metavar="N", help="largest GPU count to consider")
+    size.add_argument("--max-num-seqs", metavar="N[,N..]", help="max_num_seqs choices")
+    size.add_argument("--prefill-system", metavar="GPU[,GPU..]",
+                      help="GPU system choices of the prefill pool (disaggregated, op-level timing)")
+    size.add_argument("--decode-system", metavar="GPU[,GPU..]",
+                      help="GPU system choices of the decode pool (disaggregated, op-level timing)")
+    size.add_argument("--objective", choices=("gpus", "cost"), default="gpus",
+                      help="fewest GPUs (default) or the cheapest fleet per hour at --gpu-prices")
+    size.add_argument("--gpu-prices", metavar="FILE",
+                      help="USD per GPU-hour by GPU system (YAML / JSON), over the built-in table")
+    size.add_argument("--max-num-batched-tokens", metavar="N[,N..]", help="max_num_batched_tokens choices")
     size.add_argument("--rates", metavar="R1,R2,..",
                       help="size for these arrival speedup ratios (offered loads), one answer each")
+    size.add_argument("--confidence", type=float, metavar="F",
+                      help="judge each candidate over --runs seeded variants; it fits when at least "
+                           "the fraction F of them meet the SLA")
+    size.add_argument("--runs", type=int, default=8, metavar="N", help="variants per candidate (default 8)")
+    size.add_argument("--timing-perturbation-pct", type=float, default=0.0, metavar="K",
+                      help="with --confidence: scale each variant's pass times by one factor drawn "
+                           "in [1-K%%, 1+K%%] (default 0)")
+    size.add_argument("--seed", type=int, default=0, metavar="S",
+                      help="with --confidence: the first variant's seed (placement, perturbation)")
+    size.add_argument("--window-s", type=float, metavar="S",
+                      help="size each window of S simulated seconds of the trace on its own: GPUs "
+                           "over time (replicas.parquet, replicas.png), peak, mean, autoscaled "
+                           "GPU-hours")
+    size.add_argument("--search", choices=("auto", "exhaustive", "pruned"), default="auto",
+                      help="every candidate, or the coarse-then-fine search (default auto: every "
+                           "candidate when there are at most 48)")
     size.add_argument("--jobs", type=int, default=1, metavar="N", help="local worker processes")
-    _add_aic_flags(size)
+    size.add_argument("--out", metavar="DIR", help="write sizing.parquet (every candidate, its verdict) "
+                                                  "and answer.json")
+    size.add_argument("--overwrite", action="store_true", help="replace an earlier sizing in DIR")
+    size.add_argument("--quiet", action="store_true", help="no progress output")
+    _add_aic_flags(size, tp_choices=True)
     plot = commands.add_parser(
         "plot", help="PNG plots of a sweep or replay folder (DIR/plots/)",
         description="A sweep folder: Pareto fronts of throughput per GPU against throughput per "
@@ -182,13 +250,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_aic_flags(parser) -> None:
+def _add_aic_flags(parser, tp_choices: bool = False) -> None:
     aic_flags = parser.add_argument_group(
         "op-level timing (AIC)", "time passes for a model on a GPU system from the perf database "
         "of the optional extra aisim-fast[aic] (with --spec: replaces every pool's timing)")
     aic_flags.add_argument("--model", metavar="ID", help="model, e.g. Qwen/Qwen3-32B ('aisim-fast models')")
     aic_flags.add_argument("--system", metavar="GPU", help="GPU system, e.g. h200_sxm ('aisim-fast systems')")
-    aic_flags.add_argument("--tp", type=int, metavar="N", help="tensor parallel size (GPUs per worker)")
+    if tp_choices:
+        aic_flags.add_argument("--tp", metavar="N[,N..]", help="tensor parallel size choices (GPUs per worker)")
+    else:
+        aic_flags.add_argument("--tp", type=int, metavar="N", help="tensor parallel size (GPUs per worker)")
     aic_flags.add_argument("--backend-version", metavar="V",
                            help="framework version of the perf data (default: the database's current)")
 
@@ -199,15 +270,15 @@ def aic_flags(args) -> dict:
             if getattr(args, k, None) is not None}
 
 
-def sla_flag(text: str) -> dict:
-    sla = {}
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        key = key.strip()
-        if key not in ("ttft_ms", "itl_ms", "e2e_ms"):
-            raise UsageError(f"--sla: unknown bound {key!r}; allowed: ttft_ms, itl_ms, e2e_ms")
-        try:
-            sla[key] = float(value)
-        except ValueError:
-            raise UsageError(f"--sla: {key} needs a number, got {value!r}") from None
-    return sla
+def int_choices(text: str | None, flag: str) -> tuple[int, ...]:
+    """``1,2,4`` -> (1, 2, 4); every value an integer >= 1."""
+    if text is None:
+        return ()
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"{flag}: integers separated by commas, got {text!r}") from None
+    bad = [v for v in values if v < 1]
+    if bad:
+        raise UsageError(f"{flag}: every value must be >= 1, got {bad[0]}")
+    return values

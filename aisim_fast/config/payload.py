@@ -754,23 +754,41 @@ def read_config_text(path: Path, what: str) -> str:
         raise ConfigError(f"cannot read {what} {path}: {exc}") from None
 
 
+def read_payload_file(path: Path, what: str = "spec file") -> dict:
+    """An execution payload from its file: YAML for .yaml / .yml, else JSON."""
+    text = read_config_text(path, what)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            payload = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    else:
+        try:
+            payload = json.loads(text)
+        except json.JSONDecodeError as exc:
+            hint = " (a YAML payload needs a .yaml or .yml name)" if text.lstrip()[:1] not in "{[" else ""
+            raise ConfigError(f"{path}: not valid JSON ({exc}){hint}") from None
+    if not isinstance(payload, dict):
+        raise ConfigError(f"{path}: must hold an execution payload {{spec: ..., traffic: ...}}")
+    return payload
+
+
 def load_spec(path: str | Path, trace_override: str | None = None) -> ReplaySetup:
     path = Path(path)
-    try:
-        payload = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
-    return parse_payload(payload, path.parent, trace_override)
+    return parse_payload(read_payload_file(path), path.parent, trace_override)
 
 
 def set_aic_timing(payload: dict, *, model: str | None = None, system: str | None = None,
                    tp: int | None = None, backend_version: str | None = None,
-                   where: str = "") -> dict:
+                   where: str = "", role: str | None = None) -> dict:
     """A copy of ``payload`` with every pool timed by AIC for the given model, GPU
     system, tensor parallelism and framework version (``None`` keeps a pool's
     current value; a pool not yet timed by AIC needs model and system). ``tp`` sets
     the engine's ``tensor_parallel_size`` too, which the AIC config must match.
-    ``where`` prefixes the names of the values in errors ("--" for flags)."""
+    ``where`` prefixes the names of the values in errors ("--" for flags); ``role``
+    ("prefill" or "decode") retimes only that pool of a disaggregated payload."""
     import copy
 
     out = copy.deepcopy(payload)
@@ -778,6 +796,10 @@ def set_aic_timing(payload: dict, *, model: str | None = None, system: str | Non
     engine = _obj("spec.engine", spec.get("engine"))
     kind = _obj("spec.topology", spec.get("topology")).get("kind")
     blocks = ([engine.get("prefill"), engine.get("decode")] if kind == "disaggregated" else [engine])
+    if role is not None:
+        if kind != "disaggregated":
+            _fail(f"{where}{role}_system", "needs a disaggregated topology (prefill and decode pools)")
+        blocks = [engine.get(role)]
     if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
         _fail(f"{where}tp", f"must be an integer >= 1, got {tp!r}")
     for block in blocks:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -75,21 +76,22 @@ def _probe_writable(out: Path) -> None:
         raise OutputError(f"cannot write {out}: {exc.strerror or exc} in {where}") from None
 
 
+_STAGING = re.compile(r"^\..+\.partial-(\d+)-[0-9a-f]{8}$")
+
+
 def remove_dead_staging(out: Path) -> list[Path]:
-    """Remove the staging folders (``.<name>.partial-<pid>-*``) that killed runs left
-    next to ``out``: only those whose process is gone (its pid is in the name)."""
+    """Remove the staging folders (``.<name>.partial-<pid>-<hex>``) that killed runs left
+    next to ``out`` -- of any run into that parent folder, not only into ``out`` -- when
+    their process is provably gone (its pid is in the name)."""
     out = Path(os.path.abspath(out))
     removed = []
     if not out.parent.is_dir():
         return removed
-    prefix = f".{out.name}.partial-"
     for entry in out.parent.iterdir():
-        if not entry.name.startswith(prefix):
+        match = _STAGING.match(entry.name)
+        if match is None or not entry.is_dir() or entry.is_symlink():
             continue
-        try:
-            pid = int(entry.name[len(prefix):].split("-")[0])
-        except ValueError:
-            continue
+        pid = int(match.group(1))
         if pid == os.getpid() or _alive(pid):
             continue
         shutil.rmtree(entry, ignore_errors=True)
@@ -107,14 +109,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def check_out_dir(out_dir, overwrite: bool = False, probe: bool = False) -> Path:
+def check_out_dir(out_dir, overwrite: bool = False, probe: bool = False,
+                  owned: tuple[str, ...] = RUN_FILES) -> Path:
     """Refuse an output folder we must not write to; return it as a Path.
 
     Called before a run starts (so a long simulation is not wasted; ``probe`` also
     creates and removes a file where the run will write) and again by ``write_run``.
-    With ``overwrite``, only a folder that holds nothing but run files is replaced: the
-    whole folder is swapped out, and a mistyped ``--out`` (".", a home folder) must not
-    delete unrelated files.
+    With ``overwrite``, only a folder that holds nothing but the files of such a run
+    (``owned``) is replaced: the whole folder is swapped out, and a mistyped ``--out``
+    (".", a home folder) must not delete unrelated files.
     """
     out = Path(out_dir)
     if probe:
@@ -134,7 +137,7 @@ def check_out_dir(out_dir, overwrite: bool = False, probe: bool = False) -> Path
     if not overwrite:
         raise OutputError(f"output folder {out} exists and is not empty; pass --overwrite to "
                           "replace it or choose another --out")
-    foreign = [name for name in entries if name not in RUN_FILES]
+    foreign = [name for name in entries if name not in owned]
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise OutputError(f"refusing to overwrite {out}: it holds files that are not run "
@@ -265,6 +268,28 @@ def write_run(out_dir, requests_df: pd.DataFrame, passes_df: pd.DataFrame | None
     summary_doc[META_CONFIG_KEY] = json.loads(config_json)
     summary_text = json.dumps(summary_doc, indent=2, allow_nan=False) + "\n"
 
+    written = {"requests": out / REQUESTS_FILE}
+    writers = {REQUESTS_FILE: lambda path: _write_parquet(requests_df, path, config_json,
+                                                          REQUEST_TABLE_OPTIONS)}
+    if passes_df is not None:
+        writers[PASSES_FILE] = lambda path: _write_parquet(passes_df, path, config_json)
+        written["passes"] = out / PASSES_FILE
+    for key, frame in (events or {}).items():
+        name = EVENT_FILES[key]
+        writers[name] = lambda path, frame=frame: _write_parquet(frame, path, config_json)
+        written[key] = out / name
+    writers[SUMMARY_FILE] = lambda path: path.write_text(summary_text, encoding="ascii")
+    written["summary"] = out / SUMMARY_FILE
+    write_folder(out, writers, overwrite)
+    return written
+
+
+def write_folder(out_dir, writers: dict, overwrite: bool = False,
+                 owned: tuple[str, ...] = RUN_FILES) -> Path:
+    """Write the files ``writers`` makes ({file name: callable(path)}) as one folder,
+    all or nothing: into a staging sibling renamed into place at the end (``owned``:
+    the file names an ``overwrite`` may replace, as ``check_out_dir``)."""
+    out = Path(os.path.abspath(check_out_dir(out_dir, overwrite, owned=owned)))
     created_parents: list[Path] = []
     staging = None
     remove_dead_staging(out)  # debris of runs killed while writing
@@ -273,20 +298,11 @@ def write_run(out_dir, requests_df: pd.DataFrame, passes_df: pd.DataFrame | None
         # a sibling, so the final rename stays within one file system
         staging = _fresh_sibling(out, "partial")
         staging.mkdir()  # plain mkdir: the umask applies, unlike mkdtemp's 0700
-        written = {"requests": out / REQUESTS_FILE}
-        _write_parquet(requests_df, staging / REQUESTS_FILE, config_json, REQUEST_TABLE_OPTIONS)
-        if passes_df is not None:
-            _write_parquet(passes_df, staging / PASSES_FILE, config_json)
-            written["passes"] = out / PASSES_FILE
-        for key, frame in (events or {}).items():
-            name = EVENT_FILES[key]
-            _write_parquet(frame, staging / name, config_json)
-            written[key] = out / name
-        (staging / SUMMARY_FILE).write_text(summary_text, encoding="ascii")
-        written["summary"] = out / SUMMARY_FILE
-        _move_into_place(staging, out, overwrite)
+        for name, write in writers.items():
+            write(staging / name)
+        _move_into_place(staging, out, overwrite, owned)
         staging = None
-        return written
+        return out
     except BaseException as exc:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
@@ -307,18 +323,18 @@ COMMITTED: list = [None]
 COMMITTING: list = [False]
 
 
-def _move_into_place(staging: Path, out: Path, overwrite: bool) -> None:
+def _move_into_place(staging: Path, out: Path, overwrite: bool, owned: tuple[str, ...]) -> None:
     COMMITTING[0] = True
     try:
-        _rename_into_place(staging, out, overwrite)
+        _rename_into_place(staging, out, overwrite, owned)
         COMMITTED[0] = out
     finally:
         COMMITTING[0] = False
 
 
-def _rename_into_place(staging: Path, out: Path, overwrite: bool) -> None:
+def _rename_into_place(staging: Path, out: Path, overwrite: bool, owned: tuple[str, ...]) -> None:
     # the folder may have appeared or changed while the simulation ran
-    check_out_dir(out, overwrite)
+    check_out_dir(out, overwrite, owned=owned)
     if not out.exists():
         os.rename(staging, out)
         return

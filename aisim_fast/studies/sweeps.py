@@ -16,7 +16,8 @@ A sweep spec (YAML or JSON) names a base execution payload (what ``aisim-fast re
     model: [Qwen/Qwen3-8B, Qwen/Qwen3-32B]  # op-level (AIC) timing of every pool
     system: [h100_sxm, h200_sxm, b200_sxm]
     tp: [1, 2]
-    sla: {ttft_ms: 500, itl_ms: 50, percentile: 90}
+    sla: {ttft_p90_ms: 500, itl_p90_ms: 50}  # the terms of report/sla.py
+    prices: prices.yaml                     # USD per GPU-hour by system (report/cost.py)
 
 The points are the product of the grid axes, the shortcuts (in the order trace,
 arrival_speedup_ratio, workers, prefill_decode, model, system, tp), the zip rows and
@@ -36,6 +37,7 @@ from the parts. ``resume`` runs only the points no part holds.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -61,18 +63,18 @@ from aisim_fast.io.progress import Progress
 from aisim_fast.io.request_order import requests_in_uuid_order
 from aisim_fast.io.run_folder import REQUEST_TABLE_OPTIONS
 from aisim_fast.kernels.loop.event_loop import set_kernel_threads
+from aisim_fast.report.cost import load_prices, run_cost
+from aisim_fast.report.sla import Sla, parse_sla
 from aisim_fast.report.summary import routing_summary, summarize_replay
 from aisim_fast.trace.workload import TraceError, load_mooncake
 from aisim_fast.version import __version__
 
 SWEEP_KEYS = ("base", "grid", "zip", "random", "trace", "arrival_speedup_ratio", "workers",
-              "prefill_decode", "model", "system", "tp", "sla", "batch_size")
+              "prefill_decode", "model", "system", "tp", "sla", "batch_size", "prices")
 # shortcuts over op-level (AIC) timing: every pool's model / GPU system / tensor
 # parallelism (config.set_aic_timing; points columns named as the shortcut)
 AIC_COLUMNS = ("model", "system", "tp")
 RANDOM_KINDS = ("uniform", "loguniform", "randint", "choice")
-SLA_KEYS = ("ttft_ms", "itl_ms", "e2e_ms", "percentile")
-SLA_PERCENTILES = {50: "median", 75: "p75", 90: "p90", 95: "p95", 99: "p99"}
 DEFAULT_BATCH_SIZE = 64
 MANIFEST_FILE = "manifest.json"
 POINTS_FILE = "points.parquet"
@@ -101,7 +103,7 @@ class Sweep:
     base_trace: str | None        # the base's trace override (absolute), if any
     columns: tuple[str, ...]      # varied parameters, in axis order
     points: tuple[dict, ...]      # per point: column -> value
-    sla_percentile: int | None    # the percentile of the sla_ok column (None: no SLA)
+    sla: Sla | None               # the sla_ok column's terms (None: no SLA)
     batch_size: int
     digest: str                   # identity of what the sweep computes (resume check)
     source: dict = field(default_factory=dict)  # the spec, paths resolved (manifest)
@@ -111,6 +113,8 @@ class Sweep:
     # per point: (trace path, trace block size, arrival ratio, disaggregated), from the
     # validation's parse; points with equal workload keys share a batch
     workload_keys: tuple = ()
+    # USD per GPU-hour by GPU system (report.cost): every row's cost_*_usd columns
+    prices: dict = field(default_factory=dict)
 
     def payload(self, i: int) -> tuple[dict, str | None]:
         """Point i's execution payload and trace override."""
@@ -312,31 +316,30 @@ def load_sweep(spec: str | Path | dict, base_dir: str | Path | None = None,
     points = tuple({c: v for (cols, _), row in zip(axes, combo) for c, v in zip(cols, row)}
                    for combo in itertools.product(*(rows for _, rows in axes)))
 
-    sla = raw.get("sla") or {}
-    if not isinstance(sla, dict):
-        raise SweepError("sla: must be a mapping with ttft_ms / itl_ms / e2e_ms / percentile")
-    for key in sla:
-        if key not in SLA_KEYS:
-            raise SweepError(f"sla.{key}: unknown key; allowed: {', '.join(SLA_KEYS)}")
-    percentile = sla.get("percentile", 90) if sla else None
-    if sla and percentile not in SLA_PERCENTILES:
-        raise SweepError(f"sla.percentile: must be one of {sorted(SLA_PERCENTILES)}, got {percentile!r}")
-    bounds = {k: v for k, v in sla.items() if k != "percentile"}
-    if sla and not bounds:
-        raise SweepError("sla: give at least one of ttft_ms, itl_ms, e2e_ms")
+    try:
+        sla = parse_sla(raw["sla"], "sla") if raw.get("sla") is not None else None
+    except ConfigError as exc:
+        raise SweepError(str(exc)) from None
+    try:
+        prices = load_prices(resolve(raw["prices"], "prices") if isinstance(raw.get("prices"), str)
+                             else raw.get("prices"))
+    except ConfigError as exc:
+        raise SweepError(str(exc)) from None
     batch_size = raw.get("batch_size", DEFAULT_BATCH_SIZE)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise SweepError(f"batch_size: must be an integer >= 1, got {batch_size!r}")
-    if bounds:  # the sweep's SLA replaces the base's, and the reference's rules apply to it
+    if sla is not None:  # the sweep's per-request bounds replace the base's spec.sla
         base_payload = copy.deepcopy(base_payload)
-        base_payload.setdefault("spec", {})["sla"] = bounds
+        base_payload.setdefault("spec", {}).pop("sla", None)
+        if sla.request_bounds:
+            base_payload["spec"]["sla"] = dict(sla.request_bounds)
 
     timing = {k: v for k, v in (timing or {}).items() if v is not None}
     for key in timing:
         if key not in (*AIC_COLUMNS, "backend_version"):
             raise SweepError(f"timing.{key}: unknown; allowed: model, system, tp, backend_version")
     sweep = Sweep(base_payload, base_dir_, base_trace, tuple(all_columns), points,
-                  percentile, batch_size, "", {}, timing)
+                  sla, batch_size, "", {}, timing)
     keys = []
     for i in range(len(points)):
         try:
@@ -347,12 +350,16 @@ def load_sweep(spec: str | Path | dict, base_dir: str | Path | None = None,
         except ConfigError as exc:
             described = ", ".join(f"{c}={v!r}" for c, v in points[i].items()) or "the base"
             raise SweepError(f"point {i} ({described}): {exc}") from None
+    missing = sorted({k[0] for k in keys if k[0] and not os.path.isfile(k[0])})  # "": inline requests
+    if missing:  # one clear error before any work, not a trace_error row per point
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise SweepError(f"{missing[0]}: trace file not found{more}")
     source = {"base": {"spec": base_payload, "base_dir": base_dir_, "trace": base_trace},
               "columns": list(all_columns), "points": [dict(p) for p in points],
-              "sla_percentile": percentile, "timing": timing}
+              "sla": sla.terms() if sla is not None else None, "timing": timing, "prices": prices}
     digest = hashlib.sha256(json.dumps(source, sort_keys=True, default=str).encode()).hexdigest()
-    return Sweep(base_payload, base_dir_, base_trace, tuple(all_columns), points, percentile,
-                 batch_size, digest, source, timing, tuple(keys))
+    return Sweep(base_payload, base_dir_, base_trace, tuple(all_columns), points, sla,
+                 batch_size, digest, source, timing, tuple(keys), prices)
 
 
 # ---------------------------------------------------------------------------------
@@ -381,10 +388,11 @@ def _gpus(setup) -> int:
     return gpus
 
 
-def run_points(tasks: list, threads: int = 1, with_requests: bool = True) -> list:
+def run_points(tasks: list, threads: int = 1, with_requests: bool = True, prices: dict | None = None) -> list:
     """Run points in one batch: ``tasks`` = [(point id, payload, base dir, trace override)].
     Returns [(point id, summary row, requests frame or None)]; the task of a local worker
-    process or a Dask worker, and of the sweep's own process."""
+    process or a Dask worker, and of the sweep's own process. ``prices``: the cost table
+    (``report.cost``; None: the defaults)."""
 
     set_kernel_threads(threads)
     setups, sims, out = [], [], []
@@ -396,7 +404,7 @@ def run_points(tasks: list, threads: int = 1, with_requests: bool = True) -> lis
         except (TraceError, OSError) as exc:
             out.append((point, {"status": "trace_error", "error": str(exc), "gpus": _gpus(setup)}, None))
     ids = [t[0] for t in tasks if t[0] not in {o[0] for o in out}]
-    out += _run_batch_rows(ids, setups, sims, with_requests)
+    out += _run_batch_rows(ids, setups, sims, with_requests, load_prices(prices))
     out.sort(key=lambda o: o[0])
     return out
 
@@ -404,7 +412,7 @@ def run_points(tasks: list, threads: int = 1, with_requests: bool = True) -> lis
 STATUS_TOO_LARGE = "too_large"  # the point's state alone does not fit in memory
 
 
-def _run_batch_rows(ids, setups, sims, with_requests) -> list:
+def _run_batch_rows(ids, setups, sims, with_requests, prices) -> list:
     """Rows of points run in one batch; a batch whose state does not fit in memory is
     split in halves until it does, and a point that does not fit alone is recorded
     with the reason (the sweep goes on)."""
@@ -418,8 +426,8 @@ def _run_batch_rows(ids, setups, sims, with_requests) -> list:
             return [(ids[0], {"status": STATUS_TOO_LARGE, "error": str(exc), "gpus": _gpus(setups[0])},
                      None)]
         half = len(sims) // 2
-        return (_run_batch_rows(ids[:half], setups[:half], sims[:half], with_requests)
-                + _run_batch_rows(ids[half:], setups[half:], sims[half:], with_requests))
+        return (_run_batch_rows(ids[:half], setups[:half], sims[:half], with_requests, prices)
+                + _run_batch_rows(ids[half:], setups[half:], sims[half:], with_requests, prices))
     out = []
     for s, (point, setup, sim) in enumerate(zip(ids, setups, sims)):
         # the batch's numbering of the simulation means nothing outside it
@@ -435,6 +443,7 @@ def _run_batch_rows(ids, setups, sims, with_requests) -> list:
             if setup.placement == "kv_router":
                 row.update(routing_summary(result.routing[s]))
             row["output_throughput_per_gpu_tok_s"] = summary["output_throughput_tok_s"] / row["gpus"]
+            row.update(run_cost(setup, summary, prices))
         out.append((point, row, requests if with_requests else None))
     return out
 
@@ -452,19 +461,20 @@ def _batches(sweep: Sweep, todo: list[int], batch_size: int) -> tuple[list[list[
             topologies)
 
 
-def _sla_ok(row: dict, sweep: Sweep) -> bool | None:
-    if sweep.sla_percentile is None or row.get("status") != "ok":
-        return None
-    if row["completed_requests"] < row["num_requests"]:
-        return False  # a rejected request is a miss (and an empty sample's 0.0 no latency)
-    stat = SLA_PERCENTILES[sweep.sla_percentile]
-    bounds = sweep.base_payload["spec"]["sla"]
-    keys = {"ttft_ms": f"{stat}_ttft_ms", "itl_ms": f"{stat}_itl_ms", "e2e_ms": f"{stat}_e2e_latency_ms"}
-    return all(row[keys[k]] <= v for k, v in bounds.items())
+def _sla_columns(row: dict, sweep: Sweep) -> dict:
+    """``sla_ok`` and ``sla_failed`` (the failed terms, comma-separated) of one point;
+    a point that did not run has neither (<NA>)."""
+    if sweep.sla is None:
+        return {}
+    if row.get("status") != "ok":
+        return {"sla_ok": None, "sla_failed": None}
+    verdict = sweep.sla.judge(row)
+    return {"sla_ok": verdict.ok, "sla_failed": ",".join(verdict.failed)}
 
 
 _LEADING = ("point",)
 _AFTER_PARAMS = ("status", "error", "gpus")
+_SLA_COLUMNS = ("sla_ok", "sla_failed")
 
 
 def _canonical(frame: pd.DataFrame, sweep: Sweep, int_columns) -> pd.DataFrame:
@@ -472,14 +482,15 @@ def _canonical(frame: pd.DataFrame, sweep: Sweep, int_columns) -> pd.DataFrame:
     parameters, status, error, GPUs, then the metrics by name; integer metrics as
     nullable Int64 (a failed point has none), the rest float64."""
     order = [*_LEADING, *sweep.columns, *_AFTER_PARAMS]
-    rest = sorted(c for c in frame.columns if c not in order and c != "sla_ok")
-    frame = frame.reindex(columns=order + rest + (["sla_ok"] if sweep.sla_percentile is not None else []))
+    rest = sorted(c for c in frame.columns if c not in order and c not in _SLA_COLUMNS)
+    frame = frame.reindex(columns=order + rest + (list(_SLA_COLUMNS) if sweep.sla is not None else []))
     frame["point"] = frame["point"].astype(np.int64)
     frame["gpus"] = frame["gpus"].astype(np.int64)
     for c in rest:
         frame[c] = frame[c].astype("Int64" if c in int_columns else np.float64)
     if "sla_ok" in frame:
         frame["sla_ok"] = frame["sla_ok"].astype("boolean")
+        frame["sla_failed"] = frame["sla_failed"].astype("string")
     return frame.sort_values("point", ignore_index=True)
 
 
@@ -491,7 +502,7 @@ def _points_frame(sweep: Sweep, results: list) -> pd.DataFrame:
                   for c, v in sweep.points[point].items()}
         int_columns.update(k for k, v in row.items() if isinstance(v, (int, np.integer))
                            and not isinstance(v, bool))
-        rows.append({"point": point, **params, **row, "sla_ok": _sla_ok(row, sweep)})
+        rows.append({"point": point, **params, **row, **_sla_columns(row, sweep)})
     return _canonical(pd.DataFrame(rows, columns=["point", *sweep.columns, *_AFTER_PARAMS])
                       if not rows else pd.DataFrame(rows), sweep, int_columns)
 
@@ -525,17 +536,41 @@ def _done_points(out: Path) -> set[int]:
     return done
 
 
-def _prepare_out(out: Path, sweep: Sweep, resume: bool, overwrite: bool) -> set[int]:
+def _forget_failed(out: Path) -> int:
+    """Drop the failed points' rows from the parts (a part left empty is removed), so
+    that they count as not done; returns how many were dropped."""
+    dropped = 0
+    for part in sorted((out / PARTS_DIR).glob("points-*.parquet")):
+        frame = pd.read_parquet(part)
+        failed = frame["status"] != STATUS_OK
+        if failed.any():
+            dropped += int(failed.sum())
+            if failed.all():
+                part.unlink()
+            else:
+                _atomic_parquet(frame[~failed], part)
+    return dropped
+
+
+def _prepare_out(out: Path, sweep: Sweep, resume: bool, overwrite: bool,
+                 retry_failed: bool = False) -> set[int]:
     """Check the folder, write the manifest; returns the points already done."""
     manifest = out / MANIFEST_FILE
     if out.exists() and not out.is_dir():
         raise SweepError(f"--out {out}: is a file")
     if out.exists() and any(out.iterdir()):
-        if resume and manifest.is_file():
+        same = False
+        if manifest.is_file():
             old = json.loads(manifest.read_text(encoding="utf-8"))
-            if old.get("digest") != sweep.digest:
+            same = old.get("digest") == sweep.digest
+            if resume and not same:
                 raise SweepError(f"--resume: {out} holds a different sweep ({_what_differs(old['sweep'], sweep.source)}); "
                                  "give the same spec or another --out")
+        if same and (resume or not _done_points(out)):
+            # --resume; or the same sweep that finished no point (e.g. its scheduler was
+            # unreachable), which a plain rerun simply starts again
+            if retry_failed:
+                _forget_failed(out)
             return _done_points(out)
         if not overwrite:
             raise SweepError(f"--out {out}: exists and is not empty; --resume continues the sweep "
@@ -602,18 +637,49 @@ def _collect_points(out: Path, sweep: Sweep) -> pd.DataFrame:
 def run_sweep(spec, out: str | Path | None = None, *, jobs: int = 1, scheduler=None,
               batch_size: int | None = None, resume: bool = False, overwrite: bool = False,
               requests: bool = True, quiet: bool = False, base_dir=None,
-              timing: dict | None = None) -> pd.DataFrame:
+              timing: dict | None = None, retry_failed: bool = False, prices=None) -> pd.DataFrame:
     """Run a sweep (a spec file, its dict, or a ``Sweep``) and return one row per point.
 
     ``out``: write the folder described in the module doc (None: keep results in memory
     only). ``jobs`` > 1: local worker processes, one kernel thread each; ``scheduler``:
     a Dask scheduler address or ``distributed.Client``. ``resume``: run only the points
-    ``out`` does not hold yet. ``requests`` False: no per-request dataset. ``timing``:
-    op-level timing of the base (``load_sweep``)."""
+    ``out`` does not hold yet (``retry_failed``: and the points that failed). ``requests``
+    False: no per-request dataset. ``timing``: op-level timing of the base
+    (``load_sweep``). ``prices``: a price file or mapping over the spec's own
+    (``report.cost``)."""
+    if retry_failed and not resume:
+        raise SweepError("--retry-failed: reruns the failed points of a sweep; give it with --resume")
     sweep = spec if isinstance(spec, Sweep) else load_sweep(spec, base_dir, timing)
+    if prices is not None:
+        try:
+            sweep = dataclasses.replace(sweep, prices={**sweep.prices, **load_prices(prices)})
+        except ConfigError as exc:
+            raise SweepError(str(exc)) from None
     size = batch_size or sweep.batch_size
     out_path = Path(out) if out is not None else None
-    done = _prepare_out(out_path, sweep, resume, overwrite) if out_path is not None else set()
+    client = None
+    if isinstance(scheduler, str):  # reach it before the folder is touched
+        client = _connect(scheduler)
+        scheduler = client
+    try:
+        done = _prepare_out(out_path, sweep, resume, overwrite, retry_failed) if out_path is not None else set()
+        return _run(sweep, out_path, done, size, jobs, scheduler, requests, quiet)
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _connect(address: str):
+    from distributed import Client
+
+    try:
+        return Client(address, timeout="10s")
+    except (OSError, TimeoutError) as exc:
+        raise SweepError(f"--scheduler {address}: cannot reach the Dask scheduler ({exc})") from None
+
+
+def _run(sweep: Sweep, out_path: Path | None, done: set, size: int, jobs: int, scheduler, requests: bool,
+         quiet: bool) -> pd.DataFrame:
     todo = [i for i in range(len(sweep.points)) if i not in done]
     batches, topologies = _batches(sweep, todo, size)
     kept: list = []
@@ -638,10 +704,11 @@ def run_sweep(spec, out: str | Path | None = None, *, jobs: int = 1, scheduler=N
     try:
         if batches and (jobs > 1 or scheduler is not None):
             _run_parallel(batches, tasks, finished, jobs, scheduler, requests and out_path is not None,
-                          sorted(topologies))
+                          sorted(topologies), sweep.prices)
         else:
             for batch in batches:
-                finished(run_points(tasks(batch), threads=0, with_requests=requests and out_path is not None))
+                finished(run_points(tasks(batch), threads=0, with_requests=requests and out_path is not None,
+                                    prices=sweep.prices))
     finally:
         progress.close()
     if out_path is None:
@@ -652,24 +719,19 @@ def run_sweep(spec, out: str | Path | None = None, *, jobs: int = 1, scheduler=N
 
 
 def _run_parallel(batches, tasks, finished, jobs: int, scheduler, with_requests: bool,
-                  topologies) -> None:
+                  topologies, prices: dict) -> None:
     """Batches on local processes or a Dask cluster, written as they finish."""
 
     warm_kernels(topologies)  # compile once here; the workers load the cache
     if scheduler is not None:
-        from distributed import Client, as_completed
+        from distributed import as_completed
 
-        client = scheduler if isinstance(scheduler, Client) else Client(scheduler)
-        try:
-            futures = [client.submit(run_points, tasks(b), 1, with_requests, pure=False) for b in batches]
-            for future in as_completed(futures):
-                finished(future.result())
-        finally:
-            if client is not scheduler:
-                client.close()
+        futures = [scheduler.submit(run_points, tasks(b), 1, with_requests, prices, pure=False) for b in batches]
+        for future in as_completed(futures):
+            finished(future.result())
         return
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        pending = {pool.submit(run_points, tasks(b), 1, with_requests) for b in batches}
+        pending = {pool.submit(run_points, tasks(b), 1, with_requests, prices) for b in batches}
         try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)

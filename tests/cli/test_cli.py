@@ -747,15 +747,17 @@ def _dead_pid() -> int:
 
 def test_staging_of_dead_runs_is_removed(tmp_path, capsys):
     """A staging folder left by a killed run (its pid is gone) is removed by the next
-    run that writes there; one of a live process is left alone."""
+    run that writes into the same parent folder, whatever --out that run had; one of a
+    live process is left alone."""
     dead = tmp_path / f".run.partial-{_dead_pid()}-0123abcd"
+    dead_elsewhere = tmp_path / f".other_run.partial-{_dead_pid()}-89abcdef"
     live = tmp_path / f".run.partial-{os.getppid()}-4567cdef"
-    for folder in (dead, live):
+    for folder in (dead, dead_elsewhere, live):
         folder.mkdir()
         (folder / "passes.parquet").write_bytes(b"truncated")
     code, _, err = run_cli(_flags(tmp_path), capsys)
     assert code == 0, err
-    assert not dead.exists() and live.exists()
+    assert not dead.exists() and not dead_elsewhere.exists() and live.exists()
     assert run_folder.read_requests(tmp_path / "run").shape[0] == 20
 
 
@@ -956,3 +958,26 @@ def test_request_tables_are_written_without_dictionary_pages(tmp_path, capsys):
     encodings = {e for g in range(meta.num_row_groups) for c in range(meta.num_columns)
                  for e in meta.row_group(g).column(c).encodings}
     assert meta.num_rows == 20 and not any("DICTIONARY" in e for e in encodings), encodings
+
+
+def test_replay_sla_reports_goodput_and_a_verdict(tmp_path, capsys):
+    """--sla: the per-request bounds act as the spec's sla (the reference's goodput keys,
+    equal to a payload carrying them), the other terms judge the summary; both land in
+    summary.json's sla_verdict and on the console."""
+    from aisim_fast.report.sla import parse_sla
+
+    code, out, err = run_cli(_flags(tmp_path, "--sla", "ttft_ms=5000,itl_p90_ms=1"), capsys)
+    assert code == 0, err
+    summary = run_folder.read_summary(tmp_path / "run")
+    spec = _spec_copy(tmp_path, lambda p: p["spec"].update(sla={"ttft_ms": 5000}))
+    code, _, err = run_cli(["replay", "--spec", spec, "--trace", TINY_TRACE, "--out", tmp_path / "s"], capsys)
+    assert code == 0, err
+    reference_form = run_folder.read_summary(tmp_path / "s")
+    for key in ("goodput_completed_requests", "goodput_request_throughput_rps", "goodput_output_throughput_tok_s"):
+        assert summary[key] == reference_form[key]
+    verdict = summary["sla_verdict"]
+    assert verdict["failed"] == ["itl_p90_ms"] and not verdict["ok"]
+    assert verdict["values"]["itl_p90_ms"] == summary["p90_itl_ms"]
+    assert parse_sla(verdict["terms"]).judge(summary).failed == ("itl_p90_ms",)
+    assert "SLA                 missed: ttft_ms=5000,itl_p90_ms=1,goodput=0.99 (itl_p90_ms" in out
+    assert "goodput             20 good requests" in out

@@ -253,6 +253,55 @@ def test_cli_sweep(tmp_path, capsys):
     assert np.isfinite(pd.read_parquet(tmp_path / "o" / "points.parquet")["gpus"]).all()
 
 
+def test_failed_points_say_why_exit_nonzero_and_rerun_with_retry_failed(tmp_path, capsys):
+    """A sweep whose every point failed exits 3 and prints each reason once; --resume
+    alone keeps the failures, --resume --retry-failed reruns them once the trace is
+    fixed, and the result equals a sweep that never failed."""
+    from aisim_fast.cli.app import main
+
+    good = Path(BASE["trace"]).read_text()
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(good + "{not json\n")
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump({"base": {"spec": BASE["spec"], "trace": str(trace)},
+                                         "workers": [1, 2, 3]}))
+    args = ["sweep", str(spec_file), "--out", str(tmp_path / "o"), "--quiet"]
+    assert main(args) == 3
+    out = capsys.readouterr().out
+    assert "3 points (3 trace_error)" in out
+    assert f"3 trace_error (first: point 0): {trace}:21:" in out and "--resume --retry-failed" in out
+    trace.write_text(good)
+    assert main([*args, "--resume"]) == 3  # finished points, failures included, are not rerun
+    capsys.readouterr()
+    assert main([*args, "--resume", "--retry-failed"]) == 0
+    assert "3 points (3 ok)" in capsys.readouterr().out
+    fixed = pd.read_parquet(tmp_path / "o" / "points.parquet")
+    whole = run_sweep(str(spec_file), tmp_path / "whole", quiet=True)
+    pd.testing.assert_frame_equal(fixed, whole, check_exact=True)
+    assert main([*args, "--retry-failed"]) == 2
+    assert "--retry-failed: reruns the failed points of a sweep; give it with --resume" in capsys.readouterr().err
+
+
+def test_a_missing_trace_or_an_unreachable_scheduler_writes_nothing(tmp_path, capsys):
+    from aisim_fast.cli.app import main
+
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump({"base": {"spec": BASE["spec"], "trace": str(tmp_path / "gone.jsonl")},
+                                         "workers": [1, 2]}))
+    assert main(["sweep", str(spec_file), "--out", str(tmp_path / "o")]) == 2
+    assert f"{tmp_path / 'gone.jsonl'}: trace file not found" in capsys.readouterr().err
+    spec_file.write_text(yaml.safe_dump(_spec(workers=[1, 2])))
+    assert main(["sweep", str(spec_file), "--out", str(tmp_path / "o"), "--scheduler", "tcp://127.0.0.1:9"]) == 2
+    assert "--scheduler tcp://127.0.0.1:9: cannot reach the Dask scheduler" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    # a folder holding the same sweep with no finished point reruns without a flag
+    (tmp_path / "o2").mkdir()
+    run_sweep(_spec(workers=[1, 2]), tmp_path / "o2", quiet=True)
+    for part in (tmp_path / "o2" / "parts").iterdir():
+        part.unlink()
+    assert main(["sweep", str(spec_file), "--out", str(tmp_path / "o2"), "--quiet"]) == 0
+
+
 # ------------------------------------------------------------------------------------
 # sizing
 # ------------------------------------------------------------------------------------
@@ -264,12 +313,15 @@ ONE_K = str(DATA / "traces" / "mooncake_1k.jsonl")
     ("1k_vllm_disagg1p2d", 6, ("spec.topology.prefill.initial_workers",
                                "spec.topology.decode.initial_workers")),
 ])
-def test_sizing_agrees_with_an_exhaustive_grid(spec_name, max_workers, columns):
+def test_pruned_sizing_agrees_with_an_exhaustive_grid_sweep(spec_name, max_workers, columns):
+    """The pruned search's answer is the cheapest feasible point of the whole grid, run
+    as a plain sweep with the same SLA (the sweep's sla_ok is the size's verdict)."""
     from aisim_fast.studies.sizing import size
 
-    sla = {"ttft_ms": 300, "itl_ms": 20}
+    sla = {"ttft_ms": 300, "itl_ms": 20, "goodput": 0.95}
     spec_file = DATA / "golden" / f"{spec_name}.spec.json"
-    answers = size(spec_file, sla, trace=ONE_K, goodput=0.95, max_workers=max_workers, rates=(12.0, 16.0))
+    answers = size(spec_file, sla, trace=ONE_K, max_workers=max_workers, rates=(12.0, 16.0),
+                   exhaustive=False)
     for answer, rate in zip(answers, (12.0, 16.0)):
         if len(columns) == 1:
             rows = [(w,) for w in range(1, max_workers + 1)]
@@ -279,28 +331,131 @@ def test_sizing_agrees_with_an_exhaustive_grid(spec_name, max_workers, columns):
                           "zip": {**{c: [r[i] for r in rows] for i, c in enumerate(columns)},
                                   "traffic.arrival_speedup_ratio": [rate] * len(rows)},
                           "sla": sla}, None, quiet=True)
-        ok = grid[(grid["status"] == "ok")
-                  & (grid["goodput_completed_requests"] / grid["num_requests"] >= 0.95)]
-        assert answer.rate == rate
+        assert answer.rate == rate and answer.search == "pruned"
+        # every candidate the search ran has the sweep's verdict
+        for _, got in answer.evidence.iterrows():
+            same = grid
+            for c in columns:
+                same = same[same[c] == got[c]]
+            assert bool(same["sla_ok"].iloc[0]) == bool(got["feasible"])
+        ok = grid[grid["sla_ok"].fillna(False)]
         if not len(ok):
             assert not answer.feasible
             continue
         cheapest = ok.sort_values(["gpus", *columns]).iloc[0]
         assert answer.feasible and answer.gpus == cheapest["gpus"]
         assert answer.deployment == {c: int(cheapest[c]) for c in columns}
-        assert len(answer.evidence) < len(rows)  # it did not need the whole grid
+        if len(columns) == 1:  # (the 15-point P/D grid is nearly all inside the refined range)
+            assert len(answer.evidence) < len(rows)  # it did not need the whole grid
 
 
-def test_cli_size(capsys):
+def test_size_and_a_sweep_agree_on_every_sla_term():
+    """One base, one SLA with every kind of term: size's per-candidate verdict, failed
+    terms and values are the sweep's sla_ok / sla_failed and its summary columns."""
+    from aisim_fast.report.sla import parse_sla, stat_key
+    from aisim_fast.studies.sizing import size
+
+    terms = {"ttft_ms": 400, "itl_ms": 25, "goodput": 0.9, "ttft_p90_ms": 250, "tpot_mean_ms": 20,
+             "itl_p99_ms": 60, "e2e_p50_ms": 3000, "min_goodput_rps": 40}
+    spec_file = DATA / "golden" / "1k_vllm_agg2.spec.json"
+    [answer] = size(spec_file, terms, trace=ONE_K, max_workers=6, rates=(4.0,), exhaustive=True)
+    grid = run_sweep({"base": {"spec": str(spec_file), "trace": ONE_K}, "workers": list(range(1, 7)),
+                      "arrival_speedup_ratio": [4.0], "sla": terms}, None, quiet=True)
+    sla = parse_sla(terms)
+    verdicts = set()
+    for _, got in answer.evidence.iterrows():
+        row = grid[grid["spec.topology.workers.initial_workers"] == got["spec.topology.workers.initial_workers"]]
+        row = row.iloc[0]
+        assert bool(row["sla_ok"]) == bool(got["feasible"])
+        assert row["sla_failed"] == got["sla_failed"]
+        for term in sla.stat_bounds:
+            assert got[f"sla.{term}"] == row[stat_key(term)]
+        assert got["sla.goodput"] == row["goodput_completed_requests"] / row["num_requests"]
+        verdicts.add(got["sla_failed"])
+    assert len(verdicts) >= 3  # the SLA separates the candidates, term by term
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pruned_search_equals_the_exhaustive_one_on_random_spaces(seed):
+    """Property: on random small spaces (a max_num_seqs choice, the worker budget, the
+    load and the SLA drawn from a seed) the pruned search finds the exhaustive answer."""
+    from aisim_fast.studies.sizing import SizingSpace, size
+
+    rng = np.random.default_rng(seed)
+    spec_file = DATA / "golden" / "1k_vllm_agg2.spec.json"
+    space = SizingSpace(max_num_seqs=tuple(int(v) for v in rng.choice([8, 32, 256], 2, replace=False)))
+    sla = {"ttft_p90_ms": float(rng.choice([150, 400, 2000])), "itl_p90_ms": float(rng.choice([25, 40, 80]))}
+    kwargs = dict(trace=ONE_K, max_workers=int(rng.integers(5, 10)), rates=(float(rng.choice([2, 6, 12])),),
+                  space=space)
+    [pruned] = size(spec_file, sla, exhaustive=False, **kwargs)
+    [every] = size(spec_file, sla, exhaustive=True, **kwargs)
+    assert (pruned.feasible, pruned.gpus, pruned.deployment) == (every.feasible, every.gpus, every.deployment)
+    assert len(pruned.evidence) <= len(every.evidence)
+
+
+def _size(args, capsys):
     from aisim_fast.cli.app import main
 
-    assert main(["size", "--spec", str(DATA / "golden" / "1k_vllm_agg2.spec.json"), "--trace", ONE_K,
-                 "--sla", "ttft_ms=300,itl_ms=20", "--max-workers", "8", "--rates", "4"]) == 0
-    out = capsys.readouterr().out
-    assert "rate x4: 4 GPUs (workers=4) meet ttft_ms=300, itl_ms=20" in out and "goodput_fraction" in out
-    assert main(["size", "--spec", str(DATA / "golden" / "1k_vllm_agg2.spec.json"),
-                 "--sla", "ttfb_ms=3"]) == 2
-    assert "--sla: unknown bound 'ttfb_ms'" in capsys.readouterr().err
+    code = main(["size", *map(str, args)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_size_answers_writes_its_folder_and_exits_by_the_answer(tmp_path, capsys):
+    spec = DATA / "golden" / "1k_vllm_agg2.spec.json"
+    code, out, _ = _size(["--spec", spec, "--trace", ONE_K, "--sla", "ttft_ms=300,itl_ms=20",
+                          "--max-workers", "8", "--rates", "4", "--out", tmp_path / "s", "--quiet"], capsys)
+    assert code == 0
+    assert "rate x4: 4 GPUs (workers=4) meet ttft_ms=300,itl_ms=20,goodput=0.99" in out
+    answer = json.loads((tmp_path / "s" / "answer.json").read_text())
+    assert answer["answers"][0]["gpus"] == 4 and answer["answers"][0]["deployment"] == {"workers": 4}
+    evidence = pd.read_parquet(tmp_path / "s" / "sizing.parquet")
+    assert len(evidence) == 8 and evidence["feasible"].sum() == 5 and set(evidence["rate"]) == {4.0}
+    # the same base judged on the token gaps' p90: a different, documented answer
+    code, out, _ = _size(["--spec", spec, "--trace", ONE_K, "--sla", "ttft_ms=300,itl_p90_ms=20",
+                          "--max-workers", "8", "--rates", "4", "--quiet"], capsys)
+    assert code == 0 and "rate x4: 7 GPUs (workers=7)" in out
+    # nothing fits: exit 3, the closest candidate and the terms it failed
+    code, out, _ = _size(["--spec", spec, "--trace", ONE_K, "--sla", "ttft_p90_ms=30",
+                          "--max-workers", "3", "--rates", "4", "--quiet"], capsys)
+    assert code == 3
+    assert "nothing within the budget meets ttft_p90_ms=30" in out
+    assert "closest: 3 GPUs (workers=3): ttft_p90_ms 54.31 > 30" in out
+
+
+def test_cli_size_takes_a_yaml_payload_and_the_replay_flags(tmp_path, capsys):
+    payload = json.loads((DATA / "golden" / "1k_vllm_agg2.spec.json").read_text())
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(payload))
+    args = ["--trace", ONE_K, "--sla", "ttft_ms=300,itl_ms=20", "--max-workers", "6", "--rates", "4", "--quiet"]
+    code, from_yaml, err = _size(["--spec", tmp_path / "base.yaml", *args], capsys)
+    assert code == 0, err
+    code, from_json, _ = _size(["--spec", DATA / "golden" / "1k_vllm_agg2.spec.json", *args], capsys)
+    assert from_yaml == from_json
+    rank = payload["spec"]["engine"]["rank"]
+    code, from_flags, err = _size(["--backend", "vllm", "--engine-args", json.dumps(rank), *args], capsys)
+    assert code == 0, err
+    assert from_flags.splitlines()[0] == from_json.splitlines()[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sla", "ttfb_ms=3"], "--sla.ttfb_ms: unknown SLA term"),
+    (["--sla", "ttft_ms=300", "--rates", "0"], "--rates: every rate must be a finite number > 0, got 0"),
+    (["--sla", "ttft_ms=300", "--rates", "x"], "--rates: numbers separated by commas"),
+    (["--sla", "ttft_ms=300", "--trace", "/nonexistent/t.jsonl"], "/nonexistent/t.jsonl: trace file not found"),
+    (["--sla", "e2e_ms=3,ttft_ms=4"], "--sla: e2e_ms is mutually exclusive"),
+    (["--sla", "ttft_ms=300", "--tp", "1,2", "--trace", ONE_K], "tp: a tensor-parallel choice needs op-level"),
+    (["--sla", "ttft_ms=300", "--tp", "2", "--trace", ONE_K], "model: required: the pools are not timed by AIC"),
+    (["--sla", "ttft_ms=300", "--engine-args", "{}"], "--engine-args cannot be combined with --spec"),
+])
+def test_cli_size_refuses_bad_input_in_one_line(args, message, capsys):
+    code, _, err = _size(["--spec", DATA / "golden" / "1k_vllm_agg2.spec.json", *args], capsys)
+    assert code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_size_refuses_a_yaml_spec_named_json_with_a_hint(tmp_path, capsys):
+    (tmp_path / "base.json").write_text("spec: {}\n")
+    code, _, err = _size(["--spec", tmp_path / "base.json", "--sla", "ttft_ms=3"], capsys)
+    assert code == 2 and "not valid JSON" in err and "needs a .yaml or .yml name" in err
 
 
 # ------------------------------------------------------------------------------------
@@ -411,3 +566,33 @@ def test_a_sweep_over_sglang_knobs_and_a_mixed_backend_batch(tmp_path):
     for i, sim in enumerate(sims):
         alone = run_batch([sim], record_passes=False).check()
         pd.testing.assert_frame_equal(mixed.requests[i], alone.requests[0], check_exact=True)
+
+
+def test_confidence_judges_each_candidate_over_its_seeded_variants():
+    """size with a confidence: each candidate's met fraction is that of its variants run
+    one by one (the pass times scaled by each variant's factor), and it fits when that
+    fraction reaches the confidence."""
+    from aisim_fast.studies.sizing import Confidence, size
+
+    spec_file = DATA / "golden" / "1k_vllm_agg2.spec.json"
+    sla = "ttft_p90_ms=300,itl_p90_ms=30"
+    confidence = Confidence(0.75, runs=4, timing_pct=10.0, seed=3)
+    [answer] = size(spec_file, sla, trace=ONE_K, rates=(4.0,), max_workers=5, confidence=confidence)
+    payload = json.loads(spec_file.read_text())
+    met = {w: 0 for w in range(1, 6)}
+    for factor in confidence.factors():
+        varied = json.loads(json.dumps(payload))
+        varied["spec"]["engine"]["rank"]["speedup_ratio"] = 1.0 / factor
+        [alone] = size(varied, sla, base_dir=spec_file.parent, trace=ONE_K, rates=(4.0,), max_workers=5,
+                       exhaustive=True)
+        for _, row in alone.evidence.iterrows():
+            met[int(row["spec.topology.workers.initial_workers"])] += bool(row["feasible"])
+    fractions = {w: n / 4 for w, n in met.items()}
+    for _, row in answer.evidence.iterrows():
+        w = int(row["spec.topology.workers.initial_workers"])
+        assert row["runs"] == 4 and row["runs_met_fraction"] == fractions[w]
+        assert bool(row["feasible"]) == (fractions[w] >= 0.75)
+        assert row["p90_ttft_ms_min"] <= row["p90_ttft_ms"] <= row["p90_ttft_ms_max"]
+    assert 0 < sum(0 < f < 1 for f in fractions.values())  # the perturbation decides some
+    with pytest.raises(SweepError, match="the runs would be identical"):
+        size(spec_file, sla, trace=ONE_K, confidence=Confidence(0.9))
