@@ -46,6 +46,7 @@ _HOMES = {
     "RankGroup": ("aisim_fast.protocol.rank", "RankGroup"),
     "run_sweep": ("aisim_fast.studies.sweeps", "run_sweep"),
     "size_deployment": ("aisim_fast.studies.sizing", "size"),
+    "read_sweep_requests": ("aisim_fast.studies.sweeps", "read_point_requests"),
 }
 
 __all__ = [
@@ -59,7 +60,7 @@ __all__ = [
     # the rank protocol
     "Rank", "RankGroup",
     # many simulations
-    "sweep", "size", "run_sweep", "size_deployment",
+    "sweep", "size", "run_sweep", "size_deployment", "read_sweep_requests",
 ]
 assert set(__all__) == {"__version__", "sweep", "size", *_HOMES}
 
@@ -71,6 +72,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time each loads 
     from aisim_fast.engine.simulation import Simulation, SimulationError, simulation_from_setup
     from aisim_fast.protocol.rank import Rank, RankGroup
     from aisim_fast.studies.sizing import size as size_deployment
+    from aisim_fast.studies.sweeps import read_point_requests as read_sweep_requests
     from aisim_fast.studies.sweeps import run_sweep
     from aisim_fast.trace.workload import TraceError, Workload, load_default_trace, load_mooncake
     from aisim_fast.trace.workload import load_mooncake as load_trace
@@ -92,6 +94,7 @@ def __dir__():
 def sweep(spec, out=None, **kwargs):
     """Run a sweep (a spec file or dict) and return one row per point as a DataFrame;
     ``run_sweep`` has the options (jobs, scheduler, resume, ...)."""
+    from aisim_fast.studies.sweeps import read_point_requests as read_sweep_requests
     from aisim_fast.studies.sweeps import run_sweep
 
     return run_sweep(spec, out, **kwargs)

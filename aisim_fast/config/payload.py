@@ -451,6 +451,7 @@ def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str)
 
 _PAYLOAD_KEYS = {"spec", "traffic", "determinism", "tokenization", "capture_performance_diagnostics"}
 DETERMINISM_MODES = ("canonical_v1", "random")
+_TOPOLOGY_KEYS = ("kind", "workers", "prefill", "decode", "handoff_latency_ms")
 _SPEC_KEYS = {"version", "topology", "engine", "adapters", "max_sim_time_ms", "max_in_flight",
               "record_per_request", "sla", "encoder", "requests"}
 _TRAFFIC_KEYS = {"source_type", "load_type", "trace_path", "trace_paths", "trace_format",
@@ -471,7 +472,9 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
             _fail(key, "unknown field of the payload; allowed: " + ", ".join(sorted(_PAYLOAD_KEYS)))
     # the reference's modes; request ids are the canonical ordinals in both (random
     # would give fresh v4 uuids there: rows still join on session and turn)
-    _choice("determinism", payload.get("determinism", "canonical_v1"), DETERMINISM_MODES)
+    if _choice("determinism", payload.get("determinism", "canonical_v1"), DETERMINISM_MODES) == "random":
+        _warn("determinism", "'random' runs as canonical_v1: the same requests and times (the "
+                             "reference's replay gives the same rows too; only its request ids differ)")
     if _bool("capture_performance_diagnostics", payload.get("capture_performance_diagnostics", False)):
         _fail("capture_performance_diagnostics", "the per-operation performance diagnostics (latency, "
               "speed of light and provenance of each op) are not produced by aisim_fast; only false "
@@ -491,6 +494,14 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         if key not in _ENGINE_POOL_KEYS + ("prefill", "decode"):
             _fail(f"spec.engine.{key}", "unknown field; allowed: "
                                         + ", ".join(sorted(_ENGINE_POOL_KEYS + ("prefill", "decode"))))
+    own = ("kind", "workers") if kind == "aggregated" else ("kind", "prefill", "decode", "handoff_latency_ms")
+    for key in topo:
+        if key in _TOPOLOGY_KEYS and key not in own:
+            _fail(f"spec.topology.{key}", f"unknown field for {'an' if kind == 'aggregated' else 'a'} {kind} "
+                                          f"topology; allowed: {', '.join(own)}")
+        if key not in _TOPOLOGY_KEYS:
+            _warn(f"spec.topology.{key}", f"unknown field, ignored (the reference ignores it too); "
+                                          f"{kind} topologies take {', '.join(own)}")
     disagg: dict[str, Any] = {}
     if kind == "aggregated":
         for role in ("prefill", "decode"):
@@ -499,10 +510,6 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         workers = _pool_workers("spec.topology.workers", topo.get("workers"))
         rank, tp, dp = _engine_pool("spec.engine", engine, "aggregated")
     else:
-        for key in topo:
-            if key not in ("kind", "prefill", "decode", "handoff_latency_ms"):
-                _fail(f"spec.topology.{key}", "unknown field for a disaggregated topology; allowed: "
-                                              "kind, prefill, decode, handoff_latency_ms")
         workers = _pool_workers("spec.topology.decode", topo.get("decode"))
         # a role without its own block runs the engine's top-level pool fields, as the
         # reference does (aggregated_role of the engine config)

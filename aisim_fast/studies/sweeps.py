@@ -741,3 +741,16 @@ def _run_parallel(batches, tasks, finished, jobs: int, scheduler, with_requests:
             for future in pending:
                 future.cancel()
             raise
+
+
+def read_point_requests(out: str | Path, points=None) -> pd.DataFrame:
+    """The per-request rows of a sweep folder (``points``: only these), with ``point`` an
+    int64 column like ``points.parquet``'s: a plain ``pd.read_parquet`` of the hive
+    folder reads the partition key as a categorical."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    partitioning = ds.partitioning(pa.schema([("point", pa.int64())]), flavor="hive")
+    dataset = ds.dataset(Path(out) / REQUESTS_DIR, format="parquet", partitioning=partitioning)
+    where = ds.field("point").isin(list(points)) if points is not None else None
+    return dataset.to_table(filter=where).to_pandas()

@@ -981,3 +981,20 @@ def test_replay_sla_reports_goodput_and_a_verdict(tmp_path, capsys):
     assert parse_sla(verdict["terms"]).judge(summary).failed == ("itl_p90_ms",)
     assert "SLA                 missed: ttft_ms=5000,itl_p90_ms=1,goodput=0.99 (itl_p90_ms" in out
     assert "goodput             20 good requests" in out
+
+
+@pytest.mark.parametrize("edit, warning", [
+    (lambda p: p.update(determinism="random"), "determinism: 'random' runs as canonical_v1"),
+    (lambda p: p["spec"]["topology"].update(colour=3),
+     "spec.topology.colour: unknown field, ignored (the reference ignores it too)"),
+])
+def test_what_the_reference_accepts_and_ignores_runs_with_one_warning(tmp_path, capsys, edit, warning):
+    """Reference runs of these payloads give the rows of the plain one (checked by hand
+    with benchmarks/ref_payload_run.py); here too, with the reason said once."""
+    code, _, err = run_cli(["replay", "--spec", _spec_copy(tmp_path, edit), "--trace", TINY_TRACE,
+                            "--out", tmp_path / "w"], capsys)
+    assert code == 0 and err.count(warning) == 1
+    code, _, _ = run_cli(["replay", "--spec", _spec_copy(tmp_path, lambda p: None), "--trace", TINY_TRACE,
+                          "--out", tmp_path / "plain"], capsys)
+    pd.testing.assert_frame_equal(run_folder.read_requests(tmp_path / "w"),
+                                  run_folder.read_requests(tmp_path / "plain"))

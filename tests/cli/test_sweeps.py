@@ -596,3 +596,14 @@ def test_confidence_judges_each_candidate_over_its_seeded_variants():
     assert 0 < sum(0 < f < 1 for f in fractions.values())  # the perturbation decides some
     with pytest.raises(SweepError, match="the runs would be identical"):
         size(spec_file, sla, trace=ONE_K, confidence=Confidence(0.9))
+
+
+def test_the_request_dataset_reads_back_with_an_integer_point(tmp_path):
+    run_sweep(_spec(workers=[1, 2, 3]), tmp_path / "o", quiet=True)
+    every = aisim_fast.read_sweep_requests(tmp_path / "o")
+    assert every["point"].dtype == np.int64 and set(every["point"]) == {0, 1, 2}
+    points = pd.read_parquet(tmp_path / "o" / "points.parquet")
+    assert len(every.merge(points[["point", "gpus"]], on="point")) == len(every)
+    one = aisim_fast.read_sweep_requests(tmp_path / "o", points=[2])
+    alone = pd.read_parquet(tmp_path / "o" / "requests" / "point=2" / "part-0.parquet")
+    pd.testing.assert_frame_equal(one.drop(columns="point"), alone)
