@@ -92,7 +92,7 @@ def _main(argv: list[str] | None) -> int:
             return EXIT_OK
         if args.command == "plot":
 
-            for path in plot_folder(args.folder):
+            for path in plot_folder(args.folder, args.color_by):
                 print(f"  {path}")
             return EXIT_OK
         outcome = run_replay(args)

@@ -37,8 +37,9 @@ from aisim_fast.report.summary import (
     summarize_replay,
 )
 from aisim_fast.studies.over_time import format_over_time, plot_over_time, size_over_time
-from aisim_fast.studies.sizing import (ANSWER_JSON, REPLICAS_PARQUET, REPLICAS_PNG, SIZING_FILES,
-                                       SIZING_PARQUET, Confidence, SizingSpace,
+from aisim_fast.studies.plots import plot_sizing, sizing_report
+from aisim_fast.studies.sizing import (ANSWER_JSON, REPLICAS_PARQUET, REPLICAS_PNG, REPORT_HTML, SIZING_FILES,
+                                       SIZING_PARQUET, SIZING_PNG, Confidence, SizingSpace,
                                        answers_json, evidence_frame, format_answers, size, stderr_line)
 from aisim_fast.studies.sweeps import POINTS_FILE, run_sweep
 from aisim_fast.trace.workload import TraceError, TraceWarning
@@ -165,12 +166,22 @@ def run_size_command(args) -> tuple[str, int]:
     text = format_answers(answers, sla)
     if args.out is not None:
         frame = evidence_frame(answers)
-        doc = json.dumps(answers_json(answers, sla), indent=2, default=str) + "\n"
+        answer = answers_json(answers, sla)
+        doc = json.dumps(answer, indent=2, default=str) + "\n"
         out = write_folder(args.out, {SIZING_PARQUET: lambda path: frame.to_parquet(path, index=False),
-                                      ANSWER_JSON: lambda path: path.write_text(doc, encoding="utf-8")},
+                                      ANSWER_JSON: lambda path: path.write_text(doc, encoding="utf-8"),
+                                      **_sizing_pictures(args, frame, answer, sla)},
                            args.overwrite, owned=SIZING_FILES)
-        text += f"\nwrote:\n  {out / SIZING_PARQUET}\n  {out / ANSWER_JSON}"
+        text += "\nwrote:\n" + "\n".join(f"  {out / name}" for name in
+                                          (SIZING_PARQUET, ANSWER_JSON, SIZING_PNG, REPORT_HTML))
     return text, (EXIT_OK if all(a.feasible for a in answers) else EXIT_NO_ANSWER)
+
+
+def _sizing_pictures(args, evidence, answer: dict, sla) -> dict:
+    """The writers of sizing.png and report.html (after the files they show)."""
+    name = Path(args.out).resolve().name
+    return {SIZING_PNG: lambda path: plot_sizing(evidence, path, title=f"{name}: candidates", sla=sla.terms()),
+            REPORT_HTML: lambda path: sizing_report(path.parent, answer, path.parent / SIZING_PNG, name)}
 
 
 def _size_over_time(args, payload, sla, rates, options) -> tuple[str, int]:
@@ -188,14 +199,17 @@ def _size_over_time(args, payload, sla, rates, options) -> tuple[str, int]:
         doc = json.dumps({"sla": sla.terms(), "over_time": result.totals(),
                           "windows": windows.to_dict("records")}, indent=2, default=str) + "\n"
         title = f"GPUs over time meeting {sla.text()}"
+        answer = json.loads(doc)
         out = write_folder(args.out, {
             SIZING_PARQUET: lambda path: evidence.to_parquet(path, index=False),
             REPLICAS_PARQUET: lambda path: windows.to_parquet(path, index=False),
             REPLICAS_PNG: lambda path: plot_over_time(result, path, title),
-            ANSWER_JSON: lambda path: path.write_text(doc, encoding="utf-8")},
+            ANSWER_JSON: lambda path: path.write_text(doc, encoding="utf-8"),
+            **_sizing_pictures(args, evidence, answer, sla)},
             args.overwrite, owned=SIZING_FILES)
         text += "\nwrote:\n" + "\n".join(f"  {out / name}" for name in
-                                          (SIZING_PARQUET, REPLICAS_PARQUET, REPLICAS_PNG, ANSWER_JSON))
+                                          (SIZING_PARQUET, REPLICAS_PARQUET, REPLICAS_PNG, ANSWER_JSON,
+                                           SIZING_PNG, REPORT_HTML))
     return text, (EXIT_OK if result.feasible else EXIT_NO_ANSWER)
 
 

@@ -242,11 +242,16 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--quiet", action="store_true", help="no progress output")
     _add_aic_flags(size, tp_choices=True)
     plot = commands.add_parser(
-        "plot", help="PNG plots of a sweep or replay folder (DIR/plots/)",
+        "plot", help="PNG plots of a sweep, sizing or replay folder (DIR/plots/; DIR/report.html)",
         description="A sweep folder: Pareto fronts of throughput per GPU against throughput per "
-                    "user and against TTFT p90. A replay folder: TTFT/TPOT CDFs and throughput, "
-                    "queue depth and KV use over time.")
-    plot.add_argument("folder", metavar="DIR", help="output folder of aisim-fast sweep or replay")
+                    "user and against TTFT p90 (over the SLA-feasible points, with the SLA's TTFT "
+                    "bound), and DIR/report.html. A sizing folder (size --out): every candidate "
+                    "against the SLA, and DIR/report.html. A replay folder: TTFT/TPOT CDFs and "
+                    "throughput, queue depth and KV use over time, a panel per prefill / decode pool.")
+    plot.add_argument("folder", metavar="DIR", help="output folder of aisim-fast sweep, size or replay")
+    plot.add_argument("--color-by", metavar="COLUMN",
+                      help="colour a sweep's points by this column of points.parquet (default: the "
+                           "first varied one)")
     return parser
 
 

@@ -46,7 +46,9 @@ SIZING_PARQUET = "sizing.parquet"
 ANSWER_JSON = "answer.json"
 REPLICAS_PARQUET = "replicas.parquet"   # size --window-s: one row per window
 REPLICAS_PNG = "replicas.png"
-SIZING_FILES = (SIZING_PARQUET, ANSWER_JSON, REPLICAS_PARQUET, REPLICAS_PNG)
+SIZING_PNG = "sizing.png"               # every candidate against the SLA
+REPORT_HTML = "report.html"
+SIZING_FILES = (SIZING_PARQUET, ANSWER_JSON, REPLICAS_PARQUET, REPLICAS_PNG, SIZING_PNG, REPORT_HTML)
 # a shape axis -> the payload paths it sets (a disaggregated payload: both pools' ranks)
 _RANK_FIELDS = {"backend": "backend", "max_num_seqs": "max_num_seqs",
                 "max_num_batched_tokens": "max_num_batched_tokens"}
