@@ -8,7 +8,9 @@ The cache therefore lives in a folder named after a digest of every kernel
 source (subfolders included): any edit selects a fresh folder. ``NUMBA_CACHE_DIR``,
 when set, wins. The folder is given to Numba by a cache locator that claims the
 kernels' source files and nothing else (``_KernelCacheLocator``): importing the
-package changes no Numba setting, and other code's caching is left as it was.
+package changes no Numba setting, and other code's caching is left as it was. Inside
+the folder a cached kernel is stamped with the digest, not with its file's mtime, so a
+second install of the same sources (another venv, a fresh clone) loads it.
 
 The first run compiles for a while, so it says so first: ``compile_notice(parts)``
 prints one line on stderr naming the kernel sets that are not in the cache yet
@@ -72,6 +74,13 @@ class _KernelCacheLocator(_caching._SourceFileBackedLocatorMixin, _caching._Cach
     def get_cache_path(self):
         return self._cache_path
 
+    def get_source_stamp(self):
+        # Numba's stamp is the file's mtime and size: a second install of the same
+        # sources (another venv, a fresh clone) has other mtimes and would recompile
+        # over the cache. The folder is named by the sources' digest, so inside it the
+        # digest is the stamp: the cache is keyed by content, not by path or time.
+        return Path(_digest_dir()).name
+
     @classmethod
     def from_function(cls, py_func, py_file):
         if numba.config.CACHE_DIR or not Path(py_file).resolve().is_relative_to(_HERE):
@@ -125,8 +134,11 @@ def _describe(part: str) -> tuple[str, int]:
 
 
 def _marker(part: str) -> Path:
-    # Numba keys its cache files by the source files' location too: a second checkout
-    # of the same sources compiles anew, so its marker must be its own
+    # in the digest folder the cache is keyed by content (_KernelCacheLocator): any
+    # install of these sources shares it. Numba's own locator (NUMBA_CACHE_DIR set)
+    # keys its files by the sources' location too, so there the marker is per location.
+    if not numba.config.CACHE_DIR:
+        return Path(cache_root()) / f"compiled-{part}"
     where = hashlib.sha256(str(_HERE.resolve()).encode()).hexdigest()[:12]
     return Path(cache_root()) / f"compiled-{part}-{where}"
 

@@ -26,6 +26,7 @@ nothing is written.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -49,13 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     143 SIGTERM: a run being written removes its staging folder either way)."""
     if threading.current_thread() is not threading.main_thread():
         return _main(argv)
+    if argv is None and hasattr(sys.stdout, "reconfigure"):
+        # a log file or pipe gets each line as it is printed (warmup's, a sweep's), not
+        # in blocks at exit
+        sys.stdout.reconfigure(line_buffering=True)
     run_folder.COMMITTED[0] = None
     PENDING_SIGTERM[0] = False
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     shown = warnings.showwarning
     warnings.showwarning = show_warning
     try:
-        return _main(argv)
+        code = _main(argv)
     finally:
         warnings.showwarning = shown
         if argv is not None or run_folder.COMMITTED[0] is None:
@@ -65,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
             # handled: the interpreter's shutdown resets handled signals to the default
             # action, so a SIGTERM then would kill a process whose run is written
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if argv is None and code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+        # interrupted: its message is out and nothing half-written is left; leave now
+        # rather than join the threads still compiling or simulating (a wait of seconds,
+        # and a second Ctrl-C there prints the interpreter's threading traceback)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _main(argv: list[str] | None) -> int:

@@ -16,7 +16,7 @@ from aisim_fast.aic import timing as aic
 from aisim_fast.cli.console import MS_PER_S, nothing_completed, pressure_counts, rejection_causes, with_rank
 from aisim_fast.cli.flags import at_flag, payload_from_flags, setup_from_flags, setup_from_spec
 from aisim_fast.cli.parser import EXIT_NO_ANSWER, EXIT_OK, PROG, UsageError, aic_flags, int_choices
-from aisim_fast.cli.signals import raise_pending_sigterm
+from aisim_fast.cli.signals import interruptible, raise_pending_sigterm
 from aisim_fast.config.payload import (SIMULATED_BACKENDS, ConfigError, ReplaySetup, parse_payload,
                                        read_payload_file)
 from aisim_fast.config.predict_config import read_predict_config
@@ -162,7 +162,7 @@ def run_size_command(args) -> tuple[str, int]:
                                if args.confidence is not None else None))
     if args.window_s is not None:
         return _size_over_time(args, payload, sla, rates, options)
-    answers = size(payload, sla, rates=rates, **options)
+    answers = interruptible(size, payload, sla, rates=rates, **options)
     text = format_answers(answers, sla)
     if args.out is not None:
         frame = evidence_frame(answers)
@@ -188,7 +188,7 @@ def _size_over_time(args, payload, sla, rates, options) -> tuple[str, int]:
     """``size --window-s``: replicas(t), its totals, and with --out its table and plot."""
     if len(rates) > 1:
         raise UsageError("--window-s: sizes one load over time; give at most one --rates value")
-    result = size_over_time(payload, sla, window_s=args.window_s, rate=rates[0], **options)
+    result = interruptible(size_over_time, payload, sla, window_s=args.window_s, rate=rates[0], **options)
     text = format_over_time(result, sla.text())
     if args.out is not None:
         windows = result.windows
@@ -222,7 +222,7 @@ def run_sweep_command(args) -> tuple[str, int]:
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size: must be >= 1, got {args.batch_size}")
     start_s = time.perf_counter()
-    points = run_sweep(args.sweep_spec, args.out, jobs=args.jobs, scheduler=args.scheduler,
+    points = interruptible(run_sweep, args.sweep_spec, args.out, jobs=args.jobs, scheduler=args.scheduler,
                        batch_size=args.batch_size, resume=args.resume, overwrite=args.overwrite,
                        requests=not args.no_requests, quiet=args.quiet,
                        timing=aic_flags(args) or None, retry_failed=args.retry_failed,
@@ -283,12 +283,25 @@ def _warm_up(setup: ReplaySetup) -> None:
         pass  # the real run reports it, with the real request count
 
 
+def _sglang_pool_hint(setup: ReplaySetup) -> str:
+    """Why an SGLang run may dead-end where a vLLM run of the same flags does not: its
+    num_gpu_blocks counts pages of block_size tokens (default 1), so the default pool
+    holds far fewer tokens."""
+    for _, rank in setup.pools:
+        if rank.backend == "sglang" and rank.block_size * rank.num_gpu_blocks < 1_000_000:
+            return (f"; note: SGLang's num_gpu_blocks counts pages of block_size ({rank.block_size}) tokens, "
+                    f"so this pool holds {rank.block_size * rank.num_gpu_blocks:,} tokens -- raise it, e.g. "
+                    "--engine-args '{\"num_gpu_blocks\": 1000000}'")
+    return ""
+
+
 def run_replay(args) -> dict:
     """Resolve, simulate, and write one replay. Returns what the summary table shows."""
+    # (interruptible: a first AIC run builds its timing engine while resolving)
     if args.spec is not None or args.predict_config is not None:
-        setup, gpus_per_worker, source = setup_from_spec(args)
+        setup, gpus_per_worker, source = interruptible(setup_from_spec, args)
     else:
-        setup, gpus_per_worker, source = setup_from_flags(args)
+        setup, gpus_per_worker, source = interruptible(setup_from_flags, args)
     sla = None
     if args.sla is not None:  # its per-request bounds replace the payload's spec.sla
         sla = parse_sla_text(args.sla)
@@ -302,7 +315,7 @@ def run_replay(args) -> dict:
     raise_pending_sigterm()
 
     compile_start_s = time.perf_counter()
-    _warm_up(setup)
+    interruptible(_warm_up, setup)
     raise_pending_sigterm()
     compile_ms = (time.perf_counter() - compile_start_s) * MS_PER_S
 
@@ -321,6 +334,8 @@ def run_replay(args) -> dict:
         result = run_batch([simulation], record_passes=record_passes, record_events=kv_events,
                            record_outputs=args.output_events, progress=report,
                            record_pressure=args.pressure_events, spill_passes=record_passes).check()
+    except SimulationError as exc:
+        raise SimulationError(str(exc) + _sglang_pool_hint(setup)) from None
     finally:
         progress.close()
     # floored so the per-wall-second rates stay finite on a clock with coarse ticks

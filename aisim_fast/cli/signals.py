@@ -32,3 +32,29 @@ def raise_pending_sigterm() -> None:
     if PENDING_SIGTERM[0]:
         PENDING_SIGTERM[0] = False
         raise Terminated()
+
+
+def interruptible(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in a daemon thread while this (the main) thread waits in
+    short joins, so that Ctrl-C and SIGTERM are handled within a fraction of a second even
+    while the work sits in native code that does not check for signals (LLVM compiling a
+    kernel for tens of seconds). Returns its result or raises its exception; an
+    interrupt leaves the thread to die with the process."""
+    import threading
+
+    outcome: dict = {}
+
+    def work():
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=work, name="aisim-fast-work", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+        raise_pending_sigterm()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

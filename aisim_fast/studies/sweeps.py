@@ -8,7 +8,7 @@ A sweep spec (YAML or JSON) names a base execution payload (what ``aisim-fast re
       spec.engine.rank.max_num_seqs: [32, 64, 128, 256]
       spec.topology.workers.initial_workers: [1, 2, 4, 8]
     zip: {}                                 # parallel lists, one axis together
-    random: {samples: 0, seed: 0, space: {}}  # {path: {uniform|loguniform|randint: [lo, hi]} | {choice: [...]}}
+    random: {samples: 0, seed: 0, space: {}}  # {path: {uniform|loguniform|randint|loguniform_int: [lo, hi]} | {choice: [...]}}
     trace: [a.jsonl, b.jsonl]               # shortcuts, each one more grid axis
     arrival_speedup_ratio: [1, 2, 4]
     workers: [1, 2, 4]                      # aggregated worker count
@@ -74,7 +74,7 @@ SWEEP_KEYS = ("base", "grid", "zip", "random", "trace", "arrival_speedup_ratio",
 # shortcuts over op-level (AIC) timing: every pool's model / GPU system / tensor
 # parallelism (config.set_aic_timing; points columns named as the shortcut)
 AIC_COLUMNS = ("model", "system", "tp")
-RANDOM_KINDS = ("uniform", "loguniform", "randint", "choice")
+RANDOM_KINDS = ("uniform", "loguniform", "randint", "loguniform_int", "choice")
 DEFAULT_BATCH_SIZE = 64
 MANIFEST_FILE = "manifest.json"
 POINTS_FILE = "points.parquet"
@@ -202,6 +202,11 @@ def _random_axis(path: str, rule: Any, rng: np.random.Generator, n: int) -> list
         if not all(isinstance(v, int) for v in arg):
             raise SweepError(f"{where}.randint: bounds must be integers, got {arg!r}")
         return [int(v) for v in rng.integers(lo, hi + 1, n)]
+    if kind == "loguniform_int":  # integers spread evenly in log space: 1..1024 as often 1-32 as 32-1024
+        if not all(isinstance(v, int) for v in arg) or lo < 1:
+            raise SweepError(f"{where}.loguniform_int: bounds must be integers >= 1, got {arg!r}")
+        drawn = np.floor(np.exp(rng.uniform(math.log(lo), math.log(hi + 1), n))).astype(np.int64)
+        return [int(v) for v in np.minimum(drawn, hi)]
     if kind == "loguniform":
         if lo <= 0:
             raise SweepError(f"{where}.loguniform: bounds must be > 0, got {arg!r}")

@@ -998,3 +998,43 @@ def test_what_the_reference_accepts_and_ignores_runs_with_one_warning(tmp_path, 
                           "--out", tmp_path / "plain"], capsys)
     pd.testing.assert_frame_equal(run_folder.read_requests(tmp_path / "w"),
                                   run_folder.read_requests(tmp_path / "plain"))
+
+
+def test_an_sglang_dead_end_says_its_pool_counts_tokens(tmp_path, capsys):
+    code, _, err = run_cli(["replay", "--backend", "sglang", "--workers", "2", "--out", tmp_path / "o"], capsys)
+    assert_user_error(code, err, "dead end at", "SGLang's num_gpu_blocks counts pages of block_size (1) tokens",
+                      "holds 16,384 tokens")
+
+
+def test_ctrl_c_during_a_first_compile_exits_at_once_with_one_line(tmp_path):
+    """A cold kernel cache: Ctrl-C while LLVM compiles is honoured within seconds (the
+    compile alone takes tens), with the one interrupted line and no traceback."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cold_cache"))
+    proc = subprocess.Popen([sys.executable, "-m", "aisim_fast", "replay", "--backend", "vllm", "--workers", "1",
+                             "--out", str(tmp_path / "o")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        seen = ""
+        while "compiling kernels for aggregated replay" not in seen:
+            line = proc.stderr.readline()
+            assert line, f"ended before compiling: {seen}"
+            seen += line
+        time.sleep(1.0)  # inside the compile
+        proc.send_signal(signal.SIGINT)
+        sent_s = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        waited_s = time.monotonic() - sent_s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted; nothing written" in err and "Traceback" not in err
+    assert waited_s < 10.0, f"{waited_s:.1f} s after Ctrl-C"
+    assert not (tmp_path / "o").exists()
+
+
+def test_stdout_is_line_buffered_into_a_log():
+    probe = ("import sys; from aisim_fast.cli.app import main; sys.argv = ['aisim-fast', 'models', '--grep', 'zz-none'];"
+             " code = main(); print(sys.stdout.line_buffering, code, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stderr.strip().endswith("True 0"), done.stderr

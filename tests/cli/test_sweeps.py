@@ -490,7 +490,11 @@ def test_plot_command_on_a_sweep_and_a_replay(tmp_path, capsys):
                  tmp_path / "r" / "plots" / "latency_cdf.png", tmp_path / "r" / "plots" / "timeline.png"):
         assert str(path) in out and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["plot", str(tmp_path)]) == 2
-    assert "no points.parquet (a sweep) or requests.parquet" in capsys.readouterr().err
+    assert "no points.parquet (a sweep), answer.json (a sizing) or requests.parquet" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "s"), "--color-by", "nope"]) == 2
+    assert "--color-by: 'nope' is not a column" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "s"), "--color-by", "spec.engine.rank.num_gpu_blocks"]) == 0
+    assert (tmp_path / "s" / "report.html").is_file()
 
 
 def test_prefill_decode_shortcut_on_a_disaggregated_base():
@@ -607,3 +611,15 @@ def test_the_request_dataset_reads_back_with_an_integer_point(tmp_path):
     one = aisim_fast.read_sweep_requests(tmp_path / "o", points=[2])
     alone = pd.read_parquet(tmp_path / "o" / "requests" / "point=2" / "part-0.parquet")
     pd.testing.assert_frame_equal(one.drop(columns="point"), alone)
+
+
+def test_an_integer_log_uniform_axis_spreads_over_decades():
+    sweep = load_sweep(_spec(random={"samples": 400, "seed": 1, "space": {
+        "spec.engine.rank.max_num_seqs": {"loguniform_int": [1, 1024]}}}))
+    drawn = np.array([p["spec.engine.rank.max_num_seqs"] for p in sweep.points])
+    assert drawn.dtype == np.int64 and drawn.min() >= 1 and drawn.max() <= 1024
+    assert all(isinstance(p["spec.engine.rank.max_num_seqs"], int) for p in sweep.points)
+    low, high = (drawn <= 32).mean(), (drawn > 32).mean()   # 1-32 and 32-1024: half the log range each
+    assert 0.4 < low < 0.6 and 0.4 < high < 0.6
+    with pytest.raises(SweepError, match="loguniform_int: bounds must be integers >= 1"):
+        load_sweep(_spec(random={"samples": 2, "space": {"spec.engine.rank.max_num_seqs": {"loguniform_int": [0, 8]}}}))
