@@ -411,10 +411,12 @@ def test_cli_size_answers_writes_its_folder_and_exits_by_the_answer(tmp_path, ca
     assert answer["answers"][0]["gpus"] == 4 and answer["answers"][0]["deployment"] == {"workers": 4}
     evidence = pd.read_parquet(tmp_path / "s" / "sizing.parquet")
     assert len(evidence) == 8 and evidence["feasible"].sum() == 5 and set(evidence["rate"]) == {4.0}
-    # the same base judged on the token gaps' p90: a different, documented answer
-    code, out, _ = _size(["--spec", spec, "--trace", ONE_K, "--sla", "ttft_ms=300,itl_p90_ms=20",
-                          "--max-workers", "8", "--rates", "4", "--quiet"], capsys)
+    # the same base judged on the token gaps' p90: a different, documented answer; each
+    # phase of the search shown as it runs
+    code, out, err = _size(["--spec", spec, "--trace", ONE_K, "--sla", "ttft_ms=300,itl_p90_ms=20",
+                            "--max-workers", "8", "--rates", "4"], capsys)
     assert code == 0 and "rate x4: 7 GPUs (workers=7)" in out
+    assert "aisim-fast size: rate x4: all 8 candidates" in err and "aisim-fast size: 8/8 candidates" in err
     # nothing fits: exit 3, the closest candidate and the terms it failed
     code, out, _ = _size(["--spec", spec, "--trace", ONE_K, "--sla", "ttft_p90_ms=30",
                           "--max-workers", "3", "--rates", "4", "--quiet"], capsys)

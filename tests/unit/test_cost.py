@@ -77,3 +77,21 @@ def test_the_cheapest_fleet_over_heterogeneous_prefill_and_decode_hardware():
     assert best["cost_per_hour_usd"] == p * prices[best["shape.prefill_system"]] \
         + d * prices[best["shape.decode_system"]]
     assert len(pruned.evidence) < len(every.evidence)
+
+
+def test_sizing_chooses_backend_and_tensor_parallelism():
+    """Shapes are the product of the choices; a candidate's GPUs are its workers times
+    its tp; the answer is the cheapest feasible candidate of them all."""
+    from aisim_fast.studies.sizing import SizingSpace, size
+
+    spec = DATA_DIR / "golden_aic" / "1k_vllm_agg2_aic.spec.json"
+    space = SizingSpace(backend=("vllm", "trtllm"), tp=(1, 2))
+    [answer] = size(spec, "ttft_p90_ms=2000,itl_p90_ms=60", trace=ONE_K, rates=(2.0,), max_workers=3,
+                    space=space, exhaustive=True)
+    e = answer.evidence
+    assert len(e) == 2 * 2 * 3
+    assert set(zip(e["shape.backend"], e["shape.tp"])) == {("vllm", 1), ("vllm", 2), ("trtllm", 1), ("trtllm", 2)}
+    assert (e["gpus"] == e["spec.topology.workers.initial_workers"] * e["shape.tp"]).all()
+    feasible = e[e["feasible"]]
+    assert answer.feasible and answer.gpus == feasible["gpus"].min()
+    assert answer.deployment["shape.backend"] in ("vllm", "trtllm")
