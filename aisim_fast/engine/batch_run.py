@@ -6,6 +6,7 @@ import dataclasses
 import os
 import tempfile
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -104,6 +105,8 @@ class BatchRun:
         # with it) instead of memory, indexed by (byte offset, rows) per simulation: a
         # million-request run drains gigabytes of them
         self._spill = tempfile.TemporaryFile() if spill_passes else None
+        if self._spill is not None:  # closed with the run, not left to the file's own finalizer
+            weakref.finalize(self, self._spill.close)
         self._spill_index: list[list[tuple[int, int]]] = [[] for _ in sims]
         self._event_chunks: list[list[np.ndarray]] = [[] for _ in sims]
         self._advanced = np.zeros(len(sims), bool)
