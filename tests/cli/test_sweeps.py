@@ -625,3 +625,11 @@ def test_an_integer_log_uniform_axis_spreads_over_decades():
     assert 0.4 < low < 0.6 and 0.4 < high < 0.6
     with pytest.raises(SweepError, match="loguniform_int: bounds must be integers >= 1"):
         load_sweep(_spec(random={"samples": 2, "space": {"spec.engine.rank.max_num_seqs": {"loguniform_int": [0, 8]}}}))
+
+
+def test_cli_size_sizes_prefill_and_decode_pools_from_the_flags(capsys):
+    code, out, err = _size(["--backend", "vllm", "--disaggregated", "--max-workers", "4", "--sla", "ttft_p90_ms=3000",
+                            "--trace", BASE["trace"], "--quiet"], capsys)
+    assert code == 0, err
+    assert out.splitlines()[0] == "rate x1: 2 GPUs (prefill=1, decode=1) meet ttft_p90_ms=3000"
+    assert "prefill  decode" in out
