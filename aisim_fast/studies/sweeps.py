@@ -674,11 +674,14 @@ def run_sweep(spec, out: str | Path | None = None, *, jobs: int = 1, scheduler=N
             client.close()
 
 
+SCHEDULER_TIMEOUT_S = 10  # how long --scheduler is tried before the sweep gives up
+
+
 def _connect(address: str):
     from distributed import Client
 
     try:
-        return Client(address, timeout="10s")
+        return Client(address, timeout=f"{SCHEDULER_TIMEOUT_S}s")
     except (OSError, TimeoutError) as exc:
         raise SweepError(f"--scheduler {address}: cannot reach the Dask scheduler ({exc})") from None
 

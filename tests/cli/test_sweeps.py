@@ -282,8 +282,11 @@ def test_failed_points_say_why_exit_nonzero_and_rerun_with_retry_failed(tmp_path
     assert "--retry-failed: reruns the failed points of a sweep; give it with --resume" in capsys.readouterr().err
 
 
-def test_a_missing_trace_or_an_unreachable_scheduler_writes_nothing(tmp_path, capsys):
+def test_a_missing_trace_or_an_unreachable_scheduler_writes_nothing(tmp_path, capsys, monkeypatch):
     from aisim_fast.cli.app import main
+    from aisim_fast.studies import sweeps
+
+    monkeypatch.setattr(sweeps, "SCHEDULER_TIMEOUT_S", 1)
 
     spec_file = tmp_path / "s.yaml"
     spec_file.write_text(yaml.safe_dump({"base": {"spec": BASE["spec"], "trace": str(tmp_path / "gone.jsonl")},
