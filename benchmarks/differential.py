@@ -278,8 +278,8 @@ def random_predict_config(rng: random.Random, trace: str) -> dict:
                      "load": load}
     if rng.random() < 0.15:
         traffic["stop"] = {"max_virtual_time_seconds": rng.choice([0.5, 2.0, 10.0])}
-    if mode == "aggregated" and rng.random() < 0.3:
-        # a tokenization pool ahead of each worker (base ms, us per prompt token)
+    if rng.random() < 0.3:
+        # a tokenization pool ahead of each (prefill) worker (base ms, us per prompt token)
         engine["tokenization"] = {"workers": rng.choice([1, 2, 4]), "base_ms": rng.choice([0.0, 2.0, 20.0]),
                                   "per_input_token_us": rng.choice([1.0, 10.0, 50.0])}
     config = {"traffic": traffic, "engine": engine}

@@ -371,9 +371,8 @@ def parse_tokenization(raw: Any, path: str = "tokenization") -> TokenizationConf
 def check_tokenization(tok: TokenizationConfig, path: str, *, disaggregated: bool, placement: str,
                        dp_size: int) -> None:
     """The combinations the tokenization pool is simulated in (checked against the
-    reference: aggregated workers placed at arrival, one rank each)."""
-    if disaggregated:
-        _fail(path, "a tokenization pool ahead of disaggregated prefill workers is not simulated yet")
+    reference: aggregated workers, or the prefill workers of a disaggregated run, each
+    with a pool of its own, placed at arrival, one rank each)."""
     if placement == "kv_router":
         _fail(path, "a tokenization pool with kv_router placement is not simulated yet")
     if dp_size > 1:

@@ -108,8 +108,9 @@ def request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
         "requested_output_tokens": sim.workload.output_len.astype(np.int64),
     })
     if sim.tokenization is not None:
-        # when its prompt left the worker's tokenization pool (kernels.loop.tokenization)
-        cols["tokenized_ms"] = rf[:, L.RQF_TOKENIZED_MS]
+        # when its prompt left the tokenization pool of its (prefill) worker
+        # (kernels.loop.tokenization)
+        cols["tokenized_ms"] = pf[:, L.RQF_TOKENIZED_MS]
     if sim.disaggregated:
         cols.update({
             "prefill_output_tokens": pi[:, L.RQ_GENERATED],  # hidden from the latency metrics

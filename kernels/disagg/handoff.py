@@ -42,7 +42,7 @@ from aisim_fast.kernels.dp.attention_dp import reset_wave_if_drained_gated
 from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.kv.block_pool import release_ref, table_find
 from aisim_fast.kernels.kv.lease import publish_block, release_lease
-from aisim_fast.kernels.loop.arrivals import logical_terminal, queue_action
+from aisim_fast.kernels.loop.arrivals import enter_scheduler, logical_terminal, queue_action
 from aisim_fast.kernels.loop.rank_queues import run_remove_at, wait_at, wait_push_back, wait_remove_at, wake
 from aisim_fast.kernels.loop.request_state import ceil_div
 from aisim_fast.kernels.routing.kv_router import pass_end_gated, request_ended_gated, route_gated
@@ -514,8 +514,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
         rq.f64[qp, RQF_ARRIVAL_MS] = rq.f64[q, RQF_ARRIVAL_MS]
         if sg is None:  # SGLang keys its pages itself
             _load_prompt_hashes(rq, wl, qp)
-        wait_push_back(wk, wp, qp)
-        wake(wk, wp)
+        enter_scheduler(cfg, wk, rq, sims, s, wp, qp, now_ms)  # (its pool's tokenization first)
         if not dest_first:
             sims.i64[s, SM_OPEN_HANDOFFS] += 1
     elif kind == ACT_RESERVE:

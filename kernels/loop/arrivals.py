@@ -130,10 +130,17 @@ def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
     for i in range(n_prompt_blocks):
         rq.seq_hash[k0 + i] = wl.phash[p0 + i]
     rq.i64[q, RQ_NUM_HASHED] = n_prompt_blocks
+    enter_scheduler(cfg, wk, rq, sims, s, w, q, arrival_ms)
+
+
+@kernel(cache=True, _nrt=False)
+def enter_scheduler(cfg, wk, rq, sims, s, w, q, now_ms):
+    """Request q, placed on worker w (aggregated, or the prefill row on a prefill
+    worker), reaches w: through w's tokenization pool first when w has one
+    (kernels.loop.tokenization: it waits in the release heap until its prompt is
+    tokenized, then ``admit_arrivals`` queues it), else straight into w's waiting queue."""
     if cfg.i64[w, CFG_TOK_SERVERS] > 0:
-        # through the worker's tokenization pool first (kernels.loop.tokenization): it
-        # waits in the release heap until its prompt is tokenized
-        rq.f64[q, RQF_READY_MS] = tokenize_gated(cfg.features, cfg, wk, rq, w, q, arrival_ms)
+        rq.f64[q, RQF_READY_MS] = tokenize_gated(cfg.features, cfg, wk, rq, w, q, now_ms)
         rq.i64[q, RQ_STATUS] = RS_TOKENIZING
         _heap_push(sims, rq, s, q)
         return

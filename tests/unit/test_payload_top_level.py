@@ -47,11 +47,24 @@ def test_bad_pools_are_named(path, value, words):
         parse_payload(with_(path, value))
 
 
-def test_disaggregated_pools_are_refused():
-    payload = with_("spec.topology", {"kind": "disaggregated", "prefill": {"initial_workers": 1},
-                                      "decode": {"initial_workers": 1}})
+def test_disaggregated_pools_go_ahead_of_the_prefill_workers_only():
+    """A pool per prefill worker (the reference's, tests/golden/test_cli_payloads.py
+    tok_pd_*); prefill attention DP is still refused."""
+    import aisim_fast.kernels.schema.layout as L
+    from aisim_fast.engine.build import build_state
+    from aisim_fast.engine.simulation import simulation_from_setup
+
+    payload = with_("spec.topology", {"kind": "disaggregated", "prefill": {"initial_workers": 2},
+                                      "decode": {"initial_workers": 3}})
     payload["spec"]["engine"] = {"prefill": {"rank": {"backend": "vllm"}}, "decode": {"rank": {"backend": "vllm"}}}
-    with pytest.raises(ConfigError, match="disaggregated prefill workers is not simulated yet"):
+    from support.paths import DATA_DIR
+
+    setup = parse_payload(payload, ".", str(DATA_DIR / "traces" / "mooncake_tiny20.jsonl"))
+    assert setup.disaggregated and setup.tokenization is not None
+    cfg = build_state([simulation_from_setup(setup)])[0]
+    assert list(cfg.i64[:, L.CFG_TOK_SERVERS]) == [setup.tokenization.workers] * 2 + [0] * 3
+    payload["spec"]["engine"]["prefill"]["dp_size"] = 2
+    with pytest.raises(ConfigError, match="tokenization: a tokenization pool ahead of attention-DP workers"):
         parse_payload(payload)
 
 
