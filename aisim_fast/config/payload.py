@@ -368,15 +368,13 @@ def parse_tokenization(raw: Any, path: str = "tokenization") -> TokenizationConf
                                                         tok.get("per_input_token_ms", 0.0)))
 
 
-def check_tokenization(tok: TokenizationConfig, path: str, *, disaggregated: bool, placement: str,
-                       dp_size: int) -> None:
+def check_tokenization(tok: TokenizationConfig, path: str, *, placement: str) -> None:
     """The combinations the tokenization pool is simulated in (checked against the
     reference: aggregated workers, or the prefill workers of a disaggregated run, each
-    with a pool of its own, placed at arrival, one rank each)."""
+    with a pool of its own shared by its attention-DP ranks, placed at arrival; the
+    reference runs no kv_router placement to check a pool against)."""
     if placement == "kv_router":
         _fail(path, "a tokenization pool with kv_router placement is not simulated yet")
-    if dp_size > 1:
-        _fail(path, "a tokenization pool ahead of attention-DP workers is not simulated yet")
 
 
 @dataclass(frozen=True)
@@ -569,8 +567,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
             _fail("spec.max_in_flight", "a cap on inline requests in flight is not simulated yet")
         tokenization = parse_tokenization(payload.get("tokenization"))
         if tokenization is not None:
-            check_tokenization(tokenization, "tokenization", disaggregated=kind == "disaggregated",
-                               placement=placement, dp_size=max(dp, disagg.get("prefill_dp_size", 1)))
+            check_tokenization(tokenization, "tokenization", placement=placement)
         return ReplaySetup(rank=rank, workers=workers, trace_path="", requests=inline,
                            sla={k: float(v) for k, v in sla.items() if v is not None},
                            tensor_parallel_size=tp, dp_size=dp, placement=placement,
@@ -623,8 +620,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
             trace_path = beside
     tokenization = parse_tokenization(payload.get("tokenization"))
     if tokenization is not None:
-        check_tokenization(tokenization, "tokenization", disaggregated=kind == "disaggregated",
-                           placement=placement, dp_size=max(dp, disagg.get("prefill_dp_size", 1)))
+        check_tokenization(tokenization, "tokenization", placement=placement)
     return ReplaySetup(
         rank=rank,
         workers=workers,

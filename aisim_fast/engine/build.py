@@ -254,14 +254,15 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     tokenized = [s for s, sim in enumerate(sims) if sim.tokenization is not None]
     if tokenized:
         # a pool of servers ahead of every worker that takes arrivals (aggregated: each;
-        # disaggregated: each prefill worker, numbered first), one rank per worker
-        # (kernels.loop.tokenization), all free at 0
+        # disaggregated: each prefill worker, numbered first; kernels.loop.tokenization),
+        # all free at 0
         servers = np.zeros(n_w, np.int64)
         for s in tokenized:
             tok = sims[s].tokenization
             takes = sims[s].prefill_ranks if sims[s].disaggregated else int(w_len[s])
             ws = slice(int(w_off[s]), int(w_off[s]) + takes)
-            servers[ws] = tok.workers
+            # with attention DP the logical worker's first rank holds the pool of all its ranks
+            servers[ws] = np.where(cfg_i[ws, L.CFG_DP_RANK] == 0, tok.workers, 0)
             cfg_f[ws, L.CFGF_TOK_BASE_MS] = tok.base_ms
             cfg_f[ws, L.CFGF_TOK_PER_TOKEN_MS] = tok.per_input_token_ms
         cfg_i[:, L.CFG_TOK_SERVERS] = servers

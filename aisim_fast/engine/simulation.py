@@ -131,8 +131,7 @@ def check_simulation(sim: Simulation, allow_empty: bool = False) -> None:
         if router_config(sim).pin_to_trace_worker:
             _check_pins(sim)
     if sim.tokenization is not None:
-        check_tokenization(sim.tokenization, "tokenization", disaggregated=sim.disaggregated,
-                           placement=sim.placement, dp_size=sim.dp_size)
+        check_tokenization(sim.tokenization, "tokenization", placement=sim.placement)
     if sim.queue_slots is not None and sim.queue_slots < 1:
         raise ConfigError(f"queue_slots: must be >= 1 or None, got {sim.queue_slots!r}")
     if sim.arena_blocks is not None and sim.arena_blocks < 1:

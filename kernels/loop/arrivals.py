@@ -18,7 +18,7 @@ from aisim_fast.kernels.loop.rank_queues import wait_push_back, wake
 from aisim_fast.kernels.loop.tokenization import tokenize_gated
 from aisim_fast.kernels.routing.kv_router import pass_end_gated, request_ended_gated, route_gated
 from aisim_fast.kernels.routing.placement import place
-from aisim_fast.kernels.schema.layout import (CFG_DP_SIZE, CFG_TOK_SERVERS, DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL,
+from aisim_fast.kernels.schema.layout import (CFG_DP_RANK, CFG_DP_SIZE, CFG_TOK_SERVERS, DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL,
                                               PLACE_KV_ROUTER, ROUTE_AGGREGATED, RQ_ACTION, RQ_LEASE_OFF,
                                               RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS,
                                               RQ_TERM_NEXT, RQ_TERMINAL, RQ_TURN, RQ_UUID, RQ_WORKER,
@@ -136,11 +136,14 @@ def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
 @kernel(cache=True, _nrt=False)
 def enter_scheduler(cfg, wk, rq, sims, s, w, q, now_ms):
     """Request q, placed on worker w (aggregated, or the prefill row on a prefill
-    worker), reaches w: through w's tokenization pool first when w has one
+    worker; with attention DP, one of its ranks), reaches w: through the tokenization
+    pool of w's logical worker first when it has one (one pool for all its ranks, as
+    measured on the reference)
     (kernels.loop.tokenization: it waits in the release heap until its prompt is
     tokenized, then ``admit_arrivals`` queues it), else straight into w's waiting queue."""
-    if cfg.i64[w, CFG_TOK_SERVERS] > 0:
-        rq.f64[q, RQF_READY_MS] = tokenize_gated(cfg.features, cfg, wk, rq, w, q, now_ms)
+    pool = w - cfg.i64[w, CFG_DP_RANK]  # a logical worker's ranks share its pool
+    if cfg.i64[pool, CFG_TOK_SERVERS] > 0:
+        rq.f64[q, RQF_READY_MS] = tokenize_gated(cfg.features, cfg, wk, rq, pool, q, now_ms)
         rq.i64[q, RQ_STATUS] = RS_TOKENIZING
         _heap_push(sims, rq, s, q)
         return

@@ -14,6 +14,7 @@ import pytest
 from aisim_fast.config.payload import ConfigError, parse_payload
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.simulation import simulation_from_setup
+from support import goldens
 from support.parity_rules import assert_rows_match_reference_csv
 from support.paths import DATA_DIR
 
@@ -48,11 +49,7 @@ def test_matches_reference_on_every_column(case):
     res.check()
     frame = res.requests[0]
     # the reference numbers a request's worker by its rank's scheduler id (in its pool)
-    scheduler = frame["worker"] * sim.dp_size + frame["dp_rank"] if sim.dp_size > 1 else frame["worker"]
-    frame = frame.assign(worker=scheduler, decode_worker=scheduler)
-    if sim.prefill_dp_size > 1:
-        frame = frame.assign(prefill_worker=frame["prefill_worker"] * sim.prefill_dp_size
-                             + frame["prefill_dp_rank"])
+    frame = goldens.with_scheduler_numbers(frame, sim.dp_size, sim.prefill_dp_size)
     assert_rows_match_reference_csv(case / "ref.csv", frame)
 
 

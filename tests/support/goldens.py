@@ -137,3 +137,14 @@ def solo(case):
 
 
 AGGREGATED_CASES = [c for c in FAST_CASES if "disagg" not in c and c not in MINI_CASES]
+
+
+def with_scheduler_numbers(frame, dp_size: int, prefill_dp_size: int = 1):
+    """A requests frame with its workers numbered as the reference's CSV numbers them:
+    with attention DP, by the rank's scheduler id in its pool (worker x dp + rank)."""
+    if dp_size > 1:
+        scheduler = frame["worker"] * dp_size + frame["dp_rank"]
+        frame = frame.assign(worker=scheduler, decode_worker=scheduler)
+    if prefill_dp_size > 1:
+        frame = frame.assign(prefill_worker=frame["prefill_worker"] * prefill_dp_size + frame["prefill_dp_rank"])
+    return frame

@@ -40,7 +40,6 @@ def test_the_pool_is_read():
     ("tokenization.per_input_token_ms", "fast", "tokenization.per_input_token_ms: must be a finite number"),
     ("tokenization.threads", 2, "tokenization.threads: unknown field"),
     ("spec.adapters", {"placement": {"provider": "kv_router"}}, "tokenization: a tokenization pool with kv_router"),
-    ("spec.engine.dp_size", 2, "tokenization: a tokenization pool ahead of attention-DP workers"),
 ])
 def test_bad_pools_are_named(path, value, words):
     with pytest.raises(ConfigError, match="^" + words.replace(".", r"\.")):
@@ -49,7 +48,7 @@ def test_bad_pools_are_named(path, value, words):
 
 def test_disaggregated_pools_go_ahead_of_the_prefill_workers_only():
     """A pool per prefill worker (the reference's, tests/golden/test_cli_payloads.py
-    tok_pd_*); prefill attention DP is still refused."""
+    tok_pd_*), shared by its attention-DP ranks (tok_pd_dp): on its first rank."""
     import aisim_fast.kernels.schema.layout as L
     from aisim_fast.engine.build import build_state
     from aisim_fast.engine.simulation import simulation_from_setup
@@ -64,8 +63,9 @@ def test_disaggregated_pools_go_ahead_of_the_prefill_workers_only():
     cfg = build_state([simulation_from_setup(setup)])[0]
     assert list(cfg.i64[:, L.CFG_TOK_SERVERS]) == [setup.tokenization.workers] * 2 + [0] * 3
     payload["spec"]["engine"]["prefill"]["dp_size"] = 2
-    with pytest.raises(ConfigError, match="tokenization: a tokenization pool ahead of attention-DP workers"):
-        parse_payload(payload)
+    setup = parse_payload(payload, ".", str(DATA_DIR / "traces" / "mooncake_tiny20.jsonl"))
+    cfg = build_state([simulation_from_setup(setup)])[0]
+    assert list(cfg.i64[:, L.CFG_TOK_SERVERS]) == [setup.tokenization.workers, 0] * 2 + [0] * 3
 
 
 def test_performance_diagnostics_are_refused_by_name():
