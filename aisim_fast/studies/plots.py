@@ -301,10 +301,11 @@ def sizing_report(folder: Path, answer: dict, image: Path, name: str | None = No
         sections.append(("Answer", [pd.DataFrame(rows)]))
     if "over_time" in answer:
         t = answer["over_time"]
-        sections.append(("Answer: GPUs over time", [
-            f"peak {t.get('peak_gpus')} GPUs, mean {t.get('mean_gpus')}; autoscaled "
-            f"{t.get('autoscaled_gpu_hours')} GPU-hours against {t.get('static_gpu_hours')} at the peak",
-            pd.DataFrame(answer.get("windows", []))]))
+        summary = (f"peak {t['peak_gpus']} GPUs, mean {t['mean_gpus']:.2f}; a perfect autoscaler spends "
+                   f"{t['autoscaled_gpu_hours']:.3f} GPU-hours against {t['static_gpu_hours']:.3f} at the peak"
+                   if t.get("peak_gpus") is not None else
+                   f"no candidate meets the SLA in window(s) {', '.join(map(str, t['infeasible_windows']))}")
+        sections.append(("Answer: GPUs over time", [summary, pd.DataFrame(answer.get("windows", []))]))
     replicas = Path(folder) / "replicas.png"
     if replicas.is_file():
         sections.append(("GPUs over time", [replicas]))

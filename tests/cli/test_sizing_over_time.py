@@ -71,6 +71,9 @@ def test_cli_size_over_time_writes_replicas_and_exits_by_the_answer(tmp_path, ca
     answer = json.loads((tmp_path / "o" / "answer.json").read_text())
     assert answer["over_time"]["peak_gpus"] == replicas["gpus"].max()
     assert (tmp_path / "o" / "replicas.png").stat().st_size > 10_000
+    page = (tmp_path / "o" / "report.html").read_text()
+    assert "Answer: GPUs over time" in page and f"peak {answer['over_time']['peak_gpus']} GPUs" in page
+    assert page.count("data:image/png;base64,") == 2  # replicas(t) and the candidates
     evidence = pd.read_parquet(tmp_path / "o" / "sizing.parquet")
     assert set(evidence["window"]) == set(replicas.loc[replicas["requests"] > 0, "window"])
     assert main([*args, "--sla", "ttft_p90_ms=1"]) == 3
