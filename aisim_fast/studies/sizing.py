@@ -30,12 +30,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from aisim_fast.io.progress import Progress
 from aisim_fast.config.payload import ConfigError, parse_payload, read_payload_file, set_aic_timing
+from aisim_fast.io.progress import Progress
 from aisim_fast.report.cost import COST_COLUMNS, load_prices, pool_system, price_of
 from aisim_fast.report.sla import Sla, parse_sla, parse_sla_text
-from aisim_fast.trace.workload import TraceError
 from aisim_fast.studies.sweeps import SweepError, run_sweep
+from aisim_fast.trace.workload import TraceError
 
 PREFILL = "spec.topology.prefill.initial_workers"
 DECODE = "spec.topology.decode.initial_workers"
@@ -145,9 +145,6 @@ def size(payload: dict | str | Path, sla: Sla | dict | str, *, base_dir=None, tr
         raise SweepError(f"max_gpus: must be >= 1, got {max_gpus!r}")
     if sla.empty:
         raise SweepError("sla: give at least one bound")
-    if confidence is not None:
-        _check_confidence(confidence, parse_payload(payload, str(Path(base_dir or ".").resolve()),
-                                                    str(Path(trace).resolve()) if trace else None))
     space = space or SizingSpace()
     if (space.tp or space.prefill_system or space.decode_system) and not (timing or _has_aic(payload)):
         raise SweepError("tp: a tensor-parallel choice needs op-level timing (--model and --system, "
@@ -156,7 +153,9 @@ def size(payload: dict | str | Path, sla: Sla | dict | str, *, base_dir=None, tr
                          "or an AIC timing model in the payload)")
     base_dir = str(Path(base_dir or ".").resolve())
     trace = str(Path(trace).resolve()) if trace is not None else None
-    setup = parse_payload(payload, base_dir, trace)
+    setup = parse_payload(payload, base_dir, trace)  # (the one parse of the base)
+    if confidence is not None:
+        _check_confidence(confidence, setup)
     if setup.requests is None:  # one clear error, not a trace_error on every candidate
         where = Path(setup.trace_path)
         if not where.is_file():
@@ -173,8 +172,8 @@ def size(payload: dict | str | Path, sla: Sla | dict | str, *, base_dir=None, tr
     answers = []
     for rate in rates:
         effective = float(rate) if rate is not None else float(setup.arrival_speedup_ratio)
-        search = _Search(payload, base_dir, trace, sla, rate, timing or {}, jobs, quiet, say, prices,
-                         confidence)
+        search = _Search(payload, setup.disaggregated, base_dir, trace, sla, rate, timing or {}, jobs, quiet,
+                         say, prices, confidence)
         answers.append(search.run(candidates, exhaustive, effective))
     return answers
 
@@ -266,12 +265,13 @@ def _shaped(payload: dict, shape: dict, timing: dict, disaggregated: bool) -> di
 
 
 class _Search:
-    def __init__(self, payload, base_dir, trace, sla, rate, timing, jobs, quiet, say, prices, confidence):
+    def __init__(self, payload, disaggregated, base_dir, trace, sla, rate, timing, jobs, quiet, say, prices,
+                 confidence):
         self.prices, self.confidence = prices, confidence
         self.payload, self.base_dir, self.trace = payload, base_dir, trace
         self.sla, self.rate, self.timing = sla, rate, timing
         self.jobs, self.quiet, self.say = jobs, quiet, say
-        self.disaggregated = parse_payload(payload, base_dir, trace).disaggregated
+        self.disaggregated = disaggregated
         self.columns = (PREFILL, DECODE) if self.disaggregated else (WORKERS,)
 
     def run(self, candidates, exhaustive, effective_rate) -> SizingAnswer:
