@@ -6,7 +6,7 @@ payload with edits, and write what the tests keep of it.
         spec.engine.dp_size=2 spec.topology.workers.initial_workers=1 ...
 
 Each ``dotted.path=JSON`` edit sets one field of the payload (objects are created on
-the way). A relative ``traffic.trace_path`` is looked up next to the spec, then in
+the way). A relative ``traffic.trace_path`` (or ``trace_paths`` entry) is looked up next to the spec, then in
 ``../shared/reference/traces``. Writes ``OUT.spec.json`` (the payload as run, with an
 absolute trace path), ``OUT.csv`` (the per-request CSV in the golden format, through
 ``../shared/reference/ref_replay.py``), ``OUT.jsonl`` (the raw per-request records:
@@ -37,10 +37,21 @@ def main(argv: list[str]) -> int:
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = json.loads(value)
-    trace = Path(payload["traffic"]["trace_path"])
-    if not trace.is_absolute():
-        near = spec.parent / trace
-        payload["traffic"]["trace_path"] = str((near if near.exists() else SHARED / "traces" / trace).resolve())
+    def found(name: str) -> str:
+        trace = Path(name)
+        if trace.is_absolute():
+            return name
+        # next to the spec; a captured CLI payload's folder's parent (cli-payloads/traces);
+        # the shared traces
+        for place in (spec.parent / trace, spec.parent.parent / trace, SHARED / "traces" / trace):
+            if place.exists():
+                return str(place.resolve())
+        return name
+    traffic = payload.get("traffic") or {}
+    if traffic.get("trace_path"):
+        traffic["trace_path"] = found(traffic["trace_path"])
+    if traffic.get("trace_paths"):
+        traffic["trace_paths"] = [found(name) for name in traffic["trace_paths"]]
     Path(out + ".spec.json").write_text(json.dumps(payload, indent=1) + "\n")
     report = json.loads(runtime.run_replay_json(json.dumps(payload)))
     records = report.pop("per_request", []) or []

@@ -491,6 +491,12 @@ class AicTiming:
         self._gen_attention_scale = 1.0
         self.prefill_memo = _Memo(3)   # (b, mean_isl, mean_prefix)
         self.decode_memo = _Memo(2)    # (b, mean_ctx)
+        self._ops_json = ("[]", "[]")  # the compiled (context, generation) op lists
+        self._twin_ops_json = ""
+        self._qk_norm_sol_ms = 0.0
+        # speed-of-light (sol, math, memory) ms per op of a key, in memo.names order;
+        # only a run that captures performance diagnostics asks (not kept on disk)
+        self._sol: dict[tuple, tuple] = {}
         self._saved = (0, 0)
         self._load_cache()
 
@@ -525,6 +531,7 @@ class AicTiming:
             systems_root = c.systems_path or str(_package_dir() / "systems")
             self._engine = core.AicEngine.from_spec(
                 bytes(core.engine_spec_bincode_from_json(json.dumps(spec))), systems_root)
+            self._ops_json = (json.dumps(spec["context_ops"]), json.dumps(spec["generation_ops"]))
             self._prepare_qk_norm(core, spec, systems_root)
 
     def _prepare_qk_norm(self, core, spec: dict, systems_root: str) -> None:
@@ -548,9 +555,13 @@ class AicTiming:
             def mem_op(n_bytes: float) -> float:
                 return (n_bytes / (mem_bw * scaling) + constant) * 1000.0
 
+            def mem_sol(n_bytes: float) -> float:  # the same bytes at the roofline
+                return n_bytes / mem_bw * 1000.0
+
             q_num = float(gen["n"] * gen["head_size"])
             k_num = float(gen["n_kv"] * gen["head_size"])
             self._qk_norm_ms = (mem_op(q_num * 2.0) * 2.0 + mem_op(k_num * 2.0) * 2.0) * (2.0 * 1.1)
+            self._qk_norm_sol_ms = (mem_sol(q_num * 2.0) * 2.0 + mem_sol(k_num * 2.0) * 2.0) * (2.0 * 1.1)
             self._gen_attention_scale = float(gen["scale_factor"])
             # decode then runs two engines that split the generation ops: the others
             # (cheap) and attention alone, unscaled (most of a query's cost); the
@@ -560,6 +571,7 @@ class AicTiming:
             twin["generation_ops"][0]["GenerationAttention"]["scale_factor"] = 1.0
             self._attention_twin = core.AicEngine.from_spec(
                 bytes(core.engine_spec_bincode_from_json(json.dumps(twin))), systems_root)
+            self._twin_ops_json = json.dumps(twin["generation_ops"])
             rest = json.loads(json.dumps(spec))
             del rest["generation_ops"][i]
             self._rest_engine = core.AicEngine.from_spec(
@@ -633,6 +645,41 @@ class AicTiming:
             value = self._fold(gen, self.decode_memo)
             if self.decode_memo.get(key) is None:
                 self.decode_memo.add(key, *value)
+        return value
+
+    def sol(self, phase: str, key: tuple) -> tuple:
+        """Speed of light of every op of a timing key (``phase`` prefill: ``(b, isl,
+        prefix)``, decode: ``(b, ctx)``): ``((sol_ms, math_ms, memory_ms), ...)`` in
+        the memo's op order, the package's roofline view of the same op shapes the
+        latencies come from (a prefill pass computes ``isl - prefix`` tokens per
+        request over its prefix; a decode step reads ``ctx``). Decode attention of a
+        Q/K-norm model adds the norm's memory passes at the roofline, before the layer
+        scale, as its latency adds them at the empirical bandwidth."""
+        full = (phase, *(int(k) for k in key))
+        hit = self._sol.get(full)
+        if hit is not None:
+            return hit
+        with self._lock:
+            self._ensure()
+            b = full[1]
+            with _quiet_stderr():
+                if phase == "prefill":
+                    isl, prefix = full[2], full[3]
+                    rows = self._engine.evaluate_ops_sol_json(self._ops_json[0], True, b, isl - prefix, prefix)
+                    names = self.prefill_memo.names
+                else:
+                    rows = self._engine.evaluate_ops_sol_json(self._ops_json[1], False, b, full[2], 0)
+                    names = self.decode_memo.names
+                    if self._twin_ops_json:
+                        (name, _sol, _math, mem), = self._attention_twin.evaluate_ops_sol_json(
+                            self._twin_ops_json, False, b, full[2], 0)
+                        i = [r[0] for r in rows].index(name)
+                        math_ms = rows[i][2]
+                        mem_ms = (mem + self._qk_norm_sol_ms) * self._gen_attention_scale
+                        rows = [*rows[:i], (name, max(math_ms, mem_ms), math_ms, mem_ms), *rows[i + 1:]]
+            by_name = {r[0]: (float(r[1]), float(r[2]), float(r[3])) for r in rows}
+            value = tuple(by_name.get(n, (0.0, 0.0, 0.0)) for n in names)
+            self._sol[full] = value
         return value
 
     @staticmethod
@@ -899,24 +946,22 @@ def _memo_rows(memo: _Memo, query, phase: str, keys: np.ndarray) -> np.ndarray:
             query(*key)  # not met in the run (its pass log outlived the memo): compute it
 
 
-def op_latency_evidence(setup, passes) -> dict | None:
-    """Per-op latency totals of a replay timed by AIC, from its pass log: each pass's
-    timing keys (the ``timed_*`` / prefill columns) looked up op by op and summed in
-    pass order (a sequential sum, as the reference adds them), per phase over every
-    worker: the reference's ``power_diagnostics`` latencies, without energy (the
-    database has none for these ops). None when no pool is timed by AIC."""
+def _phase_passes(setup, passes):
+    """Per phase (prefill, decode), the passes an AIC pool timed, in the order the
+    reference adds them (pass start; ties as logged): ``(phase, parts, names,
+    sources, n)`` with ``parts`` one ``(positions, timing, memo, memo rows, keys)`` per
+    AIC pool, ``names`` the ops in first-seen order and ``n`` the passes in all.
+    A pass times a prefill key when it computed prompt tokens, a decode key when it
+    decoded; a pool timed otherwise (polynomial, fixed) has no part."""
     pools = [(rank, role) for role, rank in setup.pools]
-    if all(rank.aic is None for rank, _ in pools):
-        return None
     order = np.argsort(passes["start_ms"].to_numpy(np.float64), kind="stable")
     col = {c: passes[c].to_numpy(np.int64)[order] for c in (
         "worker", "num_prefill_requests", "sum_prefill_kv_tokens", "sum_prefill_prompt_tokens",
         "timed_decode_requests", "timed_decode_kv_tokens")}
     in_prefill_pool = (col["worker"] < setup.prefill_workers) if setup.disaggregated else None
-    phases = []
     for phase in ("prefill", "decode"):
         names: list[str] = []
-        parts = []  # (pass rows, memo, memo rows)
+        parts = []
         sources: dict[str, str] = {}
         for rank, role in pools:
             if rank.aic is None:
@@ -938,18 +983,50 @@ def op_latency_evidence(setup, passes) -> dict | None:
                 keys = np.stack([b, col["timed_decode_kv_tokens"] // np.maximum(b, 1)], axis=1)[use]
                 memo, query = t.decode_memo, t.decode
             rows = _memo_rows(memo, query, phase, keys)
-            parts.append((np.flatnonzero(use), memo, rows))
+            parts.append((np.flatnonzero(use), t, memo, rows, keys))
             names += [n for n in memo.names if n not in names]
             sources.update(memo.sources)
-        per_op = {}
-        tables = [np.asarray(memo.ops, np.float64).reshape(len(memo), len(memo.names))
-                  for _, memo, _ in parts]
-        for name in names:
-            column = np.zeros(len(order))
-            for (where, memo, rows), ops in zip(parts, tables):
-                if name in memo.names and len(rows):
-                    column[where] = ops[rows, memo.names.index(name)]
-            per_op[name] = float(np.cumsum(column)[-1]) if len(column) else 0.0
+        yield phase, parts, names, sources, len(order)
+
+
+def _sequential_sum(n: int, parts, values) -> float:
+    """The sum over the passes in order of one op's value (``values(part)``: one value
+    per pass of that part, 0 where the part lacks the op)."""
+    column = np.zeros(n)
+    for part in parts:
+        where = part[0]
+        if len(where):
+            column[where] = values(part)
+    return float(np.cumsum(column)[-1]) if n else 0.0
+
+
+def _op_latencies(n: int, parts, names) -> dict[str, float]:
+    tables = [np.asarray(memo.ops, np.float64).reshape(len(memo), len(memo.names))
+              for _, _, memo, _, _ in parts]
+    by_part = {id(part): table for part, table in zip(parts, tables)}
+
+    def latencies(name):
+        def of(part):
+            _, _, memo, rows, _ = part
+            if name not in memo.names or not len(rows):
+                return 0.0
+            return by_part[id(part)][rows, memo.names.index(name)]
+        return of
+    return {name: _sequential_sum(n, parts, latencies(name)) for name in names}
+
+
+def op_latency_evidence(setup, passes) -> dict | None:
+    """Per-op latency totals of a replay timed by AIC, from its pass log: each pass's
+    timing keys (the ``timed_*`` / prefill columns) looked up op by op and summed in
+    pass order (a sequential sum, as the reference adds them), per phase over every
+    worker: the reference's ``power_diagnostics`` latencies, without energy (the
+    database has none for these ops). None when no pool is timed by AIC."""
+    pools = [(rank, role) for role, rank in setup.pools]
+    if all(rank.aic is None for rank, _ in pools):
+        return None
+    phases = []
+    for phase, parts, names, sources, n in _phase_passes(setup, passes):
+        per_op = _op_latencies(n, parts, names)
         ops = [{"name": n, "latency_ms": per_op[n], "source": sources.get(n, "")} for n in sorted(per_op)]
         phases.append({"name": phase, "latency_ms": sum(per_op.values()), "operations": ops})
     return {
@@ -959,3 +1036,59 @@ def op_latency_evidence(setup, passes) -> dict | None:
         "provider": f"{PACKAGE}=={PACKAGE_VERSION}",
         "configs": {role: rank.aic.to_json() for rank, role in pools if rank.aic is not None},
     }
+
+
+# the reference's words for a phase without SOL evidence and for its scope
+NO_SOL_REASON = "one or more operations lack SOL evidence, or this phase was not observed"
+DIAGNOSTICS_SCOPE = "accumulated_active_forward_pass_per_gpu"
+
+
+def performance_diagnostics(setup, passes) -> dict:
+    """The reference's ``performance_diagnostics`` report key (a payload's
+    ``capture_performance_diagnostics: true``): per phase, per op (by name), the
+    op's latency summed over every pass that ran the phase, in pass order, its speed
+    of light (``sol``: roofline time, math and memory parts, summed the same way), the
+    ratio of the two, the table's provenance (``source``) and the fallbacks taken
+    (none: the lookup policy is ``deny``). A phase no AIC pool ran (polynomial or
+    fixed timing, or no pass of the kind) has no operations and no SOL, with the
+    reference's reason; the status is ``available`` when a phase has SOL (a polynomial
+    prefill pool beside an op-level decode pool too), else ``not_observed``."""
+    phases = []
+    for phase, parts, names, sources, n in _phase_passes(setup, passes):
+        observed = any(len(part[0]) for part in parts)
+        if not observed:
+            phases.append({"latency_ms": 0.0, "name": phase, "operations": [], "sol": None,
+                           "sol_unavailable_reason": NO_SOL_REASON})
+            continue
+        latency = _op_latencies(n, parts, names)
+        sol_rows = {}
+        for part in parts:
+            _, t, memo, rows, keys = part
+            sol_rows[id(part)] = np.array([t.sol(phase, tuple(k)) for k in keys.tolist()],
+                                          np.float64).reshape(len(keys), len(memo.names), 3)
+
+        def sols(name, j):
+            def of(part):
+                memo = part[2]
+                if name not in memo.names:
+                    return 0.0
+                return sol_rows[id(part)][:, memo.names.index(name), j]
+            return of
+        ops = []
+        phase_sol = [0.0, 0.0, 0.0]
+        # op by op in first-seen order (the phase totals add them so), listed by name
+        for name in names:
+            sol_ms, math_ms, memory_ms = (_sequential_sum(n, parts, sols(name, j)) for j in range(3))
+            ops.append({"fallbacks": [], "latency_ms": latency[name],
+                        "latency_to_sol_ratio": latency[name] / sol_ms if sol_ms > 0 else None,
+                        "name": name,
+                        "sol": {"latency_ms": sol_ms, "math_ms": math_ms, "memory_ms": memory_ms},
+                        "sol_unavailable_reason": None, "source": sources.get(name, "")})
+            phase_sol = [phase_sol[0] + sol_ms, phase_sol[1] + math_ms, phase_sol[2] + memory_ms]
+        ops.sort(key=lambda o: o["name"])
+        phases.append({"latency_ms": sum(latency.values()), "name": phase, "operations": ops,
+                       "sol": {"latency_ms": phase_sol[0], "math_ms": phase_sol[1],
+                               "memory_ms": phase_sol[2]},
+                       "sol_unavailable_reason": None})
+    status = "available" if any(p["sol"] is not None for p in phases) else "not_observed"
+    return {"latency_unit": "ms", "phases": phases, "scope": DIAGNOSTICS_SCOPE, "status": status}

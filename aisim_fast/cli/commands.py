@@ -319,7 +319,10 @@ def run_replay(args) -> dict:
     raise_pending_sigterm()
     compile_ms = (time.perf_counter() - compile_start_s) * MS_PER_S
 
-    record_passes = not args.no_passes
+    if args.performance_diagnostics:
+        setup = dataclasses.replace(setup, capture_performance_diagnostics=True)
+    # the diagnostics are summed over the pass log: kept in memory without passes.parquet
+    record_passes = not args.no_passes or setup.capture_performance_diagnostics
     run_start_s = time.perf_counter()
     simulation = simulation_from_setup(setup, workload)
     progress = Progress(workload.num_requests, desc=PROG, unit="requests", quiet=args.quiet,
@@ -374,15 +377,17 @@ def run_replay(args) -> dict:
     passes = None
     evidence = None
     if record_passes and any(rank.aic is not None for _, rank in setup.pools):
-        evidence = aic.op_latency_evidence(setup, result.passes[0])
+        evidence = aic.op_latency_evidence(setup, result.started_passes[0])
         if evidence is not None:
             summary["op_latency_evidence"] = evidence
     summary.update(power_report(setup, evidence) or {})
+    if setup.capture_performance_diagnostics:
+        summary["performance_diagnostics"] = aic.performance_diagnostics(setup, result.started_passes[0])
     if sla is not None:
         verdict = sla.judge(summary)
         summary["sla_verdict"] = {"terms": sla.terms(), "ok": verdict.ok, "failed": list(verdict.failed),
                                   "values": verdict.values, "reason": verdict.reason}
-    if record_passes:
+    if not args.no_passes:
         # the pass log as it was drained, part by part (a million-request run has tens
         # of millions of passes: never one frame, never sorted in memory)
         passes = with_rank(result.pass_parts(0))

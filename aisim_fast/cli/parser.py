@@ -105,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="replace an existing output folder of an earlier run")
     replay.add_argument("--no-passes", action="store_true",
                         help="do not record forward passes (no passes.parquet)")
+    replay.add_argument("--performance-diagnostics", action="store_true",
+                        help="summary.json's performance_diagnostics: per op, its latency and speed of "
+                             "light summed over the passes (op-level timing; the payload's "
+                             "capture_performance_diagnostics)")
     replay.add_argument("--events", action="store_true",
                         help="also write kv_events.parquet (KV Stored / Removed facts), "
                              "engine_events.parquet (admissions, preemptions, finishes) and "

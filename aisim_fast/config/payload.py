@@ -406,6 +406,9 @@ class ReplaySetup:
     tokenization: TokenizationConfig | None = None
     # requests given inline (spec.requests) in place of a trace (trace_path ""); None = a trace
     requests: tuple | None = None
+    # the payload's capture_performance_diagnostics: the summary's performance_diagnostics
+    # (per op latency and speed of light, aic.performance_diagnostics)
+    capture_performance_diagnostics: bool = False
 
     @property
     def disaggregated(self) -> bool:
@@ -472,10 +475,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     if _choice("determinism", payload.get("determinism", "canonical_v1"), DETERMINISM_MODES) == "random":
         _warn("determinism", "'random' runs as canonical_v1: the same requests and times (the "
                              "reference's replay gives the same rows too; only its request ids differ)")
-    if _bool("capture_performance_diagnostics", payload.get("capture_performance_diagnostics", False)):
-        _fail("capture_performance_diagnostics", "the per-operation performance diagnostics (latency, "
-              "speed of light and provenance of each op) are not produced by aisim_fast; only false "
-              "is accepted (the summary's op_latency_evidence lists each op's latency)")
+    capture = _bool("capture_performance_diagnostics", payload.get("capture_performance_diagnostics", False))
     spec = _obj("spec", payload["spec"])
     for key in spec:
         if key not in _SPEC_KEYS:
@@ -572,7 +572,8 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
                            sla={k: float(v) for k, v in sla.items() if v is not None},
                            tensor_parallel_size=tp, dp_size=dp, placement=placement,
                            placement_seed=placement_seed, router=router,
-                           max_sim_time_ms=max_sim_time_ms, tokenization=tokenization, **disagg)
+                           max_sim_time_ms=max_sim_time_ms, tokenization=tokenization,
+                           capture_performance_diagnostics=capture, **disagg)
     traffic = _obj("traffic", payload.get("traffic"))
     for key in traffic:
         if key not in _TRAFFIC_KEYS:
@@ -637,6 +638,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         router=router,
         max_sim_time_ms=max_sim_time_ms,
         tokenization=tokenization,
+        capture_performance_diagnostics=capture,
         **disagg,
     )
 

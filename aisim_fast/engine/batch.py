@@ -55,6 +55,10 @@ class BatchResult:
     pass_parts: Callable[[int], Iterator] | None = None
     # per simulation: its CapFacts when it ran with a time cap, else None
     capped: Sequence = ()
+    # started_passes[s]: simulation s's passes that started by its cap, the one that
+    # straddles it too (its forward was timed, its work never commits): what the
+    # reference's per-op diagnostics add up; ``passes[s]`` for an uncapped simulation
+    started_passes: Sequence[pd.DataFrame] = ()
 
     def __getattr__(self, name: str):
         # result.requests, result.kv_events, ...: the tables by attribute
@@ -224,9 +228,14 @@ def run_batch(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LOG_
         for part in pass_parts(s):
             yield part if capped[s] is None else until_cap(part, capped[s].cap_ms, TABLES["passes"].cap_column)
 
+    def started_by_cap(s):
+        frame = merged("passes")(s)
+        return frame if capped[s] is None else until_cap(frame, capped[s].cap_ms, "start_ms")
+
     return BatchResult(tables={name: by_cap(name) for name in TABLES}, token_stat=stat, token_hist=hist,
                        kernel_calls=res.kernel_calls, end_ms=end_ms, status=status, error=error,
-                       leftovers=leftovers, pass_parts=capped_pass_parts, capped=capped)
+                       leftovers=leftovers, pass_parts=capped_pass_parts, capped=capped,
+                       started_passes=LazyFrames(n_sims, started_by_cap))
 
 
 def _requests_of_units(sim: Simulation, unit_ids: list[int], owner, res: _UnitResults) -> pd.DataFrame:
