@@ -1038,3 +1038,20 @@ def test_stdout_is_line_buffered_into_a_log():
              " code = main(); print(sys.stdout.line_buffering, code, file=sys.stderr)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.stderr.strip().endswith("True 0"), done.stderr
+
+
+def test_performance_diagnostics_flag_without_passes_file(tmp_path, capsys):
+    """``--performance-diagnostics`` puts the reference's performance_diagnostics in
+    summary.json (summed over the pass log, kept in memory under --no-passes); a
+    polynomial pool reports both phases unobserved, as the reference does (the
+    op-level values against the reference: tests/golden/test_cli_payloads.py)."""
+    assert cli.main([str(a) for a in _flags(tmp_path, "--performance-diagnostics", "--no-passes", "--quiet")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert not (tmp_path / "run" / "passes.parquet").exists()
+    diagnostics = summary["performance_diagnostics"]
+    assert diagnostics["status"] == "not_observed"
+    assert diagnostics["scope"] == "accumulated_active_forward_pass_per_gpu"
+    assert [p["name"] for p in diagnostics["phases"]] == ["prefill", "decode"]
+    assert all(p["sol"] is None and p["operations"] == [] for p in diagnostics["phases"])
+    assert cli.main([str(a) for a in _flags(tmp_path, "--overwrite", "--quiet")]) == 0
+    assert "performance_diagnostics" not in json.loads((tmp_path / "run" / "summary.json").read_text())
