@@ -254,7 +254,7 @@ def run_warmup(args) -> None:
 
 
 def load_setup_trace(setup: ReplaySetup, max_rows: int | None = None):
-    if setup.requests is not None:  # inline in the payload
+    if not setup.from_trace_file:  # inline in the payload, or a synthetic load
         return setup_workload(setup, max_rows)
     path = Path(setup.trace_path)
     if not path.exists():
@@ -365,7 +365,7 @@ def run_replay(args) -> dict:
         "record_pressure": args.pressure_events,
         "record_outputs": args.output_events,
         **setup.to_json(),
-        "trace_path": str(Path(setup.trace_path).resolve()) if setup.requests is None else None,
+        "trace_path": str(Path(setup.trace_path).resolve()) if setup.from_trace_file else None,
     }
     if setup.placement == "kv_router":
         routing = result.routing[0]

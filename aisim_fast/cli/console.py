@@ -93,7 +93,7 @@ def format_summary(setup: ReplaySetup, summary: dict, requests, written: dict,
     elif not setup.disaggregated and setup.dp_size > 1:
         dp = f", attention DP {setup.dp_size} ranks per worker"
     lines = [
-        f"replay: {Path(setup.trace_path).name if setup.requests is None else 'inline requests'} "
+        f"replay: {Path(setup.trace_path).name if setup.from_trace_file else 'inline requests' if setup.requests is not None else 'a synthetic ' + setup.synthetic.load_type + ' load'} "
         f"on {pools} {setup.rank.backend} "
         f"worker(s)" + dp + (f", closed loop {setup.concurrency}" if setup.concurrency else ""),
         f"  requests            {summary['num_requests']} arrived, "

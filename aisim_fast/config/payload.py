@@ -20,6 +20,7 @@ import numpy as np
 
 from aisim_fast.aic import timing as aic
 from aisim_fast.trace.inline_requests import InlineRequestError, parse_inline_requests
+from aisim_fast.trace.synthetic import LOAD_TYPES as SYNTHETIC_LOAD_TYPES, SyntheticLoad
 
 BACKENDS = ("vllm", "trtllm", "sglang")
 SIMULATED_BACKENDS = ("vllm", "trtllm", "sglang")
@@ -406,6 +407,8 @@ class ReplaySetup:
     tokenization: TokenizationConfig | None = None
     # requests given inline (spec.requests) in place of a trace (trace_path ""); None = a trace
     requests: tuple | None = None
+    # a synthetic load (traffic.source_type synthetic) in place of a trace (trace_path "")
+    synthetic: SyntheticLoad | None = None
     # the payload's capture_performance_diagnostics: the summary's performance_diagnostics
     # (per op latency and speed of light, aic.performance_diagnostics)
     capture_performance_diagnostics: bool = False
@@ -413,6 +416,11 @@ class ReplaySetup:
     @property
     def disaggregated(self) -> bool:
         return self.prefill_workers > 0
+
+    @property
+    def from_trace_file(self) -> bool:
+        """Its requests come from a trace file (not inline, not a synthetic load)."""
+        return self.requests is None and self.synthetic is None
 
     @property
     def gpus_per_worker(self) -> int:
@@ -440,6 +448,56 @@ class ReplaySetup:
         if self.prefill_rank is not None:
             d["prefill_rank"] = self.prefill_rank.to_json()
         return d
+
+
+_SYNTHETIC_KEYS = {"source_type", "load_type", "isl", "osl", "cached_prefix_tokens", "concurrency",
+                   "replay_concurrency", "request_count", "num_request_ratio", "arrival_interval_ms",
+                   "request_rate", "arrival_seed", "trace_block_size", "max_sim_time_ms"}
+
+
+def parse_synthetic(traffic: dict) -> tuple[SyntheticLoad, int]:
+    """``traffic`` of ``source_type: synthetic``: the load and the closed-loop
+    concurrency it runs under (0 for an open-loop rate)."""
+    if traffic["source_type"] == "synthetic-session":
+        _fail("traffic.source_type", "'synthetic-session' (multi-turn synthetic sessions with shared "
+              "prefix groups) is not simulated yet; 'synthetic' is")
+    for key in traffic:
+        if key not in _SYNTHETIC_KEYS:
+            _fail(f"traffic.{key}", "unknown or unsupported field of a synthetic load; allowed: "
+                  + ", ".join(sorted(_SYNTHETIC_KEYS)))
+    load = traffic.get("load_type")
+    if load == "kv_capacity_fraction":
+        _fail("traffic.load_type", "'kv_capacity_fraction' (a load sized from the KV pool) is not "
+              "simulated yet; allowed: " + ", ".join(SYNTHETIC_LOAD_TYPES))
+    load = _choice("traffic.load_type", load, SYNTHETIC_LOAD_TYPES)
+    isl = _int("traffic.isl", traffic.get("isl"), 1)
+    osl = _int("traffic.osl", traffic.get("osl"), 1)
+    cached = _int("traffic.cached_prefix_tokens", traffic.get("cached_prefix_tokens", 0), 0)
+    if cached > isl:
+        _fail("traffic.cached_prefix_tokens", f"must be <= isl ({isl}), got {cached}")
+    concurrency = 0
+    extra = {}
+    if load == "concurrency":
+        concurrency = _int("traffic.concurrency",
+                           traffic.get("concurrency", traffic.get("replay_concurrency")), 1)
+        extra["concurrency"] = concurrency
+    elif load == "constant_rate":
+        extra["arrival_interval_ms"] = _positive_float("traffic.arrival_interval_ms",
+                                                       traffic.get("arrival_interval_ms"))
+    else:
+        extra["request_rate"] = _positive_float("traffic.request_rate", traffic.get("request_rate"))
+        extra["arrival_seed"] = _int("traffic.arrival_seed", traffic.get("arrival_seed", 42), 0)
+    count = traffic.get("request_count")
+    ratio = traffic.get("num_request_ratio")
+    if count is not None:
+        count = _int("traffic.request_count", count, 1)
+    elif ratio is not None and load == "concurrency":
+        # the reference's per-load-unit count: the ratio times the concurrency
+        count = max(1, int(round(_positive_float("traffic.num_request_ratio", ratio) * concurrency)))
+    else:
+        _fail("traffic.request_count", "required (or num_request_ratio with load_type concurrency)")
+    return SyntheticLoad(load_type=load, request_count=count, isl=isl, osl=osl,
+                         cached_prefix_tokens=cached, **extra), concurrency
 
 
 def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str) -> None:
@@ -575,10 +633,25 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
                            max_sim_time_ms=max_sim_time_ms, tokenization=tokenization,
                            capture_performance_diagnostics=capture, **disagg)
     traffic = _obj("traffic", payload.get("traffic"))
+    tokenization = parse_tokenization(payload.get("tokenization"))
+    if tokenization is not None:
+        check_tokenization(tokenization, "tokenization", placement=placement)
+    if traffic.get("source_type") in ("synthetic", "synthetic-session"):
+        load, concurrency = parse_synthetic(traffic)
+        if max_in_flight is not None and max_in_flight != concurrency:
+            _fail("spec.max_in_flight", f"a cap on requests in flight apart from the load's concurrency "
+                  f"({concurrency or 'none'}) is not simulated; got {max_in_flight!r}")
+        return ReplaySetup(rank=rank, workers=workers, trace_path="", synthetic=load,
+                           concurrency=concurrency,
+                           sla={k: float(v) for k, v in sla.items() if v is not None},
+                           tensor_parallel_size=tp, dp_size=dp, placement=placement,
+                           placement_seed=placement_seed, router=router,
+                           max_sim_time_ms=max_sim_time_ms, tokenization=tokenization,
+                           capture_performance_diagnostics=capture, **disagg)
     for key in traffic:
         if key not in _TRAFFIC_KEYS:
             _fail(f"traffic.{key}", "unknown or unsupported field; allowed: " + ", ".join(sorted(_TRAFFIC_KEYS)))
-    _choice("traffic.source_type", traffic.get("source_type", "trace"), ("trace",))
+    _choice("traffic.source_type", traffic.get("source_type", "trace"), ("trace", "synthetic"))
     _choice("traffic.trace_format", traffic.get("trace_format", "mooncake"), ("mooncake",))
     load = _choice("traffic.load_type", traffic.get("load_type", "trace_timestamps"),
                    ("trace_timestamps", "concurrency"))
@@ -619,9 +692,6 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         # wrote the payload); next to the spec first, then there
         if beside.exists() or not trace_path.exists():
             trace_path = beside
-    tokenization = parse_tokenization(payload.get("tokenization"))
-    if tokenization is not None:
-        check_tokenization(tokenization, "tokenization", placement=placement)
     return ReplaySetup(
         rank=rank,
         workers=workers,

@@ -12,6 +12,7 @@ from aisim_fast.config.payload import (PLACEMENTS, ConfigError, RankConfig, Repl
                                        TokenizationConfig, check_attention_dp, check_disaggregated_pair,
                                        check_placement_seed, check_rank, check_tokenization)
 from aisim_fast.trace.inline_requests import inline_workload
+from aisim_fast.trace.synthetic import synthetic_workload
 from aisim_fast.trace.workload import PIN_KEYS, Workload, load_mooncake
 
 
@@ -76,9 +77,12 @@ class Simulation:
 
 
 def setup_workload(setup: ReplaySetup, max_rows: int | None = None, closed_loop: bool = False) -> Workload:
-    """The requests a parsed setup replays: its inline requests, or its trace loaded."""
+    """The requests a parsed setup replays: its inline requests, its synthetic load, or
+    its trace loaded."""
     if setup.requests is not None:
         return inline_workload(setup.requests, max_rows)
+    if setup.synthetic is not None:
+        return synthetic_workload(setup.synthetic, max_rows)
     return load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
                          arrival_speedup_ratio=setup.arrival_speedup_ratio, max_rows=max_rows,
                          closed_loop=closed_loop)

@@ -118,8 +118,8 @@ def size_over_time(payload: dict | str | Path, sla, *, window_s: float, base_dir
         base_dir = base_dir or path.resolve().parent
     base_dir = str(Path(base_dir or ".").resolve())
     setup = parse_payload(payload, base_dir, str(Path(trace).resolve()) if trace else None)
-    if setup.requests is not None:
-        raise SweepError("window_s: sizes a trace over time; the payload's requests are inline")
+    if not setup.from_trace_file:
+        raise SweepError("window_s: sizes a trace over time; the payload's requests are inline or synthetic")
     ratio = float(rate) if rate is not None else float(setup.arrival_speedup_ratio)
     # the loader checks every row (an error names file and line) before any cutting
     load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size, arrival_speedup_ratio=ratio)

@@ -156,7 +156,7 @@ def size(payload: dict | str | Path, sla: Sla | dict | str, *, base_dir=None, tr
     setup = parse_payload(payload, base_dir, trace)  # (the one parse of the base)
     if confidence is not None:
         _check_confidence(confidence, setup)
-    if setup.requests is None:  # one clear error, not a trace_error on every candidate
+    if setup.from_trace_file:  # one clear error, not a trace_error on every candidate
         where = Path(setup.trace_path)
         if not where.is_file():
             raise TraceError(str(where), None, "trace file not found" if not where.exists() else "not a file")

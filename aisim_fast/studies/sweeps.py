@@ -374,7 +374,7 @@ _WORKLOADS: dict = {}  # per process: the last traces loaded, by (path, block si
 
 
 def _workload(setup):
-    if setup.requests is not None:  # inline in the payload
+    if not setup.from_trace_file:  # inline in the payload, or a synthetic load
         return setup_workload(setup)
     key = (setup.trace_path, setup.trace_block_size, setup.arrival_speedup_ratio)
     wl = _WORKLOADS.get(key)
