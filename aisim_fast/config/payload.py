@@ -638,6 +638,10 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         check_tokenization(tokenization, "tokenization", placement=placement)
     if traffic.get("source_type") in ("synthetic", "synthetic-session"):
         load, concurrency = parse_synthetic(traffic)
+        traffic_cap = traffic.get("max_sim_time_ms")
+        if traffic_cap is not None and _float("traffic.max_sim_time_ms", traffic_cap) != max_sim_time_ms:
+            _fail("traffic.max_sim_time_ms", "a cap on a synthetic load's generation apart from "
+                  f"spec.max_sim_time_ms ({max_sim_time_ms}) is not simulated; got {traffic_cap!r}")
         if max_in_flight is not None and max_in_flight != concurrency:
             _fail("spec.max_in_flight", f"a cap on requests in flight apart from the load's concurrency "
                   f"({concurrency or 'none'}) is not simulated; got {max_in_flight!r}")

@@ -125,9 +125,11 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
     load = _section("traffic.load", traffic.get("load"), _LOAD_KEYS)
     stop = _section("traffic.stop", traffic.get("stop"), _STOP_KEYS)
     kind = source.get("type", "synthetic")
-    if kind in ("synthetic", "synthetic-session"):
+    if kind == "synthetic-session":
         _not_simulated("traffic.source.type", f"{kind} traffic")
     _choice("traffic.source.type", kind, ("trace", "synthetic", "synthetic-session"))
+    if kind == "synthetic":
+        return _synthetic_traffic(source, load, stop)
     for key in ("input_tokens", "output_tokens", "images", "cached_prefix_tokens",
                 "new_input_tokens_per_turn", "output_tokens_per_turn", "session"):
         if key in source:
@@ -177,6 +179,68 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
         speedup = load.get("speedup")
         out["arrival_speedup_ratio"] = 1.0 if speedup is None else _number(
             "traffic.load.speedup", speedup, positive=True)
+    cap_ms = None
+    if stop.get("max_virtual_time_seconds") is not None:
+        cap_ms = 1000.0 * _number("traffic.stop.max_virtual_time_seconds",
+                                  stop["max_virtual_time_seconds"], positive=True)
+        out["max_sim_time_ms"] = cap_ms
+    return out, in_flight, cap_ms
+
+
+def _synthetic_traffic(source: dict, load: dict, stop: dict) -> tuple[dict, int | None, float | None]:
+    """``source.type: synthetic`` as the reference's CLI lowers it: ``input_tokens`` /
+    ``output_tokens`` / ``cached_prefix_tokens`` to isl / osl / cached prefix; a
+    ``requests_per_second`` rate to ``arrival_interval_ms`` (constant) or
+    ``request_rate`` with ``arrival_seed`` (poisson, seed 42 when unset);
+    ``stop.requests``, or ``requests_per_load_unit`` times the concurrency."""
+    for key in ("paths", "format", "nested_timestamp_basis", "new_input_tokens_per_turn",
+                "output_tokens_per_turn", "session"):
+        if source.get(key) is not None:
+            _fail(f"traffic.source.{key}", "does not apply to a synthetic source")
+    if source.get("images") is not None:
+        _not_simulated("traffic.source.images", "vision inputs")
+    out: dict[str, Any] = {"source_type": "synthetic",
+                           "isl": _int("traffic.source.input_tokens", source.get("input_tokens")),
+                           "osl": _int("traffic.source.output_tokens", source.get("output_tokens")),
+                           "cached_prefix_tokens": _int("traffic.source.cached_prefix_tokens",
+                                                        source.get("cached_prefix_tokens", 0), minimum=0),
+                           "trace_block_size": _int("traffic.source.block_size", source.get("block_size", 512))}
+    load_type = _choice("traffic.load.type", load.get("type", "concurrency"),
+                        ("concurrency", "poisson", "constant_rate", "trace_timestamps"))
+    if load_type == "trace_timestamps":
+        _fail("traffic.load.type", "a synthetic source has no timestamps: concurrency, poisson or constant_rate")
+    for key in ("agentic_lanes", "agentic_snapshot", "agentic_profile", "speedup", "sessions_per_second"):
+        if load.get(key) is not None:
+            _fail(f"traffic.load.{key}", f"does not apply to {load_type} load of a synthetic source")
+    out["load_type"] = load_type
+    in_flight = None
+    if load_type == "concurrency":
+        in_flight = _int("traffic.load.concurrency", load.get("concurrency", 10))
+        out["concurrency"] = in_flight
+        for key in ("requests_per_second", "seed"):
+            if load.get(key) is not None:
+                _fail(f"traffic.load.{key}", "does not apply to concurrency load")
+    else:
+        rate = _number("traffic.load.requests_per_second", load.get("requests_per_second"), positive=True)
+        if load.get("concurrency") is not None:
+            _fail("traffic.load.concurrency", f"does not apply to {load_type} load")
+        if load_type == "constant_rate":
+            out["arrival_interval_ms"] = 1000.0 / rate
+        else:
+            out["request_rate"] = float(rate)
+            out["arrival_seed"] = _int("traffic.load.seed", load.get("seed", 42), minimum=0)
+    for key in ("sessions", "sessions_per_load_unit"):
+        if stop.get(key) is not None:
+            _fail(f"traffic.stop.{key}", "counts sessions of a synthetic-session source")
+    if stop.get("requests") is not None:
+        out["request_count"] = _int("traffic.stop.requests", stop["requests"])
+    elif stop.get("requests_per_load_unit") is not None and in_flight is not None:
+        ratio = _number("traffic.stop.requests_per_load_unit", stop["requests_per_load_unit"], positive=True)
+        out["num_request_ratio"] = float(ratio)
+        out["request_count"] = max(1, int(round(ratio * in_flight)))
+    else:
+        _fail("traffic.stop.requests", "required for a synthetic source (or requests_per_load_unit "
+              "with concurrency load)")
     cap_ms = None
     if stop.get("max_virtual_time_seconds") is not None:
         cap_ms = 1000.0 * _number("traffic.stop.max_virtual_time_seconds",

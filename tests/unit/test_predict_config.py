@@ -95,7 +95,7 @@ def test_trace_concurrency_sla_and_time_cap():
 
 @pytest.mark.parametrize("edits, where", [
     ([("traffic", KeyError)], "traffic: not simulated"),
-    ([("traffic.source", {"type": "synthetic"})], "traffic.source.type: not simulated"),
+    ([("traffic.source", {"type": "synthetic-session"})], "traffic.source.type: not simulated"),
     ([("traffic.source.format", "weka")], "traffic.source.format: not simulated"),
     ([("traffic.load.agentic_lanes", 2)], "traffic.load.agentic_lanes: not simulated"),
     ([("engine.speculation", {"kind": "ngram"})], "engine.speculation: not simulated"),
