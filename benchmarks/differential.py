@@ -221,7 +221,8 @@ def random_predict_config(rng: random.Random, trace: str) -> dict:
     ``--predict-config`` lowers: vLLM / TRT-LLM / SGLang, aggregated or disaggregated
     (heterogeneous hardware now and then), op-level, polynomial or fixed timing, fixed
     blocks or a memory fraction with a CUDA-graph reserve, scheduler sizes, trace
-    timestamps (sped up) or concurrency, a virtual-time cap, an SLA, a tokenization pool."""
+    timestamps (sped up) or concurrency, a synthetic load (concurrency, constant rate or
+    seeded poisson, a shared prefix), a virtual-time cap, an SLA, a tokenization pool."""
     backend = rng.choice(["vllm", "vllm", "trtllm", "sglang"])
     mode = "disaggregated" if rng.random() < 0.35 else "aggregated"
 
@@ -276,8 +277,25 @@ def random_predict_config(rng: random.Random, trace: str) -> dict:
         else {"type": "trace_timestamps", **({"speedup": rng.choice([0.5, 2.0])} if rng.random() < 0.3 else {})}
     traffic: dict = {"source": {"type": "trace", "paths": [trace], "format": "mooncake", "block_size": 512},
                      "load": load}
+    if rng.random() < 0.25:
+        # a synthetic load: fixed lengths with a shared prefix, under concurrency, a
+        # constant rate or seeded poisson arrivals
+        isl = rng.choice([64, 512, 3000])
+        source = {"type": "synthetic", "input_tokens": isl, "output_tokens": rng.choice([1, 16, 200])}
+        if rng.random() < 0.5:
+            source["cached_prefix_tokens"] = rng.randrange(0, isl + 1)
+        kind = rng.choice(["concurrency", "constant_rate", "poisson"])
+        if kind == "concurrency":
+            load = {"type": kind, "concurrency": rng.choice([1, 4, 32])}
+        else:
+            load = {"type": kind, "requests_per_second": rng.choice([2.0, 20.0, 75.0])}
+            if kind == "poisson" and rng.random() < 0.8:
+                load["seed"] = rng.randrange(0, 1000)
+        stop = {"requests_per_load_unit": rng.choice([2, 10])} if kind == "concurrency" and rng.random() < 0.3 \
+            else {"requests": rng.choice([10, 60, 200])}
+        traffic = {"source": source, "load": load, "stop": stop}
     if rng.random() < 0.15:
-        traffic["stop"] = {"max_virtual_time_seconds": rng.choice([0.5, 2.0, 10.0])}
+        traffic.setdefault("stop", {})["max_virtual_time_seconds"] = rng.choice([0.5, 2.0, 10.0])
     if rng.random() < 0.3:
         # a tokenization pool ahead of each (prefill) worker (base ms, us per prompt token)
         engine["tokenization"] = {"workers": rng.choice([1, 2, 4]), "base_ms": rng.choice([0.0, 2.0, 20.0]),

@@ -241,12 +241,10 @@ def _synthetic_traffic(source: dict, load: dict, stop: dict) -> tuple[dict, int 
     else:
         _fail("traffic.stop.requests", "required for a synthetic source (or requests_per_load_unit "
               "with concurrency load)")
-    cap_ms = None
     if stop.get("max_virtual_time_seconds") is not None:
-        cap_ms = 1000.0 * _number("traffic.stop.max_virtual_time_seconds",
-                                  stop["max_virtual_time_seconds"], positive=True)
-        out["max_sim_time_ms"] = cap_ms
-    return out, in_flight, cap_ms
+        # (the reference's words: its traffic model refuses the cap beside a synthetic source)
+        _fail("traffic.stop.max_virtual_time_seconds", "max_virtual_time_seconds is trace-only")
+    return out, in_flight, None
 
 
 # ---------------------------------------------------------------------------------------

@@ -124,3 +124,12 @@ def test_bad_synthetic_traffic_is_refused_by_field(edit, words):
     payload["traffic"] = {k: v for k, v in payload["traffic"].items() if v is not None}
     with pytest.raises(ConfigError, match="^" + words.replace("(", r"\(").replace(")", r"\)")):
         parse_payload(payload, GOLDEN)
+
+
+def test_predict_config_time_cap_is_trace_only(tmp_path):
+    """As the reference's config model: a synthetic source takes no virtual-time cap."""
+    text = (GOLDEN / "syn_conc.predict.yaml").read_text().replace(
+        "stop: {requests: 100}", "stop: {requests: 100, max_virtual_time_seconds: 2}")
+    (tmp_path / "c.predict.yaml").write_text(text)
+    with pytest.raises(ConfigError, match="max_virtual_time_seconds is trace-only"):
+        read_predict_config(tmp_path / "c.predict.yaml")
