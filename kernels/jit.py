@@ -113,6 +113,7 @@ FEATURE_PARTS = {
     "trtllm": ("TRT-LLM", 3),
     "aic": ("op-level timing", 2),
     "tokenization": ("a tokenization pool", 2),
+    "sglang_host_loop": ("the SGLang host loop", 3),
 }
 _ANNOUNCED: set[str] = set()
 

@@ -122,6 +122,7 @@ class RankConfig:
     sglang_chunked_prefill_size: int = 8192
     sglang_clip_max_new_tokens: int = 4096
     sglang_schedule_conservativeness: float = 1.0
+    sglang_host_loop: bool = False       # the overlapped host loop (kernels.sglang.host_loop)
     # SGLang: passes without prefill after one that prefilled (a top-level rank field)
     prefill_decode_interval: int = 0
     # vLLM with attention DP: prefills are admitted on every N-th group pass only
@@ -297,7 +298,7 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1, dp_
 
 
 SGLANG_KEYS = ("schedule_policy", "max_prefill_tokens", "chunked_prefill_size", "clip_max_new_tokens",
-               "schedule_conservativeness")
+               "schedule_conservativeness", "host_loop")
 
 
 def _parse_sglang(raw: dict, path: str, out: dict) -> dict:
@@ -326,6 +327,7 @@ def _parse_sglang(raw: dict, path: str, out: dict) -> dict:
     if not (cons >= 0.0 and cons != float("inf")):
         _fail(f"{path}.sglang.schedule_conservativeness", f"must be finite and >= 0, got {cons}")
     res["sglang_schedule_conservativeness"] = cons
+    res["sglang_host_loop"] = _bool(f"{path}.sglang.host_loop", sg.get("host_loop", False))
     return res
 
 
@@ -501,7 +503,12 @@ def parse_synthetic(traffic: dict) -> tuple[SyntheticLoad, int]:
 
 
 def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str) -> None:
-    """Both pools must run the same backend (the handoff order is per backend)."""
+    """Both pools must run the same backend (the handoff order is per backend), and
+    neither the SGLang host loop (the reference runs it on aggregated ranks only)."""
+    for role, rank in (("prefill", prefill), ("decode", decode)):
+        if rank.sglang_host_loop:
+            _fail(f"{path.rsplit('.', 2)[0]}.{role}.rank.sglang.host_loop", "sglang.host_loop is supported only for "
+                  "aggregated ranks (the reference refuses it for prefill and decode ranks)")
     if prefill.backend != decode.backend:
         _fail(f"{path}.backend", f"prefill and decode backends must match; got prefill "
                                  f"{prefill.backend!r} and decode {decode.backend!r}")
@@ -813,6 +820,9 @@ def _engine_pool(path: str, engine: dict, worker_type: str) -> tuple[RankConfig,
 def check_attention_dp(rank: RankConfig, dp_size: int, path: str = "rank",
                        worker_type: str = "aggregated") -> None:
     """What a rank of an attention-DP group (``dp_size`` > 1) cannot take."""
+    if dp_size > 1 and rank.backend == "sglang" and rank.sglang_host_loop:
+        _fail(f"{path}.sglang.host_loop", "the SGLang host loop with attention DP (dp_size > 1) is not "
+              "simulated yet")
     if dp_size > 1 and rank.backend == "sglang":
         if rank.sglang_chunked_prefill_size // dp_size == 0:
             _fail(f"{path}.sglang.chunked_prefill_size",

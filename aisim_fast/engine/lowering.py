@@ -109,6 +109,7 @@ def rank_config_rows(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: Rank
         cfg_i[ws, L.CFG_SG_CLIP] = rank.sglang_clip_max_new_tokens
         cfg_i[ws, L.CFG_SG_LPM] = rank.sglang_schedule_policy == "lpm"
         cfg_i[ws, L.CFG_SG_PD_INTERVAL] = rank.prefill_decode_interval
+        cfg_i[ws, L.CFG_SG_HOST_LOOP] = rank.sglang_host_loop
         # the reference's f64 sequence: init, its floor, the decay step in this order
         # and makes admission more conservative (x0.3, engine.md 7.9)
         conservativeness = rank.sglang_schedule_conservativeness * (0.3 if dp_size > 1 else 1.0)

@@ -58,7 +58,7 @@ from aisim_fast.kernels.schema.layout import (ACC_SIZE, CFG_DP_RANK, CFG_DP_SIZE
                                               SM_DECODE_RUN_PASSES, SM_INDEPENDENT, SM_NUM_TERMINAL,
                                               SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN, SM_Q_LEN,
                                               SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY,
-                                              WK_LAST_PASS_NS, WK_OVERFLOW, WK_RUN_LEN, WK_SG_READY_LEN,
+                                              WK_HL_IN_FLIGHT, WK_LAST_PASS_NS, WK_OVERFLOW, WK_RUN_LEN, WK_SG_READY_LEN,
                                               WK_STALLED, WK_WAIT_LEN)
 from aisim_fast.kernels.sglang.core import effect_free_pass_gives_up, finish_group_pass, worker_in_flight
 from aisim_fast.kernels.vllm.decode_run import quiet_until_ms
@@ -226,7 +226,9 @@ def _event_loop(disaggregated, sglang=False):
                     wk.ready[w] = 0
                     while wk.i64[w, WK_BUSY] == 0 and wk.i64[w, WK_STALLED] == 0 \
                             and (wk.i64[w, WK_RUN_LEN] > 0 or wk.i64[w, WK_WAIT_LEN] > 0
-                                 or (sglang and disaggregated and wk.i64[w, WK_SG_READY_LEN] > 0)):
+                                 or (sglang and disaggregated and wk.i64[w, WK_SG_READY_LEN] > 0)
+                                 # an SGLang host loop still to observe its last forward
+                                 or (sglang and wk.i64[w, WK_HL_IN_FLIGHT] != 0)):
                         if log_rows > 0 and sims.i64[s, SM_PASS_LOG_LEN] >= log_rows:
                             wk.ready[w] = 1  # the resumed drive starts with it
                             sims.now_ms[s] = now_ms

@@ -37,11 +37,11 @@ def emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count, log_ou
         sims.i64[s, SM_TOKEN_TAIL] = q
         rq.i64[q, RQ_TOKEN_NEXT] = -1
         return run_gap, run_count, g
-    return _token_time(cfg, p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_outputs, is_last)
+    return time_token(cfg, p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_outputs, is_last)
 
 
 @kernel(cache=True, _nrt=False, inline="always")
-def _token_time(cfg, p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_outputs, is_last):
+def time_token(cfg, p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count, log_outputs, is_last):
     """The time part of q's g-th token, emitted at ``end_ms``."""
     if g == 1:
         rq.f64[q, RQF_FIRST_TOKEN_MS] = end_ms
@@ -76,7 +76,7 @@ def token_times(cfg, p, rq, wk, sims, s, end_ms):
     while q >= 0:
         # one token per request and pass: its count is the token's index; the request
         # is done after the pass exactly when this token was its last
-        run_gap, run_count, _ = _token_time(cfg, p, rq, wk, sims, s, rq.i64[q, RQ_WORKER], q,
+        run_gap, run_count, _ = time_token(cfg, p, rq, wk, sims, s, rq.i64[q, RQ_WORKER], q,
                                             rq.i64[q, RQ_GENERATED], end_ms, run_gap, run_count,
                                             log_outputs, rq.i64[q, RQ_STATUS] == RS_DONE)
         n += 1

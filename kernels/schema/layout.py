@@ -288,12 +288,14 @@ RANK_CONFIG_I = FieldTable("CFG_", "cfg.i64", np.int64, [
                                "N-th group pass unless capacity-bound; engine.md 5.7)"),
     ("TOK_SERVERS", 0, "", "tokenization pool: servers ahead of the worker's scheduler "
                            "(kernels.loop.tokenization); 0 = none"),
+    ("SG_HOST_LOOP", 0, "", "SGLang: 1 = the host loop (kernels.sglang.host_loop): a pass selects "
+                            "the next batch while the previous forward runs"),
 ])
 (CFG_NUM_GPU_BLOCKS, CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, CFG_MAX_NUM_BATCHED_TOKENS,
  CFG_MAX_MODEL_LEN, CFG_PREFIX_CACHING, CFG_CHUNKED_PREFILL, CFG_PREEMPTION_FIFO, CFG_POLICY,
  CFG_ROLE, CFG_TIMING, CFG_TRANSFER_MODE, CFG_AIC_SHARED, CFG_AIC_LOCAL, CFG_ROUTER_PIN,
  CFG_SG_MAX_PREFILL_TOKENS, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM, CFG_SG_PD_INTERVAL,
- CFG_DP_SIZE, CFG_DP_RANK, CFG_PREFILL_CADENCE, CFG_TOK_SERVERS) = RANK_CONFIG_I.indices()
+ CFG_DP_SIZE, CFG_DP_RANK, CFG_PREFILL_CADENCE, CFG_TOK_SERVERS, CFG_SG_HOST_LOOP) = RANK_CONFIG_I.indices()
 # CFGF_KV_BANDWIDTH_GBS / CFGF_KV_BYTES_PER_TOKEN are NaN when not configured (the
 # transfer then takes CFGF_HANDOFF_LATENCY_MS, the topology's fallback).
 RANK_CONFIG_F = FieldTable("CFGF_", "cfg.f64", np.float64, [
@@ -431,6 +433,14 @@ REQUEST_I = FieldTable("RQ_", "rq.i64", np.int64, [
     ("SG_LPM_RECORDED", 0, "", "SGLang lpm: 1 = its leading pages were recorded in the latest scan"),
     ("SG_READY_NEXT", -1, "q", "SGLang decode rank: next activated request of its worker's ready "
                                "list (prompt KV resident, waiting for a running slot)"),
+    ("HL_DONE_STAMP", 0, "", "SGLang host loop: stamp of the pass whose forward gave its last token "
+                             "(it stays in the batch until that forward is observed); 0 = none"),
+    ("HL_COMMIT_STAMP", 0, "", "SGLang host loop: stamp of the pass whose forward materialized the "
+                               "prefix it commits to the radix tree when observed; 0 = none"),
+    ("HL_COMMIT_THROUGH", 0, "", "SGLang host loop: the tokens that commit covers"),
+    ("HL_TOKENS_PENDING", 0, "", "SGLang host loop: its tokens counted by a forward and not yet "
+                                 "observed (0-2: the forward in flight's, the one just launched)"),
+    ("HL_TOKEN_STAMP", 0, "", "SGLang host loop: stamp of the pass that gave its newest pending token"),
 ])
 (RQ_PROMPT_LEN, RQ_MAX_OUTPUT, RQ_SRC_ROW, RQ_SESSION, RQ_SESSION_ROW, RQ_TURN, RQ_NEXT_TURN,
  RQ_LEASE_OFF, RQ_UUID, RQ_STATUS, RQ_WORKER, RQ_GENERATED, RQ_NUM_COMPUTED, RQ_ALLOCATED,
@@ -440,7 +450,8 @@ REQUEST_I = FieldTable("RQ_", "rq.i64", np.int64, [
  RQ_ORDINAL, RQ_ATTEMPT_GEN, RQ_RESERVED_HITS, RQ_RESERVED_FRESH, RQ_XFER_SEQ, RQ_REPUBLISHED,
  RQ_FAST_LIMIT, RQ_REPORTED, RQ_SCHED_CLASS, RQ_RT_PENDING, RQ_RT_ACTIVE, RQ_PIN_WORKER,
  RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED,
- RQ_SG_READY_NEXT) = REQUEST_I.indices()
+ RQ_SG_READY_NEXT, RQ_HL_DONE_STAMP, RQ_HL_COMMIT_STAMP, RQ_HL_COMMIT_THROUGH, RQ_HL_TOKENS_PENDING,
+ RQ_HL_TOKEN_STAMP) = REQUEST_I.indices()
 REQUEST_F = FieldTable("RQF_", "rq.f64", np.float64, [
     ("DELAY_MS", np.nan, "", "think time after the previous turn's terminal"),
     ("START_MS", np.nan, "", "trace timestamp of a first turn (scaled)"),
@@ -522,6 +533,9 @@ WORKER = FieldTable("WK_", "wk.i64", np.int64, [
     ("CAPACITY_BOUND", 0, "", "vLLM cadence: 1 = the last pass that could prefill left requests "
                               "waiting (the next passes prefill whatever the cadence)"),
     ("TOK_OFF", 0, "", "tokenization pool: first of its servers' free times in wk.tok_free_ms"),
+    ("HL_IN_FLIGHT", 0, "", "SGLang host loop: 1 = a forward whose result is not observed yet"),
+    ("HL_IN_FLIGHT_END_BITS", 0, "", "SGLang host loop: when that forward ends (float64 bits)"),
+    ("HL_GPU_FREE_BITS", 0, "", "SGLang host loop: when the GPU is free of launched forwards (float64 bits)"),
 ])
 (WK_SIM, WK_RUN_OFF, WK_RUN_LEN, WK_WAIT_OFF, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_BUSY,
  WK_TERM_HEAD, WK_STALLED, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_TERM_TAIL, WK_PEND_HEAD,
@@ -529,7 +543,8 @@ WORKER = FieldTable("WK_", "wk.i64", np.int64, [
  WK_OVERFLOW, WK_SIM_W0, WK_LAST_PASS_NS, WK_STAT_ROW, WK_RUN_CAP, WK_RT_PREFILL_TOKENS,
  WK_RT_FREED_TOKENS, WK_RT_ACTIVE_BLOCKS, WK_RT_OFF, WK_RT_MASK, WK_RT_USED, WK_RT_LIMIT,
  WK_SG_RATIO_BITS, WK_SG_PREFILL_ROUNDS, WK_SG_READY_HEAD, WK_SG_READY_TAIL, WK_SG_READY_LEN,
- WK_DP_CURSOR, WK_DP_WAVE, WK_RESERVED_LEN, WK_SG_PASS_FLAGS, WK_CAPACITY_BOUND, WK_TOK_OFF) = WORKER.indices()
+ WK_DP_CURSOR, WK_DP_WAVE, WK_RESERVED_LEN, WK_SG_PASS_FLAGS, WK_CAPACITY_BOUND, WK_TOK_OFF,
+ WK_HL_IN_FLIGHT, WK_HL_IN_FLIGHT_END_BITS, WK_HL_GPU_FREE_BITS) = WORKER.indices()
 WK_FIELDS = WORKER.width
 
 # Simulations: sims.i64[s, SM_*]. Disaggregated simulations: workers [W_OFF, W_OFF +
@@ -618,6 +633,7 @@ class Features(NamedTuple):
     trtllm: object = None        # TRT-LLM's capacity policy (kernels.trtllm.policy)
     aic: object = None           # op-level timing tables (kernels.timing.aic_table)
     tokenization: object = None  # a tokenization pool ahead of the schedulers (kernels.loop.tokenization)
+    sglang_host_loop: object = None  # SGLang's overlapped host loop (kernels.sglang.host_loop)
 
 
 class RankConfig(NamedTuple):

@@ -25,16 +25,18 @@ from aisim_fast.kernels.loop.pass_log import append_pass_row
 from aisim_fast.kernels.loop.rank_queues import (push_terminal, run_push_back, run_remove_at, wait_at,
                                                  wait_push_back, wait_push_front, wait_remove_at)
 from aisim_fast.kernels.loop.request_state import ceil_div
-from aisim_fast.kernels.loop.token_output import emit_token
+from aisim_fast.kernels.loop.token_output import emit_token, time_token
 from aisim_fast.kernels.schema.layout import (ACC_ADMITTED, ACC_BATCH, ACC_ISL, ACC_PREFIX, CFG_MAX_MODEL_LEN,
                                               CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING,
                                               CFG_ROLE, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM,
-                                              CFG_SG_MAX_PREFILL_TOKENS, CFG_SG_PD_INTERVAL,
+                                              CFG_SG_HOST_LOOP, CFG_SG_MAX_PREFILL_TOKENS, CFG_SG_PD_INTERVAL,
                                               CFGF_SG_DECAY_STEP, CFGF_SG_INIT_RATIO, CFGF_SG_MIN_RATIO,
                                               EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE,
                                               EV_PRESSURE_SGLANG, PL_ACTIVE_BLOCKS, PL_INACTIVE_BLOCKS,
                                               ROLE_DECODE, ROLE_PREFILL, RQ_ADMISSIONS, RQ_ALLOCATED,
                                               RQ_COMMITTED_PREFILL, RQ_FIRST_CACHED, RQ_GENERATED,
+                                              RQ_HL_COMMIT_STAMP, RQ_HL_COMMIT_THROUGH, RQ_HL_DONE_STAMP,
+                                              RQ_HL_TOKEN_STAMP, RQ_HL_TOKENS_PENDING,
                                               RQ_LEASE_OFF, RQ_MAX_CACHED, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED,
                                               RQ_NUM_HASHED, RQ_PREEMPTIONS, RQ_PROMPT_LEN, RQ_SESSION_ROW,
                                               RQ_SG_CACHED, RQ_SG_LAST, RQ_SG_LPM_KEY, RQ_SG_LPM_RECORDED,
@@ -49,6 +51,8 @@ from aisim_fast.kernels.schema.layout import (ACC_ADMITTED, ACC_BATCH, ACC_ISL, 
                                               WK_SG_PREFILL_ROUNDS, WK_SG_RATIO_BITS, WK_SG_READY_HEAD,
                                               WK_SG_READY_LEN, WK_SG_READY_TAIL, WK_STAT_ROW, WK_TERM_HEAD,
                                               WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_WAIT_OFF)
+from aisim_fast.kernels.features import gate
+from aisim_fast.kernels.sglang import host_loop as hl
 from aisim_fast.kernels.sglang import radix as rx
 from aisim_fast.kernels.stats.sketch import fold_gap_run
 from aisim_fast.kernels.timing.pass_timing import decode_ns, ns_to_ms, prefill_ns
@@ -227,10 +231,17 @@ def _log_insert(r, rq, w, end, q, hi, n_keys, scratch_tokens):
 @kernel(cache=True, _nrt=False)
 def cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens):
     """§4.3: the materialized complete pages beyond the cached prefix enter the tree."""
+    cache_prefix_through(cfg, r, rq, wl, w, q, rq.i64[q, RQ_NUM_COMPUTED], path, scratch_tokens)
+
+
+@kernel(cache=True, _nrt=False)
+def cache_prefix_through(cfg, r, rq, wl, w, q, through, path, scratch_tokens):
+    """The complete pages of q's first ``through`` tokens beyond its cached prefix
+    enter the tree (``cache_prefix`` at what a forward materialized)."""
     if cfg.i64[w, CFG_PREFIX_CACHING] == 0:
         return
     ps = r.w64[w, RW_PAGE_SIZE]
-    aligned = (rq.i64[q, RQ_NUM_COMPUTED] // ps) * ps
+    aligned = (through // ps) * ps
     cached = rq.i64[q, RQ_SG_CACHED]
     if aligned == 0 or aligned <= cached:
         return
@@ -365,6 +376,59 @@ def _finish_done(cfg, p, rq, wl, wk, w, first, path, scratch_tokens):
             wk.run_q[off + keep] = q
             keep += 1
     wk.i64[w, WK_RUN_LEN] = keep
+
+
+@kernel(cache=True, _nrt=False, inline="always")
+def _count_token(rq, q, stamp):
+    """Under the host loop: q's next token, counted now (the scheduler's state has it)
+    and timed when the forward that gives it is observed (``_observe_forward``)."""
+    rq.i64[q, RQ_GENERATED] += 1
+    rq.i64[q, RQ_HL_TOKENS_PENDING] += 1
+    rq.i64[q, RQ_HL_TOKEN_STAMP] = stamp
+
+
+@kernel(cache=True, _nrt=False)
+def _observe_forward(cfg, p, rq, wl, wk, sims, s, w, stamp, end_ms, path, scratch_tokens):
+    """The host loop observes the forward in flight at ``end_ms``, the end of the pass
+    with ``stamp`` (kernels.sglang.host_loop): its tokens get their time, in batch
+    order (the running order now: retractions since took theirs back), the prefixes
+    it materialized enter the radix tree, then the requests it gave their last token
+    finish; the others keep their order."""
+    off = wk.i64[w, WK_RUN_OFF]
+    log_outputs = outputs_logged(p, s)
+    run_gap = 0.0
+    run_count = 0
+    for j in range(wk.i64[w, WK_RUN_LEN]):
+        q = wk.run_q[off + j]
+        pending = rq.i64[q, RQ_HL_TOKENS_PENDING]
+        if pending == 2 or (pending == 1 and rq.i64[q, RQ_HL_TOKEN_STAMP] < stamp):
+            g = rq.i64[q, RQ_GENERATED] - (pending - 1)  # the older pending token
+            run_gap, run_count, _ = time_token(cfg, p, rq, wk, sims, s, w, q, g, end_ms, run_gap, run_count,
+                                                log_outputs, g >= rq.i64[q, RQ_MAX_OUTPUT])
+            rq.i64[q, RQ_HL_TOKENS_PENDING] = pending - 1
+    fold_gap_run(sims.token_stat, sims.token_hist, wk.i64[w, WK_STAT_ROW], run_gap, run_count)
+    for j in range(wk.i64[w, WK_RUN_LEN]):
+        q = wk.run_q[off + j]
+        if rq.i64[q, RQ_HL_COMMIT_STAMP] != 0 and rq.i64[q, RQ_HL_COMMIT_STAMP] < stamp:
+            cache_prefix_through(cfg, p.radix, rq, wl, w, q, rq.i64[q, RQ_HL_COMMIT_THROUGH], path,
+                                 scratch_tokens)
+            rq.i64[q, RQ_HL_COMMIT_STAMP] = 0
+    keep = 0
+    for j in range(wk.i64[w, WK_RUN_LEN]):
+        q = wk.run_q[off + j]
+        if rq.i64[q, RQ_HL_DONE_STAMP] != 0 and rq.i64[q, RQ_HL_DONE_STAMP] < stamp:
+            rq.i64[q, RQ_HL_DONE_STAMP] = 0
+            _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens)
+        else:
+            wk.run_q[off + keep] = q
+            keep += 1
+    wk.i64[w, WK_RUN_LEN] = keep
+
+
+# the host loop's calls, compiled only for batches that run it (kernels.features)
+_hl_forward_end = gate("sglang_host_loop", hl.forward_end, 0.0)
+_hl_iteration_end = gate("sglang_host_loop", hl.iteration_end, (0.0, False))
+_hl_observe_forward = gate("sglang_host_loop", _observe_forward)
 
 
 # ---------------------------------------------------------------------------------
@@ -738,9 +802,17 @@ def _add_token_slot(r, rq, w, q):
 
 @kernel(cache=True, _nrt=False)
 def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_tokens):
-    """One pass of SGLang worker w from ``now_ms``: ``(end_ms, had_effect, arena_full)``."""
+    """One pass of SGLang worker w from ``now_ms``: ``(end_ms, had_effect, arena_full)``.
+    Under the host loop (kernels.sglang.host_loop) the pass is one scheduler iteration:
+    its tokens are timed at its forward's end, requests it finishes stay in the batch
+    until the next pass observes the forward, and the pass ends when the previous
+    forward is observed."""
     r = p.radix
     wk.i64[w, WK_PASS_STAMP] += 1
+    host_loop = cfg.i64[w, CFG_SG_HOST_LOOP] != 0
+    stamp = wk.i64[w, WK_PASS_STAMP]
+    launched = False  # the host loop: this pass launched a forward (ending at tok_ms)
+    tok_ms = now_ms
     ps = r.w64[w, RW_PAGE_SIZE]
     for i in range(acc.shape[0]):
         acc[i] = 0
@@ -805,6 +877,10 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             end_ms = now_ms + 0.0
         else:
             end_ms = now_ms + ns_to_ms(prefill_ns(cfg, w, b, acc[ACC_ISL], acc[ACC_PREFIX]))
+        tok_ms = end_ms
+        if host_loop:
+            tok_ms = _hl_forward_end(cfg.features, wk, w, now_ms, end_ms)
+            launched = True
         n_run = wk.i64[w, WK_RUN_LEN]
         # §6.2 first tokens of the newly prefilled requests, in order
         prefill_role = cfg.i64[w, CFG_ROLE] == ROLE_PREFILL
@@ -819,6 +895,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             q = wk.run_q[off + j]
             rem = _remaining(rq, q)
             if rem == 0:
+                if host_loop:  # it leaves the batch when the forward is observed
+                    rq.i64[q, RQ_HL_DONE_STAMP] = stamp
                 continue  # terminal without a token
             if rem == 1:  # its only token is its last: no KV slot for it
                 if prefill_role:
@@ -826,26 +904,44 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                     # and stays locked while the source is held (reference run
                     # sx-pd-seqs: a held prompt is a prefix hit for later prefills)
                     cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
-                run_gap, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
-                                                 log_outputs, _remaining(rq, q) == 1)
+                if host_loop:
+                    _count_token(rq, q, stamp)
+                    rq.i64[q, RQ_HL_DONE_STAMP] = stamp
+                else:
+                    run_gap, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, tok_ms, run_gap,
+                                                     run_count, log_outputs, _remaining(rq, q) == 1)
                 n_tokens += 1
                 continue
             if reserved_ok:
                 if not _add_token_slot(r, rq, w, q):
                     return now_ms, True, True
                 # the prefilled sequence enters the tree before the token is appended
-                cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
+                # (under the host loop when the forward is observed)
+                if host_loop:
+                    rq.i64[q, RQ_HL_COMMIT_STAMP] = stamp
+                    rq.i64[q, RQ_HL_COMMIT_THROUGH] = rq.i64[q, RQ_NUM_COMPUTED]
+                else:
+                    cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
                 rq.i64[q, RQ_NUM_COMPUTED] += 1
-                run_gap, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
-                                                 log_outputs, _remaining(rq, q) == 1)
+                if host_loop:
+                    _count_token(rq, q, stamp)
+                else:
+                    run_gap, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, tok_ms, run_gap,
+                                                     run_count, log_outputs, _remaining(rq, q) == 1)
                 n_tokens += 1
+            elif host_loop:
+                rq.i64[q, RQ_HL_COMMIT_STAMP] = stamp
+                rq.i64[q, RQ_HL_COMMIT_THROUGH] = rq.i64[q, RQ_NUM_COMPUTED]
             else:
                 cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
-        # then the completed ones finish, in completion order; the rest run on
-        _finish_done(cfg, p, rq, wl, wk, w, prev, path, scratch_tokens)
+        # then the completed ones finish, in completion order; the rest run on (under the
+        # host loop they finish when the forward is observed)
+        if not host_loop:
+            _finish_done(cfg, p, rq, wl, wk, w, prev, path, scratch_tokens)
     elif wk.i64[w, WK_RUN_LEN] > 0:
         # §6.3 decode pass over every running request
-        _finish_done(cfg, p, rq, wl, wk, w, np.int64(0), path, scratch_tokens)
+        if not host_loop:
+            _finish_done(cfg, p, rq, wl, wk, w, np.int64(0), path, scratch_tokens)
         # memory check and retraction
         while True:
             need, dc_kv = _decode_need(r, rq, wk, w)
@@ -864,6 +960,12 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             if logged:
                 note_event(p, w, EV_PREEMPTED, v, wk.i64[w, WK_RUN_LEN], r.w64[w, RW_PAGES_USED])
             run_remove_at(wk, w, idx)
+            if host_loop:
+                # the token the forward in flight sampled for it is neither delivered nor
+                # kept, nor the prefix that forward would commit for it
+                rq.i64[v, RQ_GENERATED] -= rq.i64[v, RQ_HL_TOKENS_PENDING]
+                rq.i64[v, RQ_HL_TOKENS_PENDING] = 0
+                rq.i64[v, RQ_HL_COMMIT_STAMP] = 0
             release_on_retraction(r, rq, w, v)
             if logged:
                 note_event(p, w, EV_PRESSURE, request_blocks, r.w64[w, RW_PAGES_USED], np.int64(-1))
@@ -891,34 +993,61 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 out_sum += float(rq.i64[q, RQ_GENERATED])
                 max_sum += float(rq.i64[q, RQ_MAX_OUTPUT])
             _set_ratio(wk, w, min(1.0, (out_sum + float(RETRACT_STEPS) * float(n_run)) / (max_sum + 1.0)))
+        # (under the host loop, members whose last token is in flight are still in the
+        # batch the step is timed over: reference runs, bit for bit)
         dc_n = n_run
         total_kv = cfg.i64[w, CFG_NUM_GPU_BLOCKS] * ps
         end_ms = (now_ms + 0.0 + 0.0) + ns_to_ms(decode_ns(cfg, w, dc_n, dc_kv, total_kv))
         reserved_ok = rx.available_tokens(r, w) >= need
+        if not reserved_ok:
+            end_ms = now_ms + 0.0 + 0.0
+        tok_ms = end_ms
+        if host_loop:  # ghost members alone still form a batch
+            tok_ms = _hl_forward_end(cfg.features, wk, w, now_ms, end_ms)
+            launched = True
         if reserved_ok:
             keep = 0
             for j in range(n_run):
                 q = wk.run_q[off + j]
+                if host_loop and rq.i64[q, RQ_HL_DONE_STAMP] != 0:
+                    wk.run_q[off + keep] = q  # in the batch until its forward is observed
+                    keep += 1
+                    continue
                 if not _add_token_slot(r, rq, w, q):
                     return now_ms, True, True
                 rq.i64[q, RQ_NUM_COMPUTED] += 1
-                run_gap, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap, run_count,
-                                                 log_outputs, _remaining(rq, q) == 1)
+                if host_loop:
+                    _count_token(rq, q, stamp)
+                else:
+                    run_gap, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, tok_ms, run_gap,
+                                                     run_count, log_outputs, _remaining(rq, q) == 1)
                 n_tokens += 1
-                if rq.i64[q, RQ_GENERATED] >= rq.i64[q, RQ_MAX_OUTPUT]:
+                if rq.i64[q, RQ_GENERATED] >= rq.i64[q, RQ_MAX_OUTPUT] and not host_loop:
                     _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens)
                 else:
+                    if rq.i64[q, RQ_GENERATED] >= rq.i64[q, RQ_MAX_OUTPUT]:
+                        rq.i64[q, RQ_HL_DONE_STAMP] = stamp
                     wk.run_q[off + keep] = q
                     keep += 1
             wk.i64[w, WK_RUN_LEN] = keep
-        else:
-            end_ms = now_ms + 0.0 + 0.0
         if n_retracted == 0 and not interval_idle:
             _set_ratio(wk, w, max(_ratio(wk, w) - cfg.f64[w, CFGF_SG_DECAY_STEP],
                                   cfg.f64[w, CFGF_SG_MIN_RATIO]))
     else:
         end_ms = now_ms
     fold_gap_run(sims.token_stat, sims.token_hist, wk.i64[w, WK_STAT_ROW], run_gap, run_count)
+    observed = False
+    if host_loop:
+        # the pass ends when the forward in flight is observed; what it gave the
+        # scheduler (tokens, prefix commits, finished requests) becomes visible then
+        end_ms, observed = _hl_iteration_end(cfg.features, wk, w, now_ms, launched, tok_ms)
+        if observed:
+            _hl_observe_forward(cfg.features, cfg, p, rq, wl, wk, sims, s, w, stamp, end_ms, path,
+                                scratch_tokens)
+            if b == 0 and dc_n == 0 and wk.i64[w, WK_RUN_LEN] == 0 and not launched and not interval_idle:
+                # an iteration that only observed decays the ratio as any non-prefill one
+                _set_ratio(wk, w, max(_ratio(wk, w) - cfg.f64[w, CFGF_SG_DECAY_STEP],
+                                      cfg.f64[w, CFGF_SG_MIN_RATIO]))
 
     # every terminal of this pass becomes visible at its end
     q = wk.i64[w, WK_TERM_HEAD]
@@ -926,7 +1055,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         rq.f64[q, RQF_TERMINAL_MS] = end_ms
         q = rq.i64[q, RQ_TERM_NEXT]
     had_effect = b > 0 or n_tokens > 0 or n_rejected > 0 or n_retracted > 0 or n_promoted > 0 \
-        or wk.i64[w, WK_TERM_HEAD] >= 0
+        or wk.i64[w, WK_TERM_HEAD] >= 0 or launched or observed
     prefilled = acc[ACC_ISL] - acc[ACC_PREFIX] > 0  # a fully cached zero-output admission is no prefill
     model_work = prefilled or (b == 0 and n_tokens > 0)
     if sims.i64[s, SM_GROUP_PASS] != 0:
