@@ -111,6 +111,13 @@ def request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
         # when its prompt left the tokenization pool of its (prefill) worker
         # (kernels.loop.tokenization)
         cols["tokenized_ms"] = pf[:, L.RQF_TOKENIZED_MS]
+    if sim.rank.sglang_host_loop:
+        # the host loop's milestones (kernels.sglang.host_loop): the iteration that took it
+        # in, the one that selected it, and its prefill's forward end, when its first
+        # token is observed
+        cols["scheduler_received_ms"] = rf[:, L.RQF_RECEIVED_MS]
+        cols["selected_ms"] = rf[:, L.RQF_FIRST_ADMIT_MS]
+        cols["prefill_complete_ms"] = first
     if sim.disaggregated:
         cols.update({
             "prefill_output_tokens": pi[:, L.RQ_GENERATED],  # hidden from the latency metrics

@@ -78,7 +78,7 @@ S_PER_HOUR = 3600.0
 MIN_DURATION_S = 1e-9
 
 
-def _seq_sum(values):
+def seq_sum(values):
     """Left-to-right float64 sum (the reference's order; np.sum is pairwise, which differs
     in the last bits). np.cumsum is a plain sequential accumulate."""
     if values.size == 0:
@@ -101,9 +101,9 @@ def exact_distribution(values) -> dict:
     n = x.size
     if n == 0:
         return {name: 0.0 for name in STAT_NAMES}
-    mean = _seq_sum(x) / n
+    mean = seq_sum(x) / n
     dev = x - mean
-    std = math.sqrt(_seq_sum(dev * dev) / n)
+    std = math.sqrt(seq_sum(dev * dev) / n)
     xs = np.sort(x, kind="stable")
     out = {"mean": mean, "min": float(xs[0]), "max": float(xs[-1])}
     for name, p in PERCENTILES:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from aisim_fast.report.metrics import STATUS_COMPLETED, summarize
+from aisim_fast.report.metrics import STATUS_COMPLETED, seq_sum, summarize
 
 MS_PER_S = 1000.0
 
@@ -87,6 +87,12 @@ def summarize_replay(setup, requests: pd.DataFrame, token_stat_row, token_hist_r
     ``gpus_per_worker``: the aggregated pool's (default its tensor parallelism x
     attention-DP ranks, as the reference's ``aic_gpus_per_worker``). ``cap``: the run's
     ``replay.CapFacts`` (``BatchResult.capped``) when it had a time cap."""
+    if not setup.disaggregated and setup.rank.sglang_host_loop:
+        summary = summarize_aggregated_run(
+            requests, token_stat_row, token_hist_row, workers=setup.workers,
+            gpus_per_worker=setup.gpus_per_worker if gpus_per_worker is None else gpus_per_worker,
+            sla=setup.sla, wall_time_ms=wall_time_ms, cap=cap)
+        return dict(sorted({**summary, **host_loop_means(requests)}.items()))
     if setup.disaggregated:
         return summarize_disaggregated_run(
             requests, token_stat_row, token_hist_row,
@@ -98,6 +104,33 @@ def summarize_replay(setup, requests: pd.DataFrame, token_stat_row, token_hist_r
         requests, token_stat_row, token_hist_row, workers=setup.workers,
         gpus_per_worker=setup.gpus_per_worker if gpus_per_worker is None else gpus_per_worker,
         sla=setup.sla, wall_time_ms=wall_time_ms, cap=cap)
+
+
+def host_loop_means(requests: pd.DataFrame) -> dict:
+    """The SGLang host loop's stage means, as the reference reports them (sequential
+    sums in uuid order over the requests the loop took in): the frontend (its stages'
+    time; 0 without stages), the scheduler's inbox wait (received - ready), receive to
+    admission (selected - received), the prefill's forward (prefill complete -
+    selected), the observation of its result (first token - prefill complete) and the
+    handoff to the first token (0: aggregated ranks only)."""
+    received = requests["scheduler_received_ms"].to_numpy(np.float64)
+    took = ~np.isnan(received)
+    ready = requests["frontend_ready_ms"].to_numpy(np.float64) if "frontend_ready_ms" in requests \
+        else requests["arrival_ms"].to_numpy(np.float64)
+    arrival = requests["arrival_ms"].to_numpy(np.float64)
+    selected = requests["selected_ms"].to_numpy(np.float64)
+    complete = requests["prefill_complete_ms"].to_numpy(np.float64)
+    first = requests["first_token_ms"].to_numpy(np.float64)
+
+    def mean(values):
+        values = values[took]
+        return seq_sum(values) / len(values) if len(values) else None
+    return {"mean_frontend_ms": mean(ready - arrival),
+            "mean_handoff_to_first_token_ms": mean(np.zeros(len(requests))),
+            "mean_prefill_elapsed_ms": mean(complete - selected),
+            "mean_receive_to_admit_ms": mean(selected - received),
+            "mean_result_observation_delay_ms": mean(first - complete),
+            "mean_scheduler_inbox_wait_ms": mean(received - ready)}
 
 
 def prediction_provenance(setup) -> dict:

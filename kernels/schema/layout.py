@@ -468,10 +468,13 @@ REQUEST_F = FieldTable("RQF_", "rq.f64", np.float64, [
     ("SOURCE_RELEASED_MS", np.nan, "", "source released"),
     ("TRANSFER_DONE_MS", np.nan, "", "KV transfer completed"),
     ("TOKENIZED_MS", np.nan, "", "tokenization pool: its prompt tokenized (it reaches its scheduler)"),
+    ("RECEIVED_MS", np.nan, "", "SGLang host loop: the iteration that took it from the scheduler's "
+                                "inbox began"),
 ])
 (RQF_DELAY_MS, RQF_START_MS, RQF_READY_MS, RQF_ARRIVAL_MS, RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS,
  RQF_SECOND_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_TERMINAL_MS, RQF_SOURCE_HELD_MS, RQF_DEST_RESERVED_MS,
- RQF_DEST_ACTIVATED_MS, RQF_SOURCE_RELEASED_MS, RQF_TRANSFER_DONE_MS, RQF_TOKENIZED_MS) = REQUEST_F.indices()
+ RQF_DEST_ACTIVATED_MS, RQF_SOURCE_RELEASED_MS, RQF_TRANSFER_DONE_MS, RQF_TOKENIZED_MS,
+ RQF_RECEIVED_MS) = REQUEST_F.indices()
 RQ_I_FIELDS = REQUEST_I.width
 RQ_F_FIELDS = REQUEST_F.width
 

@@ -428,6 +428,7 @@ def _observe_forward(cfg, p, rq, wl, wk, sims, s, w, stamp, end_ms, path, scratc
 # the host loop's calls, compiled only for batches that run it (kernels.features)
 _hl_forward_end = gate("sglang_host_loop", hl.forward_end, 0.0)
 _hl_iteration_end = gate("sglang_host_loop", hl.iteration_end, (0.0, False))
+_hl_receive = gate("sglang_host_loop", hl.receive)
 _hl_observe_forward = gate("sglang_host_loop", _observe_forward)
 
 
@@ -813,6 +814,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     stamp = wk.i64[w, WK_PASS_STAMP]
     launched = False  # the host loop: this pass launched a forward (ending at tok_ms)
     tok_ms = now_ms
+    if host_loop:
+        _hl_receive(cfg.features, rq, wk, w, now_ms)
     ps = r.w64[w, RW_PAGE_SIZE]
     for i in range(acc.shape[0]):
         acc[i] = 0

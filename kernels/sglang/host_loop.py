@@ -31,8 +31,9 @@ for disaggregated ones.
 import numpy as np
 
 from aisim_fast.kernels.jit import kernel
-from aisim_fast.kernels.schema.layout import (WK_HL_GPU_FREE_BITS, WK_HL_IN_FLIGHT,
-                                              WK_HL_IN_FLIGHT_END_BITS)
+from aisim_fast.kernels.loop.rank_queues import wait_at
+from aisim_fast.kernels.schema.layout import (RQF_RECEIVED_MS, WK_HL_GPU_FREE_BITS, WK_HL_IN_FLIGHT,
+                                              WK_HL_IN_FLIGHT_END_BITS, WK_WAIT_LEN)
 
 
 @kernel(cache=True, _nrt=False)
@@ -63,3 +64,13 @@ def iteration_end(wk, w, now_ms, launched, gpu_end_ms):
         wk.i64[w, WK_HL_IN_FLIGHT] = 0
     return end_ms, observed
 
+
+
+@kernel(cache=True, _nrt=False)
+def receive(rq, wk, w, now_ms):
+    """The iteration starting at ``now_ms`` drains the scheduler's inbox: the requests
+    waiting that no iteration took in yet are received now."""
+    for j in range(wk.i64[w, WK_WAIT_LEN]):
+        q = wait_at(wk, w, j)
+        if np.isnan(rq.f64[q, RQF_RECEIVED_MS]):
+            rq.f64[q, RQF_RECEIVED_MS] = now_ms
