@@ -320,9 +320,18 @@ def _worker(engine: dict, role: str, raw: Any, backend: str) -> dict:
         for key in ("host_loop", "frontend", "host_profile", "vision"):
             if key in worker:
                 _fail(f"{path}.{key}", "unknown field for a decode worker")
-    if worker.get("host_loop", False) is not False or worker.get("frontend") is not None \
-            or worker.get("host_profile") is not None:
-        _not_simulated(f"{path}.host_loop", "SGLang's host loop and frontend stages")
+    if worker.get("frontend") is not None or worker.get("host_profile") is not None:
+        _not_simulated(f"{path}.frontend", "SGLang's frontend stages")
+    host_loop = worker.get("host_loop", False)
+    if not isinstance(host_loop, bool):
+        _fail(f"{path}.host_loop", f"must be true or false, got {host_loop!r}")
+    if host_loop and backend != "sglang":
+        # (the reference's words)
+        _fail(f"{path}.host_loop", f"workers.{role}.host_loop and workers.{role}.vision are supported "
+              "only for backend=sglang")
+    if host_loop and role != "aggregated":
+        _fail(f"{path}.host_loop", "sglang.host_loop is supported only for aggregated ranks (the "
+              "reference's core refuses a prefill rank's host loop)")
     if worker.get("vision") is not None:
         _not_simulated(f"{path}.vision", "a vision encoder")
     hardware = worker.get("hardware")
@@ -449,7 +458,8 @@ def _worker(engine: dict, role: str, raw: Any, backend: str) -> dict:
             "bytes_per_token": bytes_per_token, "capacity_type": capacity_type,
             "blocks": cap.get("blocks"), "bytes": cap.get("bytes"), "memory_fraction": fraction,
             "cuda_graph_reserved_bytes": reserve, "timing": tim, "timing_type": timing_type,
-            "context_length": context_length, "startup_delay_ms": 1000.0 * startup_s}
+            "context_length": context_length, "startup_delay_ms": 1000.0 * startup_s,
+            "host_loop": host_loop}
 
 
 def _model_config(model: str) -> dict:
@@ -617,6 +627,9 @@ def _pool(engine: dict, worker: dict, role: str, backend: str, version: str | No
         rank["enable_chunked_prefill"] = engine["enable_chunked_prefill"]
     if transfer is not None:
         rank.update(transfer)
+    if worker["host_loop"]:
+        # the reference's host-aware path reads its batch budget from chunked_prefill_size
+        rank["sglang"] = {"chunked_prefill_size": rank["max_num_batched_tokens"], "host_loop": True}
     rank["backend"] = backend
     return {"dp_size": par["attention_data"], "tensor_parallel_size": par["tensor"],
             "prefill_context_parallel_size": 1, "num_gpu_blocks_is_explicit": explicit, "rank": rank}

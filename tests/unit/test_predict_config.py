@@ -104,7 +104,9 @@ def test_trace_concurrency_sla_and_time_cap():
     ([("engine.fpm_profile", {"x": 1})], "engine.fpm_profile: not simulated"),
     ([("engine.estimation_mode", "fpm_interpolation")], "engine.estimation_mode: not simulated"),
     ([("engine.workers.encoder", {})], "engine.workers.encoder: not simulated"),
-    ([(f"{AGG}.host_loop", True)], f"{AGG}.host_loop: not simulated"),
+    ([(f"{AGG}.frontend", {"stages": [{"workers": 1, "service_ms": 2.0}]})], f"{AGG}.frontend: not simulated"),
+    ([(f"{AGG}.host_loop", True)], f"{AGG}.host_loop: workers.aggregated.host_loop and "
+                                   "workers.aggregated.vision are supported only for backend=sglang"),
     ([(f"{AGG}.kv_cache.host_offload", {"num_host_blocks": 10})], f"{AGG}.kv_cache.host_offload: not simulated"),
     ([(f"{AGG}.kv_cache.state_cache", {})], f"{AGG}.kv_cache.state_cache: not simulated"),
     ([(f"{AGG}.parallelism", {"decode_context": 2})], f"{AGG}.parallelism.decode_context: not simulated"),
