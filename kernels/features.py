@@ -23,7 +23,8 @@ from numba.extending import overload
 
 from aisim_fast.kernels.schema.layout import (CFG_DP_SIZE, CFG_POLICY, CFG_SG_HOST_LOOP, CFG_TIMING,
                                                CFG_TOK_SERVERS,
-                                               PLACE_KV_ROUTER, POLICY_TRTLLM, SM_PLACEMENT, TIMING_AIC,
+                                               PLACE_KV_ROUTER, POLICY_TRTLLM, SM_FRONTEND, SM_PLACEMENT,
+                                               TIMING_AIC,
                                                Features)
 
 ON = True  # the value of a feature that is compiled in
@@ -43,6 +44,7 @@ def features_of(cfg_i64: np.ndarray, sims_i64: np.ndarray) -> Features:
         aic=on(len(cfg_i64) > 0 and np.any(cfg_i64[:, CFG_TIMING] == TIMING_AIC)),
         tokenization=on(len(cfg_i64) > 0 and np.any(cfg_i64[:, CFG_TOK_SERVERS] > 0)),
         sglang_host_loop=on(len(cfg_i64) > 0 and np.any(cfg_i64[:, CFG_SG_HOST_LOOP] != 0)),
+        sglang_frontend=on(len(sims_i64) > 0 and np.any(sims_i64[:, SM_FRONTEND] != 0)),
     )
 
 

@@ -114,6 +114,7 @@ FEATURE_PARTS = {
     "aic": ("op-level timing", 2),
     "tokenization": ("a tokenization pool", 2),
     "sglang_host_loop": ("the SGLang host loop", 3),
+    "sglang_frontend": ("SGLang frontend stages", 3),
 }
 _ANNOUNCED: set[str] = set()
 

@@ -123,6 +123,9 @@ class RankConfig:
     sglang_clip_max_new_tokens: int = 4096
     sglang_schedule_conservativeness: float = 1.0
     sglang_host_loop: bool = False       # the overlapped host loop (kernels.sglang.host_loop)
+    # SGLang: the frontend's stages ahead of the scheduler (kernels.sglang.frontend), each
+    # (workers, service_ms, concurrency_scale); None = none
+    frontend: tuple | None = None
     # SGLang: passes without prefill after one that prefilled (a top-level rank field)
     prefill_decode_interval: int = 0
     # vLLM with attention DP: prefills are admitted on every N-th group pass only
@@ -150,6 +153,9 @@ class RankConfig:
         raw["timing_model"] = self.timing_json()
         if self.backend == "sglang":
             raw["sglang"] = {key: getattr(self, "sglang_" + key) for key in SGLANG_KEYS}
+        if self.frontend is not None:
+            raw["frontend"] = {"stages": [{"workers": k, "service_ms": ms, "concurrency_scale": list(scale)}
+                                          for k, ms, scale in self.frontend]}
         return raw
 
     def timing_json(self) -> dict:
@@ -170,7 +176,6 @@ _UNSIMULATED = {
     "native_host_offload": None,
     "g3_offload": None,
     "state_cache": None,
-    "frontend": None,
     "vision": None,
 }
 
@@ -294,11 +299,52 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1, dp_
                                                                  if backend == "sglang" else "") + ")")
     if backend == "sglang":
         out.update(_parse_sglang(raw, path, out))
+    if raw.get("frontend") is not None:
+        if backend != "sglang":
+            _fail(f"{path}.frontend", "frontend stages are SGLang's (backend sglang)")
+        out["frontend"] = parse_frontend(raw["frontend"], f"{path}.frontend")
+        if not out["sglang_host_loop"]:
+            # (the reference's config words; its core needs the loop the stages feed)
+            _fail(f"{path}.frontend", "frontend stages run ahead of the scheduler loop; set "
+                  "sglang.host_loop: true")
     return RankConfig(**out)
 
 
 SGLANG_KEYS = ("schedule_policy", "max_prefill_tokens", "chunked_prefill_size", "clip_max_new_tokens",
                "schedule_conservativeness", "host_loop")
+
+
+def parse_frontend(raw: Any, path: str) -> tuple:
+    """``{"stages": [{"workers", "service_ms", "concurrency_scale"}, ...]}``: the pools a
+    request crosses in order before the scheduler's inbox (kernels.sglang.frontend)."""
+    if not isinstance(raw, dict) or set(raw) - {"stages"}:
+        _fail(path, f"must be an object with stages, got {raw!r}")
+    stages = raw.get("stages")
+    if not isinstance(stages, list) or not stages:
+        _fail(f"{path}.stages", f"must be a list of at least one stage, got {stages!r}")
+    out = []
+    for i, stage in enumerate(stages):
+        where = f"{path}.stages[{i}]"
+        if not isinstance(stage, dict):
+            _fail(where, f"must be an object, got {stage!r}")
+        for key in stage:
+            if key not in ("workers", "service_ms", "concurrency_scale"):
+                _fail(f"{where}.{key}", "unknown field; allowed: concurrency_scale, service_ms, workers")
+        workers = _int(f"{where}.workers", stage.get("workers"), 1)
+        service = _float(f"{where}.service_ms", stage.get("service_ms"))
+        if not (math.isfinite(service) and service >= 0):
+            _fail(f"{where}.service_ms", f"must be finite and >= 0, got {service!r}")
+        scale = stage.get("concurrency_scale") or []
+        if not isinstance(scale, list):
+            _fail(f"{where}.concurrency_scale", f"must be a list of numbers, got {scale!r}")
+        values = []
+        for j, x in enumerate(scale):
+            v = _float(f"{where}.concurrency_scale[{j}]", x)
+            if not (math.isfinite(v) and v > 0):
+                _fail(f"{where}.concurrency_scale[{j}]", f"must be finite and > 0, got {x!r}")
+            values.append(v)
+        out.append((workers, service, tuple(values)))
+    return tuple(out)
 
 
 def _parse_sglang(raw: dict, path: str, out: dict) -> dict:

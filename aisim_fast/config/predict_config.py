@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from aisim_fast.config.payload import NATIVE_BLOCK_SIZE, ConfigError, read_config_text
+from aisim_fast.config.payload import NATIVE_BLOCK_SIZE, ConfigError, parse_frontend, read_config_text
 
 # the backend's memory-fraction key and its default (the reference's compiler)
 _MEMORY_FRACTION_KEY = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static",
@@ -312,6 +312,20 @@ def _tokenization(raw: Any) -> dict | None:
     return {"workers": workers, "base_ms": base_ms, "per_input_token_ms": per_token_us / 1000.0}
 
 
+def _frontend(raw: Any, path: str) -> dict:
+    """A worker's ``frontend`` as the payload carries it: its stages, each with
+    ``concurrency_scale`` spelled out (empty when not given); checked as the payload's."""
+    if not isinstance(raw, dict) or set(raw) - {"stages", "measured_for"}:
+        _fail(path, f"must be an object with stages, got {raw!r}")
+    stages = raw.get("stages")
+    out = {"stages": [{"workers": st.get("workers"), "service_ms": st.get("service_ms"),
+                       "concurrency_scale": list(st.get("concurrency_scale") or [])}
+                      if isinstance(st, dict) else st for st in stages]
+           if isinstance(stages, list) else stages}
+    parse_frontend(out, path)
+    return out
+
+
 def _worker(engine: dict, role: str, raw: Any, backend: str) -> dict:
     """One worker section with the reference's defaults filled in and checked."""
     path = f"engine.workers.{role}"
@@ -320,11 +334,17 @@ def _worker(engine: dict, role: str, raw: Any, backend: str) -> dict:
         for key in ("host_loop", "frontend", "host_profile", "vision"):
             if key in worker:
                 _fail(f"{path}.{key}", "unknown field for a decode worker")
-    if worker.get("frontend") is not None or worker.get("host_profile") is not None:
-        _not_simulated(f"{path}.frontend", "SGLang's frontend stages")
-    host_loop = worker.get("host_loop", False)
+    if worker.get("host_profile") is not None:
+        _not_simulated(f"{path}.host_profile", "frontend stages resolved from a host cost table")
+    frontend = worker.get("frontend")
+    # (the reference's config: frontend stages imply the host loop)
+    host_loop = worker.get("host_loop", frontend is not None)
     if not isinstance(host_loop, bool):
         _fail(f"{path}.host_loop", f"must be true or false, got {host_loop!r}")
+    if frontend is not None:
+        if not host_loop:
+            _fail(f"{path}.frontend", "frontend stages run ahead of the scheduler loop; drop host_loop: false")
+        frontend = _frontend(frontend, f"{path}.frontend")
     if host_loop and backend != "sglang":
         # (the reference's words)
         _fail(f"{path}.host_loop", f"workers.{role}.host_loop and workers.{role}.vision are supported "
@@ -459,7 +479,7 @@ def _worker(engine: dict, role: str, raw: Any, backend: str) -> dict:
             "blocks": cap.get("blocks"), "bytes": cap.get("bytes"), "memory_fraction": fraction,
             "cuda_graph_reserved_bytes": reserve, "timing": tim, "timing_type": timing_type,
             "context_length": context_length, "startup_delay_ms": 1000.0 * startup_s,
-            "host_loop": host_loop}
+            "host_loop": host_loop, "frontend": frontend}
 
 
 def _model_config(model: str) -> dict:
@@ -630,6 +650,8 @@ def _pool(engine: dict, worker: dict, role: str, backend: str, version: str | No
     if worker["host_loop"]:
         # the reference's host-aware path reads its batch budget from chunked_prefill_size
         rank["sglang"] = {"chunked_prefill_size": rank["max_num_batched_tokens"], "host_loop": True}
+    if worker["frontend"] is not None:
+        rank["frontend"] = worker["frontend"]
     rank["backend"] = backend
     return {"dp_size": par["attention_data"], "tensor_parallel_size": par["tensor"],
             "prefill_context_parallel_size": 1, "num_gpu_blocks_is_explicit": explicit, "rank": rank}

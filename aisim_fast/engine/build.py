@@ -268,11 +268,12 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         cfg_i[:, L.CFG_TOK_SERVERS] = servers
         wk_i[:, L.WK_TOK_OFF] = np.concatenate([[0], np.cumsum(servers)[:-1]])
         tokenization_state = dict(tok_free_ms=np.zeros(int(servers.sum())))
+    frontend_state = _frontend_state(sims, w_off, w_len, wk_i)
     wk = L.Workers(i64=wk_i, pass_end_ms=np.zeros(n_w),
                    run_q=np.zeros(int(run_cap.sum()), np.int64),
                    wait_q=np.zeros(int(wait_cap.sum()), np.int64),
                    busy_heap=np.zeros(n_w, np.int64), ready=np.ones(n_w, np.uint8), **router_state,
-                   **tokenization_state)
+                   **tokenization_state, **frontend_state)
     sm_i[:, L.SM_Q_OFF] = q_off
     sm_i[:, L.SM_Q_LEN] = q_len
     sm_i[:, L.SM_W_OFF] = w_off
@@ -284,6 +285,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     # the handoff order is the backend's (spec/replay.md 5.2): SGLang reserves first
     sm_i[:, L.SM_DEST_FIRST] = [s.disaggregated and s.rank.backend == "sglang" for s in sims]
     sm_i[independent, L.SM_INDEPENDENT] = 1
+    sm_i[:, L.SM_FRONTEND] = [sim.rank.frontend is not None and not sim.disaggregated for sim in sims]
     decisions = max([int(q_len[s]) * (2 if sims[s].disaggregated else 1) for s in routed], default=0)
     with small_pages():
         token_stat, token_hist = sketch.token_stats_new(n_stat_rows)
@@ -305,3 +307,32 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     reached = features_of(cfg_i, sm_i)
     cfg = cfg._replace(features=reached if features is None else union(reached, features))
     return cfg, pool, rq, workload, wk, sim_state, max_lease, max_bs
+
+
+def _frontend_state(sims, w_off, w_len, wk_i) -> dict:
+    """SGLang frontend stages (kernels.sglang.frontend) of every worker whose rank has
+    them (aggregated only: they feed the host loop): a stage row per stage and worker,
+    its job slots and concurrency_scale values; every pool idle at 0."""
+    rows, scales = [], []
+    slots = 0
+    for s, sim in enumerate(sims):
+        if sim.rank.frontend is None or sim.disaggregated:
+            continue
+        for w in range(int(w_off[s]), int(w_off[s]) + int(w_len[s])):
+            wk_i[w, L.WK_FE_STAGES] = len(sim.rank.frontend)
+            wk_i[w, L.WK_FE_STAGE_OFF] = len(rows)
+            for workers, service_ms, scale in sim.rank.frontend:
+                row = L.FRONTEND_STAGE.new(1)[0]
+                row[L.FS_WORKERS] = workers
+                row[L.FS_SLOT_OFF] = slots
+                row[L.FS_SCALE_OFF] = len(scales)
+                row[L.FS_SCALE_LEN] = len(scale)
+                row[L.FS_SERVICE_BITS] = np.float64(service_ms).view(np.int64)
+                rows.append(row)
+                scales.extend(scale)
+                slots += workers
+    if not rows:
+        return {}
+    return dict(fe_stage=np.array(rows, np.int64), fe_slot_q=np.full(slots, -1, np.int64),
+                fe_slot_rem=np.zeros(slots), fe_slot_due=np.zeros(slots, np.int64),
+                fe_scale=np.array(scales, np.float64))

@@ -115,6 +115,8 @@ def request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
         # the host loop's milestones (kernels.sglang.host_loop): the iteration that took it
         # in, the one that selected it, and its prefill's forward end, when its first
         # token is observed
+        if sim.rank.frontend is not None:  # it left the frontend stages (kernels.sglang.frontend)
+            cols["frontend_ready_ms"] = rf[:, L.RQF_FRONTEND_READY_MS]
         cols["scheduler_received_ms"] = rf[:, L.RQF_RECEIVED_MS]
         cols["selected_ms"] = rf[:, L.RQF_FIRST_ADMIT_MS]
         cols["prefill_complete_ms"] = first

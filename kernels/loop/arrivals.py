@@ -18,18 +18,20 @@ from aisim_fast.kernels.loop.rank_queues import wait_push_back, wake
 from aisim_fast.kernels.loop.tokenization import tokenize_gated
 from aisim_fast.kernels.routing.kv_router import pass_end_gated, request_ended_gated, route_gated
 from aisim_fast.kernels.routing.placement import place
+from aisim_fast.kernels.sglang.frontend import submit_gated
 from aisim_fast.kernels.schema.layout import (CFG_DP_RANK, CFG_DP_SIZE, CFG_TOK_SERVERS, DF_NEXT_ON_ARRIVAL, NEXT_ON_ARRIVAL,
                                               PLACE_KV_ROUTER, ROUTE_AGGREGATED, RQ_ACTION, RQ_LEASE_OFF,
                                               RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS,
                                               RQ_TERM_NEXT, RQ_TERMINAL, RQ_TURN, RQ_UUID, RQ_WORKER,
                                               RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS,
-                                              RQF_TERMINAL_MS, RS_TOKENIZING, RS_WAITING, SM_ACTIVE_SESSIONS,
+                                              RQF_TERMINAL_MS, RS_FRONTEND, RS_TOKENIZING, RS_WAITING, SM_ACTIVE_SESSIONS,
                                               SM_ACTQ_HEAD,
                                               SM_ACTQ_LEN, SM_CONCURRENCY, SM_DEST_FIRST, SM_HEAP_LEN,
                                               SM_NUM_ARRIVED, SM_NUM_NOT_SENT, SM_NUM_STARTS, SM_NUM_TERMINAL,
                                               SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR,
                                               SM_START_PTR, SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, TERM_CANCELED,
-                                              TERM_FAILED, TERM_NOT_SENT, WK_BUSY, WK_TERM_HEAD, WK_TERM_TAIL)
+                                              TERM_FAILED, TERM_NOT_SENT, WK_BUSY, WK_FE_STAGES, WK_TERM_HEAD,
+                                              WK_TERM_TAIL)
 
 
 @kernel(cache=True, _nrt=False, inline="always")
@@ -141,6 +143,11 @@ def enter_scheduler(cfg, wk, rq, sims, s, w, q, now_ms):
     measured on the reference)
     (kernels.loop.tokenization: it waits in the release heap until its prompt is
     tokenized, then ``admit_arrivals`` queues it), else straight into w's waiting queue."""
+    if wk.i64[w, WK_FE_STAGES] > 0:
+        # SGLang's frontend stages first (kernels.sglang.frontend): they deliver it
+        rq.i64[q, RQ_STATUS] = RS_FRONTEND
+        submit_gated(cfg.features, rq, wk, w, q, now_ms)
+        return
     pool = w - cfg.i64[w, CFG_DP_RANK]  # a logical worker's ranks share its pool
     if cfg.i64[pool, CFG_TOK_SERVERS] > 0:
         rq.f64[q, RQF_READY_MS] = tokenize_gated(cfg.features, cfg, wk, rq, pool, q, now_ms)

@@ -55,12 +55,14 @@ from aisim_fast.kernels.schema.layout import (ACC_SIZE, CFG_DP_RANK, CFG_DP_SIZE
                                               POLICY_SGLANG, PW_PASS_NUM, SIM_ARENA_FULL, SIM_CAPACITY,
                                               SIM_DEAD_END, SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH,
                                               SIM_PAUSED, SIM_RUNNING, SM_DEAD_IN_FLIGHT,
-                                              SM_DECODE_RUN_PASSES, SM_INDEPENDENT, SM_NUM_TERMINAL,
+                                              SM_DECODE_RUN_PASSES, SM_FRONTEND, SM_INDEPENDENT,
+                                              SM_NUM_TERMINAL,
                                               SM_OPEN_HANDOFFS, SM_PASS_LOG_LEN, SM_PREFILL_LEN, SM_Q_LEN,
                                               SM_RESUME_WORKER, SM_STATUS, SM_W_LEN, SM_W_OFF, WK_BUSY,
                                               WK_HL_IN_FLIGHT, WK_LAST_PASS_NS, WK_OVERFLOW, WK_RUN_LEN, WK_SG_READY_LEN,
                                               WK_STALLED, WK_WAIT_LEN)
 from aisim_fast.kernels.sglang.core import effect_free_pass_gives_up, finish_group_pass, worker_in_flight
+from aisim_fast.kernels.sglang.frontend import deliver_gated, next_deadline_gated
 from aisim_fast.kernels.vllm.decode_run import quiet_until_ms
 
 
@@ -134,6 +136,9 @@ def _event_loop(disaggregated, sglang=False):
                             complete_pass(cfg, rq, wk, sims, s, w)
                     if disaggregated and drain_transfers(rq, sims, s, now_ms):
                         changed = True
+                    if not disaggregated and sims.i64[s, SM_FRONTEND] != 0 \
+                            and deliver_gated(cfg.features, rq, wk, sims, s, now_ms) > 0:
+                        changed = True  # SGLang frontend stages delivered to their schedulers
                     if not disaggregated and arrivals_due(rq, sims, s, now_ms) \
                             and admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms) > 0:
                         changed = True
@@ -315,6 +320,8 @@ def _event_loop(disaggregated, sglang=False):
                 return
             t_next = min(next_release_ms(rq, sims, s), next_transfer_ms(rq, sims, s),
                          next_pass_end_ms(wk, sims, s))
+            if sims.i64[s, SM_FRONTEND] != 0:
+                t_next = min(t_next, next_deadline_gated(cfg.features, wk, sims, s))
             if wk.i64[w0, WK_OVERFLOW]:
                 # a queue push found no room (and wrote nothing): the results would be
                 # wrong, the driver reruns with larger queues

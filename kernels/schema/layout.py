@@ -103,6 +103,7 @@ RS_PENDING_DEST = 6   # decode side accepted, in the rank's pending-destination 
 RS_RESERVED = 7       # decode side reserved, waiting for the transfer
 RS_ACTIVATED = 8      # decode side activated: queued with its prompt KV resident
 RS_TOKENIZING = 9     # arrived and placed, its prompt in its worker's tokenization pool
+RS_FRONTEND = 10      # arrived and placed, in its SGLang worker's frontend stages
 
 # Terminal status (``rq.i64[q, RQ_TERMINAL]``), names follow the reference's records.
 TERM_NONE = 0
@@ -470,11 +471,12 @@ REQUEST_F = FieldTable("RQF_", "rq.f64", np.float64, [
     ("TOKENIZED_MS", np.nan, "", "tokenization pool: its prompt tokenized (it reaches its scheduler)"),
     ("RECEIVED_MS", np.nan, "", "SGLang host loop: the iteration that took it from the scheduler's "
                                 "inbox began"),
+    ("FRONTEND_READY_MS", np.nan, "", "SGLang frontend: it left the last stage for the scheduler's inbox"),
 ])
 (RQF_DELAY_MS, RQF_START_MS, RQF_READY_MS, RQF_ARRIVAL_MS, RQF_FIRST_ADMIT_MS, RQF_FIRST_TOKEN_MS,
  RQF_SECOND_TOKEN_MS, RQF_LAST_TOKEN_MS, RQF_TERMINAL_MS, RQF_SOURCE_HELD_MS, RQF_DEST_RESERVED_MS,
  RQF_DEST_ACTIVATED_MS, RQF_SOURCE_RELEASED_MS, RQF_TRANSFER_DONE_MS, RQF_TOKENIZED_MS,
- RQF_RECEIVED_MS) = REQUEST_F.indices()
+ RQF_RECEIVED_MS, RQF_FRONTEND_READY_MS) = REQUEST_F.indices()
 RQ_I_FIELDS = REQUEST_I.width
 RQ_F_FIELDS = REQUEST_F.width
 
@@ -539,6 +541,9 @@ WORKER = FieldTable("WK_", "wk.i64", np.int64, [
     ("HL_IN_FLIGHT", 0, "", "SGLang host loop: 1 = a forward whose result is not observed yet"),
     ("HL_IN_FLIGHT_END_BITS", 0, "", "SGLang host loop: when that forward ends (float64 bits)"),
     ("HL_GPU_FREE_BITS", 0, "", "SGLang host loop: when the GPU is free of launched forwards (float64 bits)"),
+    ("FE_STAGES", 0, "", "SGLang frontend: its stages (kernels.sglang.frontend); 0 = none"),
+    ("FE_STAGE_OFF", 0, "", "SGLang frontend: its first stage's row of wk.fe_stage"),
+    ("FE_NOW_BITS", 0, "", "SGLang frontend: the time its pools were advanced to (float64 bits)"),
 ])
 (WK_SIM, WK_RUN_OFF, WK_RUN_LEN, WK_WAIT_OFF, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_BUSY,
  WK_TERM_HEAD, WK_STALLED, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_TERM_TAIL, WK_PEND_HEAD,
@@ -547,7 +552,8 @@ WORKER = FieldTable("WK_", "wk.i64", np.int64, [
  WK_RT_FREED_TOKENS, WK_RT_ACTIVE_BLOCKS, WK_RT_OFF, WK_RT_MASK, WK_RT_USED, WK_RT_LIMIT,
  WK_SG_RATIO_BITS, WK_SG_PREFILL_ROUNDS, WK_SG_READY_HEAD, WK_SG_READY_TAIL, WK_SG_READY_LEN,
  WK_DP_CURSOR, WK_DP_WAVE, WK_RESERVED_LEN, WK_SG_PASS_FLAGS, WK_CAPACITY_BOUND, WK_TOK_OFF,
- WK_HL_IN_FLIGHT, WK_HL_IN_FLIGHT_END_BITS, WK_HL_GPU_FREE_BITS) = WORKER.indices()
+ WK_HL_IN_FLIGHT, WK_HL_IN_FLIGHT_END_BITS, WK_HL_GPU_FREE_BITS, WK_FE_STAGES, WK_FE_STAGE_OFF,
+ WK_FE_NOW_BITS) = WORKER.indices()
 WK_FIELDS = WORKER.width
 
 # Simulations: sims.i64[s, SM_*]. Disaggregated simulations: workers [W_OFF, W_OFF +
@@ -600,13 +606,15 @@ SIMULATION = FieldTable("SM_", "sims.i64", np.int64, [
     ("DEST_FIRST", 0, "", "disaggregated: 1 = DestinationFirst handoff order (SGLang: the decode "
                           "slot is reserved at arrival, the prefill submitted once it holds), "
                           "0 = SourceFirst (vLLM, TRT-LLM)"),
+    ("FRONTEND", 0, "", "1 = some worker has SGLang frontend stages (their completions are "
+                        "instants of the event loop: kernels.sglang.frontend)"),
 ])
 (SM_Q_OFF, SM_Q_LEN, SM_W_OFF, SM_W_LEN, SM_CONCURRENCY, SM_STATUS, SM_NUM_STARTS, SM_START_PTR,
  SM_HEAP_LEN, SM_ACTIVE_SESSIONS, SM_RR_CURSOR, SM_NUM_ARRIVED, SM_NUM_TERMINAL, SM_NUM_NOT_SENT,
  SM_UUID_NEXT, SM_PASS_LOG_LEN, SM_RESUME_WORKER, SM_PREFILL_LEN, SM_DECODE_CURSOR, SM_ACTQ_HEAD,
  SM_ACTQ_LEN, SM_XFER_LEN, SM_OPEN_HANDOFFS, SM_XFER_SEQ, SM_HLOG_LEN, SM_DECODE_RUN_PASSES,
  SM_PLACEMENT, SM_RNG_STATE, SM_PREFILL_Q_OFF, SM_RT_LOG_LEN, SM_BUSY_LEN, SM_DEAD_IN_FLIGHT,
- SM_GROUP_PASS, SM_TOKEN_HEAD, SM_TOKEN_TAIL, SM_INDEPENDENT, SM_DEST_FIRST) = SIMULATION.indices()
+ SM_GROUP_PASS, SM_TOKEN_HEAD, SM_TOKEN_TAIL, SM_INDEPENDENT, SM_DEST_FIRST, SM_FRONTEND) = SIMULATION.indices()
 SM_FIELDS = SIMULATION.width
 
 STATE_TABLES = (RANK_CONFIG_I, RANK_CONFIG_F, POOL_W, POOL_B, REQUEST_I, REQUEST_F, WORKER,
@@ -637,6 +645,7 @@ class Features(NamedTuple):
     aic: object = None           # op-level timing tables (kernels.timing.aic_table)
     tokenization: object = None  # a tokenization pool ahead of the schedulers (kernels.loop.tokenization)
     sglang_host_loop: object = None  # SGLang's overlapped host loop (kernels.sglang.host_loop)
+    sglang_frontend: object = None   # SGLang's frontend stages (kernels.sglang.frontend)
 
 
 class RankConfig(NamedTuple):
@@ -876,6 +885,25 @@ _NO_RT_COSTS = np.zeros((0, 0, 0))
 
 _NO_TOK_FREE = np.zeros(0, np.float64)
 
+# SGLang frontend stages (kernels.sglang.frontend): wk.fe_stage[g, FS_*], one row per
+# stage of every worker with a frontend (its rows from WK_FE_STAGE_OFF)
+FRONTEND_STAGE = FieldTable("FS_", "wk.fe_stage", np.int64, [
+    ("WORKERS", 1, "", "jobs it serves at once"),
+    ("SLOT_OFF", 0, "", "first of its job slots in wk.fe_slot_q / fe_slot_rem"),
+    ("ACTIVE", 0, "", "jobs in service (slots from SLOT_OFF)"),
+    ("WAIT_HEAD", -1, "q", "oldest job waiting for a worker (linked by RQ_LINK)"),
+    ("WAIT_TAIL", -1, "q", "newest job waiting"),
+    ("SCALE_OFF", 0, "", "first of its concurrency_scale values in wk.fe_scale"),
+    ("SCALE_LEN", 0, "", "concurrency_scale values (service time x value at index jobs - 1)"),
+    ("SERVICE_BITS", 0, "", "service time of a job alone, ms (float64 bits)"),
+])
+(FS_WORKERS, FS_SLOT_OFF, FS_ACTIVE, FS_WAIT_HEAD, FS_WAIT_TAIL, FS_SCALE_OFF, FS_SCALE_LEN,
+ FS_SERVICE_BITS) = FRONTEND_STAGE.indices()
+FS_FIELDS = FRONTEND_STAGE.width
+_NO_FE_STAGE = np.zeros((0, FS_FIELDS), np.int64)
+_NO_FE_Q = np.zeros(0, np.int64)
+_NO_FE_F = np.zeros(0, np.float64)
+
 
 class Workers(NamedTuple):
     """Event-loop state of every worker."""
@@ -894,6 +922,12 @@ class Workers(NamedTuple):
     # float64[..] when each tokenization server of a worker is next free (WK_TOK_OFF,
     # CFG_TOK_SERVERS slots); empty when no worker has a pool
     tok_free_ms: np.ndarray = _NO_TOK_FREE
+    # SGLang frontend stages (kernels.sglang.frontend); empty when no worker has them
+    fe_stage: np.ndarray = _NO_FE_STAGE    # int64[g, FS_FIELDS]
+    fe_slot_q: np.ndarray = _NO_FE_Q       # int64[..] the job in each slot
+    fe_slot_rem: np.ndarray = _NO_FE_F     # float64[..] the fraction of its service still owed
+    fe_slot_due: np.ndarray = _NO_FE_Q     # int64[..] scratch: 1 = the job completes at the deadline
+    fe_scale: np.ndarray = _NO_FE_F        # float64[..] concurrency_scale values
 
 
 class Sims(NamedTuple):

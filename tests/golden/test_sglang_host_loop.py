@@ -1,8 +1,8 @@
-"""SGLang's host loop (kernels.sglang.host_loop) against reference runs
-(tests/data/golden_sglang_host_loop): every request's timeline bit for bit, its
-received / selected / prefill-complete milestones, the report's stage means, the
-predict config lowered as the reference's CLI lowers it, and the iteration timeline's
-rules on their own."""
+"""SGLang's host loop (kernels.sglang.host_loop) and frontend stages
+(kernels.sglang.frontend) against reference runs (tests/data/golden_sglang_host_loop):
+every request's timeline bit for bit, its frontend-ready / received / selected /
+prefill-complete milestones, the report's stage means, the predict configs lowered as
+the reference's CLI lowers them, and the iteration timeline's rules on their own."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def reference_rows(case: str) -> dict:
 
 
 def test_cases_present():
-    assert len(CASES) == 6
+    assert len(CASES) == 10 and sum(case.startswith("fe_") for case in CASES) == 4
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -72,7 +72,10 @@ def test_milestones_and_stage_means_match_the_reference(case):
     want = pd.read_csv(GOLDEN / f"{case}.milestones.csv", dtype={"request_id": str})
     got = requests.set_index(["request_id", "turn_index"])
     want = want.set_index(["request_id", "turn_index"]).loc[got.index]
-    for column in ("scheduler_received_ms", "selected_ms", "prefill_complete_ms"):
+    columns = ["scheduler_received_ms", "selected_ms", "prefill_complete_ms"]
+    if "frontend_ready_ms" in want:
+        columns.append("frontend_ready_ms")
+    for column in columns:
         assert np.array_equal(got[column].to_numpy(), want[column].to_numpy()), column
     report = json.loads((GOLDEN / f"{case}.report.json").read_text())
     means = host_loop_means(requests)
@@ -81,11 +84,30 @@ def test_milestones_and_stage_means_match_the_reference(case):
         assert value == pytest.approx(report[key], rel=1e-12, abs=1e-12), key
 
 
-def test_predict_config_lowers_to_the_captured_payload():
-    mine = read_predict_config(GOLDEN / "hl_tiny20.predict.yaml")
-    captured = payload_of("hl_tiny20")
+@pytest.mark.parametrize("case", ["hl_tiny20", "fe_tiny20"])
+def test_predict_config_lowers_to_the_captured_payload(case):
+    mine = read_predict_config(GOLDEN / f"{case}.predict.yaml")
+    captured = payload_of(case)
     assert mine["spec"]["engine"] == captured["spec"]["engine"]
     assert mine["spec"]["engine"]["rank"]["sglang"] == {"chunked_prefill_size": 8192, "host_loop": True}
+
+
+@pytest.mark.parametrize("edit, words", [
+    ({"sglang": {"host_loop": False}}, "frontend stages run ahead of the scheduler loop"),
+    ({"frontend": {"stages": []}}, r"frontend\.stages: must be a list of at least one stage"),
+    ({"frontend": {"stages": [{"workers": 0, "service_ms": 1.0}]}}, r"stages\[0\]\.workers"),
+    ({"frontend": {"stages": [{"workers": 1, "service_ms": -1.0}]}}, r"stages\[0\]\.service_ms"),
+    ({"frontend": {"stages": [{"workers": 1, "service_ms": 1.0, "concurrency_scale": [0.0]}]}},
+     r"concurrency_scale\[0\]: must be finite and > 0"),
+    ({"frontend": {"stages": [{"workers": 1, "service_ms": 1.0, "speed": 2}]}}, r"stages\[0\]\.speed: unknown"),
+])
+def test_bad_frontend_stages_are_refused_by_field(edit, words):
+    payload = payload_of("fe_tiny20")
+    rank = payload["spec"]["engine"]["rank"]
+    for key, value in edit.items():
+        rank[key] = {**rank[key], **value} if key == "sglang" else value
+    with pytest.raises(ConfigError, match=r"^spec\.engine\.rank\.(frontend|sglang)[^:]*: .*" + words):
+        parse_payload(payload, GOLDEN, trace_override=str(DATA_DIR / "traces" / "mooncake_tiny20.jsonl"))
 
 
 def test_host_loop_is_refused_where_the_reference_refuses_it():
