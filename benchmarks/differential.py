@@ -33,6 +33,11 @@ payload with it, and besides the rows of the requests terminal by the cap, the
 summary is compared with the reference's report on every key (arrivals by the cap,
 worker-seconds to its last instant, committed prefill, token statistics).
 
+With ``--hostloop-fraction F`` that share of the aggregated SGLang cases (one rank per
+worker) runs with SGLang's host loop, half of them with frontend stages ahead of it
+(one to three stages of one to three workers, service times from 0 to 120 ms, a drawn
+``concurrency_scale`` now and then).
+
 With ``--cli-fraction F`` that share of the cases runs a payload as the reference's
 own CLI writes it (a template of ``tests/data/golden_cli``: op-level timing of
 Qwen3-32B at tp 1 and 2, on h200 and b200, homogeneous and heterogeneous
@@ -159,6 +164,23 @@ def random_sglang_config(rng: random.Random, disagg_fraction: float = 0.0) -> li
     if rng.random() < 0.25:
         args += ["--engine-json", json.dumps({"prefill_decode_interval": rng.randint(1, 4)})]
     return args
+
+
+def random_host_loop_edits(rng: random.Random) -> list[str]:
+    """Payload edits turning an aggregated SGLang rank's host loop on, and half the time
+    frontend stages ahead of it: one to three stages of one to three workers, service
+    times from free to slower than a pass, and a concurrency_scale now and then."""
+    edits = ["spec.engine.rank.sglang.host_loop=true"]
+    if rng.random() < 0.5:
+        stages = []
+        for _ in range(rng.randint(1, 3)):
+            workers = rng.randint(1, 3)
+            stage = {"workers": workers, "service_ms": rng.choice([0.0, 1.5, 20.0, 120.0])}
+            if rng.random() < 0.5:
+                stage["concurrency_scale"] = [round(rng.uniform(1.0, 2.5), 2) for _ in range(workers)]
+            stages.append(stage)
+        edits.append("spec.engine.rank.frontend=" + json.dumps({"stages": stages}))
+    return edits
 
 
 def random_config(rng: random.Random, disagg_fraction: float = 0.3, sglang_fraction: float = 0.0) -> list[str]:
@@ -443,6 +465,9 @@ def main() -> int:
                    help="share of the cases run as a reference predict config (YAML): the "
                         "reference's CLI lowers and runs it, aisim_fast's lowering must write "
                         "the same payload and its run match request for request")
+    p.add_argument("--hostloop-fraction", type=float, default=0.0,
+                   help="share of the aggregated SGLang cases run with the host loop "
+                        "(sglang.host_loop), half of them with frontend stages")
     p.add_argument("--kv-artifacts", action="store_true",
                    help="one aggregated worker per case (vLLM / TRT-LLM, SGLang with "
                         "--sglang-fraction); compare KV events and output token ids with the "
@@ -501,6 +526,12 @@ def main() -> int:
                     cap_ms = float(cap_rng.choice(arrivals)) if cap_rng.random() < 0.2 \
                         else round(cap_rng.uniform(0.0, span), 3)
                     kind += "/cap"
+            host_edits = []
+            if args.hostloop_fraction > 0 and cfg[1] == "sglang" and "--workers" in cfg and dp_size == 1:
+                host_rng = random.Random(args.seed * 100003 + i + 0x4057)
+                if host_rng.random() < args.hostloop_fraction:
+                    host_edits = random_host_loop_edits(host_rng)
+                    kind += "/frontend" if len(host_edits) > 1 else "/hostloop"
             cli_edits = None
             if args.cli_fraction > 0 and not args.kv_artifacts:
                 cli_rng = random.Random(args.seed * 100003 + i + 0xC11)
@@ -529,7 +560,8 @@ def main() -> int:
                     tally["reference refused the config"] += 1
                     continue
             # a CLI payload is run by the reference through the edit step only
-            edits = list(cli_edits or []) + ([] if cap_ms is None else [f"spec.max_sim_time_ms={cap_ms}"])
+            edits = list(cli_edits or []) + ([] if cap_ms is None else [f"spec.max_sim_time_ms={cap_ms}"]) \
+                + host_edits
             if max(dp_size, prefill_dp) > 1:
                 if "--workers" in cfg:
                     edits += [f"spec.engine.dp_size={dp_size}",

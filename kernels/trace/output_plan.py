@@ -87,13 +87,20 @@ def chacha12_block(key, counter):
 
 @njit(cache=True, _nrt=False)
 def plan_words(first_word, n, out, j0):
-    """Words [first_word, first_word + n) of the plan stream into out[j0:j0 + n],
-    one ChaCha block per 16 words."""
+    """Words [first_word, first_word + n) of the plan stream into out[j0:j0 + n]."""
+    stream_words(PLAN_KEY, first_word, n, out, j0)
+
+
+@njit(cache=True, _nrt=False)
+def stream_words(key, first_word, n, out, j0):
+    """Words [first_word, first_word + n) of the ChaCha12 stream of ``key`` (``seed_key``)
+    into out[j0:j0 + n], one block per 16 words: any ``StdRng::seed_from_u64`` stream
+    (the plan's; a synthetic load's arrivals, ``trace.seeded_rng``)."""
     word = np.int64(first_word)
     end = word + n
     j = j0
     while word < end:
-        block = chacha12_block(PLAN_KEY, word // 16)
+        block = chacha12_block(key, word // 16)
         stop = min(end, (word // 16 + 1) * 16)
         for k in range(word % 16, word % 16 + (stop - word)):
             out[j] = block[k]

@@ -7,6 +7,7 @@ the reference's CLI lowers them, and the iteration timeline's rules on their own
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -106,8 +107,9 @@ def test_bad_frontend_stages_are_refused_by_field(edit, words):
     rank = payload["spec"]["engine"]["rank"]
     for key, value in edit.items():
         rank[key] = {**rank[key], **value} if key == "sglang" else value
-    with pytest.raises(ConfigError, match=r"^spec\.engine\.rank\.(frontend|sglang)[^:]*: .*" + words):
+    with pytest.raises(ConfigError, match=r"^spec\.engine\.rank\.(frontend|sglang)") as err:
         parse_payload(payload, GOLDEN, trace_override=str(DATA_DIR / "traces" / "mooncake_tiny20.jsonl"))
+    assert re.search(words, str(err.value)), str(err.value)
 
 
 def test_host_loop_is_refused_where_the_reference_refuses_it():

@@ -104,7 +104,7 @@ def test_trace_concurrency_sla_and_time_cap():
     ([("engine.fpm_profile", {"x": 1})], "engine.fpm_profile: not simulated"),
     ([("engine.estimation_mode", "fpm_interpolation")], "engine.estimation_mode: not simulated"),
     ([("engine.workers.encoder", {})], "engine.workers.encoder: not simulated"),
-    ([(f"{AGG}.frontend", {"stages": [{"workers": 1, "service_ms": 2.0}]})], f"{AGG}.frontend: not simulated"),
+    ([(f"{AGG}.host_profile", {"x": 1})], f"{AGG}.host_profile: not simulated"),
     ([(f"{AGG}.host_loop", True)], f"{AGG}.host_loop: workers.aggregated.host_loop and "
                                    "workers.aggregated.vision are supported only for backend=sglang"),
     ([(f"{AGG}.kv_cache.host_offload", {"num_host_blocks": 10})], f"{AGG}.kv_cache.host_offload: not simulated"),
