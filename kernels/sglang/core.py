@@ -429,6 +429,7 @@ def _observe_forward(cfg, p, rq, wl, wk, sims, s, w, stamp, end_ms, path, scratc
 _hl_forward_end = gate("sglang_host_loop", hl.forward_end, 0.0)
 _hl_iteration_end = gate("sglang_host_loop", hl.iteration_end, (0.0, False))
 _hl_receive = gate("sglang_host_loop", hl.receive)
+_hl_finished_in_batch = gate("sglang_host_loop", hl.finished_in_batch, np.int64(0))
 _hl_observe_forward = gate("sglang_host_loop", _observe_forward)
 
 
@@ -945,14 +946,19 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         # §6.3 decode pass over every running request
         if not host_loop:
             _finish_done(cfg, p, rq, wl, wk, w, np.int64(0), path, scratch_tokens)
-        # memory check and retraction
+        # memory check and retraction (under the host loop, members whose last token is
+        # in flight are past retraction: the check is over the others)
+        n_done = _hl_finished_in_batch(cfg.features, rq, wk, w) if host_loop else 0
         while True:
             need, dc_kv = _decode_need(r, rq, wk, w)
-            if rx.available_tokens(r, w) + r.w64[w, RW_EVICTABLE] >= need or wk.i64[w, WK_RUN_LEN] <= 1:
+            if rx.available_tokens(r, w) + r.w64[w, RW_EVICTABLE] >= need \
+                    or wk.i64[w, WK_RUN_LEN] - n_done <= 1:
                 break
             if n_retracted == 0:
                 _sort_for_retraction(rq, wk, w)
             idx = wk.i64[w, WK_RUN_LEN] - 1
+            while rq.i64[wk.run_q[off + idx], RQ_HL_DONE_STAMP] != 0:
+                idx -= 1
             v = wk.run_q[off + idx]
             # the pressure event (layout: PREEMPTED, PRESSURE, PRESSURE_SGLANG rows);
             # active blocks are the pages in use, cached ones included
@@ -991,11 +997,15 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         if n_retracted > 0:
             out_sum = 0.0
             max_sum = 0.0
+            n_left = 0
             for j in range(n_run):
                 q = wk.run_q[off + j]
+                if rq.i64[q, RQ_HL_DONE_STAMP] != 0:
+                    continue  # (host loop) past the check, as above
                 out_sum += float(rq.i64[q, RQ_GENERATED])
                 max_sum += float(rq.i64[q, RQ_MAX_OUTPUT])
-            _set_ratio(wk, w, min(1.0, (out_sum + float(RETRACT_STEPS) * float(n_run)) / (max_sum + 1.0)))
+                n_left += 1
+            _set_ratio(wk, w, min(1.0, (out_sum + float(RETRACT_STEPS) * float(n_left)) / (max_sum + 1.0)))
         # (under the host loop, members whose last token is in flight are still in the
         # batch the step is timed over: reference runs, bit for bit)
         dc_n = n_run

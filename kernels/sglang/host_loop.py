@@ -18,7 +18,8 @@ at the end of the next iteration:
 * its terminals. A request whose last token the forward gave stays in the batch, and
   keeps its slot and its KV, until the forward is observed; it is finished then
   (``RQ_HL_DONE_STAMP``; kernels.sglang.core ``_observe_forward``). It emits no token
-  in the next forward, but that step is timed over the whole batch, it included.
+  in the next forward, and the decode memory check and its retraction pass it over,
+  but that step is timed over the whole batch, it included.
 * the prefix-cache commit of a request's first token. Its prompt enters the radix
   tree when the forward is observed, after the next batch was selected
   (``RQ_HL_COMMIT_STAMP`` / ``RQ_HL_COMMIT_THROUGH``).
@@ -32,8 +33,9 @@ import numpy as np
 
 from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.loop.rank_queues import wait_at
-from aisim_fast.kernels.schema.layout import (RQF_RECEIVED_MS, WK_HL_GPU_FREE_BITS, WK_HL_IN_FLIGHT,
-                                              WK_HL_IN_FLIGHT_END_BITS, WK_WAIT_LEN)
+from aisim_fast.kernels.schema.layout import (RQ_HL_DONE_STAMP, RQF_RECEIVED_MS, WK_HL_GPU_FREE_BITS,
+                                              WK_HL_IN_FLIGHT, WK_HL_IN_FLIGHT_END_BITS, WK_RUN_LEN, WK_RUN_OFF,
+                                              WK_WAIT_LEN)
 
 
 @kernel(cache=True, _nrt=False)
@@ -74,3 +76,16 @@ def receive(rq, wk, w, now_ms):
         q = wait_at(wk, w, j)
         if np.isnan(rq.f64[q, RQF_RECEIVED_MS]):
             rq.f64[q, RQF_RECEIVED_MS] = now_ms
+
+
+@kernel(cache=True, _nrt=False)
+def finished_in_batch(rq, wk, w):
+    """Members of the running batch whose last token a forward already gave: they stay
+    in the batch (and in its step's timing) until that forward is observed, but are
+    past the decode memory check and its retraction."""
+    off = wk.i64[w, WK_RUN_OFF]
+    n = 0
+    for j in range(wk.i64[w, WK_RUN_LEN]):
+        if rq.i64[wk.run_q[off + j], RQ_HL_DONE_STAMP] != 0:
+            n += 1
+    return n
