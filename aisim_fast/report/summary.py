@@ -87,12 +87,6 @@ def summarize_replay(setup, requests: pd.DataFrame, token_stat_row, token_hist_r
     ``gpus_per_worker``: the aggregated pool's (default its tensor parallelism x
     attention-DP ranks, as the reference's ``aic_gpus_per_worker``). ``cap``: the run's
     ``replay.CapFacts`` (``BatchResult.capped``) when it had a time cap."""
-    if not setup.disaggregated and setup.rank.sglang_host_loop:
-        summary = summarize_aggregated_run(
-            requests, token_stat_row, token_hist_row, workers=setup.workers,
-            gpus_per_worker=setup.gpus_per_worker if gpus_per_worker is None else gpus_per_worker,
-            sla=setup.sla, wall_time_ms=wall_time_ms, cap=cap)
-        return dict(sorted({**summary, **host_loop_means(requests)}.items()))
     if setup.disaggregated:
         return summarize_disaggregated_run(
             requests, token_stat_row, token_hist_row,
@@ -100,10 +94,13 @@ def summarize_replay(setup, requests: pd.DataFrame, token_stat_row, token_hist_r
             prefill_gpus_per_worker=setup.prefill_gpus_per_worker,
             decode_gpus_per_worker=setup.gpus_per_worker, sla=setup.sla,
             wall_time_ms=wall_time_ms, cap=cap)
-    return summarize_aggregated_run(
+    summary = summarize_aggregated_run(
         requests, token_stat_row, token_hist_row, workers=setup.workers,
         gpus_per_worker=setup.gpus_per_worker if gpus_per_worker is None else gpus_per_worker,
         sla=setup.sla, wall_time_ms=wall_time_ms, cap=cap)
+    if setup.rank.sglang_host_loop:  # the host loop's stage means beside the others
+        summary = dict(sorted({**summary, **host_loop_means(requests)}.items()))
+    return summary
 
 
 def host_loop_means(requests: pd.DataFrame) -> dict:

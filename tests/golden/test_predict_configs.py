@@ -83,12 +83,7 @@ def test_a_config_runs_through_the_command_line(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["aisim_fast.config"]["mode"] == "predict_config"
     rows = pd.read_parquet(out / "requests.parquet")
-    saved = goldens.golden_dir
-    goldens.golden_dir = lambda case: GOLDEN
-    try:
-        gold = goldens.read_golden(name)
-    finally:
-        goldens.golden_dir = saved
+    gold = goldens.read_golden(name, GOLDEN)
     cand = goldens.index_frame(rows)
     missing, bad = goldens.parity_failures(gold, cand)
     assert not missing and not bad, goldens.failure_report(name, missing, bad)

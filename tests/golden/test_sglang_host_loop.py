@@ -45,12 +45,7 @@ def run(case: str):
 
 
 def reference_rows(case: str) -> dict:
-    saved = goldens.golden_dir
-    goldens.golden_dir = lambda c: GOLDEN
-    try:
-        return goldens.read_golden(case)
-    finally:
-        goldens.golden_dir = saved
+    return goldens.read_golden(case, GOLDEN)
 
 
 def test_cases_present():

@@ -58,8 +58,11 @@ PARITY_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "cached_tokens", "output_token
 # parity.py rules (reimplemented so the test needs nothing outside the repo; the same
 # tool is also run as-is in test_reference_parity_tool when it is available)
 # ------------------------------------------------------------------------------------------------
-def read_golden(case):
-    with open(golden_dir(case) / (case + ".csv"), newline="", encoding="utf-8") as fh:
+def read_golden(case, folder=None):
+    """The reference's rows of ``case`` by (request id, turn), from ``folder`` (default
+    the parity goldens' folder of the case)."""
+    where = golden_dir(case) if folder is None else folder
+    with open(where / (case + ".csv"), newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     return {(row["request_id"].strip(), as_key_part(row.get("turn_index"))): row for row in rows}
 
