@@ -115,6 +115,7 @@ FEATURE_PARTS = {
     "tokenization": ("a tokenization pool", 2),
     "sglang_host_loop": ("the SGLang host loop", 3),
     "sglang_frontend": ("SGLang frontend stages", 3),
+    "speculation": ("speculative decoding", 3),
 }
 _ANNOUNCED: set[str] = set()
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from aisim_fast.aic import timing as aic
+from aisim_fast.kernels.schema.layout import SPEC_MAX_NEXTN
 from aisim_fast.trace.inline_requests import InlineRequestError, parse_inline_requests
 from aisim_fast.trace.synthetic import LOAD_TYPES as SYNTHETIC_LOAD_TYPES, SyntheticLoad
 
@@ -128,6 +129,11 @@ class RankConfig:
     frontend: tuple | None = None
     # SGLang: passes without prefill after one that prefilled (a top-level rank field)
     prefill_decode_interval: int = 0
+    # speculative decoding (kernels.spec): drafts per verify pass (None = none), their
+    # conditional acceptance rates as given, and the rank samplers' base seed
+    aic_nextn: int | None = None
+    aic_nextn_accept_rates: str | None = None
+    aic_mtp_seed: int = 42
     # vLLM with attention DP: prefills are admitted on every N-th group pass only
     # (engine.md 5.7; no effect with dp_size 1)
     prefill_schedule_interval: int = 1
@@ -169,15 +175,60 @@ class RankConfig:
 
 # Reference fields accepted only at their default (or absent): value = default.
 _UNSIMULATED = {
-    "aic_nextn": None,
-    "aic_nextn_accept_rates": None,
-    "aic_mtp_seed": 42,
     "kv_cache_bytes_per_token": None,
     "native_host_offload": None,
     "g3_offload": None,
     "state_cache": None,
     "vision": None,
 }
+
+
+DEFAULT_ACCEPT_RATES = (0.85, 0.3, 0.0, 0.0, 0.0)  # the reference's, cut or padded to nextn
+
+
+def accept_rates(nextn: int, rates: str | None, path: str = "aic_nextn_accept_rates") -> tuple[float, ...]:
+    """The conditional acceptance rate of each of ``nextn`` drafts: ``rates`` (a comma
+    list) or the reference's defaults, each checked finite in [0, 1], then cut or
+    zero-padded to ``nextn`` entries."""
+    if rates is None or not rates.strip():
+        parsed = list(DEFAULT_ACCEPT_RATES)
+    else:
+        parsed = []
+        for item in rates.split(","):
+            try:
+                parsed.append(float(item.strip()))
+            except ValueError:
+                _fail(path, f"invalid value {item.strip()!r}: not a number")
+    for i, rate in enumerate(parsed):
+        if not math.isfinite(rate) or not 0.0 <= rate <= 1.0:
+            _fail(f"{path}[{i}]", f"must be finite and in [0, 1], got {rate}")
+    return tuple((parsed + [0.0] * nextn)[:nextn])
+
+
+def parse_speculation(raw: dict, path: str, decode_speedup_ratio: float) -> dict:
+    """A rank's speculative-decoding keys, checked as the reference checks them."""
+    out: dict[str, Any] = {}
+    nextn = raw.get("aic_nextn")
+    rates = raw.get("aic_nextn_accept_rates")
+    if nextn is None:
+        if rates is not None:
+            _fail(f"{path}.aic_nextn_accept_rates", "requires aic_nextn")
+    else:
+        out["aic_nextn"] = _int(f"{path}.aic_nextn", nextn, 1)
+        if out["aic_nextn"] > SPEC_MAX_NEXTN:
+            _fail(f"{path}.aic_nextn", f"must be in 1..={SPEC_MAX_NEXTN}, got {nextn}")
+        if rates is not None and not isinstance(rates, str):
+            _fail(f"{path}.aic_nextn_accept_rates", f"must be a comma-separated string, got {rates!r}")
+        accept_rates(out["aic_nextn"], rates, f"{path}.aic_nextn_accept_rates")
+        out["aic_nextn_accept_rates"] = rates
+        if decode_speedup_ratio != 1.0:
+            _fail(f"{path}.decode_speedup_ratio", "must be 1.0 with aic_nextn (the reference models "
+                  f"speculative speed-up by its multi-token passes), got {decode_speedup_ratio}")
+    seed = raw.get("aic_mtp_seed", 42)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+        _fail(f"{path}.aic_mtp_seed", f"must be an integer in [0, 2**64), got {seed!r}")
+    out["aic_mtp_seed"] = seed
+    return out
 
 
 def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1, dp_size: int = 1) -> RankConfig:
@@ -299,6 +350,7 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1, dp_
                                                                  if backend == "sglang" else "") + ")")
     if backend == "sglang":
         out.update(_parse_sglang(raw, path, out))
+    out.update(parse_speculation(raw, path, out["decode_speedup_ratio"]))
     if raw.get("frontend") is not None:
         if backend != "sglang":
             _fail(f"{path}.frontend", "frontend stages are SGLang's (backend sglang)")

@@ -9,7 +9,7 @@ import numpy as np
 from aisim_fast.engine import reused_buffers
 from aisim_fast.engine.frames import handoff_log_rows
 from aisim_fast.engine.grow import workload_rows
-from aisim_fast.engine.lowering import reset_pools, small_pages, with_aic_tables
+from aisim_fast.engine.lowering import pool_extents, reset_pools, small_pages, with_aic_tables
 from aisim_fast.engine.memory import check_state_fits
 from aisim_fast.engine.simulation import Simulation, router_config
 from aisim_fast.engine.split import workers_independent
@@ -18,6 +18,7 @@ from aisim_fast.engine.templates import (SIM_SETTINGS, SimTemplate, fresh_row, p
 from aisim_fast.kernels.features import features_of, union
 from aisim_fast.kernels.schema import layout as L
 from aisim_fast.kernels.sglang import radix as sglang_radix
+from aisim_fast.kernels.spec.sampler import stream_key
 from aisim_fast.kernels.stats import sketch
 
 DEFAULT_PASS_LOG_ROWS = 65536
@@ -269,11 +270,12 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         wk_i[:, L.WK_TOK_OFF] = np.concatenate([[0], np.cumsum(servers)[:-1]])
         tokenization_state = dict(tok_free_ms=np.zeros(int(servers.sum())))
     frontend_state = _frontend_state(sims, w_off, w_len, wk_i)
+    spec_state = _speculation_state(sims, w_off, cfg_i)
     wk = L.Workers(i64=wk_i, pass_end_ms=np.zeros(n_w),
                    run_q=np.zeros(int(run_cap.sum()), np.int64),
                    wait_q=np.zeros(int(wait_cap.sum()), np.int64),
                    busy_heap=np.zeros(n_w, np.int64), ready=np.ones(n_w, np.uint8), **router_state,
-                   **tokenization_state, **frontend_state)
+                   **tokenization_state, **frontend_state, **spec_state)
     sm_i[:, L.SM_Q_OFF] = q_off
     sm_i[:, L.SM_Q_LEN] = q_len
     sm_i[:, L.SM_W_OFF] = w_off
@@ -307,6 +309,24 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     reached = features_of(cfg_i, sm_i)
     cfg = cfg._replace(features=reached if features is None else union(reached, features))
     return cfg, pool, rq, workload, wk, sim_state, max_lease, max_bs
+
+
+def _speculation_state(sims, w_off, cfg_i) -> dict:
+    """Each speculating rank's acceptance stream (kernels.spec.sampler): rand's StdRng
+    seeded ``aic_mtp_seed + worker * dp_size + dp_rank``, the worker numbered within its
+    pool; none when no rank speculates."""
+    if not (cfg_i[:, L.CFG_SPEC_NEXTN] > 0).any():
+        return {}
+    spec_rng = np.zeros((len(cfg_i), 24), np.uint32)
+    for s, sim in enumerate(sims):
+        for ws, rank in pool_extents(sim, int(w_off[s])):
+            if rank.aic_nextn is None:
+                continue
+            for w in range(ws.start, ws.stop):
+                dp_size = int(cfg_i[w, L.CFG_DP_SIZE])
+                seed = rank.aic_mtp_seed + (w - ws.start) // dp_size * dp_size + int(cfg_i[w, L.CFG_DP_RANK])
+                spec_rng[w, :8] = stream_key(seed)
+    return dict(spec_rng=spec_rng)
 
 
 def _frontend_state(sims, w_off, w_len, wk_i) -> dict:

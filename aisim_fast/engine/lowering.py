@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from aisim_fast.config.payload import RankConfig
+from aisim_fast.config.payload import RankConfig, accept_rates
+from aisim_fast.kernels.spec.sampler import accept_thresholds
 from aisim_fast.kernels.schema import layout as L
 
 try:
@@ -102,6 +103,11 @@ def rank_config_rows(cfg_i: np.ndarray, cfg_f: np.ndarray, ws: slice, rank: Rank
     cfg_i[ws, L.CFG_DP_SIZE] = dp_size
     # the cadence acts with attention DP only (engine.md 5.7); 1 = every pass
     cfg_i[ws, L.CFG_PREFILL_CADENCE] = rank.prefill_schedule_interval if dp_size > 1 else 1
+    if rank.aic_nextn is not None:
+        cfg_i[ws, L.CFG_SPEC_NEXTN] = rank.aic_nextn
+        thresholds = accept_thresholds(accept_rates(rank.aic_nextn, rank.aic_nextn_accept_rates))
+        for i, threshold in enumerate(thresholds):
+            cfg_i[ws, L.CFG_SPEC_ACCEPT_0 + i] = threshold
     if rank.backend == "sglang":
         cfg_i[ws, L.CFG_SG_MAX_PREFILL_TOKENS] = rank.sglang_max_prefill_tokens
         # attention DP splits the chunk budget over the ranks (engine.md 7.9)

@@ -420,6 +420,45 @@ def reserve(p, w, capacity, hits, n_hits, n_fresh, out_fresh):
 
 
 @njit(cache=True, _nrt=False)
+def reserve_blocks(p, w, capacity, n):
+    """Set ``n`` fresh blocks aside (counted in use until taken with ``take_reserved``
+    or given back with ``cancel_reserved``), evicting from the LRU head as needed:
+    a speculative verify pass's lookahead. False (nothing changed) when capacity is
+    exhausted."""
+    needed_evictions = n - num_free(p, w, capacity)
+    if needed_evictions > 0:
+        if needed_evictions > p.w64[w, PW_LRU_LEN]:
+            return False
+        group = np.int64(KV_FIRST)  # a reservation's evictions are one Removed event
+        for _ in range(needed_evictions):
+            if _evict_head(p, w, group):
+                group = np.int64(KV_NEXT)
+    p.w64[w, PW_NUM_RESERVED] += n
+    return True
+
+
+@njit(cache=True, _nrt=False)
+def take_reserved(p, w):
+    """One block of the reservation as a new private copy (one reference);
+    NO_BLOCK when the arena has no slot left (a sizing error)."""
+    b = _take_slot(p, w)
+    if b == NO_BLOCK:
+        return NO_BLOCK
+    p.b32[b, PB_REF] = 1
+    p.b32[b, PB_CACHED] = 0
+    p.b32[b, PB_DUP] = NO_BLOCK
+    p.w64[w, PW_NUM_COPIES] += 1
+    p.w64[w, PW_NUM_RESERVED] -= 1
+    return b
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def cancel_reserved(p, w, n):
+    """Give ``n`` reserved blocks that were not taken back to the free capacity."""
+    p.w64[w, PW_NUM_RESERVED] -= n
+
+
+@njit(cache=True, _nrt=False)
 def pool_reset(p, w):
     """Empty worker ``w``'s pool: no arena slot used yet, empty table and LRU."""
     p.w64[w, PW_FREE_TOP] = 0

@@ -51,7 +51,7 @@ from aisim_fast.kernels.loop.arrivals import (admit_arrivals, arrivals_due, comp
 from aisim_fast.kernels.loop.backends import (decode_run, group_rank_pass, group_sglang_rank_pass, run_pass,
                                               sglang_run_pass)
 from aisim_fast.kernels.loop.busy_heap import busy_pop, busy_push, next_pass_end_ms
-from aisim_fast.kernels.schema.layout import (ACC_SIZE, CFG_DP_RANK, CFG_DP_SIZE, CFG_POLICY, EVH_LEN,
+from aisim_fast.kernels.schema.layout import (ACC_SIZE, CFG_DP_RANK, CFG_DP_SIZE, CFG_SPEC_NEXTN, CFG_POLICY, EVH_LEN,
                                               POLICY_SGLANG, PW_PASS_NUM, SIM_ARENA_FULL, SIM_CAPACITY,
                                               SIM_DEAD_END, SIM_DONE, SIM_EVENTS_FULL, SIM_NEED_FLUSH,
                                               SIM_PAUSED, SIM_RUNNING, SM_DEAD_IN_FLIGHT,
@@ -100,9 +100,10 @@ def _event_loop(disaggregated, sglang=False):
         # (kernels.vllm.decode_run): else any other worker's pass end ends a run, so runs
         # hold a pass or two and cost more than plain passes (10k-request trace on 8
         # workers run whole: 8% more for kv_router, random and round robin; 19-29%
-        # more at a twentieth to a third of its rate)
+        # more at a twentieth to a third of its rate); nor for speculating ranks, whose
+        # passes each draw how many tokens they emit (kernels.spec)
         decode_runs = not outputs_logged(p, s) and dp_any == 1 and (
-            w1 - w0 == 1 or sims.i64[s, SM_INDEPENDENT] != 0)
+            w1 - w0 == 1 or sims.i64[s, SM_INDEPENDENT] != 0) and cfg.i64[w0, CFG_SPEC_NEXTN] == 0
         n_event_rows = p.event_log.shape[1] - 1  # event rows
         while True:
             if events_on:

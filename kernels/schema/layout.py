@@ -291,12 +291,23 @@ RANK_CONFIG_I = FieldTable("CFG_", "cfg.i64", np.int64, [
                            "(kernels.loop.tokenization); 0 = none"),
     ("SG_HOST_LOOP", 0, "", "SGLang: 1 = the host loop (kernels.sglang.host_loop): a pass selects "
                             "the next batch while the previous forward runs"),
+    ("SPEC_NEXTN", 0, "", "speculative decoding (kernels.spec): draft tokens a verify pass checks "
+                          "(aic_nextn); 0 = none"),
+    ("SPEC_ACCEPT_0", 0, "", "speculation: draft 1's conditional acceptance as rand's Bernoulli "
+                             "threshold (uint64 bits; -1 = always, no draw)"),
+    ("SPEC_ACCEPT_1", 0, "", "draft 2's"),
+    ("SPEC_ACCEPT_2", 0, "", "draft 3's"),
+    ("SPEC_ACCEPT_3", 0, "", "draft 4's"),
+    ("SPEC_ACCEPT_4", 0, "", "draft 5's"),
 ])
 (CFG_NUM_GPU_BLOCKS, CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, CFG_MAX_NUM_BATCHED_TOKENS,
  CFG_MAX_MODEL_LEN, CFG_PREFIX_CACHING, CFG_CHUNKED_PREFILL, CFG_PREEMPTION_FIFO, CFG_POLICY,
  CFG_ROLE, CFG_TIMING, CFG_TRANSFER_MODE, CFG_AIC_SHARED, CFG_AIC_LOCAL, CFG_ROUTER_PIN,
  CFG_SG_MAX_PREFILL_TOKENS, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM, CFG_SG_PD_INTERVAL,
- CFG_DP_SIZE, CFG_DP_RANK, CFG_PREFILL_CADENCE, CFG_TOK_SERVERS, CFG_SG_HOST_LOOP) = RANK_CONFIG_I.indices()
+ CFG_DP_SIZE, CFG_DP_RANK, CFG_PREFILL_CADENCE, CFG_TOK_SERVERS, CFG_SG_HOST_LOOP, CFG_SPEC_NEXTN,
+ CFG_SPEC_ACCEPT_0, CFG_SPEC_ACCEPT_1, CFG_SPEC_ACCEPT_2, CFG_SPEC_ACCEPT_3,
+ CFG_SPEC_ACCEPT_4) = RANK_CONFIG_I.indices()
+SPEC_MAX_NEXTN = 5  # the reference's limit (aic_nextn in 1..=5)
 # CFGF_KV_BANDWIDTH_GBS / CFGF_KV_BYTES_PER_TOKEN are NaN when not configured (the
 # transfer then takes CFGF_HANDOFF_LATENCY_MS, the topology's fallback).
 RANK_CONFIG_F = FieldTable("CFGF_", "cfg.f64", np.float64, [
@@ -544,6 +555,8 @@ WORKER = FieldTable("WK_", "wk.i64", np.int64, [
     ("FE_STAGES", 0, "", "SGLang frontend: its stages (kernels.sglang.frontend); 0 = none"),
     ("FE_STAGE_OFF", 0, "", "SGLang frontend: its first stage's row of wk.fe_stage"),
     ("FE_NOW_BITS", 0, "", "SGLang frontend: the time its pools were advanced to (float64 bits)"),
+    ("SPEC_WORD", 0, "", "speculation: next word of its acceptance stream (kernels.spec.sampler)"),
+    ("SPEC_BLOCK", -1, "", "speculation: the stream block held in wk.spec_rng[w, 8:24]; -1 = none"),
 ])
 (WK_SIM, WK_RUN_OFF, WK_RUN_LEN, WK_WAIT_OFF, WK_WAIT_CAP, WK_WAIT_HEAD, WK_WAIT_LEN, WK_BUSY,
  WK_TERM_HEAD, WK_STALLED, WK_PASS_STAMP, WK_PREEMPTIONS_TOTAL, WK_TERM_TAIL, WK_PEND_HEAD,
@@ -553,7 +566,7 @@ WORKER = FieldTable("WK_", "wk.i64", np.int64, [
  WK_SG_RATIO_BITS, WK_SG_PREFILL_ROUNDS, WK_SG_READY_HEAD, WK_SG_READY_TAIL, WK_SG_READY_LEN,
  WK_DP_CURSOR, WK_DP_WAVE, WK_RESERVED_LEN, WK_SG_PASS_FLAGS, WK_CAPACITY_BOUND, WK_TOK_OFF,
  WK_HL_IN_FLIGHT, WK_HL_IN_FLIGHT_END_BITS, WK_HL_GPU_FREE_BITS, WK_FE_STAGES, WK_FE_STAGE_OFF,
- WK_FE_NOW_BITS) = WORKER.indices()
+ WK_FE_NOW_BITS, WK_SPEC_WORD, WK_SPEC_BLOCK) = WORKER.indices()
 WK_FIELDS = WORKER.width
 
 # Simulations: sims.i64[s, SM_*]. Disaggregated simulations: workers [W_OFF, W_OFF +
@@ -646,6 +659,7 @@ class Features(NamedTuple):
     tokenization: object = None  # a tokenization pool ahead of the schedulers (kernels.loop.tokenization)
     sglang_host_loop: object = None  # SGLang's overlapped host loop (kernels.sglang.host_loop)
     sglang_frontend: object = None   # SGLang's frontend stages (kernels.sglang.frontend)
+    speculation: object = None   # speculative decoding's multi-token passes (kernels.spec)
 
 
 class RankConfig(NamedTuple):
@@ -903,6 +917,7 @@ FS_FIELDS = FRONTEND_STAGE.width
 _NO_FE_STAGE = np.zeros((0, FS_FIELDS), np.int64)
 _NO_FE_Q = np.zeros(0, np.int64)
 _NO_FE_F = np.zeros(0, np.float64)
+_NO_SPEC_RNG = np.zeros((0, 24), np.uint32)
 
 
 class Workers(NamedTuple):
@@ -928,6 +943,10 @@ class Workers(NamedTuple):
     fe_slot_rem: np.ndarray = _NO_FE_F     # float64[..] the fraction of its service still owed
     fe_slot_due: np.ndarray = _NO_FE_Q     # int64[..] scratch: 1 = the job completes at the deadline
     fe_scale: np.ndarray = _NO_FE_F        # float64[..] concurrency_scale values
+    # uint32[w, 24] speculation (kernels.spec.sampler): each worker's acceptance stream,
+    # its 8 ChaCha key words then the 16 words of the block WK_SPEC_BLOCK; empty when
+    # no worker speculates
+    spec_rng: np.ndarray = _NO_SPEC_RNG
 
 
 class Sims(NamedTuple):

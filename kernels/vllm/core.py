@@ -17,12 +17,12 @@ at the pass end it returns (tokens are stamped with that end here).
 import numpy as np
 
 from aisim_fast.kernels.dp.attention_dp import defers_prefills_gated
+from aisim_fast.kernels.features import gate
 from aisim_fast.kernels.jit import kernel
-from aisim_fast.kernels.kv.block_pool import event_log_on, note_event, num_active, outputs_logged
-from aisim_fast.kernels.kv.lease import allocate, finalize, prefix_cost, release_lease
+from aisim_fast.kernels.kv.block_pool import event_log_on, note_event, outputs_logged
+from aisim_fast.kernels.kv.lease import allocate, finalize, prefix_cost
 from aisim_fast.kernels.loop.pass_log import append_pass_row
-from aisim_fast.kernels.loop.rank_queues import (push_terminal, run_push_back, run_remove_at, wait_at,
-                                                 wait_push_front, wait_remove_at)
+from aisim_fast.kernels.loop.rank_queues import push_terminal, run_push_back, wait_at, wait_remove_at
 from aisim_fast.kernels.loop.request_state import ceil_div, remaining_generation, remaining_tokens, seq_len
 from aisim_fast.kernels.loop.token_output import emit_token
 from aisim_fast.kernels.schema.layout import (ACC_ADMITTED, ACC_BATCH, ACC_BUDGET, ACC_COMPLETE,
@@ -31,7 +31,7 @@ from aisim_fast.kernels.schema.layout import (ACC_ADMITTED, ACC_BATCH, ACC_BUDGE
                                               CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_MAX_MODEL_LEN,
                                               CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS,
                                               CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_PREFILL_CADENCE,
-                                              CFG_ROLE, EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE,
+                                              CFG_ROLE, CFG_SPEC_NEXTN, EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE,
                                               PW_PASS_NUM, ROLE_DECODE, ROLE_PREFILL, RQ_ADMISSIONS,
                                               RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FAST_LIMIT,
                                               RQ_FIRST_CACHED, RQ_GENERATED, RQ_MAX_CACHED, RQ_MAX_OUTPUT,
@@ -46,9 +46,14 @@ from aisim_fast.kernels.schema.layout import (ACC_ADMITTED, ACC_BATCH, ACC_BUDGE
                                               WK_TERM_HEAD, WK_WAIT_LEN)
 from aisim_fast.kernels.stats.sketch import fold_gap_run
 from aisim_fast.kernels.timing.pass_timing import decode_ns, ns_to_ms, prefill_ns
+from aisim_fast.kernels.spec import vllm_burst
 from aisim_fast.kernels.vllm import capacity as capacity_policy
 from aisim_fast.kernels.vllm.decode_step import (CLASS_COMPLETE, CLASS_DECODE, classify, fast_decode_step,
                                                  stamp_scheduled)
+from aisim_fast.kernels.vllm.run_exits import finish_request, preempt
+
+# a speculating worker's verify pass (kernels.spec.vllm_burst), behind its feature gate
+_emit_bursts = gate("speculation", vllm_burst.emit_bursts, (0.0, np.int64(0), False))
 
 # schedule_request outcomes
 SCHEDULED = 0
@@ -67,51 +72,6 @@ def capped_prefix_cost(cfg, p, rq, w, q):
 # ---------------------------------------------------------------------------------
 # the pass
 # ---------------------------------------------------------------------------------
-
-
-@kernel(cache=True, _nrt=False)
-def preempt(cfg, p, rq, wk, w):
-    """Preempt the last (lifo) or first (fifo) running request; returns it or -1."""
-    n = wk.i64[w, WK_RUN_LEN]
-    if n == 0:
-        return -1
-    idx = 0 if cfg.i64[w, CFG_PREEMPTION_FIFO] != 0 else n - 1
-    v = wk.run_q[wk.i64[w, WK_RUN_OFF] + idx]
-    logged = event_log_on(p)
-    # the pressure event's state before (layout: its PREEMPTED and PRESSURE rows)
-    waiting_before = wk.i64[w, WK_WAIT_LEN]
-    request_blocks = ceil_div(rq.i64[v, RQ_ALLOCATED], cfg.i64[w, CFG_BLOCK_SIZE])
-    if logged:
-        note_event(p, w, EV_PREEMPTED, v, n, num_active(p, w))
-    run_remove_at(wk, w, idx)
-    rq.i64[v, RQ_STATUS] = RS_PREEMPTED
-    rq.i64[v, RQ_NUM_COMPUTED] = 0
-    rq.i64[v, RQ_PREEMPTIONS] += 1
-    wk.i64[w, WK_PREEMPTIONS_TOTAL] += 1
-    wk.i64[w, WK_CAP_GEN] += 1
-    wait_push_front(wk, w, v)
-    release_lease(cfg, p, rq, w, v)
-    if logged:
-        note_event(p, w, EV_PRESSURE, request_blocks, num_active(p, w), waiting_before)
-    return v
-
-
-@kernel(cache=True, _nrt=False)
-def finish_request(cfg, p, rq, wk, w, q):
-    """A request completes in this pass: lease back to the pool (tail first), onto
-    the worker's terminal list. A disaggregated prefill (source) request instead
-    keeps its lease - its KV is held for the decode side until ReleaseSource - and
-    its terminal-list entry is the SourceHeld event of the pass."""
-    wk.i64[w, WK_CAP_GEN] += 1  # its running slot is free (and its KV, unless held)
-    if cfg.i64[w, CFG_ROLE] == ROLE_PREFILL:
-        rq.i64[q, RQ_STATUS] = RS_HELD
-    else:
-        release_lease(cfg, p, rq, w, q)
-        rq.i64[q, RQ_STATUS] = RS_DONE
-        rq.i64[q, RQ_TERMINAL] = TERM_COMPLETED
-    if event_log_on(p):
-        note_event(p, w, EV_FINISHED, q, rq.i64[q, RQ_TERMINAL], rq.i64[q, RQ_GENERATED])
-    push_terminal(rq, wk, w, q)
 
 
 # inline: a call would pass the state bundles (~25 arrays, each several words) on
@@ -228,10 +188,6 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     # timing: prefill first, then the decode batch
     pf_ns = prefill_ns(cfg, w, acc[ACC_BATCH], acc[ACC_ISL], acc[ACC_PREFIX])
     decode_start_ms = now_ms + ns_to_ms(pf_ns)
-    # only requests scheduled in this pass can be ready to emit: every other running
-    # request emitted in its last pass and needs a computed token first
-    n_decode = acc[ACC_DECODE_BATCH]
-    kv_sum = acc[ACC_DECODE_KV]
     n_complete = acc[ACC_COMPLETE]
     # the per-request loops below index the field matrices directly (hoisted once)
     rq_i = rq.i64
@@ -239,22 +195,11 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     run_q = wk.run_q
     off = wk.i64[w, WK_RUN_OFF]
     n_run = wk.i64[w, WK_RUN_LEN]
-    if cfg_i[w, CFG_ROLE] == ROLE_PREFILL:
-        dc_ns = np.int64(0)
-    else:
-        dc_ns = decode_ns(cfg, w, n_decode, kv_sum, capacity * bs)
-    end_ms = decode_start_ms + ns_to_ms(dc_ns)
 
     # emit, in the reference's output order: first the requests whose generation was
     # already complete (terminal without a token; their leases go back to the LRU
-    # first), then one token per ready request in running order
-    n_tokens = np.int64(0)
-    token_stat = sims.token_stat
-    token_hist = sims.token_hist
-    run_gap_ms = 0.0  # current run of equal token gaps, folded when it ends
-    run_count = 0
+    # first), then the tokens of the ready requests in running order
     n_no_token = 0
-    log_outputs = outputs_logged(p, s)
     for j in range(n_run if n_complete > 0 else 0):
         q = run_q[off + j]
         prompt = rq_i[q, RQ_PROMPT_LEN]
@@ -263,26 +208,44 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                 and remaining_tokens(rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit) <= 0:
             finish_request(cfg, p, rq, wk, w, q)
             n_no_token += 1
-    keep = 0
-    for j in range(n_run):
-        q = run_q[off + j]
-        if n_no_token > 0 and rq_i[q, RQ_STATUS] == RS_DONE:
-            continue
-        done = False
-        generated = rq_i[q, RQ_GENERATED]
-        prompt = rq_i[q, RQ_PROMPT_LEN]
-        if rq_i[q, RQ_NUM_COMPUTED] >= prompt + generated:
-            done = remaining_tokens(rq_i[q, RQ_MAX_OUTPUT], generated + 1, prompt, limit) <= 0
-            run_gap_ms, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap_ms,
-                                                  run_count, log_outputs, done)
-            n_tokens += 1
-        if done:
-            finish_request(cfg, p, rq, wk, w, q)
+    if cfg_i[w, CFG_SPEC_NEXTN] > 0:
+        # a verify pass: its own decode batch, KV reservation and bursts of tokens
+        end_ms, n_tokens, arena_full = _emit_bursts(cfg.features, cfg, p, rq, wl, wk, sims, s, w,
+                                                    decode_start_ms, acc, scratch_tokens)
+        if arena_full:
+            return now_ms, True, True
+    else:
+        # only requests scheduled in this pass can be ready to emit: every other running
+        # request emitted in its last pass and needs a computed token first
+        if cfg_i[w, CFG_ROLE] == ROLE_PREFILL:
+            dc_ns = np.int64(0)
         else:
-            run_q[off + keep] = q
-            keep += 1
-    wk.i64[w, WK_RUN_LEN] = keep
-    fold_gap_run(token_stat, token_hist, wk.i64[w, WK_STAT_ROW], run_gap_ms, run_count)
+            dc_ns = decode_ns(cfg, w, acc[ACC_DECODE_BATCH], acc[ACC_DECODE_KV], capacity * bs)
+        end_ms = decode_start_ms + ns_to_ms(dc_ns)
+        n_tokens = np.int64(0)
+        run_gap_ms = 0.0  # current run of equal token gaps, folded when it ends
+        run_count = 0
+        log_outputs = outputs_logged(p, s)
+        keep = 0
+        for j in range(n_run):
+            q = run_q[off + j]
+            if n_no_token > 0 and rq_i[q, RQ_STATUS] == RS_DONE:
+                continue
+            done = False
+            generated = rq_i[q, RQ_GENERATED]
+            prompt = rq_i[q, RQ_PROMPT_LEN]
+            if rq_i[q, RQ_NUM_COMPUTED] >= prompt + generated:
+                done = remaining_tokens(rq_i[q, RQ_MAX_OUTPUT], generated + 1, prompt, limit) <= 0
+                run_gap_ms, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, end_ms, run_gap_ms,
+                                                      run_count, log_outputs, done)
+                n_tokens += 1
+            if done:
+                finish_request(cfg, p, rq, wk, w, q)
+            else:
+                run_q[off + keep] = q
+                keep += 1
+        wk.i64[w, WK_RUN_LEN] = keep
+        fold_gap_run(sims.token_stat, sims.token_hist, wk.i64[w, WK_STAT_ROW], run_gap_ms, run_count)
 
     # every terminal of this pass becomes visible at its end
     q = wk.i64[w, WK_TERM_HEAD]

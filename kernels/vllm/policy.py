@@ -14,20 +14,24 @@ from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.kv.block_pool import num_active, reserve, table_find
 from aisim_fast.kernels.loop.request_state import ceil_div, remaining_generation, seq_len
 from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS,
-                                              CFG_PREFIX_CACHING, NO_BLOCK, RQ_LEASE_OFF, RQ_NUM_HASHED,
+                                              CFG_PREFIX_CACHING, CFG_SPEC_NEXTN, NO_BLOCK, RQ_LEASE_OFF, RQ_NUM_HASHED,
                                               RQ_PROMPT_LEN, WK_RUN_LEN)
 
 
 @kernel(cache=True, _nrt=False)
 def prefix_cap(cfg, rq, w, q, cached, active):
-    """The recompute rule: while logits are still needed the cached prefix is capped
+    """The recompute rules: while logits are still needed the cached prefix is capped
     at ``floor((len-1)/bs)*bs`` (a fully cached aligned prompt recomputes its last
-    block)."""
+    block); a speculating rank recomputes the last block of any hit too (its drafter
+    needs that block's hidden states)."""
+    bs = cfg.i64[w, CFG_BLOCK_SIZE]
     if remaining_generation(cfg, rq, w, q) > 0:
-        bs = cfg.i64[w, CFG_BLOCK_SIZE]
         cap = ((seq_len(rq, q) - 1) // bs) * bs
         cached = min(cached, cap)
         active = min(active, cap)
+    if cfg.i64[w, CFG_SPEC_NEXTN] > 0 and cached >= bs:
+        cached -= bs
+        active = min(active, cached)
     return cached, active
 
 

@@ -2,8 +2,8 @@
 (``kernels.features``).
 
 * a plain aggregated vLLM round-robin replay, compiled from an empty cache, caches no
-  entry point of the KV router, attention DP, TRT-LLM's capacity policy, AIC timing or
-  the tokenization pool;
+  entry point of the KV router, attention DP, TRT-LLM's capacity policy, AIC timing,
+  the tokenization pool, the SGLang host loop and frontend, or speculative decoding;
 * ``features_of`` derives each feature from the configuration that reaches it, and
   ``build_state`` puts exactly those on the batch;
 * a gate compiles its function only where the feature is on, and a kernel that
@@ -32,7 +32,8 @@ from support.paths import DATA_DIR
 TINY_TRACE = DATA_DIR / "cli" / "mooncake_tiny20.jsonl"
 # the modules whose functions only a feature's batches reach
 FEATURE_MODULES = {"routing/kv_router", "dp/attention_dp", "trtllm/policy", "timing/aic_table",
-                   "loop/tokenization", "sglang/host_loop", "sglang/frontend"}
+                   "loop/tokenization", "sglang/host_loop", "sglang/frontend", "spec/vllm_burst",
+                   "spec/sampler"}
 
 
 def _cached_modules(cache_dir: Path) -> set[str]:
@@ -80,6 +81,7 @@ def test_features_follow_the_configuration():
     assert _state_features(rank=RankConfig(), workers=1, dp_size=2) == L.Features(attention_dp=ON)
     assert _state_features(rank=RankConfig(), workers=2, tokenization=TokenizationConfig(2, 1.0, 0.01)) \
         == L.Features(tokenization=ON)
+    assert _state_features(rank=RankConfig(aic_nextn=2), workers=2) == L.Features(speculation=ON)
     # the rows decide, whatever the batch: a plain row beside a TRT-LLM one
     cfg_i = np.zeros((2, L.CFG_I_FIELDS), np.int64)
     cfg_i[:, L.CFG_DP_SIZE] = 1

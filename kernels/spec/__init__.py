@@ -1,0 +1,1 @@
+"""Speculative decoding: the acceptance draws and the multi-token passes."""
