@@ -1,0 +1,137 @@
+"""Speculative decoding (kernels.spec) against reference runs
+(tests/data/golden_speculation) and its acceptance draw against a plain-Python oracle:
+
+* every request's timeline bit for bit on vLLM (ngram 3 drafts on the captured CLI
+  payload; 2 drafts at the default rates on two workers), TRT-LLM and disaggregated
+  vLLM 1P2D;
+* the draw is rand's Bernoulli chain over the rank's StdRng stream: a rate of 1 draws
+  nothing, any other rate one ``u64``; its mean is ``1 + r0 + r0 r1 + ...``;
+* the rank keys are checked as the reference checks them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numba import njit
+
+from aisim_fast.config.payload import ConfigError, accept_rates, load_spec, parse_rank
+from aisim_fast.engine.batch import run_batch
+from aisim_fast.engine.simulation import simulation_from_setup
+from aisim_fast.kernels.schema import layout as L
+from aisim_fast.kernels.spec.sampler import accept_thresholds, accepted_tokens, stream_key
+from aisim_fast.trace.seeded_rng import StdRng
+from support import goldens
+from support.parity_rules import timeline_differences
+from support.paths import DATA_DIR
+
+GOLDEN = DATA_DIR / "golden_speculation"
+CASES = sorted(p.name[:-len(".spec.json")] for p in GOLDEN.glob("*.spec.json"))
+
+
+def run(case: str):
+    spec = GOLDEN / f"{case}.spec.json"
+    trace = DATA_DIR / "traces" / Path(json.loads(spec.read_text())["traffic"]["trace_path"]).name
+    setup = load_spec(spec, trace_override=str(trace))
+    return run_batch([simulation_from_setup(setup)]).check().requests[0]
+
+
+def test_cases_present():
+    assert CASES == ["ngram3_tiny20", "trtllm_nextn3_1k", "vllm_disagg_1p2d", "vllm_nextn2_default_1k"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_requests_match_the_reference(case):
+    gold = goldens.read_golden(case, GOLDEN)
+    cand = goldens.index_frame(run(case))
+    missing, bad = goldens.parity_failures(gold, cand)
+    assert not missing and not bad, goldens.failure_report(case, missing, bad)
+    diffs = timeline_differences(gold, cand)
+    assert not diffs, f"{case}: {len(diffs)} cells differ, first {diffs[:3]}"
+
+
+# ---------------------------------------------------------------------------------
+# the acceptance draw
+# ---------------------------------------------------------------------------------
+def _rank_state(rates, seed):
+    cfg_i = np.zeros((1, L.CFG_I_FIELDS), np.int64)
+    cfg_i[0, L.CFG_SPEC_NEXTN] = len(rates)
+    for i, threshold in enumerate(accept_thresholds(rates)):
+        cfg_i[0, L.CFG_SPEC_ACCEPT_0 + i] = threshold
+    cfg = L.RankConfig(i64=cfg_i, f64=np.zeros((1, L.CFG_F_FIELDS)))
+    spec_rng = np.zeros((1, 24), np.uint32)
+    spec_rng[0, :8] = stream_key(seed)
+    wk = L.Workers(i64=L.WORKER.new(1), pass_end_ms=np.zeros(1), run_q=np.zeros(1, np.int64),
+                   wait_q=np.zeros(1, np.int64), spec_rng=spec_rng)
+    return cfg, wk
+
+
+@njit(_nrt=False)
+def _draw_n(cfg, wk, out):
+    for i in range(len(out)):
+        out[i] = accepted_tokens(cfg, wk, 0)
+
+
+def _draws(cfg, wk, n):
+    out = np.zeros(n, np.int64)
+    _draw_n(cfg, wk, out)
+    return out.tolist()
+
+
+def _oracle(rates, seed, n):
+    """rand 0.9: Bernoulli(p) is always true for p == 1 without a draw, else
+    ``next_u64() < floor(p * 2**64)``; the chain stops at the first rejection."""
+    rng = StdRng(seed)
+    out = []
+    for _ in range(n):
+        tokens = 1
+        for p in rates:
+            if p != 1.0 and not rng.next_u64() < int(p * 2.0 ** 64):
+                break
+            tokens += 1
+        out.append(tokens)
+    return out
+
+
+@pytest.mark.parametrize("rates,seed", [((0.7, 0.5, 0.3), 42), ((1.0, 0.2), 43), ((0.85, 0.3, 0.0, 0.0, 0.0), 7),
+                                        ((0.9, 0.9, 0.5, 1.0), 2 ** 64 - 1)])
+def test_draws_match_the_oracle(rates, seed):
+    cfg, wk = _rank_state(rates, seed)
+    got = _draws(cfg, wk, 3000)
+    assert got == _oracle(rates, seed, 3000)
+
+
+def test_a_rate_of_one_draws_nothing_and_zero_draws_once():
+    cfg, wk = _rank_state((1.0, 1.0), 42)
+    assert _draws(cfg, wk, 5) == [3] * 5
+    assert wk.i64[0, L.WK_SPEC_WORD] == 0
+    cfg, wk = _rank_state((0.0, 1.0), 42)
+    assert _draws(cfg, wk, 5) == [1] * 5
+    assert wk.i64[0, L.WK_SPEC_WORD] == 10  # one u64 (two stream words) per pass
+
+
+def test_mean_accepted_is_the_conditional_expectation():
+    rates = (0.7, 0.5, 0.2)
+    cfg, wk = _rank_state(rates, 42)
+    mean = np.mean(_draws(cfg, wk, 200_000))
+    assert mean == pytest.approx(1 + 0.7 + 0.7 * 0.5 + 0.7 * 0.5 * 0.2, abs=0.01)
+
+
+def test_rank_keys_are_checked_as_the_reference_checks_them():
+    assert accept_rates(3, "1, 0.5") == (1.0, 0.5, 0.0)
+    assert accept_rates(2, "1,0.5,0.25") == (1.0, 0.5)
+    assert accept_rates(2, None) == (0.85, 0.3)
+    rank = parse_rank({"aic_nextn": 2, "aic_nextn_accept_rates": "0.7,0.4", "aic_mtp_seed": 9})
+    assert (rank.aic_nextn, rank.aic_nextn_accept_rates, rank.aic_mtp_seed) == (2, "0.7,0.4", 9)
+    for raw, field in [({"aic_nextn": 6}, "aic_nextn"), ({"aic_nextn": 0}, "aic_nextn"),
+                       ({"aic_nextn_accept_rates": "0.5"}, "aic_nextn_accept_rates"),
+                       ({"aic_nextn": 2, "aic_nextn_accept_rates": "1.1"}, "aic_nextn_accept_rates[0]"),
+                       ({"aic_nextn": 1, "aic_nextn_accept_rates": "x"}, "aic_nextn_accept_rates"),
+                       ({"aic_nextn": 1, "decode_speedup_ratio": 2.0}, "decode_speedup_ratio"),
+                       ({"aic_mtp_seed": -1}, "aic_mtp_seed")]:
+        with pytest.raises(ConfigError, match=re.escape(f"rank.{field}:")):
+            parse_rank(raw)
