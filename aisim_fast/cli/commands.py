@@ -147,7 +147,8 @@ def run_size_command(args) -> tuple[str, int]:
                         max_num_seqs=int_choices(args.max_num_seqs, "--max-num-seqs"),
                         max_num_batched_tokens=int_choices(args.max_num_batched_tokens,
                                                            "--max-num-batched-tokens"),
-                        prefill_system=_names(args.prefill_system), decode_system=_names(args.decode_system))
+                        prefill_system=_names(args.prefill_system), decode_system=_names(args.decode_system),
+                        speculation=_names(args.speculation_choices))
     if len(tps) == 1:
         timing["tp"] = tps[0]
     if args.out is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from aisim_fast.cli.parser import (DEFAULT_ARRIVAL_SPEEDUP_RATIO, DEFAULT_TRACE_BLOCK_SIZE, UsageError,
                                     aic_flags)
+from aisim_fast.config import speculation
 from aisim_fast.config.payload import (ConfigError, ReplaySetup, parse_payload, read_payload_file,
                                        set_aic_timing)
 from aisim_fast.config.predict_config import read_predict_config
@@ -28,6 +29,8 @@ NO_SPEC_FLAGS = (("backend", "--backend"), ("workers", "--workers"),
                  ("arrival_speedup_ratio", "--arrival-speedup-ratio"),
                  ("placement", "--placement"), ("placement_seed", "--placement-seed"),
                  ("router_json", "--router-json"), ("dp_size", "--dp-size"),
+                 ("speculation", "--speculation"), ("acceptance", "--acceptance"),
+                 ("accepted", "--accepted"), ("speculation_seed", "--speculation-seed"),
                  ("max_sim_time_ms", "--max-sim-time-ms")) + DISAGG_FLAGS
 
 
@@ -76,6 +79,35 @@ def _engine_args(text: str | None, flag: str, backend: str) -> dict:
         raise ConfigError(f"{flag}.backend: {extra['backend']!r} contradicts --backend {backend} "
                           "(prefill and decode pools must use the same backend)")
     fields.update(extra)
+    return fields
+
+
+def speculation_fields(args) -> dict:
+    """The rank fields ``--speculation KIND:N`` with ``--acceptance`` / ``--accepted`` /
+    ``--speculation-seed`` set (none without ``--speculation``)."""
+    given = [flag for attr, flag in (("acceptance", "--acceptance"), ("accepted", "--accepted"),
+                                     ("speculation_seed", "--speculation-seed"))
+             if getattr(args, attr, None) is not None]
+    if getattr(args, "speculation", None) is None:
+        if given:
+            raise UsageError(f"{given[0]} needs --speculation KIND:N")
+        return {}
+    fields = speculation.rank_fields(args.speculation)
+    if fields and ("@" in args.speculation) and (args.acceptance is not None or args.accepted is not None):
+        raise UsageError("--speculation KIND:N@.. already gives the acceptance; drop --acceptance / --accepted")
+    if args.acceptance is not None and args.accepted is not None:
+        raise UsageError("--acceptance and --accepted are two ways to give the same rates; give one")
+    if not fields:
+        if given:
+            raise UsageError(f"{given[0]} needs speculation (--speculation none turns it off)")
+        return {}
+    if args.acceptance is not None:
+        fields["aic_nextn_accept_rates"] = args.acceptance
+    if args.accepted is not None:
+        fields["aic_nextn_accept_rates"] = speculation.rates_for_expected(
+            fields["aic_nextn"], args.accepted, "--accepted")
+    if args.speculation_seed is not None:
+        fields["aic_mtp_seed"] = args.speculation_seed
     return fields
 
 
@@ -145,7 +177,7 @@ def payload_from_flags(args) -> dict:
                              "--prefill-dp-size and --decode-dp-size")
         if args.decode_workers is None or args.prefill_workers is None:
             raise UsageError("a disaggregated replay needs both --prefill-workers and --decode-workers")
-        transfer = _transfer_fields(args)
+        transfer = {**_transfer_fields(args), **speculation_fields(args)}
         engine = {}
         for role, text, flag, dp in (("prefill", args.prefill_engine_args, "--prefill-engine-args",
                                       args.prefill_dp_size),
@@ -162,7 +194,12 @@ def payload_from_flags(args) -> dict:
                     **({"handoff_latency_ms": args.handoff_latency_ms}
                        if args.handoff_latency_ms is not None else {})}
     else:
-        engine = {"rank": _engine_args(args.engine_args, "--engine-args", args.backend),
+        rank = _engine_args(args.engine_args, "--engine-args", args.backend)
+        for key, value in speculation_fields(args).items():
+            if key in rank and rank[key] != value:
+                raise ConfigError(f"--engine-args.{key}: {rank[key]!r} contradicts --speculation's {value!r}")
+            rank[key] = value
+        engine = {"rank": rank,
                   **({"dp_size": args.dp_size} if args.dp_size is not None else {})}
         topology = {"kind": "aggregated", "workers": {"initial_workers": args.workers}}
     if args.placement_seed is not None and args.placement not in ("random", "kv_router"):

@@ -60,6 +60,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="JSON object of reference rank fields, merged over {\"backend\": ...}; "
                              "SGLang knobs in its \"sglang\" block (schedule_policy, max_prefill_tokens, "
                              "chunked_prefill_size, clip_max_new_tokens, schedule_conservativeness)")
+    spec_group = replay.add_argument_group(
+        "speculative decoding (every decode-capable rank; polynomial or fixed timing)")
+    spec_group.add_argument("--speculation", metavar="KIND:N",
+                            help="KIND (ngram, mtp, eagle) with N drafts per verify pass, 1..5 "
+                                 "(rank aic_nextn); the kind names the scheme, the engine simulates "
+                                 "each the same way")
+    spec_group.add_argument("--acceptance", metavar="R1,R2,..",
+                            help="conditional acceptance rate of each draft (aic_nextn_accept_rates; "
+                                 "default the reference's 0.85,0.3,0,...)")
+    spec_group.add_argument("--accepted", type=float, metavar="X",
+                            help="instead of --acceptance: the expected accepted drafts per pass, "
+                                 "lowered to rates as the reference's nextn_accepted is")
+    spec_group.add_argument("--speculation-seed", type=int, metavar="N",
+                            help="base seed of the ranks' acceptance draws (aic_mtp_seed, default 42)")
     disagg = replay.add_argument_group(
         "disaggregated prefill/decode (instead of --workers / --engine-args)")
     disagg.add_argument("--prefill-workers", type=int, metavar="P", help="prefill pool size")
@@ -221,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--gpu-prices", metavar="FILE",
                       help="USD per GPU-hour by GPU system (YAML / JSON), over the built-in table")
     size.add_argument("--max-num-batched-tokens", metavar="N[,N..]", help="max_num_batched_tokens choices")
+    size.add_argument("--speculation", dest="speculation_choices", metavar="CHOICE[,CHOICE..]",
+                      help="speculative decoding choices (beyond the reference): none, KIND:N, KIND:N@X "
+                           "(X accepted drafts expected), KIND:N@R1/R2/.. (per-draft rates); KIND ngram, "
+                           "mtp or eagle, N 1..5 drafts")
     size.add_argument("--rates", metavar="R1,R2,..",
                       help="size for these arrival speedup ratios (offered loads), one answer each")
     size.add_argument("--confidence", type=float, metavar="F",

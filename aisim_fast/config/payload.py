@@ -221,6 +221,11 @@ def parse_speculation(raw: dict, path: str, decode_speedup_ratio: float) -> dict
             _fail(f"{path}.aic_nextn_accept_rates", f"must be a comma-separated string, got {rates!r}")
         accept_rates(out["aic_nextn"], rates, f"{path}.aic_nextn_accept_rates")
         out["aic_nextn_accept_rates"] = rates
+        timing = raw.get("timing_model") or {}
+        if isinstance(timing, dict) and timing.get("type") == "external":
+            _fail(f"{path}.aic_nextn", "speculation under AIC op-level timing is not simulated by "
+                  "aisim_fast yet (its verify passes need the timing model's speculation-aware op "
+                  "tables); use polynomial or fixed timing")
         if decode_speedup_ratio != 1.0:
             _fail(f"{path}.decode_speedup_ratio", "must be 1.0 with aic_nextn (the reference models "
                   f"speculative speed-up by its multi-token passes), got {decode_speedup_ratio}")

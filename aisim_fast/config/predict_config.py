@@ -277,9 +277,6 @@ def _check_engine_controls(engine: dict) -> None:
     """The engine-wide keys of features aisim_fast does not simulate, at their neutral values."""
     for key, neutral, what in (
             ("fpm_profile", (None,), "forward-pass-measurement (FPM) profile timing"),
-            ("speculation", (None,), "speculative decoding"),
-            ("nextn", (0,), "speculative decoding (MTP nextn)"),
-            ("nextn_accepted", (None,), "speculative decoding (MTP nextn)"),
             ("afd", (None,), "attention/FFN disaggregation"),
             ("decoder_replay", (False,), "decoder replay"),
             ("enable_shared_layer", (None, False), "a shared-layer model"),
@@ -296,6 +293,51 @@ def _check_engine_controls(engine: dict) -> None:
             ("estimator_config", ({}, None), "estimator tuning (estimator_config)")):
         if key in engine:
             _neutral(f"engine.{key}", engine[key], neutral, what)
+
+
+def _speculation(engine: dict, backend: str, workers: dict) -> dict:
+    """The rank keys ``engine.speculation`` / ``engine.nextn`` lower to, as the
+    reference's CLI lowers them: ngram prompt lookup (vLLM) with its per-draft
+    acceptance rates. The schemes whose drafts are priced by the AIC timing model (MTP
+    ``nextn``, EAGLE, draft models) need that model's speculation-aware op tables,
+    which aisim_fast does not build yet: refused with that reason."""
+    nextn = engine.get("nextn", 0)
+    if nextn not in (0, None) or engine.get("nextn_accepted") is not None:
+        if engine.get("speculation") is not None:
+            _fail("engine.speculation", "cannot be combined with nextn / nextn_accepted")
+        _not_simulated("engine.nextn", "MTP speculation priced by the AIC timing model (give the rank's "
+                       "aic_nextn with polynomial or fixed timing instead)")
+    raw = engine.get("speculation")
+    if raw is None:
+        return {}
+    spec = _section("engine.speculation", raw, ("kind", "num_speculative_tokens", "acceptance_rates",
+                                                "seed", "params", "draft_model_path", "draft_config",
+                                                "expected_accepted_tokens"))
+    kind = spec.get("kind")
+    if kind != "ngram":
+        _not_simulated(f"engine.speculation.kind", f"{kind!r} speculation (its draft costs come from the "
+                       "AIC timing model's speculation-aware op tables); ngram is simulated")
+    if backend != "vllm":
+        _fail("engine.backend", f"ngram speculation supports only vllm, got {backend!r}")
+    n = spec.get("num_speculative_tokens")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 5:
+        _fail("engine.speculation.num_speculative_tokens", f"must be an integer in 1..5, got {n!r}")
+    rates = spec.get("acceptance_rates")
+    if not isinstance(rates, list) or len(rates) != n:
+        _fail("engine.speculation.acceptance_rates", f"must list {n} rates (one per draft), got {rates!r}")
+    for i, rate in enumerate(rates):
+        _number(f"engine.speculation.acceptance_rates[{i}]", rate)
+        if not 0 <= rate <= 1:
+            _fail(f"engine.speculation.acceptance_rates[{i}]", f"must be in [0, 1], got {rate}")
+    seed = spec.get("seed", 42)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+        _fail("engine.speculation.seed", f"must be an integer in [0, 2**64), got {seed!r}")
+    for role, worker in workers.items():
+        if worker["timing_type"] == "default":
+            _not_simulated(f"engine.workers.{role}.timing", "ngram speculation under AIC op-level timing "
+                           "(its verify-pass op tables); use timing: {type: polynomial} or fixed")
+    return {"aic_nextn": n, "aic_nextn_accept_rates": ",".join(str(rate) for rate in rates),
+            "aic_mtp_seed": seed}
 
 
 def _tokenization(raw: Any) -> dict | None:
@@ -733,6 +775,9 @@ def lower_predict_config(doc: Any) -> dict:
 
     pools = {role: _pool(engine, w, role, backend, versions.get(role), transfer)
              for role, w in parsed.items()}
+    speculation = _speculation(engine, backend, parsed)
+    for pool in pools.values():
+        pool["rank"].update(speculation)
     if mode == "aggregated":
         topology = {"kind": "aggregated",
                     "workers": {"initial_workers": parsed["aggregated"]["parallel"]["replicas"],

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from aisim_fast.config import speculation
 from aisim_fast.config.payload import ConfigError, parse_payload, read_payload_file, set_aic_timing
 from aisim_fast.io.progress import Progress
 from aisim_fast.report.cost import COST_COLUMNS, load_prices, pool_system, price_of
@@ -63,11 +64,14 @@ class SizingSpace:
     max_num_batched_tokens: tuple = ()
     prefill_system: tuple = ()      # GPU systems of a disaggregated base's pools (op-level timing)
     decode_system: tuple = ()
+    # speculative decoding schemes (``config.speculation`` choices: "none", "mtp:2@1.4", ...);
+    # beyond the reference, whose recommend does not search speculation
+    speculation: tuple = ()
 
     def axes(self) -> list[tuple[str, tuple]]:
         return [(name, getattr(self, name)) for name in ("backend", "tp", "max_num_seqs",
                                                           "max_num_batched_tokens", "prefill_system",
-                                                          "decode_system")
+                                                          "decode_system", "speculation")
                 if getattr(self, name)]
 
     def shapes(self) -> list[dict]:
@@ -253,6 +257,12 @@ def _shaped(payload: dict, shape: dict, timing: dict, disaggregated: bool) -> di
         if axis in _RANK_FIELDS:
             for rank in ranks:
                 rank[_RANK_FIELDS[axis]] = value
+        if axis == "speculation":
+            fields = speculation.rank_fields(value, "--speculation")
+            for rank in ranks:
+                for key in ("aic_nextn", "aic_nextn_accept_rates"):
+                    rank.pop(key, None)
+                rank.update(fields)
     aic = dict(timing)
     if "tp" in shape:
         aic["tp"] = shape["tp"]

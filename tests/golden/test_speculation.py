@@ -16,10 +16,13 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from numba import njit
 
+from aisim_fast.config import speculation
 from aisim_fast.config.payload import ConfigError, accept_rates, load_spec, parse_rank
+from aisim_fast.config.predict_config import read_predict_config
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.simulation import simulation_from_setup
 from aisim_fast.kernels.schema import layout as L
@@ -52,6 +55,15 @@ def test_requests_match_the_reference(case):
     assert not missing and not bad, goldens.failure_report(case, missing, bad)
     diffs = timeline_differences(gold, cand)
     assert not diffs, f"{case}: {len(diffs)} cells differ, first {diffs[:3]}"
+
+
+def test_the_predict_config_lowers_as_the_reference_cli_lowers_it():
+    """ngram3_tiny20.predict.yaml is the config the captured payload was written for
+    (../shared/reference/cli-payloads/specdec/ngram_poly)."""
+    got = read_predict_config(GOLDEN / "ngram3_tiny20.predict.yaml")["spec"]["engine"]["rank"]
+    want = json.loads((GOLDEN / "ngram3_tiny20.spec.json").read_text())["spec"]["engine"]["rank"]
+    assert got == want
+    assert (got["aic_nextn"], got["aic_nextn_accept_rates"], got["aic_mtp_seed"]) == (3, "0.7,0.5,0.3", 42)
 
 
 # ---------------------------------------------------------------------------------
@@ -135,3 +147,65 @@ def test_rank_keys_are_checked_as_the_reference_checks_them():
                        ({"aic_mtp_seed": -1}, "aic_mtp_seed")]:
         with pytest.raises(ConfigError, match=re.escape(f"rank.{field}:")):
             parse_rank(raw)
+
+
+# ---------------------------------------------------------------------------------
+# the command line: replay flags, sizing with speculation as a choice
+# ---------------------------------------------------------------------------------
+def _cli(args, capsys):
+    from aisim_fast.cli.app import main
+
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_speculation_choices_lower_as_the_reference_lowers_expected_counts():
+    assert speculation.rank_fields("none") == {}
+    assert speculation.rank_fields("mtp:2@1.2") == {"aic_nextn": 2, "aic_nextn_accept_rates": "1,0.19999999999999996"}
+    assert speculation.rank_fields("eagle:3@1.5")["aic_nextn_accept_rates"] == "1,0.5,0"
+    assert speculation.rank_fields("ngram:3@0.7/0.5/0.3")["aic_nextn_accept_rates"] == "0.7,0.5,0.3"
+    assert speculation.rates_for_expected(5, 2.75) == "1,1,0.75,0,0"
+    for bad in ("mtp:6", "beam:2", "mtp:2@x", "mtp"):
+        with pytest.raises(ConfigError, match="--speculation"):
+            speculation.rank_fields(bad)
+    with pytest.raises(ConfigError, match=r"must be a number in \[0, 2\]"):
+        speculation.rank_fields("mtp:2@2.5")
+
+
+def test_replay_flags_set_the_ranks_speculation(tmp_path, capsys):
+    spec = GOLDEN / "ngram3_tiny20.spec.json"
+    trace = DATA_DIR / "traces" / "mooncake_tiny20.jsonl"
+    code, _, err = _cli(["replay", trace, "--backend", "vllm", "--workers", "1", "--engine-args",
+                         json.dumps({k: v for k, v in json.loads(spec.read_text())["spec"]["engine"]["rank"].items()
+                                     if not k.startswith("aic_")}),
+                         "--trace-block-size", "512", "--speculation", "ngram:3", "--acceptance", "0.7,0.5,0.3",
+                         "--out", tmp_path / "r", "--quiet"], capsys)
+    assert code == 0, err
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    gold = json.loads((GOLDEN / "ngram3_tiny20.report.json").read_text())
+    # the report's token-gap statistics count the gaps of 0 inside a burst, as the reference's do
+    for key in ("duration_ms", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "median_itl_ms", "p90_itl_ms",
+                "p99_itl_ms", "mean_ttst_ms", "total_output_tokens"):
+        assert summary[key] == pytest.approx(gold[key], rel=1e-9, abs=1e-9), key
+    for args, message in ((["--accepted", "1"], "--accepted needs --speculation KIND:N"),
+                          (["--speculation", "mtp:2", "--accepted", "3"], "--accepted: must be a number in [0, 2]"),
+                          (["--speculation", "mtp:2", "--acceptance", "0.5", "--accepted", "1"], "give one")):
+        code, _, err = _cli(["replay", trace, "--backend", "vllm", "--workers", "1", *args,
+                             "--out", tmp_path / "x", "--quiet"], capsys)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_sizing_treats_the_speculation_scheme_as_a_choice(tmp_path, capsys):
+    """One command answers "does MTP-2 at 1.4 accepted drafts save GPUs at this SLA?"."""
+    trace = DATA_DIR / "traces" / "mooncake_1k.jsonl"
+    code, out, err = _cli(["size", trace, "--backend", "vllm", "--speculation", "none,mtp:2@1.4",
+                           "--sla", "ttft_ms=300,itl_ms=12", "--rates", "4", "--max-workers", "6",
+                           "--out", tmp_path / "s", "--quiet"], capsys)
+    assert code == 0, err
+    evidence = pd.read_parquet(tmp_path / "s" / "sizing.parquet")
+    assert set(evidence["speculation"]) == {"none", "mtp:2@1.4"}
+    best = {choice: int(group[group["feasible"]]["gpus"].min()) for choice, group in evidence.groupby("speculation")}
+    answer = json.loads((tmp_path / "s" / "answer.json").read_text())["answers"][0]
+    assert answer["gpus"] == min(best.values())
+    assert best["mtp:2@1.4"] <= best["none"]
