@@ -38,6 +38,11 @@ worker) runs with SGLang's host loop, half of them with frontend stages ahead of
 (one to three stages of one to three workers, service times from 0 to 120 ms, a drawn
 ``concurrency_scale`` now and then).
 
+With ``--speculation-fraction F`` that share of the vLLM / TRT-LLM cases without
+attention DP speculates: every pool's rank gets ``aic_nextn`` 1..5, its conditional
+acceptance rates drawn (uniform, 0 or 1 now and then, sometimes fewer than the drafts or
+left to the defaults) and now and then an ``aic_mtp_seed``.
+
 With ``--cli-fraction F`` that share of the cases runs a payload as the reference's
 own CLI writes it (a template of ``tests/data/golden_cli``: op-level timing of
 Qwen3-32B at tp 1 and 2, on h200 and b200, homogeneous and heterogeneous
@@ -180,6 +185,27 @@ def random_host_loop_edits(rng: random.Random) -> list[str]:
                 stage["concurrency_scale"] = [round(rng.uniform(1.0, 2.5), 2) for _ in range(workers)]
             stages.append(stage)
         edits.append("spec.engine.rank.frontend=" + json.dumps({"stages": stages}))
+    return edits
+
+
+def random_speculation_edits(rng: random.Random, pools: list[str]) -> list[str]:
+    """Payload edits making every pool's rank speculate (``pools``: the rank paths): a
+    draft count, conditional rates (uniform, exactly 0 or 1 now and then; sometimes
+    fewer than the drafts, zero-padded, or absent: the defaults) and a seed now and then."""
+    nextn = rng.randint(1, 5)
+    rates = None
+    if rng.random() < 0.85:
+        count = nextn if rng.random() < 0.8 else rng.randint(1, nextn)
+        rates = ",".join(str(rng.choice([0.0, 1.0])) if rng.random() < 0.2 else f"{rng.uniform(0, 1):.3f}"
+                         for _ in range(count))
+    seed = rng.randint(0, 2 ** 63) if rng.random() < 0.3 else None
+    edits = []
+    for pool in pools:
+        edits.append(f"{pool}.aic_nextn={nextn}")
+        if rates is not None:
+            edits.append(f"{pool}.aic_nextn_accept_rates=" + json.dumps(rates))
+        if seed is not None:
+            edits.append(f"{pool}.aic_mtp_seed={seed}")
     return edits
 
 
@@ -468,6 +494,9 @@ def main() -> int:
     p.add_argument("--hostloop-fraction", type=float, default=0.0,
                    help="share of the aggregated SGLang cases run with the host loop "
                         "(sglang.host_loop), half of them with frontend stages")
+    p.add_argument("--speculation-fraction", type=float, default=0.0,
+                   help="share of the vLLM / TRT-LLM cases without attention DP whose ranks speculate "
+                        "(aic_nextn, acceptance rates and seed drawn)")
     p.add_argument("--kv-artifacts", action="store_true",
                    help="one aggregated worker per case (vLLM / TRT-LLM, SGLang with "
                         "--sglang-fraction); compare KV events and output token ids with the "
@@ -532,6 +561,13 @@ def main() -> int:
                 if host_rng.random() < args.hostloop_fraction:
                     host_edits = random_host_loop_edits(host_rng)
                     kind += "/frontend" if len(host_edits) > 1 else "/hostloop"
+            if args.speculation_fraction > 0 and cfg[1] in ("vllm", "trtllm") and max(dp_size, prefill_dp) == 1:
+                spec_rng = random.Random(args.seed * 100003 + i + 0x59EC)
+                if spec_rng.random() < args.speculation_fraction:
+                    pools = (["spec.engine.rank"] if "--workers" in cfg
+                             else ["spec.engine.prefill.rank", "spec.engine.decode.rank"])
+                    host_edits = host_edits + random_speculation_edits(spec_rng, pools)
+                    kind += "/spec"
             cli_edits = None
             if args.cli_fraction > 0 and not args.kv_artifacts:
                 cli_rng = random.Random(args.seed * 100003 + i + 0xC11)

@@ -205,8 +205,10 @@ def accept_rates(nextn: int, rates: str | None, path: str = "aic_nextn_accept_ra
     return tuple((parsed + [0.0] * nextn)[:nextn])
 
 
-def parse_speculation(raw: dict, path: str, decode_speedup_ratio: float) -> dict:
-    """A rank's speculative-decoding keys, checked as the reference checks them."""
+def parse_speculation(raw: dict, path: str, decode_speedup_ratio: float, backend: str = "vllm",
+                      dp_size: int = 1) -> dict:
+    """A rank's speculative-decoding keys, checked as the reference checks them; what
+    aisim_fast does not simulate yet (SGLang ranks, attention DP, AIC timing) refused."""
     out: dict[str, Any] = {}
     nextn = raw.get("aic_nextn")
     rates = raw.get("aic_nextn_accept_rates")
@@ -221,6 +223,12 @@ def parse_speculation(raw: dict, path: str, decode_speedup_ratio: float) -> dict
             _fail(f"{path}.aic_nextn_accept_rates", f"must be a comma-separated string, got {rates!r}")
         accept_rates(out["aic_nextn"], rates, f"{path}.aic_nextn_accept_rates")
         out["aic_nextn_accept_rates"] = rates
+        if backend == "sglang":
+            _fail(f"{path}.aic_nextn", "speculation on SGLang ranks is not simulated by aisim_fast yet "
+                  "(vLLM and TRT-LLM ranks are)")
+        if dp_size > 1:
+            _fail(f"{path}.aic_nextn", "speculation with attention DP (dp_size > 1) is not simulated by "
+                  "aisim_fast yet")
         timing = raw.get("timing_model") or {}
         if isinstance(timing, dict) and timing.get("type") == "external":
             _fail(f"{path}.aic_nextn", "speculation under AIC op-level timing is not simulated by "
@@ -355,7 +363,7 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1, dp_
                                                                  if backend == "sglang" else "") + ")")
     if backend == "sglang":
         out.update(_parse_sglang(raw, path, out))
-    out.update(parse_speculation(raw, path, out["decode_speedup_ratio"]))
+    out.update(parse_speculation(raw, path, out["decode_speedup_ratio"], backend, dp_size))
     if raw.get("frontend") is not None:
         if backend != "sglang":
             _fail(f"{path}.frontend", "frontend stages are SGLang's (backend sglang)")
