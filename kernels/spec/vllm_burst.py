@@ -29,19 +29,30 @@ from aisim_fast.kernels.kv.block_pool import cancel_reserved, outputs_logged, re
 from aisim_fast.kernels.kv.lease import finalize
 from aisim_fast.kernels.loop.request_state import ceil_div, remaining_tokens
 from aisim_fast.kernels.loop.token_output import emit_token
-from aisim_fast.kernels.schema.layout import (ACC_DECODE_BATCH, ACC_DECODE_KV, ACC_PREEMPTED_ANY,
-                                              CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN, CFG_NUM_GPU_BLOCKS,
-                                              CFG_POLICY, CFG_ROLE, CFG_SPEC_NEXTN, NO_BLOCK, POLICY_TRTLLM,
-                                              ROLE_PREFILL,
-                                              RQ_ALLOCATED, RQ_GENERATED, RQ_LEASE_OFF, RQ_MAX_OUTPUT,
-                                              RQ_NUM_COMPUTED, RQ_PROMPT_LEN, RQ_SCHED_CLASS, RQ_STATUS, RS_RUNNING,
-                                              WK_RUN_LEN, WK_RUN_OFF, WK_STAT_ROW)
+from aisim_fast.kernels.schema.layout import (ACC_BUDGET, ACC_DECODE_BATCH, ACC_DECODE_KV, ACC_PREEMPTED_ANY,
+                                              ACC_SCHEDULED_TOKENS, CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN,
+                                              CFG_NUM_GPU_BLOCKS, CFG_POLICY, CFG_ROLE, CFG_SPEC_NEXTN, NO_BLOCK,
+                                              POLICY_TRTLLM, ROLE_PREFILL, RQ_ALLOCATED, RQ_GENERATED,
+                                              RQ_LEASE_OFF, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PROMPT_LEN,
+                                              RQ_SCHED_CLASS, RQ_SCHED_TOKENS, RQ_STATUS, RS_RUNNING, WK_RUN_LEN,
+                                              WK_RUN_OFF, WK_STAT_ROW)
 from aisim_fast.kernels.spec.sampler import accepted_tokens
 from aisim_fast.kernels.stats.sketch import fold_gap_run
 from aisim_fast.kernels.timing.pass_timing import decode_ns, ns_to_ms
 from aisim_fast.kernels.vllm.decode_step import CLASS_DECODE
 from aisim_fast.kernels.vllm import capacity as capacity_policy
 from aisim_fast.kernels.vllm.run_exits import finish_request, preempt
+
+
+@kernel(cache=True, _nrt=False, inline="always")
+def charge_lookahead(rq_i, q, acc, drafts):
+    """A decode step of a speculating rank just scheduled q: its drafts take token
+    budget too (what is left of it), as scheduled tokens of q (a preemption later in
+    the pass gives them back with the rest)."""
+    extra = min(drafts, acc[ACC_BUDGET])
+    acc[ACC_BUDGET] -= extra
+    acc[ACC_SCHEDULED_TOKENS] += extra
+    rq_i[q, RQ_SCHED_TOKENS] += extra
 
 
 @kernel(cache=True, _nrt=False)

@@ -47,6 +47,7 @@ from aisim_fast.kernels.schema.layout import (ACC_ADMITTED, ACC_BATCH, ACC_BUDGE
 from aisim_fast.kernels.stats.sketch import fold_gap_run
 from aisim_fast.kernels.timing.pass_timing import decode_ns, ns_to_ms, prefill_ns
 from aisim_fast.kernels.spec import vllm_burst
+from aisim_fast.kernels.spec.vllm_burst import charge_lookahead
 from aisim_fast.kernels.vllm import capacity as capacity_policy
 from aisim_fast.kernels.vllm.decode_step import (CLASS_COMPLETE, CLASS_DECODE, classify, fast_decode_step,
                                                  stamp_scheduled)
@@ -105,6 +106,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     # (a cadence is set only for ranks of a group: kernels.dp.attention_dp)
     defer = cfg.i64[w, CFG_PREFILL_CADENCE] > 1 and defers_prefills_gated(cfg.features, cfg, rq, wk, w)
 
+    # a speculating decode step also spends token budget on its drafts (kernels.spec)
+    spec_lookahead = cfg.i64[w, CFG_SPEC_NEXTN] if cfg.i64[w, CFG_ROLE] != ROLE_PREFILL else 0
     # running first; the cursor is an index (a fifo victim before it shifts the list)
     rq_i = rq.i64
     i = 0
@@ -116,11 +119,15 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         # the fast path first (the bulk of all scheduling, inline: a call would pass
         # the whole state), else the full schedule step
         if fast_decode_step(rq_i, q, acc, stamp, limit) > 0:
+            if spec_lookahead > 0:
+                charge_lookahead(rq_i, q, acc, spec_lookahead)
             i += 1
             continue
         out = schedule_request(cfg, p, rq, wl, wk, w, q, np.bool_(False), np.int64(0), now_ms, stamp,
                                acc, hits, fresh, scratch_tokens, not_decode, np.int64(0))
         if out == SCHEDULED:
+            if spec_lookahead > 0 and rq_i[q, RQ_SCHED_PROMPT] == 0 and rq_i[q, RQ_GENERATED] > 0:
+                charge_lookahead(rq_i, q, acc, spec_lookahead)
             i += 1
         elif out == CURRENT_PREEMPTED:
             continue
