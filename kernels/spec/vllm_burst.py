@@ -18,8 +18,10 @@ the schedule step when the rank speculates (``aic_nextn``), as the reference's
   finish the request exactly its last token is left to compute, as after a plain
   decode step. Blocks of rejected drafts go back unused.
 
-Token budget and the timing model never see the drafts: a decode request is scheduled
-one token, and the timing model prices a batch of ready requests at their lengths.
+On vLLM a speculating decode step also takes token budget for its drafts
+(``charge_lookahead``: ``nextn`` more tokens, what is left of the budget), so prompt
+chunks beside it are smaller; TRT-LLM's does not. The timing model never sees the
+drafts: it prices a batch of ready requests at their lengths.
 """
 
 import numpy as np

@@ -30,9 +30,9 @@ from aisim_fast.kernels.schema.layout import (ACC_ADMITTED, ACC_BATCH, ACC_BUDGE
                                               ACC_PREFIX, ACC_REJECTED, ACC_SCHEDULED_TOKENS, ACC_SIZE,
                                               CFG_BLOCK_SIZE, CFG_CHUNKED_PREFILL, CFG_MAX_MODEL_LEN,
                                               CFG_MAX_NUM_BATCHED_TOKENS, CFG_MAX_NUM_SEQS,
-                                              CFG_NUM_GPU_BLOCKS, CFG_PREEMPTION_FIFO, CFG_PREFILL_CADENCE,
+                                              CFG_NUM_GPU_BLOCKS, CFG_POLICY, CFG_PREEMPTION_FIFO, CFG_PREFILL_CADENCE,
                                               CFG_ROLE, CFG_SPEC_NEXTN, EV_ADMITTED, EV_FINISHED, EV_PREEMPTED, EV_PRESSURE,
-                                              PW_PASS_NUM, ROLE_DECODE, ROLE_PREFILL, RQ_ADMISSIONS,
+                                              POLICY_TRTLLM, PW_PASS_NUM, ROLE_DECODE, ROLE_PREFILL, RQ_ADMISSIONS,
                                               RQ_ALLOCATED, RQ_COMMITTED_PREFILL, RQ_FAST_LIMIT,
                                               RQ_FIRST_CACHED, RQ_GENERATED, RQ_MAX_CACHED, RQ_MAX_OUTPUT,
                                               RQ_NUM_COMPUTED, RQ_PREEMPTIONS, RQ_PROMPT_LEN, RQ_SCHED_CLASS,
@@ -107,7 +107,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
     defer = cfg.i64[w, CFG_PREFILL_CADENCE] > 1 and defers_prefills_gated(cfg.features, cfg, rq, wk, w)
 
     # a speculating decode step also spends token budget on its drafts (kernels.spec)
-    spec_lookahead = cfg.i64[w, CFG_SPEC_NEXTN] if cfg.i64[w, CFG_ROLE] != ROLE_PREFILL else 0
+    spec_lookahead = cfg.i64[w, CFG_SPEC_NEXTN] \
+        if cfg.i64[w, CFG_ROLE] != ROLE_PREFILL and cfg.i64[w, CFG_POLICY] != POLICY_TRTLLM else 0
     # running first; the cursor is an index (a fifo victim before it shifts the list)
     rq_i = rq.i64
     i = 0

@@ -3,7 +3,8 @@
 
 * every request's timeline bit for bit on vLLM (ngram 3 drafts on the captured CLI
   payload; 2 drafts at the default rates on two workers), TRT-LLM and disaggregated
-  vLLM 1P2D;
+  vLLM 1P2D, and with a 256-token budget on vLLM (its drafts take budget) and TRT-LLM
+  (they do not);
 * the draw is rand's Bernoulli chain over the rank's StdRng stream: a rate of 1 draws
   nothing, any other rate one ``u64``; its mean is ``1 + r0 + r0 r1 + ...``;
 * the rank keys are checked as the reference checks them.
@@ -44,7 +45,8 @@ def run(case: str):
 
 
 def test_cases_present():
-    assert CASES == ["ngram3_tiny20", "trtllm_nextn3_1k", "vllm_disagg_1p2d", "vllm_nextn2_default_1k"]
+    assert CASES == ["ngram3_tiny20", "trtllm_budget256_1k", "trtllm_nextn3_1k", "vllm_budget256_1k",
+                     "vllm_disagg_1p2d", "vllm_nextn2_default_1k"]
 
 
 @pytest.mark.parametrize("case", CASES)
