@@ -438,9 +438,10 @@ def reserve_blocks(p, w, capacity, n):
 
 
 @njit(cache=True, _nrt=False)
-def take_reserved(p, w):
-    """One block of the reservation as a new private copy (one reference);
-    NO_BLOCK when the arena has no slot left (a sizing error)."""
+def take_reserved(p, w, reserved):
+    """One block of the reservation (``reserved``; else of the free capacity, which
+    the caller knows holds it) as a new private copy (one reference); NO_BLOCK when
+    the arena has no slot left (a sizing error)."""
     b = _take_slot(p, w)
     if b == NO_BLOCK:
         return NO_BLOCK
@@ -448,7 +449,8 @@ def take_reserved(p, w):
     p.b32[b, PB_CACHED] = 0
     p.b32[b, PB_DUP] = NO_BLOCK
     p.w64[w, PW_NUM_COPIES] += 1
-    p.w64[w, PW_NUM_RESERVED] -= 1
+    if reserved:
+        p.w64[w, PW_NUM_RESERVED] -= 1
     return b
 
 

@@ -27,7 +27,8 @@ drafts: it prices a batch of ready requests at their lengths.
 import numpy as np
 
 from aisim_fast.kernels.jit import kernel
-from aisim_fast.kernels.kv.block_pool import cancel_reserved, outputs_logged, reserve_blocks, take_reserved
+from aisim_fast.kernels.kv.block_pool import (cancel_reserved, num_free, outputs_logged, reserve_blocks,
+                                              take_reserved)
 from aisim_fast.kernels.kv.lease import finalize
 from aisim_fast.kernels.loop.request_state import ceil_div, remaining_tokens
 from aisim_fast.kernels.loop.token_output import emit_token
@@ -71,12 +72,16 @@ def emit_bursts(cfg, p, rq, wl, wk, sims, s, w, decode_start_ms, acc, scratch_to
     max_burst = 1 if prefill_role else cfg.i64[w, CFG_SPEC_NEXTN] + 1
     trtllm = cfg.i64[w, CFG_POLICY] == POLICY_TRTLLM
 
-    # the lookahead reservation, preempting until it fits
+    # the lookahead reservation, preempting until it fits; skipped where the pool's free
+    # blocks hold every running request's longest burst (nothing is evicted then, and
+    # blocks taken without a reservation leave the pool as the reservation would): the
+    # decode batch is then the schedule step's (vLLM times no first token as decode)
     reserved = np.int64(0)
-    n_ready = np.int64(0)
-    kv_sum = np.int64(0)
+    n_ready = acc[ACC_DECODE_BATCH]
+    kv_sum = acc[ACC_DECODE_KV]
     emit = True
-    while True:
+    reserving = trtllm or num_free(p, w, capacity) < wk.i64[w, WK_RUN_LEN] * (ceil_div(max_burst, bs) + 1)
+    while reserving:
         reserved = 0
         n_ready = 0
         kv_sum = 0
@@ -151,7 +156,7 @@ def emit_bursts(cfg, p, rq, wl, wk, sims, s, w, decode_start_ms, acc, scratch_to
             allocated = rq_i[q, RQ_ALLOCATED]
             if allocated < length:
                 for i in range(ceil_div(allocated, bs), ceil_div(length, bs)):
-                    b = take_reserved(p, w)
+                    b = take_reserved(p, w, reserving)
                     if b == NO_BLOCK:
                         return end_ms, n_tokens, True
                     rq.lease[k0 + i] = b
@@ -164,7 +169,7 @@ def emit_bursts(cfg, p, rq, wl, wk, sims, s, w, decode_start_ms, acc, scratch_to
             wk.run_q[off + keep] = q
             keep += 1
     wk.i64[w, WK_RUN_LEN] = keep
-    if emit:
+    if emit and reserving:
         cancel_reserved(p, w, reserved)
     fold_gap_run(sims.token_stat, sims.token_hist, wk.i64[w, WK_STAT_ROW], run_gap_ms, run_count)
     return end_ms, n_tokens, False
