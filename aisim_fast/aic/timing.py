@@ -62,7 +62,9 @@ _CLI_FIELDS = {
     "fpm_fmha_quant_mode": ((None,), "FPM attention quantization is not simulated"),
     "dcp": ((None, 1), "decode context parallelism is not simulated"),
     "cp_size": ((None, 1), "prefill context parallelism is not simulated"),
-    "speculation": ((None,), "speculative decoding is not simulated"),
+    "speculation": ((None,), "speculation schemes priced by draft op tables (ngram's sequence-basis "
+                             "verify, EAGLE-3, draft models) are not simulated; MTP is (config "
+                             "nextn with the rank's aic_nextn)"),
     "decoder_replay": ((False,), "decoder replay is not simulated"),
     "estimation_mode": (("op_level",), "only op-level estimation is simulated"),
     "database_mode": (("SILICON",), "only the measured (SILICON) database mode is simulated"),
@@ -122,6 +124,8 @@ def _cli_field(path: str, key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_RESERVED_BYTES:
             _fail(f"{path}.{key}", f"must be an integer in [0, 2**53], got {value!r}")
         return value
+    if key == "speculation" and value is not None:
+        return _mtp_depth(path, value)
     allowed, why = _CLI_FIELDS[key]
     if not _is_value(value, allowed):
         _fail(f"{path}.{key}", f"{why}; accepted: {', '.join(map(repr, allowed))}; got {value!r}")
@@ -129,6 +133,23 @@ def _cli_field(path: str, key: str, value: Any) -> Any:
 
 
 CLI_ONLY_FIELDS = (*_CLI_FIELDS, "transfer_policy", "estimator_config", "systems_paths")
+
+
+def _mtp_depth(path: str, value: Any) -> dict:
+    """A ``speculation`` scheme the timing prices as MTP (the reference desugars
+    ``nextn`` to ``{kind: mtp, params: {depth: n}}``, and the one to the other):
+    returned as given; any other scheme is refused with the reason."""
+    if not isinstance(value, dict) or value.get("kind") != "mtp":
+        kind = value.get("kind") if isinstance(value, dict) else value
+        _fail(f"{path}.speculation", f"{kind!r} speculation is priced by draft op tables aisim_fast does "
+              "not build (ngram's sequence-basis verify, EAGLE-3, draft models); MTP is simulated "
+              "({kind: mtp, params: {depth: N}}, or nextn)")
+    params = value.get("params") or {}
+    depth = params.get("depth") if isinstance(params, dict) else None
+    if set(value) - {"kind", "params"} or not isinstance(params, dict) or set(params) - {"depth"} \
+            or isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 5:
+        _fail(f"{path}.speculation", f"an MTP scheme is {{kind: mtp, params: {{depth: 1..5}}}}, got {value!r}")
+    return value
 
 
 class AicError(ValueError):
@@ -324,6 +345,13 @@ def parse_config(raw: Any, path: str, *, backend: str, block_size: int, tp: int,
         if name in cfg:
             _fail(f"{path}.{key}", f"duplicate field (alias of {name})")
         cfg[name] = value
+    spec_text = dict(cli).get("speculation")
+    if spec_text is not None and json.loads(spec_text) is not None:
+        depth = json.loads(spec_text)["params"]["depth"]
+        if cfg.get("nextn", 0) not in (0, None, depth):
+            _fail(f"{path}.speculation", "cannot be combined with another nextn (canonical nextn conflicts "
+                  "with the resolved speculative depth)")
+        cfg["nextn"] = depth
     for key in ("model", "backend", "system", "tp"):
         if key not in cfg:
             _fail(f"{path}.{key}", "required for the aic timing provider")
@@ -348,8 +376,8 @@ def parse_config(raw: Any, path: str, *, backend: str, block_size: int, tp: int,
     if cfg.get("kv_block_size") is not None and cfg["kv_block_size"] != block_size:
         _fail(f"{path}.kv_block_size", f"must match the engine's block_size {block_size}, "
                                        f"got {cfg['kv_block_size']}")
-    if cfg.get("nextn", 0) != 0:
-        _fail(f"{path}.nextn", "speculative decoding (MTP) is not simulated; only 0 is accepted")
+    if cfg.get("nextn", 0) > 5:
+        _fail(f"{path}.nextn", f"AIC nextn must be in 0..=5, got {cfg['nextn']}")
     if (cfg.get("moe_tp_size") is None) != (cfg.get("moe_ep_size") is None):
         _fail(f"{path}.moe_tp_size", "moe_tp_size and moe_ep_size must be given together")
     if cfg.get("moe_tp_size") is not None and cfg["tp"] * cfg.get("attention_dp", 1) != \
@@ -396,7 +424,8 @@ def parse_config(raw: Any, path: str, *, backend: str, block_size: int, tp: int,
         model=cfg["model"], backend=backend, system=cfg["system"], backend_version=version,
         tp=cfg["tp"], pp=cfg.get("pp", 1), attention_dp=cfg.get("attention_dp", 1),
         moe_tp_size=cfg.get("moe_tp_size"), moe_ep_size=cfg.get("moe_ep_size"),
-        **{k: cfg.get(k) for k in _DTYPE_FIELDS}, nextn=0, kv_block_size=cfg.get("kv_block_size"),
+        **{k: cfg.get(k) for k in _DTYPE_FIELDS}, nextn=cfg.get("nextn", 0),
+        kv_block_size=cfg.get("kv_block_size"),
         memory_fraction_kind=kind, memory_fraction_value=fraction, systems_path=systems_path,
         cuda_graph_reserved_bytes=reserved, cli_fields=tuple(cli))
     if check_buildable:  # off when the config only sizes a KV pool (no per-op timing)
@@ -519,7 +548,9 @@ class AicTiming:
                 gemm_quant_mode=kw["gemm_quant_mode"], kvcache_quant_mode=kw["kvcache_quant_mode"],
                 fmha_quant_mode=kw["fmha_quant_mode"], moe_quant_mode=kw["moe_quant_mode"],
                 comm_quant_mode=kw["comm_quant_mode"], forward_model=None, attention_backend=None)
-            E.apply_nextn(model_config, 0)
+            # MTP: the package scales the generation ops by (layers + nextn) / layers and
+            # prices a decode step over batch x (nextn + 1) tokens
+            E.apply_nextn(model_config, c.nextn)
             model = E.get_model(c.model, model_config, c.backend)
             version = E._literal_backend_version(c.system, c.backend, c.backend_version,
                                                  c.systems_path, None)
@@ -527,7 +558,7 @@ class AicTiming:
             spec = json.loads(E.build_engine_spec_json(
                 model, model_path=c.model, system=c.system, backend=c.backend,
                 backend_version=version, kv_block_size=c.kv_block_size,
-                systems_path=c.systems_path, nextn=0, database=database))
+                systems_path=c.systems_path, nextn=c.nextn, database=database))
             systems_root = c.systems_path or str(_package_dir() / "systems")
             self._engine = core.AicEngine.from_spec(
                 bytes(core.engine_spec_bincode_from_json(json.dumps(spec))), systems_root)

@@ -229,11 +229,6 @@ def parse_speculation(raw: dict, path: str, decode_speedup_ratio: float, backend
         if dp_size > 1:
             _fail(f"{path}.aic_nextn", "speculation with attention DP (dp_size > 1) is not simulated by "
                   "aisim_fast yet")
-        timing = raw.get("timing_model") or {}
-        if isinstance(timing, dict) and timing.get("type") == "external":
-            _fail(f"{path}.aic_nextn", "speculation under AIC op-level timing is not simulated by "
-                  "aisim_fast yet (its verify passes need the timing model's speculation-aware op "
-                  "tables); use polynomial or fixed timing")
         if decode_speedup_ratio != 1.0:
             _fail(f"{path}.decode_speedup_ratio", "must be 1.0 with aic_nextn (the reference models "
                   f"speculative speed-up by its multi-token passes), got {decode_speedup_ratio}")
@@ -364,6 +359,11 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1, dp_
     if backend == "sglang":
         out.update(_parse_sglang(raw, path, out))
     out.update(parse_speculation(raw, path, out["decode_speedup_ratio"], backend, dp_size))
+    if out.get("aic") is not None and out["aic"].nextn != (out.get("aic_nextn") or 0):
+        # (the reference's check: an MTP-priced verify pass is the rank's speculation)
+        key = "speculation" if json.loads(dict(out["aic"].cli_fields).get("speculation", "null")) else "nextn"
+        _fail(f"{path}.timing_model.config.{key}", f"AIC {'speculative depth' if key == 'speculation' else 'nextn'}"
+              f"={out['aic'].nextn} does not match engine aic_nextn={out.get('aic_nextn')}")
     if raw.get("frontend") is not None:
         if backend != "sglang":
             _fail(f"{path}.frontend", "frontend stages are SGLang's (backend sglang)")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aisim_fast.config.payload import NATIVE_BLOCK_SIZE, ConfigError, parse_frontend, read_config_text
+from aisim_fast.config.speculation import rates_for_expected
 
 # the backend's memory-fraction key and its default (the reference's compiler)
 _MEMORY_FRACTION_KEY = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static",
@@ -295,28 +296,66 @@ def _check_engine_controls(engine: dict) -> None:
             _neutral(f"engine.{key}", engine[key], neutral, what)
 
 
-def _speculation(engine: dict, backend: str, workers: dict) -> dict:
-    """The rank keys ``engine.speculation`` / ``engine.nextn`` lower to, as the
-    reference's CLI lowers them: ngram prompt lookup (vLLM) with its per-draft
-    acceptance rates. The schemes whose drafts are priced by the AIC timing model (MTP
-    ``nextn``, EAGLE, draft models) need that model's speculation-aware op tables,
-    which aisim_fast does not build yet: refused with that reason."""
+def _speculation(engine: dict, backend: str, workers: dict) -> tuple[dict, dict]:
+    """(rank keys, timing-config keys) ``engine.speculation`` / ``engine.nextn`` lower to,
+    as the reference's CLI lowers them: MTP (``nextn`` with ``nextn_accepted``, or
+    ``{kind: mtp, params: {depth}, expected_accepted_tokens}``) priced by the AIC timing
+    of every worker; ngram prompt lookup (vLLM) under polynomial or fixed timing. The
+    schemes whose drafts need draft op tables (EAGLE-3, draft models, ngram's
+    sequence-basis verify under AIC) are refused with that reason."""
     nextn = engine.get("nextn", 0)
-    if nextn not in (0, None) or engine.get("nextn_accepted") is not None:
-        if engine.get("speculation") is not None:
-            _fail("engine.speculation", "cannot be combined with nextn / nextn_accepted")
-        _not_simulated("engine.nextn", "MTP speculation priced by the AIC timing model (give the rank's "
-                       "aic_nextn with polynomial or fixed timing instead)")
+    if isinstance(nextn, bool) or not isinstance(nextn, int) or not 0 <= nextn <= 5:
+        _fail("engine.nextn", f"must be an integer in 0..5, got {nextn!r}")
+    accepted = engine.get("nextn_accepted")
     raw = engine.get("speculation")
+    if raw is not None and (nextn or accepted is not None):
+        _fail("engine.speculation", "cannot be combined with nextn / nextn_accepted")
+    if nextn or accepted is not None:
+        if not nextn:
+            _fail("engine.nextn_accepted", "requires nextn > 0")
+        if accepted is None:
+            _fail("engine.nextn", "nextn requires explicit nextn_accepted")
+        _number("engine.nextn_accepted", accepted, high=float(nextn))
+        _aic_timed("engine.nextn", workers)
+        return ({"aic_nextn": nextn, "aic_nextn_accept_rates": rates_for_expected(nextn, accepted,
+                                                                                   "engine.nextn_accepted")},
+                {"nextn": nextn})
     if raw is None:
-        return {}
+        return {}, {}
     spec = _section("engine.speculation", raw, ("kind", "num_speculative_tokens", "acceptance_rates",
                                                 "seed", "params", "draft_model_path", "draft_config",
                                                 "expected_accepted_tokens"))
     kind = spec.get("kind")
+    seed = spec.get("seed", 42)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+        _fail("engine.speculation.seed", f"must be an integer in [0, 2**64), got {seed!r}")
+    if kind == "mtp":
+        params = _section("engine.speculation.params", spec.get("params"), ("depth",))
+        depth = params.get("depth")
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= 5:
+            _fail("engine.speculation.params.depth", f"must be an integer in 1..5, got {depth!r}")
+        if depth == 0:
+            _fail("engine.speculation", "omit speculation to disable it")
+        expected = spec.get("expected_accepted_tokens")
+        if expected is None:
+            _fail("engine.speculation.expected_accepted_tokens", "required (the accepted drafts expected "
+                                                                 "per verify pass)")
+        _number("engine.speculation.expected_accepted_tokens", expected, high=float(depth))
+        if backend not in ("vllm", "sglang"):
+            _fail("engine.backend", f"mtp speculation supports vllm and sglang, got {backend!r}")
+        for role, worker in workers.items():
+            if worker["capacity_type"] != "fixed":
+                _fail(f"engine.workers.{role}.kv_cache.capacity", "speculation requires explicit fixed KV "
+                      "capacity (its draft memory is not modelled)")
+        _aic_timed("engine.speculation", workers)
+        return ({"aic_nextn": depth,
+                 "aic_nextn_accept_rates": rates_for_expected(depth, expected,
+                                                              "engine.speculation.expected_accepted_tokens"),
+                 "aic_mtp_seed": seed},
+                {"speculation": {"kind": "mtp", "params": {"depth": depth}}})
     if kind != "ngram":
-        _not_simulated(f"engine.speculation.kind", f"{kind!r} speculation (its draft costs come from the "
-                       "AIC timing model's speculation-aware op tables); ngram is simulated")
+        _not_simulated("engine.speculation.kind", f"{kind!r} speculation (its draft costs come from draft "
+                       "op tables of the AIC timing model); ngram and mtp are simulated")
     if backend != "vllm":
         _fail("engine.backend", f"ngram speculation supports only vllm, got {backend!r}")
     n = spec.get("num_speculative_tokens")
@@ -329,15 +368,20 @@ def _speculation(engine: dict, backend: str, workers: dict) -> dict:
         _number(f"engine.speculation.acceptance_rates[{i}]", rate)
         if not 0 <= rate <= 1:
             _fail(f"engine.speculation.acceptance_rates[{i}]", f"must be in [0, 1], got {rate}")
-    seed = spec.get("seed", 42)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
-        _fail("engine.speculation.seed", f"must be an integer in [0, 2**64), got {seed!r}")
     for role, worker in workers.items():
         if worker["timing_type"] == "default":
             _not_simulated(f"engine.workers.{role}.timing", "ngram speculation under AIC op-level timing "
-                           "(its verify-pass op tables); use timing: {type: polynomial} or fixed")
+                           "(its sequence-basis verify op tables); use timing: {type: polynomial} or fixed")
     return {"aic_nextn": n, "aic_nextn_accept_rates": ",".join(str(rate) for rate in rates),
-            "aic_mtp_seed": seed}
+            "aic_mtp_seed": seed}, {}
+
+
+def _aic_timed(path: str, workers: dict) -> None:
+    """MTP is priced by the AIC timing: every language worker keeps the default timing."""
+    for role, worker in workers.items():
+        if worker["timing_type"] != "default":
+            _fail(path, f"an active nextn is an engine model control: it requires default timing in every "
+                        f"language role (workers.{role}.timing is {worker['timing_type']})")
 
 
 def _tokenization(raw: Any) -> dict | None:
@@ -775,9 +819,12 @@ def lower_predict_config(doc: Any) -> dict:
 
     pools = {role: _pool(engine, w, role, backend, versions.get(role), transfer)
              for role, w in parsed.items()}
-    speculation = _speculation(engine, backend, parsed)
+    rank_keys, timing_keys = _speculation(engine, backend, parsed)
     for pool in pools.values():
-        pool["rank"].update(speculation)
+        pool["rank"].update(rank_keys)
+        config = pool["rank"]["timing_model"].get("config")
+        if timing_keys and config is not None:
+            config.update(timing_keys)
     if mode == "aggregated":
         topology = {"kind": "aggregated",
                     "workers": {"initial_workers": parsed["aggregated"]["parallel"]["replicas"],

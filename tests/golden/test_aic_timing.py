@@ -154,7 +154,7 @@ def test_values_kept_on_disk(tmp_path, monkeypatch):
     ({"backend_version": "0.1"}, "cfg.backend_version", "0.24.0 (current)"),
     ({"tp": 2}, "cfg.tp", "tensor_parallel_size 1"),
     ({"kv_block_size": 32}, "cfg.kv_block_size", "block_size 64"),
-    ({"nextn": 1}, "cfg.nextn", "not simulated"),
+    ({"nextn": 6}, "cfg.nextn", "0..=5"),
     ({"backend": "trtllm"}, "cfg.backend", "'vllm'"),
     ({"colour": "red"}, "cfg.colour", "unknown field"),
 ])

@@ -200,7 +200,9 @@ REFUSED = [
     ("estimation_mode", "fpm_interpolation", "only op-level estimation"),
     ("database_mode", "hybrid", "SILICON"),
     ("fpm_profile", {"path": "p.parquet"}, "FPM"),
-    ("speculation", {"kind": "mtp", "params": {"depth": 2}}, "speculative decoding"),
+    ("speculation", {"kind": "eagle3", "params": {"num_speculative_tokens": 3}}, "draft op tables"),
+    # MTP priced by the timing model is simulated, with the rank's matching aic_nextn
+    ("speculation", {"kind": "mtp", "params": {"depth": 2}}, "does not match engine aic_nextn=None"),
     ("dcp", 2, "decode context parallelism"),
     ("decoder_replay", True, "decoder replay"),
     ("fallback_policy", "allow", "deny"),

@@ -3,8 +3,9 @@
 
 * every request's timeline bit for bit on vLLM (ngram 3 drafts on the captured CLI
   payload; 2 drafts at the default rates on two workers), TRT-LLM and disaggregated
-  vLLM 1P2D, and with a 256-token budget on vLLM (its drafts take budget) and TRT-LLM
-  (they do not);
+  vLLM 1P2D, with a 256-token budget on vLLM (its drafts take budget) and TRT-LLM
+  (they do not), and MTP priced by op-level (AIC) timing (the CLI's ``nextn`` and
+  ``mtp`` scheme payloads, 3 drafts on two workers over the 1k trace);
 * the draw is rand's Bernoulli chain over the rank's StdRng stream: a rate of 1 draws
   nothing, any other rate one ``u64``; its mean is ``1 + r0 + r0 r1 + ...``;
 * the rank keys are checked as the reference checks them.
@@ -31,22 +32,30 @@ from aisim_fast.kernels.spec.sampler import accept_thresholds, accepted_tokens, 
 from aisim_fast.trace.seeded_rng import StdRng
 from support import goldens
 from support.parity_rules import timeline_differences
+from support.aic_cache import fresh_value_cache
 from support.paths import DATA_DIR
 
 GOLDEN = DATA_DIR / "golden_speculation"
 CASES = sorted(p.name[:-len(".spec.json")] for p in GOLDEN.glob("*.spec.json"))
+_RUNS: dict = {}
+
+# the AIC value cache in a folder of this module's own, as on a fresh machine
+_own_value_cache = pytest.fixture(autouse=True, scope="module")(fresh_value_cache)
 
 
 def run(case: str):
-    spec = GOLDEN / f"{case}.spec.json"
-    trace = DATA_DIR / "traces" / Path(json.loads(spec.read_text())["traffic"]["trace_path"]).name
-    setup = load_spec(spec, trace_override=str(trace))
-    return run_batch([simulation_from_setup(setup)]).check().requests[0]
+    if case not in _RUNS:
+        spec = GOLDEN / f"{case}.spec.json"
+        trace = DATA_DIR / "traces" / Path(json.loads(spec.read_text())["traffic"]["trace_path"]).name
+        setup = load_spec(spec, trace_override=str(trace))
+        _RUNS[case] = run_batch([simulation_from_setup(setup)]).check().requests[0]
+    return _RUNS[case]
 
 
 def test_cases_present():
-    assert CASES == ["ngram3_tiny20", "trtllm_budget256_1k", "trtllm_nextn3_1k", "vllm_budget256_1k",
-                     "vllm_disagg_1p2d", "vllm_nextn2_default_1k"]
+    assert CASES == ["mtp_aic_1k", "mtp_aic_tiny20", "mtp_scheme_aic_tiny20", "ngram3_tiny20",
+                     "trtllm_budget256_1k", "trtllm_nextn3_1k", "vllm_budget256_1k", "vllm_disagg_1p2d",
+                     "vllm_nextn2_default_1k"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -59,13 +68,26 @@ def test_requests_match_the_reference(case):
     assert not diffs, f"{case}: {len(diffs)} cells differ, first {diffs[:3]}"
 
 
-def test_the_predict_config_lowers_as_the_reference_cli_lowers_it():
-    """ngram3_tiny20.predict.yaml is the config the captured payload was written for
-    (../shared/reference/cli-payloads/specdec/ngram_poly)."""
-    got = read_predict_config(GOLDEN / "ngram3_tiny20.predict.yaml")["spec"]["engine"]["rank"]
-    want = json.loads((GOLDEN / "ngram3_tiny20.spec.json").read_text())["spec"]["engine"]["rank"]
+@pytest.mark.parametrize("case", ["ngram3_tiny20", "mtp_aic_tiny20", "mtp_scheme_aic_tiny20"])
+def test_the_predict_config_lowers_as_the_reference_cli_lowers_it(case):
+    """Each ``CASE.predict.yaml`` is the config the reference's CLI wrote the case's
+    payload for (../shared/reference/cli-payloads/specdec: ngram_poly, nextn_aic,
+    mtp_scheme_aic): ngram under polynomial timing, MTP as ``nextn`` with
+    ``nextn_accepted`` and as the ``mtp`` scheme, both priced by AIC timing."""
+    got = read_predict_config(GOLDEN / f"{case}.predict.yaml")["spec"]["engine"]["rank"]
+    want = json.loads((GOLDEN / f"{case}.spec.json").read_text())["spec"]["engine"]["rank"]
     assert got == want
-    assert (got["aic_nextn"], got["aic_nextn_accept_rates"], got["aic_mtp_seed"]) == (3, "0.7,0.5,0.3", 42)
+
+
+def test_mtp_lowers_expected_accepted_drafts_and_prices_its_drafts():
+    legacy = read_predict_config(GOLDEN / "mtp_aic_tiny20.predict.yaml")["spec"]["engine"]["rank"]
+    scheme = read_predict_config(GOLDEN / "mtp_scheme_aic_tiny20.predict.yaml")["spec"]["engine"]["rank"]
+    assert legacy["aic_nextn_accept_rates"] == scheme["aic_nextn_accept_rates"] == "1,0.19999999999999996"
+    assert legacy["timing_model"]["config"]["nextn"] == 2
+    assert scheme["timing_model"]["config"]["speculation"] == {"kind": "mtp", "params": {"depth": 2}}
+    # the two spellings run the same engine: the same timeline
+    a, b = run("mtp_aic_tiny20"), run("mtp_scheme_aic_tiny20")
+    assert a["last_token_ms"].tolist() == b["last_token_ms"].tolist()
 
 
 # ---------------------------------------------------------------------------------
