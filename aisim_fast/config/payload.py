@@ -223,9 +223,10 @@ def parse_speculation(raw: dict, path: str, decode_speedup_ratio: float, backend
             _fail(f"{path}.aic_nextn_accept_rates", f"must be a comma-separated string, got {rates!r}")
         accept_rates(out["aic_nextn"], rates, f"{path}.aic_nextn_accept_rates")
         out["aic_nextn_accept_rates"] = rates
-        if backend == "sglang":
-            _fail(f"{path}.aic_nextn", "speculation on SGLang ranks is not simulated by aisim_fast yet "
-                  "(vLLM and TRT-LLM ranks are)")
+        sglang = raw.get("sglang") if isinstance(raw.get("sglang"), dict) else {}
+        if backend == "sglang" and (sglang.get("host_loop") or raw.get("frontend") is not None):
+            _fail(f"{path}.aic_nextn", "speculation with SGLang's host loop is not simulated by aisim_fast "
+                  "yet (without it, it is)")
         if dp_size > 1:
             _fail(f"{path}.aic_nextn", "speculation with attention DP (dp_size > 1) is not simulated by "
                   "aisim_fast yet")

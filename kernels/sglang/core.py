@@ -27,6 +27,7 @@ from aisim_fast.kernels.loop.rank_queues import (push_terminal, run_push_back, r
 from aisim_fast.kernels.loop.request_state import ceil_div
 from aisim_fast.kernels.loop.token_output import emit_token, time_token
 from aisim_fast.kernels.schema.layout import (ACC_ADMITTED, ACC_BATCH, ACC_ISL, ACC_PREFIX, CFG_MAX_MODEL_LEN,
+                                              CFG_SPEC_NEXTN,
                                               CFG_MAX_NUM_SEQS, CFG_NUM_GPU_BLOCKS, CFG_PREFIX_CACHING,
                                               CFG_ROLE, CFG_SG_CHUNK_SIZE, CFG_SG_CLIP, CFG_SG_LPM,
                                               CFG_SG_HOST_LOOP, CFG_SG_MAX_PREFILL_TOKENS, CFG_SG_PD_INTERVAL,
@@ -54,6 +55,7 @@ from aisim_fast.kernels.schema.layout import (ACC_ADMITTED, ACC_BATCH, ACC_ISL, 
 from aisim_fast.kernels.features import gate
 from aisim_fast.kernels.sglang import host_loop as hl
 from aisim_fast.kernels.sglang import radix as rx
+from aisim_fast.kernels.spec import sampler as spec_sampler
 from aisim_fast.kernels.stats.sketch import fold_gap_run
 from aisim_fast.kernels.timing.pass_timing import decode_ns, ns_to_ms, prefill_ns
 from aisim_fast.kernels.trace.output_plan import output_token_ids
@@ -431,6 +433,7 @@ _hl_iteration_end = gate("sglang_host_loop", hl.iteration_end, (0.0, False))
 _hl_receive = gate("sglang_host_loop", hl.receive)
 _hl_finished_in_batch = gate("sglang_host_loop", hl.finished_in_batch, np.int64(0))
 _hl_observe_forward = gate("sglang_host_loop", _observe_forward)
+_spec_accepted = gate("speculation", spec_sampler.accepted_tokens, np.int64(1))
 
 
 # ---------------------------------------------------------------------------------
@@ -758,10 +761,11 @@ def _sort_for_retraction(rq, wk, w):
 
 
 @kernel(cache=True, _nrt=False)
-def _decode_need(r, rq, wk, w):
+def _decode_need(r, rq, wk, w, burst):
     """(tokens the running batch's next tokens need beyond their pages, the batch's
     sequence tokens): the decode step's memory need and its timing input, in one
-    walk of the running list."""
+    walk of the running list. ``burst``: tokens a request may emit in the step (1; a
+    speculating rank's nextn + 1, capped by what each has left)."""
     ps = r.w64[w, RW_PAGE_SIZE]
     off = wk.i64[w, WK_RUN_OFF]
     need = 0
@@ -771,13 +775,13 @@ def _decode_need(r, rq, wk, w):
             q = wk.run_q[off + j]
             seq = _seq(rq, q)
             kv += seq
-            need += max(0, seq + min(1, _remaining(rq, q)) - rq.i64[q, RQ_ALLOCATED])
+            need += max(0, seq + min(burst, _remaining(rq, q)) - rq.i64[q, RQ_ALLOCATED])
         return need, kv
     for j in range(wk.i64[w, WK_RUN_LEN]):
         q = wk.run_q[off + j]
         seq = _seq(rq, q)
         kv += seq
-        grow = ceil_div(seq + min(1, _remaining(rq, q)), ps) * ps - rq.i64[q, RQ_ALLOCATED]
+        grow = ceil_div(seq + min(burst, _remaining(rq, q)), ps) * ps - rq.i64[q, RQ_ALLOCATED]
         need += max(0, grow)
     return need, kv
 
@@ -949,8 +953,10 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         # memory check and retraction (under the host loop, members whose last token is
         # in flight are past retraction: the check is over the others)
         n_done = _hl_finished_in_batch(cfg.features, rq, wk, w) if host_loop else 0
+        # a speculating rank's verify pass may emit nextn + 1 tokens per request (kernels.spec)
+        burst = cfg.i64[w, CFG_SPEC_NEXTN] + 1 if cfg.i64[w, CFG_ROLE] != ROLE_PREFILL else np.int64(1)
         while True:
-            need, dc_kv = _decode_need(r, rq, wk, w)
+            need, dc_kv = _decode_need(r, rq, wk, w, burst)
             if rx.available_tokens(r, w) + r.w64[w, RW_EVICTABLE] >= need \
                     or wk.i64[w, WK_RUN_LEN] - n_done <= 1:
                 break
@@ -991,7 +997,7 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
             if rx.available_tokens(r, w) < floor_tokens:
                 rx.evict(r, w, floor_tokens - rx.available_tokens(r, w))
         if n_retracted > 0:  # else the check above saw this very batch
-            need, dc_kv = _decode_need(r, rq, wk, w)
+            need, dc_kv = _decode_need(r, rq, wk, w, burst)
         _evict_for(r, w, need)
         n_run = wk.i64[w, WK_RUN_LEN]
         if n_retracted > 0:
@@ -1026,15 +1032,21 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
                     wk.run_q[off + keep] = q  # in the batch until its forward is observed
                     keep += 1
                     continue
-                if not _add_token_slot(r, rq, w, q):
-                    return now_ms, True, True
-                rq.i64[q, RQ_NUM_COMPUTED] += 1
-                if host_loop:
-                    _count_token(rq, q, stamp)
-                else:
-                    run_gap, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, tok_ms, run_gap,
-                                                     run_count, log_outputs, _remaining(rq, q) == 1)
-                n_tokens += 1
+                # a speculating rank's verify pass: the accepted tokens, each with its slot,
+                # a page it completes entering the tree before the next is appended
+                n_emit = 1 if burst == 1 else min(_spec_accepted(cfg.features, cfg, wk, w), _remaining(rq, q))
+                for k in range(n_emit):
+                    if k > 0:
+                        cache_prefix(cfg, r, rq, wl, w, q, path, scratch_tokens)
+                    if not _add_token_slot(r, rq, w, q):
+                        return now_ms, True, True
+                    rq.i64[q, RQ_NUM_COMPUTED] += 1
+                    if host_loop:
+                        _count_token(rq, q, stamp)
+                    else:
+                        run_gap, run_count, _ = emit_token(cfg, p, rq, wk, sims, s, w, q, tok_ms, run_gap,
+                                                         run_count, log_outputs, _remaining(rq, q) == 1)
+                    n_tokens += 1
                 if rq.i64[q, RQ_GENERATED] >= rq.i64[q, RQ_MAX_OUTPUT] and not host_loop:
                     _finish(cfg, p, rq, wl, wk, w, q, path, scratch_tokens)
                 else:

@@ -4,8 +4,9 @@
 * every request's timeline bit for bit on vLLM (ngram 3 drafts on the captured CLI
   payload; 2 drafts at the default rates on two workers), TRT-LLM and disaggregated
   vLLM 1P2D, with a 256-token budget on vLLM (its drafts take budget) and TRT-LLM
-  (they do not), and MTP priced by op-level (AIC) timing (the CLI's ``nextn`` and
-  ``mtp`` scheme payloads, 3 drafts on two workers over the 1k trace);
+  (they do not), MTP priced by op-level (AIC) timing (the CLI's ``nextn`` and
+  ``mtp`` scheme payloads, 3 drafts on two workers over the 1k trace), and SGLang
+  (two workers; sessions on 16-token pages with five retractions; disaggregated 1P2D);
 * the draw is rand's Bernoulli chain over the rank's StdRng stream: a rate of 1 draws
   nothing, any other rate one ``u64``; its mean is ``1 + r0 + r0 r1 + ...``;
 * the rank keys are checked as the reference checks them.
@@ -54,6 +55,7 @@ def run(case: str):
 
 def test_cases_present():
     assert CASES == ["mtp_aic_1k", "mtp_aic_tiny20", "mtp_scheme_aic_tiny20", "ngram3_tiny20",
+                     "sglang_disagg_1p2d", "sglang_nextn2_1k", "sglang_sessions_retract",
                      "trtllm_budget256_1k", "trtllm_nextn3_1k", "vllm_budget256_1k", "vllm_disagg_1p2d",
                      "vllm_nextn2_default_1k"]
 
