@@ -38,8 +38,8 @@ worker) runs with SGLang's host loop, half of them with frontend stages ahead of
 (one to three stages of one to three workers, service times from 0 to 120 ms, a drawn
 ``concurrency_scale`` now and then).
 
-With ``--speculation-fraction F`` that share of the vLLM / TRT-LLM cases without
-attention DP speculates: every pool's rank gets ``aic_nextn`` 1..5, its conditional
+With ``--speculation-fraction F`` that share of the cases without attention DP or
+SGLang's host loop speculates (vLLM, TRT-LLM, SGLang): every pool's rank gets ``aic_nextn`` 1..5, its conditional
 acceptance rates drawn (uniform, 0 or 1 now and then, sometimes fewer than the drafts or
 left to the defaults) and now and then an ``aic_mtp_seed``.
 
@@ -495,7 +495,7 @@ def main() -> int:
                    help="share of the aggregated SGLang cases run with the host loop "
                         "(sglang.host_loop), half of them with frontend stages")
     p.add_argument("--speculation-fraction", type=float, default=0.0,
-                   help="share of the vLLM / TRT-LLM cases without attention DP whose ranks speculate "
+                   help="share of the cases without attention DP or host loop whose ranks speculate "
                         "(aic_nextn, acceptance rates and seed drawn)")
     p.add_argument("--kv-artifacts", action="store_true",
                    help="one aggregated worker per case (vLLM / TRT-LLM, SGLang with "
@@ -561,7 +561,7 @@ def main() -> int:
                 if host_rng.random() < args.hostloop_fraction:
                     host_edits = random_host_loop_edits(host_rng)
                     kind += "/frontend" if len(host_edits) > 1 else "/hostloop"
-            if args.speculation_fraction > 0 and cfg[1] in ("vllm", "trtllm") and max(dp_size, prefill_dp) == 1:
+            if args.speculation_fraction > 0 and max(dp_size, prefill_dp) == 1 and not host_edits:
                 spec_rng = random.Random(args.seed * 100003 + i + 0x59EC)
                 if spec_rng.random() < args.speculation_fraction:
                     pools = (["spec.engine.rank"] if "--workers" in cfg
