@@ -81,6 +81,7 @@ def emit_bursts(cfg, p, rq, wl, wk, sims, s, w, decode_start_ms, acc, scratch_to
     kv_sum = acc[ACC_DECODE_KV]
     emit = True
     reserving = trtllm or num_free(p, w, capacity) < wk.i64[w, WK_RUN_LEN] * (ceil_div(max_burst, bs) + 1)
+    lone_need = np.int64(0)  # tokens of the last ready request's longest burst
     while reserving:
         reserved = 0
         n_ready = 0
@@ -100,10 +101,17 @@ def emit_bursts(cfg, p, rq, wl, wk, sims, s, w, decode_start_ms, acc, scratch_to
                 continue
             lookahead = min(max_burst, rem) if trtllm or generated > 0 else 1
             reserved += ceil_div(length + lookahead, bs) - ceil_div(length, bs)
+            lone_need = length + lookahead
             if trtllm or rq_i[q, RQ_SCHED_CLASS] == CLASS_DECODE:
                 n_ready += 1
                 kv_sum += length
         if reserve_blocks(p, w, capacity, reserved):
+            break
+        if wk.i64[w, WK_RUN_LEN] == 1 and ceil_div(lone_need, bs) > capacity:
+            # a lone request whose burst can never fit: preempting it would only readmit
+            # it to the same failure, pass after pass (the reference spins there); it
+            # stays, emitting nothing, and the run ends as a dead end
+            emit = False
             break
         if not capacity_policy.preempts(cfg, w) or preempt(cfg, p, rq, wk, w) < 0:
             emit = False  # nothing to give up: no token and no decode time this pass

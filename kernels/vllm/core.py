@@ -127,7 +127,8 @@ def run_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, acc, hits, fresh, scratch_t
         out = schedule_request(cfg, p, rq, wl, wk, w, q, np.bool_(False), np.int64(0), now_ms, stamp,
                                acc, hits, fresh, scratch_tokens, not_decode, np.int64(0))
         if out == SCHEDULED:
-            if spec_lookahead > 0 and rq_i[q, RQ_SCHED_PROMPT] == 0 and rq_i[q, RQ_GENERATED] > 0:
+            if spec_lookahead > 0 and rq_i[q, RQ_SCHED_PROMPT] == 0 and rq_i[q, RQ_GENERATED] > 0 \
+                    and rq_i[q, RQ_SCHED_TOKENS] > 0:
                 charge_lookahead(rq_i, q, acc, spec_lookahead)
             i += 1
         elif out == CURRENT_PREEMPTED:

@@ -235,3 +235,14 @@ def test_sizing_treats_the_speculation_scheme_as_a_choice(tmp_path, capsys):
     answer = json.loads((tmp_path / "s" / "answer.json").read_text())["answers"][0]
     assert answer["gpus"] == min(best.values())
     assert best["mtp:2@1.4"] <= best["none"]
+
+
+def test_a_burst_that_can_never_fit_is_a_dead_end_not_a_spin():
+    """64 blocks of 16 tokens and 4 drafts: a lone running request whose longest burst
+    outgrows the pool. The reference preempts it, readmits it and fails again, pass
+    after pass, and never returns (timed out after 300 s); here the request stays,
+    emits nothing, and the run ends as a dead end with the reason."""
+    folder = GOLDEN / "dead_end"
+    setup = load_spec(folder / "lone_burst.spec.json", trace_override=str(folder / "lone_burst.jsonl"))
+    res = run_batch([simulation_from_setup(setup)])
+    assert res.status[0] == "dead_end" and "can never be scheduled" in res.error[0]
