@@ -94,7 +94,8 @@ def speculation_fields(args) -> dict:
         return {}
     fields = speculation.rank_fields(args.speculation)
     if fields and ("@" in args.speculation) and (args.acceptance is not None or args.accepted is not None):
-        raise UsageError("--speculation KIND:N@.. already gives the acceptance; drop --acceptance / --accepted")
+        raise UsageError("--speculation KIND:N@.. already gives the acceptance; drop --acceptance / "
+                         "--accepted")
     if args.acceptance is not None and args.accepted is not None:
         raise UsageError("--acceptance and --accepted are two ways to give the same rates; give one")
     if not fields:

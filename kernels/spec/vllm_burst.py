@@ -34,10 +34,12 @@ from aisim_fast.kernels.loop.request_state import ceil_div, remaining_tokens
 from aisim_fast.kernels.loop.token_output import emit_token
 from aisim_fast.kernels.schema.layout import (ACC_BUDGET, ACC_DECODE_BATCH, ACC_DECODE_KV, ACC_PREEMPTED_ANY,
                                               ACC_SCHEDULED_TOKENS, CFG_BLOCK_SIZE, CFG_MAX_MODEL_LEN,
-                                              CFG_NUM_GPU_BLOCKS, CFG_POLICY, CFG_ROLE, CFG_SPEC_NEXTN, NO_BLOCK,
+                                              CFG_NUM_GPU_BLOCKS, CFG_POLICY, CFG_ROLE, CFG_SPEC_NEXTN,
+                                              NO_BLOCK,
                                               POLICY_TRTLLM, ROLE_PREFILL, RQ_ALLOCATED, RQ_GENERATED,
                                               RQ_LEASE_OFF, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PROMPT_LEN,
-                                              RQ_SCHED_CLASS, RQ_SCHED_TOKENS, RQ_STATUS, RS_RUNNING, WK_RUN_LEN,
+                                              RQ_SCHED_CLASS, RQ_SCHED_TOKENS, RQ_STATUS, RS_RUNNING,
+                                              WK_RUN_LEN,
                                               WK_RUN_OFF, WK_STAT_ROW)
 from aisim_fast.kernels.spec.sampler import accepted_tokens
 from aisim_fast.kernels.stats.sketch import fold_gap_run
