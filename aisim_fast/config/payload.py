@@ -22,6 +22,7 @@ from aisim_fast.aic import timing as aic
 from aisim_fast.kernels.schema.layout import SPEC_MAX_NEXTN
 from aisim_fast.trace.inline_requests import InlineRequestError, parse_inline_requests
 from aisim_fast.trace.synthetic import LOAD_TYPES as SYNTHETIC_LOAD_TYPES, SyntheticLoad
+from aisim_fast.trace.formats import TRACE_FORMATS
 
 BACKENDS = ("vllm", "trtllm", "sglang")
 SIMULATED_BACKENDS = ("vllm", "trtllm", "sglang")
@@ -499,6 +500,7 @@ class ReplaySetup:
     workers: int
     trace_path: str
     trace_block_size: int = 512
+    trace_format: str = "mooncake"       # one of trace.formats.TRACE_FORMATS
     arrival_speedup_ratio: float = 1.0
     concurrency: int = 0                 # closed-loop session cap; 0 = trace timestamps
     sla: dict = field(default_factory=dict)
@@ -775,7 +777,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         if key not in _TRAFFIC_KEYS:
             _fail(f"traffic.{key}", "unknown or unsupported field; allowed: " + ", ".join(sorted(_TRAFFIC_KEYS)))
     _choice("traffic.source_type", traffic.get("source_type", "trace"), ("trace", "synthetic"))
-    _choice("traffic.trace_format", traffic.get("trace_format", "mooncake"), ("mooncake",))
+    trace_format = _choice("traffic.trace_format", traffic.get("trace_format", "mooncake"), TRACE_FORMATS)
     load = _choice("traffic.load_type", traffic.get("load_type", "trace_timestamps"),
                    ("trace_timestamps", "concurrency"))
     conc = traffic.get("replay_concurrency", traffic.get("concurrency"))
@@ -820,6 +822,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         workers=workers,
         trace_path=str(trace_path),
         trace_block_size=_int("traffic.trace_block_size", traffic.get("trace_block_size", 512), 1),
+        trace_format=trace_format,
         arrival_speedup_ratio=_positive_float("traffic.arrival_speedup_ratio",
                                               traffic.get("arrival_speedup_ratio", 1.0)),
         concurrency=concurrency,

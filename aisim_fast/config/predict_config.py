@@ -21,6 +21,7 @@ from typing import Any
 
 from aisim_fast.config.payload import NATIVE_BLOCK_SIZE, ConfigError, parse_frontend, read_config_text
 from aisim_fast.config.speculation import rates_for_expected
+from aisim_fast.trace.formats import TRACE_FORMATS
 
 # the backend's memory-fraction key and its default (the reference's compiler)
 _MEMORY_FRACTION_KEY = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static",
@@ -139,7 +140,7 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
     if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and p for p in paths):
         _fail("traffic.source.paths", f"must be a list of at least one non-empty path, got {paths!r}")
     trace_format = _choice("traffic.source.format", source.get("format", "mooncake"), _TRACE_FORMATS)
-    if trace_format != "mooncake":
+    if trace_format not in TRACE_FORMATS:
         _not_simulated("traffic.source.format", f"the {trace_format!r} trace format")
     if len(paths) != 1:
         _fail("traffic.source.paths", f"trace format {trace_format!r} takes exactly one path")
@@ -763,6 +764,9 @@ def lower_predict_config(doc: Any) -> dict:
     mode = _choice("engine.mode", engine.get("mode", "aggregated"), ("aggregated", "disaggregated", "afd"))
     if mode == "afd":
         _not_simulated("engine.mode", "attention/FFN disaggregation (afd)")
+    if traffic.get("trace_format") == "mooncake-delta" and mode != "aggregated":
+        # the reference's CLI refuses it (its native core runs it; a payload can ask)
+        _fail("traffic.source.format", "mooncake-delta requires aggregated engine mode")
     for key in ("model", "hardware"):
         if not isinstance(engine.get(key), str) or not engine[key]:
             _fail(f"engine.{key}", f"required, a non-empty string; got {engine.get(key)!r}")

@@ -13,7 +13,9 @@ from aisim_fast.config.payload import (PLACEMENTS, ConfigError, RankConfig, Repl
                                        check_placement_seed, check_rank, check_tokenization)
 from aisim_fast.trace.inline_requests import inline_workload
 from aisim_fast.trace.synthetic import synthetic_workload
-from aisim_fast.trace.workload import PIN_KEYS, Workload, load_mooncake
+from aisim_fast.trace.formats import load_trace
+from aisim_fast.trace.session_history import warn_unfit_turns
+from aisim_fast.trace.workload import PIN_KEYS, Workload
 
 
 class SimulationError(RuntimeError):
@@ -83,9 +85,12 @@ def setup_workload(setup: ReplaySetup, max_rows: int | None = None, closed_loop:
         return inline_workload(setup.requests, max_rows)
     if setup.synthetic is not None:
         return synthetic_workload(setup.synthetic, max_rows)
-    return load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
-                         arrival_speedup_ratio=setup.arrival_speedup_ratio, max_rows=max_rows,
-                         closed_loop=closed_loop)
+    workload = load_trace(setup.trace_path, setup.trace_format, trace_block_size=setup.trace_block_size,
+                          arrival_speedup_ratio=setup.arrival_speedup_ratio, max_rows=max_rows,
+                          closed_loop=closed_loop, max_model_len=setup.rank.max_model_len)
+    if setup.trace_format == "mooncake-delta":
+        warn_unfit_turns(workload, setup.rank.num_gpu_blocks * setup.rank.block_size)
+    return workload
 
 
 def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) -> Simulation:

@@ -66,7 +66,7 @@ from aisim_fast.kernels.loop.event_loop import set_kernel_threads
 from aisim_fast.report.cost import load_prices, run_cost
 from aisim_fast.report.sla import Sla, parse_sla
 from aisim_fast.report.summary import routing_summary, summarize_replay
-from aisim_fast.trace.workload import TraceError, load_mooncake
+from aisim_fast.trace.workload import TraceError
 from aisim_fast.version import __version__
 
 SWEEP_KEYS = ("base", "grid", "zip", "random", "trace", "arrival_speedup_ratio", "workers",
@@ -351,7 +351,7 @@ def load_sweep(spec: str | Path | dict, base_dir: str | Path | None = None,
             payload, trace = sweep.payload(i)
             setup = parse_payload(payload, base_dir_, trace)
             keys.append((setup.trace_path, setup.trace_block_size, setup.arrival_speedup_ratio,
-                         setup.disaggregated))
+                         setup.disaggregated, setup.trace_format, setup.rank.max_model_len))
         except ConfigError as exc:
             described = ", ".join(f"{c}={v!r}" for c, v in points[i].items()) or "the base"
             raise SweepError(f"point {i} ({described}): {exc}") from None
@@ -376,13 +376,13 @@ _WORKLOADS: dict = {}  # per process: the last traces loaded, by (path, block si
 def _workload(setup):
     if not setup.from_trace_file:  # inline in the payload, or a synthetic load
         return setup_workload(setup)
-    key = (setup.trace_path, setup.trace_block_size, setup.arrival_speedup_ratio)
+    key = (setup.trace_path, setup.trace_format, setup.trace_block_size, setup.arrival_speedup_ratio,
+           setup.rank.max_model_len)
     wl = _WORKLOADS.get(key)
     if wl is None:
         if len(_WORKLOADS) >= 4:  # a sweep walks its traces in order: keep memory flat
             _WORKLOADS.pop(next(iter(_WORKLOADS)))
-        wl = _WORKLOADS[key] = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
-                                             arrival_speedup_ratio=setup.arrival_speedup_ratio)
+        wl = _WORKLOADS[key] = setup_workload(setup)
     return wl
 
 
@@ -460,7 +460,7 @@ def _batches(sweep: Sweep, todo: list[int], batch_size: int) -> tuple[list[list[
     topologies = set()
     for i in todo:
         key = sweep.workload_keys[i]
-        groups.setdefault(key[:3], []).append(i)
+        groups.setdefault((*key[:3], *key[4:]), []).append(i)
         topologies.add("disaggregated" if key[3] else "aggregated")
     return ([ids[k:k + batch_size] for ids in groups.values() for k in range(0, len(ids), batch_size)],
             topologies)

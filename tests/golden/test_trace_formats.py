@@ -1,0 +1,146 @@
+"""Trace formats beyond plain Mooncake (``trace.formats``) against reference runs
+(tests/data/golden_trace_formats), and the history a delta trace builds against a
+plain-Python oracle.
+
+``mooncake-delta``: the sessions trace (200 rows, 49 sessions of 2-6 turns) read as
+rows of new input on two vLLM workers, in closed loop (6 sessions), with
+``max_model_len`` 6000 (turns cut short and rejected, so later histories are shorter),
+over 400 KV blocks (preemption), on SGLang, TRT-LLM and disaggregated vLLM 1P2D; and a
+hand-made trace of nine rows (interleaved sessions, a row of its own, a blank line,
+delays given and inferred, authored output ids in a history); and the payload the
+reference's CLI writes for a delta config (8 sessions x 3 turns), which the config
+lowers to here too. Every request's
+timeline must be bit-exact and the report's counts and means equal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from aisim_fast.config.payload import ConfigError, parse_payload
+from aisim_fast.config.predict_config import read_predict_config
+from aisim_fast.trace.formats import TRACE_FORMATS, load_trace
+from aisim_fast.trace.session_history import HistoryWarning, emitted_lengths, warn_unfit_turns
+from aisim_fast.trace.workload import load_mooncake, prompt_tokens, sequence_tokens
+from support import goldens
+from support.cli_runs import run_cli
+from support.parity_rules import timeline_differences
+from support.paths import DATA_DIR
+
+GOLDEN = DATA_DIR / "golden_trace_formats"
+CASES = sorted(p.name[:-len(".spec.json")] for p in GOLDEN.glob("*.spec.json"))
+REPORT_KEYS = ("num_requests", "completed_requests", "duration_ms", "mean_ttft_ms", "mean_e2e_latency_ms",
+               "committed_prefill_tokens", "first_admission_prefix_cache_reused_ratio", "total_output_tokens")
+
+
+def trace_of(case: str):
+    name = json.loads((GOLDEN / f"{case}.spec.json").read_text())["traffic"]["trace_path"]
+    beside = GOLDEN / name
+    return beside if beside.exists() else DATA_DIR / "traces" / name
+
+
+def test_cases_present():
+    assert CASES == ["delta_cli_8x3", "delta_edges_vllm_agg1", "delta_sglang_agg2", "delta_trtllm_agg2", "delta_vllm_agg2",
+                     "delta_vllm_agg2_conc6", "delta_vllm_agg2_kv400", "delta_vllm_agg2_mml6000",
+                     "delta_vllm_disagg1p2d_bw"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_requests_and_report_match_the_reference(case, tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = run_cli(["replay", "--spec", GOLDEN / f"{case}.spec.json", "--trace", trace_of(case),
+                            "--out", out, "--quiet"], capsys)
+    assert code == 0, err
+    gold = goldens.read_golden(case, GOLDEN)
+    cand = goldens.index_frame(pd.read_parquet(out / "requests.parquet"))
+    missing, bad = goldens.parity_failures(gold, cand)
+    assert not missing and not bad, goldens.failure_report(case, missing, bad)
+    assert not timeline_differences(gold, cand)
+    assert len(cand) == len(gold)
+    summary = json.loads((out / "summary.json").read_text())
+    report = json.loads((GOLDEN / f"{case}.report.json").read_text())
+    for key in REPORT_KEYS:
+        assert math.isclose(summary[key], report[key], rel_tol=1e-9, abs_tol=1e-9), key
+
+
+def test_predict_config_lowers_to_the_captured_payload():
+    mine = read_predict_config(GOLDEN / "delta_cli_8x3.predict.yaml")
+    captured = json.loads((GOLDEN / "delta_cli_8x3.spec.json").read_text())
+    assert mine["spec"] == captured["spec"]
+    assert mine["traffic"] == {**captured["traffic"], "trace_path": "mooncake_delta_8x3.jsonl",
+                               "trace_paths": ["mooncake_delta_8x3.jsonl"]}
+
+
+def test_predict_config_refuses_delta_for_disaggregated_engines(tmp_path):
+    """The reference's CLI: 'mooncake-delta requires aggregated engine mode'."""
+    text = (GOLDEN / "delta_cli_8x3.predict.yaml").read_text().replace("mode: aggregated", "mode: disaggregated")
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError, match="traffic.source.format: mooncake-delta requires aggregated"):
+        read_predict_config(tmp_path / "c.yaml")
+
+
+def oracle_prompts(path, block: int, max_model_len: int | None = None) -> list[list[int]]:
+    """Plain Python: each turn's prompt is its session's earlier turns (new input, then
+    the output tokens they emit) and its own new input; a turn emits its output cut at
+    max_model_len, none when its prompt reaches it."""
+    w = load_mooncake(path, trace_block_size=block)
+    history: dict[int, list[int]] = {}
+    prompts = []
+    for q in range(w.num_requests):
+        s = int(w.session[q])
+        prompt = history.get(s, []) + prompt_tokens(w, q).tolist()
+        out = int(w.output_len[q])
+        if max_model_len is not None:
+            out = 0 if len(prompt) >= max_model_len else min(out, max_model_len - len(prompt))
+        history[s] = prompt + sequence_tokens(w, q, int(w.input_len[q]), out).tolist()
+        prompts.append(prompt)
+    return prompts
+
+
+@pytest.mark.parametrize("max_model_len", [None, 120, 4000])
+@pytest.mark.parametrize("trace,block", [(GOLDEN / "delta_edges.jsonl", 16),
+                                         (DATA_DIR / "traces" / "sessions_200.jsonl", 512)])
+def test_delta_prompts_are_the_oracles(trace, block, max_model_len):
+    w = load_trace(trace, "mooncake-delta", trace_block_size=block, max_model_len=max_model_len)
+    want = oracle_prompts(trace, block, max_model_len)
+    assert w.trace_block_size == 1 and w.num_requests == len(want)
+    for q, prompt in enumerate(want):
+        assert w.input_len[q] == len(prompt)
+        assert prompt_tokens(w, q).tolist() == prompt, q
+    # the rows keep their outputs, sessions, arrivals and plan
+    plain = load_mooncake(trace, trace_block_size=block)
+    for name in ("session", "turn_index", "output_len", "delay_ms", "line_no"):
+        assert np.array_equal(getattr(w, name), getattr(plain, name)), name
+    assert np.array_equal(w.output_plan()[0], plain.output_plan()[0])
+
+
+def test_a_turn_carries_only_the_output_it_emits():
+    """max_model_len 120: session a's second turn (68-token prompt, 5 authored outputs)
+    emits all five; its third (106 tokens) only 4 of 4; session b's third turn (95 + 30)
+    stops at 25 tokens, and nothing follows it."""
+    w = load_mooncake(GOLDEN / "delta_edges.jsonl", trace_block_size=16)
+    emitted = emitted_lengths(w, 120)
+    assert emitted.tolist() == [12, 6, 5, 3, 8, 4, 17, 2, 25]
+    assert emitted_lengths(w, None).tolist() == w.output_len.tolist()
+    # a prompt at the limit is rejected: nothing
+    assert emitted_lengths(w, 40)[0] == 0
+
+
+def test_a_turn_beyond_the_pool_is_warned_of():
+    w = load_trace(GOLDEN / "delta_edges.jsonl", "mooncake-delta", trace_block_size=16)
+    with pytest.warns(HistoryWarning, match=r"delta_edges.jsonl:1: turn 0 of session 'a'"):
+        warn_unfit_turns(w, 48)
+    warn_unfit_turns(w, 10_000)  # nothing to say
+
+
+def test_unknown_format_names_the_allowed_ones():
+    payload = json.loads((GOLDEN / "delta_vllm_agg2.spec.json").read_text())
+    payload["traffic"]["trace_format"] = "mooncake-deltas"
+    with pytest.raises(ConfigError, match="traffic.trace_format.*mooncake-delta"):
+        parse_payload(payload, GOLDEN)
+    assert TRACE_FORMATS[:2] == ("mooncake", "mooncake-delta")
