@@ -568,12 +568,14 @@ class ReplaySetup:
 
 _SYNTHETIC_KEYS = {"source_type", "load_type", "isl", "osl", "cached_prefix_tokens", "concurrency",
                    "replay_concurrency", "request_count", "num_request_ratio", "arrival_interval_ms",
-                   "request_rate", "arrival_seed", "trace_block_size", "max_sim_time_ms"}
+                   "request_rate", "arrival_seed", "trace_block_size", "max_sim_time_ms", "kv_load_ratio"}
 
 
-def parse_synthetic(traffic: dict) -> tuple[SyntheticLoad, int]:
+def parse_synthetic(traffic: dict, pool_kv_tokens: int) -> tuple[SyntheticLoad, int]:
     """``traffic`` of ``source_type: synthetic``: the load and the closed-loop
-    concurrency it runs under (0 for an open-loop rate)."""
+    concurrency it runs under (0 for an open-loop rate). ``pool_kv_tokens``: the KV
+    tokens of the pool that generates (every rank of the aggregated or decode pool),
+    which a ``kv_capacity_fraction`` load is sized from."""
     if traffic["source_type"] == "synthetic-session":
         _fail("traffic.source_type", "'synthetic-session' (multi-turn synthetic sessions with shared "
               "prefix groups) is not simulated yet; 'synthetic' is")
@@ -581,11 +583,7 @@ def parse_synthetic(traffic: dict) -> tuple[SyntheticLoad, int]:
         if key not in _SYNTHETIC_KEYS:
             _fail(f"traffic.{key}", "unknown or unsupported field of a synthetic load; allowed: "
                   + ", ".join(sorted(_SYNTHETIC_KEYS)))
-    load = traffic.get("load_type")
-    if load == "kv_capacity_fraction":
-        _fail("traffic.load_type", "'kv_capacity_fraction' (a load sized from the KV pool) is not "
-              "simulated yet; allowed: " + ", ".join(SYNTHETIC_LOAD_TYPES))
-    load = _choice("traffic.load_type", load, SYNTHETIC_LOAD_TYPES)
+    load = _choice("traffic.load_type", traffic.get("load_type"), SYNTHETIC_LOAD_TYPES)
     isl = _int("traffic.isl", traffic.get("isl"), 1)
     osl = _int("traffic.osl", traffic.get("osl"), 1)
     cached = _int("traffic.cached_prefix_tokens", traffic.get("cached_prefix_tokens", 0), 0)
@@ -597,6 +595,11 @@ def parse_synthetic(traffic: dict) -> tuple[SyntheticLoad, int]:
         concurrency = _int("traffic.concurrency",
                            traffic.get("concurrency", traffic.get("replay_concurrency")), 1)
         extra["concurrency"] = concurrency
+    elif load == "kv_capacity_fraction":
+        # the reference refuses 0 too ("KV load ratio must be positive")
+        ratio = _positive_float("traffic.kv_load_ratio", traffic.get("kv_load_ratio"))
+        concurrency = kv_fraction_concurrency(ratio, isl, osl, pool_kv_tokens)
+        extra.update(concurrency=concurrency, kv_load_ratio=ratio)
     elif load == "constant_rate":
         extra["arrival_interval_ms"] = _positive_float("traffic.arrival_interval_ms",
                                                        traffic.get("arrival_interval_ms"))
@@ -607,13 +610,23 @@ def parse_synthetic(traffic: dict) -> tuple[SyntheticLoad, int]:
     ratio = traffic.get("num_request_ratio")
     if count is not None:
         count = _int("traffic.request_count", count, 1)
-    elif ratio is not None and load == "concurrency":
-        # the reference's per-load-unit count: the ratio times the concurrency
-        count = max(1, int(round(_positive_float("traffic.num_request_ratio", ratio) * concurrency)))
+    elif ratio is not None and concurrency:
+        # the reference's per-load-unit count: the ratio times the concurrency, rounded
+        # half away from zero (Rust's f64::round: 2.5 x 21 -> 53, where Python's gives 52)
+        count = max(1, math.floor(_positive_float("traffic.num_request_ratio", ratio) * concurrency + 0.5))
     else:
-        _fail("traffic.request_count", "required (or num_request_ratio with load_type concurrency)")
+        _fail("traffic.request_count", "required (or num_request_ratio with load_type concurrency "
+                                       "or kv_capacity_fraction)")
     return SyntheticLoad(load_type=load, request_count=count, isl=isl, osl=osl,
                          cached_prefix_tokens=cached, **extra), concurrency
+
+
+def kv_fraction_concurrency(ratio: float, isl: int, osl: int, pool_kv_tokens: int) -> int:
+    """The closed-loop concurrency of a ``kv_capacity_fraction`` load: ``ratio`` of the
+    requests the pool's KV holds at once, a request counted at its prompt and half its
+    output (``isl + osl // 2`` tokens); at least 1."""
+    capacity = pool_kv_tokens // (isl + osl // 2)
+    return max(1, math.floor(ratio * capacity))
 
 
 def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str) -> None:
@@ -758,7 +771,8 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     if tokenization is not None:
         check_tokenization(tokenization, "tokenization", placement=placement)
     if traffic.get("source_type") in ("synthetic", "synthetic-session"):
-        load, concurrency = parse_synthetic(traffic)
+        load, concurrency = parse_synthetic(
+            traffic, rank.num_gpu_blocks * rank.block_size * dp * workers)
         traffic_cap = traffic.get("max_sim_time_ms")
         if traffic_cap is not None and _float("traffic.max_sim_time_ms", traffic_cap) != max_sim_time_ms:
             _fail("traffic.max_sim_time_ms", "a cap on a synthetic load's generation apart from "

@@ -16,6 +16,9 @@ Arrivals, as the reference's load types make them:
   flight (each completion releases the next, re-stamped to that instant: the
   replay's ``concurrency``); ``request_count`` requests, or ``num_request_ratio`` x
   ``concurrency``;
+* ``kv_capacity_fraction``: as ``concurrency``, the concurrency ``kv_load_ratio`` x
+  the requests the generating pool's KV holds at once, each counted at ``isl + osl //
+  2`` tokens (``config.payload.kv_fraction_concurrency``), at least 1;
 * ``constant_rate``: every ``arrival_interval_ms`` (as a rate of
   ``1000 / arrival_interval_ms`` per second, gaps summed);
 * ``poisson``: exponential gaps of mean ``1000 / request_rate`` ms drawn from the
@@ -33,7 +36,7 @@ import numpy as np
 
 from aisim_fast.trace.seeded_rng import StdRng
 
-LOAD_TYPES = ("concurrency", "constant_rate", "poisson")
+LOAD_TYPES = ("concurrency", "constant_rate", "poisson", "kv_capacity_fraction")
 _U32_END = 1 << 32
 _SEED_STRIDE = 1_000_003  # a request's own tokens start at (index + 1) * this
 
@@ -45,14 +48,15 @@ class SyntheticLoad:
     isl: int
     osl: int
     cached_prefix_tokens: int = 0
-    concurrency: int = 0               # load_type concurrency
+    concurrency: int = 0               # load_type concurrency (or resolved kv_capacity_fraction)
+    kv_load_ratio: float = 0.0         # kv_capacity_fraction: the fraction of the KV pool's requests
     arrival_interval_ms: float = 0.0   # constant_rate
     request_rate: float = 0.0          # poisson, requests per second
     arrival_seed: int = 42             # poisson
 
     def arrivals_ms(self) -> np.ndarray:
         n = self.request_count
-        if self.load_type == "concurrency":
+        if self.load_type in ("concurrency", "kv_capacity_fraction"):
             return np.zeros(n, np.float64)
         if self.load_type == "constant_rate":
             rate = 1000.0 / self.arrival_interval_ms

@@ -3,7 +3,9 @@ reference runs (tests/data/golden_synthetic): the five loads its CLI wrote
 (concurrency, concurrency stopped per load unit, constant rate, constant rate with a
 cached prefix, poisson) and two made from them (poisson with seed 7 at 40 requests/s
 with a 300-token shared prefix on two workers; 64 in flight over 600 KV blocks, where
-the pool binds). Every request's timeline must be bit-exact; the predict configs the
+the pool binds); and four ``kv_capacity_fraction`` loads (a fraction of the requests
+the generating pool's KV holds: one worker, two with a per-load-unit count, attention
+DP, disaggregated). Every request's timeline must be bit-exact; the predict configs the
 payloads came from lower to the same payloads; the reference's seeded generator is
 checked draw for draw."""
 
@@ -16,7 +18,7 @@ import sys
 import pytest
 
 from aisim_fast.cli import app as cli
-from aisim_fast.config.payload import ConfigError, parse_payload
+from aisim_fast.config.payload import ConfigError, kv_fraction_concurrency, parse_payload
 from aisim_fast.config.predict_config import read_predict_config
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.simulation import simulation_from_setup
@@ -36,7 +38,7 @@ def reference_rows(case: str) -> dict:
 
 
 def test_cases_present():
-    assert len(CASES) == 7 and len(CONFIGS) == 5
+    assert len(CASES) == 11 and len(CONFIGS) == 5
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -46,7 +48,8 @@ def test_requests_match_the_reference(case):
     assert setup.synthetic is not None and not setup.from_trace_file
     requests = run_batch([simulation_from_setup(setup)]).check().requests[0]
     gold = reference_rows(case)
-    cand = goldens.index_frame(requests)
+    # the reference names attention-DP ranks by scheduler number (worker x dp_size + rank)
+    cand = goldens.index_frame(goldens.with_scheduler_numbers(requests, setup.dp_size, setup.prefill_dp_size))
     missing, bad = goldens.parity_failures(gold, cand)
     assert not missing and not bad, goldens.failure_report(case, missing, bad)
     assert not timeline_differences(gold, cand)
@@ -60,6 +63,22 @@ def test_predict_config_lowers_to_the_captured_payload(case):
     captured = json.loads((GOLDEN / f"{case}.payload.json").read_text())
     assert mine["traffic"] == captured["traffic"]
     assert mine["spec"]["max_in_flight"] == captured["spec"]["max_in_flight"]
+
+
+@pytest.mark.parametrize("ratio,isl,osl,tokens,want", [
+    (0.5, 512, 32, 200 * 64, 12), (0.37, 700, 33, 333 * 64 * 2, 21), (0.8, 512, 32, 150 * 64 * 2, 28),
+    (0.6, 900, 101, 120 * 64 * 2, 9), (1e-9, 512, 32, 64, 1)])
+def test_kv_fraction_concurrency(ratio, isl, osl, tokens, want):
+    """floor(ratio x (pool tokens // (isl + osl // 2))), at least 1: the reference's
+    concurrency in the four kv_capacity_fraction goldens (their most requests in flight)."""
+    assert kv_fraction_concurrency(ratio, isl, osl, tokens) == want
+
+
+def test_kv_fraction_refuses_a_zero_ratio():
+    payload = json.loads((GOLDEN / "syn_kvfrac.payload.json").read_text())
+    payload["traffic"]["kv_load_ratio"] = 0
+    with pytest.raises(ConfigError, match="traffic.kv_load_ratio: must be a finite number > 0"):
+        parse_payload(payload, GOLDEN)
 
 
 def test_predict_config_runs_through_the_cli(tmp_path, capsys):
@@ -104,7 +123,7 @@ def test_loads_arrive_and_share_as_asked():
 
 
 @pytest.mark.parametrize("edit,words", [
-    ({"load_type": "kv_capacity_fraction"}, "traffic.load_type: 'kv_capacity_fraction'"),
+    ({"load_type": "kv_capacity_fraction"}, "traffic.kv_load_ratio: must be a finite number > 0"),
     ({"load_type": "burst"}, "traffic.load_type"),
     ({"source_type": "synthetic-session"}, "traffic.source_type: 'synthetic-session'"),
     ({"cached_prefix_tokens": 600}, "traffic.cached_prefix_tokens: must be <= isl"),
