@@ -568,57 +568,77 @@ class ReplaySetup:
 
 _SYNTHETIC_KEYS = {"source_type", "load_type", "isl", "osl", "cached_prefix_tokens", "concurrency",
                    "replay_concurrency", "request_count", "num_request_ratio", "arrival_interval_ms",
-                   "request_rate", "arrival_seed", "trace_block_size", "max_sim_time_ms", "kv_load_ratio"}
+                   "request_rate", "arrival_seed", "trace_block_size", "max_sim_time_ms", "kv_load_ratio",
+                   "turns_per_session", "shared_prefix_ratio", "num_prefix_groups", "inter_turn_delay_ms"}
 
 
 def parse_synthetic(traffic: dict, pool_kv_tokens: int) -> tuple[SyntheticLoad, int]:
-    """``traffic`` of ``source_type: synthetic``: the load and the closed-loop
-    concurrency it runs under (0 for an open-loop rate). ``pool_kv_tokens``: the KV
-    tokens of the pool that generates (every rank of the aggregated or decode pool),
-    which a ``kv_capacity_fraction`` load is sized from."""
-    if traffic["source_type"] == "synthetic-session":
-        _fail("traffic.source_type", "'synthetic-session' (multi-turn synthetic sessions with shared "
-              "prefix groups) is not simulated yet; 'synthetic' is")
+    """``traffic`` of ``source_type: synthetic`` or ``synthetic-session``: the load and
+    the closed-loop concurrency it runs under (0 for an open-loop rate).
+    ``pool_kv_tokens``: the KV tokens of the pool that generates (every rank of the
+    aggregated or decode pool), which a ``kv_capacity_fraction`` load is sized from."""
     for key in traffic:
         if key not in _SYNTHETIC_KEYS:
             _fail(f"traffic.{key}", "unknown or unsupported field of a synthetic load; allowed: "
                   + ", ".join(sorted(_SYNTHETIC_KEYS)))
+    source = traffic["source_type"]
     load = _choice("traffic.load_type", traffic.get("load_type"), SYNTHETIC_LOAD_TYPES)
     isl = _int("traffic.isl", traffic.get("isl"), 1)
     osl = _int("traffic.osl", traffic.get("osl"), 1)
     cached = _int("traffic.cached_prefix_tokens", traffic.get("cached_prefix_tokens", 0), 0)
     if cached > isl:
         _fail("traffic.cached_prefix_tokens", f"must be <= isl ({isl}), got {cached}")
+    sessions: dict[str, Any] = {"source_type": source}
+    if source == "synthetic-session":
+        sessions["turns_per_session"] = _int("traffic.turns_per_session", traffic.get("turns_per_session", 4), 1)
+    elif traffic.get("turns_per_session") not in (None, 1):
+        _warn("traffic.turns_per_session", "a 'synthetic' source has one turn per request (the reference "
+              "ignores turns_per_session there too); use source_type 'synthetic-session' for sessions")
+    share = _float("traffic.shared_prefix_ratio", traffic.get("shared_prefix_ratio", 0.0))
+    if not 0.0 <= share <= 1.0:
+        _fail("traffic.shared_prefix_ratio", f"must be within [0, 1], got {traffic.get('shared_prefix_ratio')!r}")
+    sessions["shared_prefix_ratio"] = share
+    sessions["num_prefix_groups"] = _int("traffic.num_prefix_groups", traffic.get("num_prefix_groups", 0), 0)
+    if sessions["num_prefix_groups"] >= 1 << 32:
+        _fail("traffic.num_prefix_groups", f"must be < 2**32, got {sessions['num_prefix_groups']}")
+    delay = _float("traffic.inter_turn_delay_ms", traffic.get("inter_turn_delay_ms", 0.0))
+    if not (math.isfinite(delay) and delay >= 0):
+        _fail("traffic.inter_turn_delay_ms", f"must be a finite number >= 0, got {traffic.get('inter_turn_delay_ms')!r}")
+    sessions["inter_turn_delay_ms"] = delay
     concurrency = 0
-    extra = {}
+    extra: dict[str, Any] = {}
     if load == "concurrency":
         concurrency = _int("traffic.concurrency",
                            traffic.get("concurrency", traffic.get("replay_concurrency")), 1)
         extra["concurrency"] = concurrency
+        load_unit = float(concurrency)
     elif load == "kv_capacity_fraction":
         # the reference refuses 0 too ("KV load ratio must be positive")
         ratio = _positive_float("traffic.kv_load_ratio", traffic.get("kv_load_ratio"))
         concurrency = kv_fraction_concurrency(ratio, isl, osl, pool_kv_tokens)
         extra.update(concurrency=concurrency, kv_load_ratio=ratio)
+        load_unit = float(concurrency)
     elif load == "constant_rate":
         extra["arrival_interval_ms"] = _positive_float("traffic.arrival_interval_ms",
                                                        traffic.get("arrival_interval_ms"))
+        load_unit = 1000.0 / extra["arrival_interval_ms"]
     else:
         extra["request_rate"] = _positive_float("traffic.request_rate", traffic.get("request_rate"))
         extra["arrival_seed"] = _int("traffic.arrival_seed", traffic.get("arrival_seed", 42), 0)
+        load_unit = extra["request_rate"]
     count = traffic.get("request_count")
     ratio = traffic.get("num_request_ratio")
     if count is not None:
         count = _int("traffic.request_count", count, 1)
-    elif ratio is not None and concurrency:
-        # the reference's per-load-unit count: the ratio times the concurrency, rounded
-        # half away from zero (Rust's f64::round: 2.5 x 21 -> 53, where Python's gives 52)
-        count = max(1, math.floor(_positive_float("traffic.num_request_ratio", ratio) * concurrency + 0.5))
+    elif ratio is not None:
+        # the reference's per-load-unit count: the ratio times the load (concurrency, or
+        # requests per second), rounded half away from zero (Rust's f64::round: 2.5 x 21
+        # -> 53, where Python's gives 52)
+        count = max(1, math.floor(_positive_float("traffic.num_request_ratio", ratio) * load_unit + 0.5))
     else:
-        _fail("traffic.request_count", "required (or num_request_ratio with load_type concurrency "
-                                       "or kv_capacity_fraction)")
+        _fail("traffic.request_count", "required (or num_request_ratio)")
     return SyntheticLoad(load_type=load, request_count=count, isl=isl, osl=osl,
-                         cached_prefix_tokens=cached, **extra), concurrency
+                         cached_prefix_tokens=cached, **extra, **sessions), concurrency
 
 
 def kv_fraction_concurrency(ratio: float, isl: int, osl: int, pool_kv_tokens: int) -> int:

@@ -120,18 +120,18 @@ _TRACE_FORMATS = ("mooncake", "mooncake-delta", "agentic_mooncake", "applied_com
 def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
     """The payload's ``traffic``, the in-flight cap and the virtual-time cap (ms)."""
     if raw is None:
-        # the reference's default traffic: synthetic requests under concurrency 10
-        _not_simulated("traffic", "the default (synthetic) traffic")
+        # the reference's default traffic: 100 synthetic requests of 1024 in / 128 out
+        # under concurrency 10
+        raw = {"source": {"type": "synthetic"}, "load": {"type": "concurrency", "concurrency": 10},
+               "stop": {"requests": 100}}
     traffic = _section("traffic", raw, _TRAFFIC_KEYS)
     source = _section("traffic.source", traffic.get("source"), _SOURCE_KEYS)
     load = _section("traffic.load", traffic.get("load"), _LOAD_KEYS)
     stop = _section("traffic.stop", traffic.get("stop"), _STOP_KEYS)
     kind = source.get("type", "synthetic")
-    if kind == "synthetic-session":
-        _not_simulated("traffic.source.type", f"{kind} traffic")
     _choice("traffic.source.type", kind, ("trace", "synthetic", "synthetic-session"))
-    if kind == "synthetic":
-        return _synthetic_traffic(source, load, stop)
+    if kind != "trace":
+        return _synthetic_traffic(kind, source, load, stop)
     for key in ("input_tokens", "output_tokens", "images", "cached_prefix_tokens",
                 "new_input_tokens_per_turn", "output_tokens_per_turn", "session"):
         if key in source:
@@ -189,29 +189,55 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
     return out, in_flight, cap_ms
 
 
-def _synthetic_traffic(source: dict, load: dict, stop: dict) -> tuple[dict, int | None, float | None]:
-    """``source.type: synthetic`` as the reference's CLI lowers it: ``input_tokens`` /
-    ``output_tokens`` / ``cached_prefix_tokens`` to isl / osl / cached prefix; a
-    ``requests_per_second`` rate to ``arrival_interval_ms`` (constant) or
-    ``request_rate`` with ``arrival_seed`` (poisson, seed 42 when unset);
-    ``stop.requests``, or ``requests_per_load_unit`` times the concurrency."""
-    for key in ("paths", "format", "nested_timestamp_basis", "new_input_tokens_per_turn",
-                "output_tokens_per_turn", "session"):
+def _synthetic_traffic(kind: str, source: dict, load: dict, stop: dict) -> tuple[dict, int | None, float | None]:
+    """A synthetic source as the reference's CLI lowers it: ``synthetic``'s
+    ``input_tokens`` / ``output_tokens`` / ``cached_prefix_tokens`` to isl / osl /
+    cached prefix, or ``synthetic-session``'s ``new_input_tokens_per_turn`` /
+    ``output_tokens_per_turn`` (1024 / 128) and ``session`` (turns >= 2, default 4;
+    shared prefix ratio and groups; think time); a rate (``requests_per_second``, or
+    ``sessions_per_second`` for sessions) to ``arrival_interval_ms`` (constant) or
+    ``request_rate`` with ``arrival_seed`` (poisson, seed 42 when unset); the stop
+    (``requests`` / ``sessions``, or per load unit: times the concurrency or rate,
+    Python-rounded, the ratio kept beside it)."""
+    sessions = kind == "synthetic-session"
+    theirs = ("new_input_tokens_per_turn", "output_tokens_per_turn", "session") if not sessions else \
+        ("input_tokens", "output_tokens", "cached_prefix_tokens", "images", "block_size")
+    for key in ("paths", "format", "nested_timestamp_basis", *theirs):
         if source.get(key) is not None:
-            _fail(f"traffic.source.{key}", "does not apply to a synthetic source")
+            _fail(f"traffic.source.{key}", f"does not apply to a {kind} source")
     if source.get("images") is not None:
         _not_simulated("traffic.source.images", "vision inputs")
-    out: dict[str, Any] = {"source_type": "synthetic",
-                           "isl": _int("traffic.source.input_tokens", source.get("input_tokens")),
-                           "osl": _int("traffic.source.output_tokens", source.get("output_tokens")),
-                           "cached_prefix_tokens": _int("traffic.source.cached_prefix_tokens",
-                                                        source.get("cached_prefix_tokens", 0), minimum=0),
-                           "trace_block_size": _int("traffic.source.block_size", source.get("block_size", 512))}
+    out: dict[str, Any] = {"source_type": kind}
+    if sessions:
+        shape = _section("traffic.source.session", source.get("session"),
+                         ("turns", "shared_prefix_ratio", "prefix_groups", "inter_turn_delay_ms"))
+        if source.get("session") is None:
+            _fail("traffic.source.session", "required for a synthetic-session source")
+        share = _number("traffic.source.session.shared_prefix_ratio", shape.get("shared_prefix_ratio", 0.0),
+                        high=1.0)
+        groups = _int("traffic.source.session.prefix_groups", shape.get("prefix_groups", 0), minimum=0)
+        if share > 0.0 and groups == 0:
+            _fail("traffic.source.session.prefix_groups", "must be positive when shared_prefix_ratio is positive")
+        out.update(isl=_int("traffic.source.new_input_tokens_per_turn", source.get("new_input_tokens_per_turn", 1024)),
+                   osl=_int("traffic.source.output_tokens_per_turn", source.get("output_tokens_per_turn", 128)),
+                   turns_per_session=_int("traffic.source.session.turns", shape.get("turns", 4), minimum=2),
+                   shared_prefix_ratio=share, num_prefix_groups=groups,
+                   inter_turn_delay_ms=_number("traffic.source.session.inter_turn_delay_ms",
+                                               shape.get("inter_turn_delay_ms", 0.0)))
+    else:
+        out.update(isl=_int("traffic.source.input_tokens", source.get("input_tokens", 1024)),
+                   osl=_int("traffic.source.output_tokens", source.get("output_tokens", 128)),
+                   cached_prefix_tokens=_int("traffic.source.cached_prefix_tokens",
+                                             source.get("cached_prefix_tokens", 0), minimum=0))
     load_type = _choice("traffic.load.type", load.get("type", "concurrency"),
                         ("concurrency", "poisson", "constant_rate", "trace_timestamps"))
     if load_type == "trace_timestamps":
         _fail("traffic.load.type", "a synthetic source has no timestamps: concurrency, poisson or constant_rate")
-    for key in ("agentic_lanes", "agentic_snapshot", "agentic_profile", "speedup", "sessions_per_second"):
+    rate_key, wrong_key = ("sessions_per_second", "requests_per_second") if sessions else \
+        ("requests_per_second", "sessions_per_second")
+    if load.get(wrong_key) is not None:
+        _fail(f"traffic.load.{wrong_key}", "traffic load rate unit does not match source type")
+    for key in ("agentic_lanes", "agentic_snapshot", "agentic_profile", "speedup"):
         if load.get(key) is not None:
             _fail(f"traffic.load.{key}", f"does not apply to {load_type} load of a synthetic source")
     out["load_type"] = load_type
@@ -219,11 +245,13 @@ def _synthetic_traffic(source: dict, load: dict, stop: dict) -> tuple[dict, int 
     if load_type == "concurrency":
         in_flight = _int("traffic.load.concurrency", load.get("concurrency", 10))
         out["concurrency"] = in_flight
-        for key in ("requests_per_second", "seed"):
+        load_unit = float(in_flight)
+        for key in (rate_key, "seed"):
             if load.get(key) is not None:
                 _fail(f"traffic.load.{key}", "does not apply to concurrency load")
     else:
-        rate = _number("traffic.load.requests_per_second", load.get("requests_per_second"), positive=True)
+        rate = _number(f"traffic.load.{rate_key}", load.get(rate_key), positive=True)
+        load_unit = float(rate)
         if load.get("concurrency") is not None:
             _fail("traffic.load.concurrency", f"does not apply to {load_type} load")
         if load_type == "constant_rate":
@@ -231,21 +259,26 @@ def _synthetic_traffic(source: dict, load: dict, stop: dict) -> tuple[dict, int 
         else:
             out["request_rate"] = float(rate)
             out["arrival_seed"] = _int("traffic.load.seed", load.get("seed", 42), minimum=0)
-    for key in ("sessions", "sessions_per_load_unit"):
+    count_key, unit_key = ("sessions", "sessions_per_load_unit") if sessions else \
+        ("requests", "requests_per_load_unit")
+    for key in (("requests", "requests_per_load_unit") if sessions else ("sessions", "sessions_per_load_unit")):
         if stop.get(key) is not None:
-            _fail(f"traffic.stop.{key}", "counts sessions of a synthetic-session source")
-    if stop.get("requests") is not None:
-        out["request_count"] = _int("traffic.stop.requests", stop["requests"])
-    elif stop.get("requests_per_load_unit") is not None and in_flight is not None:
-        ratio = _number("traffic.stop.requests_per_load_unit", stop["requests_per_load_unit"], positive=True)
+            _fail(f"traffic.stop.{key}", f"synthetic {'session' if sessions else 'request'} traffic "
+                                         f"requires a {'session' if sessions else 'request'} stop")
+    if stop.get(count_key) is not None and stop.get(unit_key) is not None:
+        _fail("traffic.stop", "requires exactly one count condition")
+    if stop.get(count_key) is not None:
+        out["request_count"] = _int(f"traffic.stop.{count_key}", stop[count_key])
+    elif stop.get(unit_key) is not None:
+        ratio = _number(f"traffic.stop.{unit_key}", stop[unit_key], positive=True)
         out["num_request_ratio"] = float(ratio)
-        out["request_count"] = max(1, int(round(ratio * in_flight)))
+        out["request_count"] = max(1, int(round(ratio * load_unit)))  # the CLI's (Python) rounding
     else:
-        _fail("traffic.stop.requests", "required for a synthetic source (or requests_per_load_unit "
-              "with concurrency load)")
+        _fail(f"traffic.stop.{count_key}", f"required for a {kind} source (or {unit_key})")
     if stop.get("max_virtual_time_seconds") is not None:
         # (the reference's words: its traffic model refuses the cap beside a synthetic source)
         _fail("traffic.stop.max_virtual_time_seconds", "max_virtual_time_seconds is trace-only")
+    out["trace_block_size"] = _int("traffic.source.block_size", source.get("block_size", 512))
     return out, in_flight, None
 
 

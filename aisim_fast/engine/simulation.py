@@ -84,7 +84,9 @@ def setup_workload(setup: ReplaySetup, max_rows: int | None = None, closed_loop:
     if setup.requests is not None:
         return inline_workload(setup.requests, max_rows)
     if setup.synthetic is not None:
-        return synthetic_workload(setup.synthetic, max_rows)
+        # a generated id covers a block of the rank that prefills
+        prefill = setup.prefill_rank if setup.disaggregated else setup.rank
+        return synthetic_workload(setup.synthetic, prefill.block_size, setup.rank.max_model_len, max_rows)
     workload = load_trace(setup.trace_path, setup.trace_format, trace_block_size=setup.trace_block_size,
                           arrival_speedup_ratio=setup.arrival_speedup_ratio, max_rows=max_rows,
                           closed_loop=closed_loop, max_model_len=setup.rank.max_model_len)

@@ -8,7 +8,9 @@ What this adds to the stream:
 * the buffer: four blocks (64 words) at a time, a ``u64`` read as two consecutive
   words low first, the one that straddles a refill taking the last word of the old
   buffer and the first of the new;
-* ``random::<f64>()``: the top 53 bits of a ``u64`` times 2**-53, in [0, 1).
+* ``random::<f64>()``: the top 53 bits of a ``u64`` times 2**-53, in [0, 1);
+* ``random_range(0..n)`` for ``n`` below 2**32: Canon's widening multiply, a second
+  word drawn only when the first product's low half could carry.
 
 A test checks the draws against the reference's poisson arrivals
 (``tests/golden/test_synthetic_traffic.py``).
@@ -35,6 +37,29 @@ class StdRng:
     def _refill(self) -> None:
         stream_words(self._key, self._next_word, _BUFFER_WORDS, self._words, 0)
         self._next_word += _BUFFER_WORDS
+
+    def next_u32(self) -> int:
+        if self._index >= _BUFFER_WORDS:
+            self._refill()
+            self._index = 0
+        self._index += 1
+        return int(self._words[self._index - 1])
+
+    def random_range(self, n: int) -> int:
+        """A uniform draw in [0, n) as rand 0.9 ``random_range(0..n)`` makes it for
+        ``n`` < 2**32 (Canon's method, no rejection): the high half of ``x * n``, plus
+        the carry of its low half and the high half of a second ``x2 * n`` when that
+        low half exceeds ``2**32 - n``. Tested against the reference's prefix-group
+        draws in ``tests/golden/test_synthetic_traffic.py``."""
+        if not 0 < n < (1 << 32):
+            raise ValueError(f"random_range needs 0 < n < 2**32, got {n}")
+        m = self.next_u32() * n
+        hi, lo = m >> 32, m & 0xFFFFFFFF
+        if lo > (1 << 32) - n:
+            hi2 = (self.next_u32() * n) >> 32
+            if lo + hi2 >= (1 << 32):
+                hi += 1
+        return hi
 
     def next_u64(self) -> int:
         i = self._index

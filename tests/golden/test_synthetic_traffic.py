@@ -5,7 +5,11 @@ cached prefix, poisson) and two made from them (poisson with seed 7 at 40 reques
 with a 300-token shared prefix on two workers; 64 in flight over 600 KV blocks, where
 the pool binds); and four ``kv_capacity_fraction`` loads (a fraction of the requests
 the generating pool's KV holds: one worker, two with a per-load-unit count, attention
-DP, disaggregated). Every request's timeline must be bit-exact; the predict configs the
+DP, disaggregated); the CLI's default traffic (a config without ``traffic``); and
+synthetic sessions (``synthetic-session``: the CLI's poisson payload, closed loops of 2
+and of 16 sessions over a tight pool, a cached prefix, max_model_len cutting turns, a
+constant rate stopped per load unit, SGLang, TRT-LLM and disaggregated with the prefill
+rank's blocks). Every request's timeline must be bit-exact; the predict configs the
 payloads came from lower to the same payloads; the reference's seeded generator is
 checked draw for draw."""
 
@@ -23,7 +27,8 @@ from aisim_fast.config.predict_config import read_predict_config
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.simulation import simulation_from_setup
 from aisim_fast.trace.seeded_rng import StdRng
-from aisim_fast.trace.synthetic import SyntheticLoad
+from aisim_fast.trace.synthetic import SyntheticLoad, synthetic_workload
+from aisim_fast.trace.workload import prompt_tokens
 from support import goldens
 from support.parity_rules import timeline_differences
 from support.paths import DATA_DIR
@@ -38,7 +43,7 @@ def reference_rows(case: str) -> dict:
 
 
 def test_cases_present():
-    assert len(CASES) == 11 and len(CONFIGS) == 5
+    assert len(CASES) == 21 and len(CONFIGS) == 7
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -81,6 +86,37 @@ def test_kv_fraction_refuses_a_zero_ratio():
         parse_payload(payload, GOLDEN)
 
 
+def test_prefix_groups_are_drawn_as_the_reference_draws_them():
+    """rand 0.9's random_range(0..G) over StdRng::seed_from_u64(0), one draw a session:
+    the groups the reference's generator gives its first 16 sessions."""
+    want = {2: [1, 1, 1, 1, 1, 0, 1, 1, 1, 0, 0, 1, 0, 0, 1, 1],
+            3: [2, 2, 1, 2, 2, 0, 2, 1, 2, 0, 0, 2, 0, 0, 2, 2],
+            8: [6, 5, 4, 6, 6, 0, 5, 4, 6, 2, 0, 6, 0, 1, 6, 6],
+            16: [12, 11, 8, 12, 12, 0, 10, 9, 13, 4, 1, 12, 1, 3, 12, 12]}
+    for groups, draws in want.items():
+        rng = StdRng(0)
+        assert [rng.random_range(groups) for _ in range(16)] == draws
+
+
+def test_session_block_ids_are_the_references():
+    """isl 8 in blocks of 2, half of them shared, three groups: the ids the reference's
+    generator gives (groups 2, 2, 1, 2 for the first sessions): a session's turns repeat
+    its group's blocks at the start of their new tokens, sessions of a group share
+    them, every other block is fresh, in first-use order."""
+    load = SyntheticLoad("concurrency", 4, isl=8, osl=2, concurrency=1, source_type="synthetic-session",
+                         turns_per_session=3, shared_prefix_ratio=0.5, num_prefix_groups=3)
+    ids = load.turn_block_ids(2)
+    assert ids[0, 0].tolist() == [0, 1, 2, 3]
+    assert ids[0, 1].tolist() == [0, 1, 4, 5]
+    assert ids[1, 0].tolist() == [0, 1, 8, 9]
+    assert ids[2, 0].tolist() == [14, 15, 16, 17]
+    wl = synthetic_workload(load, 2)
+    # a turn's prompt: its session's history, then its own new tokens
+    assert wl.input_len[:3].tolist() == [8, 18, 28]
+    assert prompt_tokens(wl, 1)[:8].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert prompt_tokens(wl, 1)[10:].tolist() == [0, 0, 1, 1, 4, 4, 5, 5]
+
+
 def test_predict_config_runs_through_the_cli(tmp_path, capsys):
     out = tmp_path / "run"
     assert cli.main(["replay", "--predict-config", str(GOLDEN / "syn_poisson.predict.yaml"),
@@ -113,19 +149,25 @@ def test_loads_arrive_and_share_as_asked():
     const = SyntheticLoad("constant_rate", 5, isl=100, osl=4, arrival_interval_ms=30.1)
     assert list(const.arrivals_ms()) == [0.0, 30.1, 60.2, 90.30000000000001, 120.4]
     assert not SyntheticLoad("concurrency", 4, isl=8, osl=1, concurrency=2).arrivals_ms().any()
-    from aisim_fast.trace.synthetic import synthetic_workload
     wl = synthetic_workload(SyntheticLoad("poisson", 3, isl=10, osl=2, cached_prefix_tokens=4,
-                                          request_rate=5.0, arrival_seed=3))
+                                          request_rate=5.0, arrival_seed=3), 64)
+    assert wl.trace_block_size == 1  # a cached prefix: one-token blocks
     prompts = wl.hash_ids.reshape(3, 10)
+    assert prompts[0].tolist() == list(range(10))                   # ids in first-use order
     assert (prompts[:, :4] == prompts[0, :4]).all()                # the shared prefix
     assert len({tuple(p[4:]) for p in prompts}) == 3               # the rest their own
     assert not set(prompts[0, 4:]) & set(prompts[1, 4:])
+    # no cached prefix: one id per engine block, none shared
+    wl = synthetic_workload(SyntheticLoad("concurrency", 3, isl=100, osl=2, concurrency=1), 64)
+    assert wl.trace_block_size == 64 and wl.hash_ids.tolist() == [0, 1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("edit,words", [
     ({"load_type": "kv_capacity_fraction"}, "traffic.kv_load_ratio: must be a finite number > 0"),
     ({"load_type": "burst"}, "traffic.load_type"),
-    ({"source_type": "synthetic-session"}, "traffic.source_type: 'synthetic-session'"),
+    ({"source_type": "synthetic-session", "shared_prefix_ratio": 1.5}, "traffic.shared_prefix_ratio: must be within"),
+    ({"source_type": "synthetic-session", "turns_per_session": 0}, "traffic.turns_per_session: must be an integer >= 1"),
+    ({"inter_turn_delay_ms": -1}, "traffic.inter_turn_delay_ms: must be a finite number >= 0"),
     ({"cached_prefix_tokens": 600}, "traffic.cached_prefix_tokens: must be <= isl"),
     ({"isl": 0}, "traffic.isl"),
     ({"request_count": None}, "traffic.request_count: required"),

@@ -94,8 +94,7 @@ def test_trace_concurrency_sla_and_time_cap():
 
 
 @pytest.mark.parametrize("edits, where", [
-    ([("traffic", KeyError)], "traffic: not simulated"),
-    ([("traffic.source", {"type": "synthetic-session"})], "traffic.source.type: not simulated"),
+    ([("traffic.source", {"type": "synthetic-session"})], "traffic.source.session: required"),
     ([("traffic.source.format", "weka")], "traffic.source.format: not simulated"),
     ([("traffic.load.agentic_lanes", 2)], "traffic.load.agentic_lanes: not simulated"),
     ([("engine.speculation", {"kind": "eagle3", "params": {"num_speculative_tokens": 3}})],
