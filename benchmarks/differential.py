@@ -269,8 +269,9 @@ def random_predict_config(rng: random.Random, trace: str) -> dict:
     ``--predict-config`` lowers: vLLM / TRT-LLM / SGLang, aggregated or disaggregated
     (heterogeneous hardware now and then), op-level, polynomial or fixed timing, fixed
     blocks or a memory fraction with a CUDA-graph reserve, scheduler sizes, trace
-    timestamps (sped up) or concurrency, a synthetic load (concurrency, constant rate or
-    seeded poisson, a shared prefix), a virtual-time cap, an SLA, a tokenization pool."""
+    timestamps (sped up) or concurrency, a delta trace, a synthetic load (concurrency,
+    constant rate or seeded poisson, a shared prefix, a per-load-unit stop), synthetic
+    sessions (prefix groups, think times), a virtual-time cap, an SLA, a tokenization pool."""
     backend = rng.choice(["vllm", "vllm", "trtllm", "sglang"])
     mode = "disaggregated" if rng.random() < 0.35 else "aggregated"
 
@@ -323,9 +324,29 @@ def random_predict_config(rng: random.Random, trace: str) -> dict:
         engine["enable_chunked_prefill"] = rng.choice([True, False])
     load = {"type": "concurrency", "concurrency": rng.choice([1, 4, 16])} if rng.random() < 0.3 \
         else {"type": "trace_timestamps", **({"speedup": rng.choice([0.5, 2.0])} if rng.random() < 0.3 else {})}
-    traffic: dict = {"source": {"type": "trace", "paths": [trace], "format": "mooncake", "block_size": 512},
+    # a delta trace (the reference's CLI takes it on aggregated engines only)
+    trace_format = "mooncake-delta" if mode == "aggregated" and rng.random() < 0.2 else "mooncake"
+    traffic: dict = {"source": {"type": "trace", "paths": [trace], "format": trace_format, "block_size": 512},
                      "load": load}
-    if rng.random() < 0.25:
+    if rng.random() < 0.15:
+        # synthetic sessions: histories, prefix groups, think times
+        source = {"type": "synthetic-session", "new_input_tokens_per_turn": rng.choice([64, 300, 1000]),
+                  "output_tokens_per_turn": rng.choice([1, 16, 120]),
+                  "session": {"turns": rng.choice([2, 3, 5]), "inter_turn_delay_ms": rng.choice([0.0, 7.0, 250.0])}}
+        if rng.random() < 0.6:
+            source["session"].update(shared_prefix_ratio=rng.choice([0.25, 0.5, 1.0]),
+                                     prefix_groups=rng.choice([1, 2, 7]))
+        kind = rng.choice(["concurrency", "constant_rate", "poisson"])
+        if kind == "concurrency":
+            load = {"type": kind, "concurrency": rng.choice([1, 4, 16])}
+        else:
+            load = {"type": kind, "sessions_per_second": rng.choice([1.0, 5.0, 20.0])}
+            if kind == "poisson" and rng.random() < 0.8:
+                load["seed"] = rng.randrange(0, 1000)
+        stop = {"sessions_per_load_unit": rng.choice([1.5, 3])} if rng.random() < 0.3 \
+            else {"sessions": rng.choice([5, 20, 60])}
+        traffic = {"source": source, "load": load, "stop": stop}
+    elif rng.random() < 0.25:
         # a synthetic load: fixed lengths with a shared prefix, under concurrency, a
         # constant rate or seeded poisson arrivals
         isl = rng.choice([64, 512, 3000])
@@ -339,7 +360,7 @@ def random_predict_config(rng: random.Random, trace: str) -> dict:
             load = {"type": kind, "requests_per_second": rng.choice([2.0, 20.0, 75.0])}
             if kind == "poisson" and rng.random() < 0.8:
                 load["seed"] = rng.randrange(0, 1000)
-        stop = {"requests_per_load_unit": rng.choice([2, 10])} if kind == "concurrency" and rng.random() < 0.3 \
+        stop = {"requests_per_load_unit": rng.choice([2, 2.5, 10])} if rng.random() < 0.3 \
             else {"requests": rng.choice([10, 60, 200])}
         traffic = {"source": source, "load": load, "stop": stop}
     if rng.random() < 0.15:

@@ -23,6 +23,12 @@ DISAGG_FLAGS = (("prefill_workers", "--prefill-workers"), ("decode_workers", "--
                 ("kv_bytes_per_token", "--kv-bytes-per-token"),
                 ("handoff_latency_ms", "--handoff-latency-ms"),
                 ("prefill_dp_size", "--prefill-dp-size"), ("decode_dp_size", "--decode-dp-size"))
+# a synthetic load in place of the trace (traffic.source_type synthetic / synthetic-session)
+LOAD_FLAGS = (("load", "--load"), ("isl", "--isl"), ("osl", "--osl"), ("requests", "--requests"),
+              ("rate", "--rate"), ("arrival_seed", "--arrival-seed"), ("kv_fraction", "--kv-fraction"),
+              ("cached_prefix", "--cached-prefix"), ("turns", "--turns"),
+              ("shared_prefix_ratio", "--shared-prefix-ratio"), ("prefix_groups", "--prefix-groups"),
+              ("think_ms", "--think-ms"))
 NO_SPEC_FLAGS = (("backend", "--backend"), ("workers", "--workers"),
                  ("engine_args", "--engine-args"), ("concurrency", "--concurrency"),
                  ("trace_block_size", "--trace-block-size"),
@@ -31,7 +37,8 @@ NO_SPEC_FLAGS = (("backend", "--backend"), ("workers", "--workers"),
                  ("router_json", "--router-json"), ("dp_size", "--dp-size"),
                  ("speculation", "--speculation"), ("acceptance", "--acceptance"),
                  ("accepted", "--accepted"), ("speculation_seed", "--speculation-seed"),
-                 ("max_sim_time_ms", "--max-sim-time-ms")) + DISAGG_FLAGS
+                 ("max_sim_time_ms", "--max-sim-time-ms"), ("trace_format", "--trace-format")) \
+    + DISAGG_FLAGS + LOAD_FLAGS
 
 
 # ---------------------------------------------------------------------------------------
@@ -144,6 +151,21 @@ FLAG_PATHS = (
     ("spec.adapters.placement.config", "--router-json"),
     ("spec.max_sim_time_ms", "--max-sim-time-ms"),
     ("traffic.replay_concurrency", "--concurrency"),
+    ("traffic.concurrency", "--concurrency"),
+    ("traffic.trace_format", "--trace-format"),
+    ("traffic.load_type", "--load"),
+    ("traffic.isl", "--isl"),
+    ("traffic.osl", "--osl"),
+    ("traffic.request_count", "--requests"),
+    ("traffic.request_rate", "--rate"),
+    ("traffic.arrival_interval_ms", "--rate"),
+    ("traffic.arrival_seed", "--arrival-seed"),
+    ("traffic.kv_load_ratio", "--kv-fraction"),
+    ("traffic.cached_prefix_tokens", "--cached-prefix"),
+    ("traffic.turns_per_session", "--turns"),
+    ("traffic.shared_prefix_ratio", "--shared-prefix-ratio"),
+    ("traffic.num_prefix_groups", "--prefix-groups"),
+    ("traffic.inter_turn_delay_ms", "--think-ms"),
     ("traffic.trace_block_size", "--trace-block-size"),
     ("traffic.arrival_speedup_ratio", "--arrival-speedup-ratio"),
 )
@@ -224,6 +246,8 @@ def payload_from_flags(args) -> dict:
     if args.max_sim_time_ms is not None:
         spec["max_sim_time_ms"] = args.max_sim_time_ms
     trace = args.trace if args.trace is not None else args.trace_flag
+    if any(getattr(args, attr) is not None for attr, _ in LOAD_FLAGS):
+        return {"spec": spec, "traffic": _synthetic_traffic(args, trace)}
     traffic = {"trace_path": str(default_trace_path() if trace is None else Path(trace)),
                "trace_block_size": (DEFAULT_TRACE_BLOCK_SIZE if args.trace_block_size is None
                                     else args.trace_block_size),
@@ -231,7 +255,61 @@ def payload_from_flags(args) -> dict:
                                          else args.arrival_speedup_ratio)}
     if args.concurrency is not None:
         traffic.update(load_type="concurrency", replay_concurrency=args.concurrency)
+    if args.trace_format is not None:
+        traffic["trace_format"] = args.trace_format
     return {"spec": spec, "traffic": traffic}
+
+
+def _synthetic_traffic(args, trace) -> dict:
+    """The synthetic load the load flags describe (values as given: the payload parser
+    checks them, and its errors name the flags)."""
+    given = [flag for attr, flag in LOAD_FLAGS if getattr(args, attr) is not None]
+    for attr, flag in (("trace_block_size", "--trace-block-size"),
+                       ("arrival_speedup_ratio", "--arrival-speedup-ratio"), ("trace_format", "--trace-format")):
+        if getattr(args, attr) is not None:
+            raise UsageError(f"{flag} is for traces; {given[0]} asks for a synthetic load")
+    if trace is not None:
+        raise UsageError(f"a synthetic load ({', '.join(given)}) replaces the trace: give one of them")
+    missing = [flag for attr, flag in (("load", "--load"), ("isl", "--isl"), ("osl", "--osl"),
+                                       ("requests", "--requests")) if getattr(args, attr) is None]
+    if missing:
+        raise UsageError(f"a synthetic load needs {', '.join(missing)} (given: {', '.join(given)})")
+    sessions = args.turns is not None and args.turns > 1
+    for attr, flag in (("shared_prefix_ratio", "--shared-prefix-ratio"), ("prefix_groups", "--prefix-groups"),
+                       ("think_ms", "--think-ms")):
+        if getattr(args, attr) is not None and not sessions:
+            raise UsageError(f"{flag} shapes sessions: give --turns N (N > 1) too")
+    wants = {"concurrency": ("--concurrency", args.concurrency), "poisson": ("--rate", args.rate),
+             "constant_rate": ("--rate", args.rate), "kv_capacity_fraction": ("--kv-fraction", args.kv_fraction)}
+    flag, value = wants[args.load]
+    if value is None:
+        raise UsageError(f"--load {args.load} needs {flag}")
+    for attr, other in (("concurrency", "--concurrency"), ("rate", "--rate"), ("kv_fraction", "--kv-fraction")):
+        if getattr(args, attr) is not None and other != flag:
+            raise UsageError(f"{other} does not apply to --load {args.load}")
+    if args.arrival_seed is not None and args.load != "poisson":
+        raise UsageError("--arrival-seed seeds poisson arrivals: give --load poisson")
+    traffic = {"source_type": "synthetic-session" if sessions else "synthetic", "load_type": args.load,
+               "isl": args.isl, "osl": args.osl, "request_count": args.requests}
+    if args.cached_prefix is not None:
+        traffic["cached_prefix_tokens"] = args.cached_prefix
+    if args.load == "concurrency":
+        traffic["concurrency"] = args.concurrency
+    elif args.load == "kv_capacity_fraction":
+        traffic["kv_load_ratio"] = args.kv_fraction
+    elif args.load == "poisson":
+        traffic["request_rate"] = args.rate
+        if args.arrival_seed is not None:
+            traffic["arrival_seed"] = args.arrival_seed
+    else:  # the reference's CLI writes a constant rate as its interval
+        traffic["arrival_interval_ms"] = 1000.0 / args.rate if args.rate > 0 else args.rate
+    if sessions:
+        traffic["turns_per_session"] = args.turns
+        for attr, key in (("shared_prefix_ratio", "shared_prefix_ratio"), ("prefix_groups", "num_prefix_groups"),
+                          ("think_ms", "inter_turn_delay_ms")):
+            if getattr(args, attr) is not None:
+                traffic[key] = getattr(args, attr)
+    return traffic
 
 
 def setup_from_flags(args) -> tuple[ReplaySetup, int, dict]:

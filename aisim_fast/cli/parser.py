@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from aisim_fast.config.payload import PLACEMENTS, SIMULATED_BACKENDS
+from aisim_fast.config.payload import PLACEMENTS, SIMULATED_BACKENDS, SYNTHETIC_LOAD_TYPES, TRACE_FORMATS
 from aisim_fast.version import __version__
 
 PROG = "aisim-fast"
@@ -93,6 +93,32 @@ def build_parser() -> argparse.ArgumentParser:
                         help="transfer delay when bandwidth or bytes per token is unset (default 0)")
     replay.add_argument("--concurrency", type=int, metavar="N",
                         help="closed loop: at most N sessions in flight (default: trace timestamps)")
+    replay.add_argument("--trace-format", choices=TRACE_FORMATS,
+                        help="mooncake (default: rows of whole prompts) or mooncake-delta (a later "
+                             "turn's row carries only its new input; its prompt is the session's history)")
+    load = replay.add_argument_group(
+        "synthetic load (instead of a trace: the reference's generator)",
+        "--isl/--osl/--requests with --load; --turns N > 1 makes sessions (then --requests and "
+        "--rate count sessions)")
+    load.add_argument("--load", choices=SYNTHETIC_LOAD_TYPES,
+                      help="concurrency (closed loop of --concurrency), poisson or constant_rate "
+                           "(--rate per second), kv_capacity_fraction (--kv-fraction of the requests "
+                           "the KV pool holds at once)")
+    load.add_argument("--isl", type=int, metavar="TOKENS", help="prompt (new input) tokens per request (turn)")
+    load.add_argument("--osl", type=int, metavar="TOKENS", help="output tokens per request (turn)")
+    load.add_argument("--requests", type=int, metavar="N", help="requests (sessions with --turns) to send")
+    load.add_argument("--rate", type=float, metavar="PER_S", help="arrivals per second (poisson, constant_rate)")
+    load.add_argument("--arrival-seed", type=int, metavar="N", help="seed of poisson arrivals (default 42)")
+    load.add_argument("--kv-fraction", type=float, metavar="X",
+                      help="kv_capacity_fraction: the fraction of the KV pool's requests kept in flight")
+    load.add_argument("--cached-prefix", type=int, metavar="TOKENS",
+                      help="tokens at the start of every prompt shared by all requests")
+    load.add_argument("--turns", type=int, metavar="N", help="turns per session (synthetic sessions)")
+    load.add_argument("--shared-prefix-ratio", type=float, metavar="X",
+                      help="sessions: the share of each turn's blocks common to its prefix group")
+    load.add_argument("--prefix-groups", type=int, metavar="G", help="sessions: prefix groups drawn from")
+    load.add_argument("--think-ms", type=float, metavar="MS",
+                      help="sessions: delay between a turn's end and the next turn")
     replay.add_argument("--trace-block-size", type=int, metavar="TOKENS",
                         help=f"tokens per trace hash id (default {DEFAULT_TRACE_BLOCK_SIZE})")
     replay.add_argument("--arrival-speedup-ratio", type=float, metavar="RATIO",
