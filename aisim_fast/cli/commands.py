@@ -41,7 +41,7 @@ from aisim_fast.studies.plots import plot_sizing, sizing_report
 from aisim_fast.studies.sizing import (ANSWER_JSON, REPLICAS_PARQUET, REPLICAS_PNG, REPORT_HTML, SIZING_FILES,
                                        SIZING_PARQUET, SIZING_PNG, Confidence, SizingSpace,
                                        answers_json, evidence_frame, format_answers, size, stderr_line)
-from aisim_fast.studies.sweeps import POINTS_FILE, run_sweep
+from aisim_fast.studies.sweeps import MANIFEST_FILE, POINTS_FILE, run_sweep, sla_frontier
 from aisim_fast.trace.workload import TraceError, TraceWarning
 
 PROGRESS_DELAY_S = 2.0  # a replay shorter than this shows no progress line
@@ -243,7 +243,25 @@ def run_sweep_command(args) -> tuple[str, int]:
             lines.append(f"  ... and {len(reasons) - 5} more reasons (see the error column)")
         lines.append("  --resume --retry-failed reruns them")
     ran = int(counts.get("ok", 0))
+    lines += _frontier_lines(points, Path(args.out))
     return "\n".join(lines), (EXIT_OK if ran or not len(points) else EXIT_NO_ANSWER)
+
+
+def _frontier_lines(points, out: Path, limit: int = 8) -> list[str]:
+    """With an SLA: up to which value of each numeric axis every point met it
+    (``sweeps.sla_frontier``), per combination of the other axes."""
+    columns = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))["sweep"]["columns"]
+    frontier = sla_frontier(points, columns)
+    if not frontier:
+        return []
+    lines = ["SLA met from the lowest value up to (every lower point met it too):"]
+    for column, others, highest in frontier[:limit]:
+        where = ", ".join(f"{c}={v}" for c, v in others.items())
+        reach = "not even the lowest value" if highest is None else f"{column} = {highest}"
+        lines.append(f"  {reach}" + (f"  ({where})" if where else ""))
+    if len(frontier) > limit:
+        lines.append(f"  ... and {len(frontier) - limit} more (points.parquet: sla_ok)")
+    return lines
 
 
 def run_warmup(args) -> None:

@@ -13,6 +13,7 @@ A sweep spec (YAML or JSON) names a base execution payload (what ``aisim-fast re
     arrival_speedup_ratio: [1, 2, 4]
     workers: [1, 2, 4]                      # aggregated worker count
     prefill_decode: [[1, 3], [2, 2]]        # disaggregated prefill / decode workers
+    rate: [2, 4, 8]                         # a synthetic poisson load's requests per second
     model: [Qwen/Qwen3-8B, Qwen/Qwen3-32B]  # op-level (AIC) timing of every pool
     system: [h100_sxm, h200_sxm, b200_sxm]
     tp: [1, 2]
@@ -20,7 +21,7 @@ A sweep spec (YAML or JSON) names a base execution payload (what ``aisim-fast re
     prices: prices.yaml                     # USD per GPU-hour by system (report/cost.py)
 
 The points are the product of the grid axes, the shortcuts (in the order trace,
-arrival_speedup_ratio, workers, prefill_decode, model, system, tp), the zip rows and
+arrival_speedup_ratio, workers, prefill_decode, rate, model, system, tp), the zip rows and
 the random samples,
 the last axis varying fastest. Relative paths resolve against
 the sweep file's folder. Every point's payload is validated before any work starts.
@@ -69,7 +70,7 @@ from aisim_fast.report.summary import routing_summary, summarize_replay
 from aisim_fast.trace.workload import TraceError
 from aisim_fast.version import __version__
 
-SWEEP_KEYS = ("base", "grid", "zip", "random", "trace", "arrival_speedup_ratio", "workers",
+SWEEP_KEYS = ("base", "grid", "zip", "random", "trace", "arrival_speedup_ratio", "rate", "workers",
               "prefill_decode", "model", "system", "tp", "sla", "batch_size", "prices")
 # shortcuts over op-level (AIC) timing: every pool's model / GPU system / tensor
 # parallelism (config.set_aic_timing; points columns named as the shortcut)
@@ -88,6 +89,8 @@ _SHORTCUT_PATHS = {
     "workers": ("spec.topology.workers.initial_workers",),
     "prefill_decode": ("spec.topology.prefill.initial_workers",
                        "spec.topology.decode.initial_workers"),
+    # a synthetic poisson load's arrivals per second (traffic.request_rate)
+    "rate": ("traffic.request_rate",),
 }
 
 
@@ -762,3 +765,30 @@ def read_point_requests(out: str | Path, points=None) -> pd.DataFrame:
     dataset = ds.dataset(Path(out) / REQUESTS_DIR, format="parquet", partitioning=partitioning)
     where = ds.field("point").isin(list(points)) if points is not None else None
     return dataset.to_table(filter=where).to_pandas()
+
+
+def sla_frontier(points: pd.DataFrame, columns) -> list[tuple[str, dict, Any]]:
+    """Where the SLA stops holding along each numeric axis: for every numeric varied
+    column and every combination of the other varied columns, the highest value of the
+    column whose point, and every point below it, met the SLA (None: not even the
+    lowest). Axes of one value have no frontier. Returns [(column, {other column: value}, highest value)]; empty without an
+    SLA. "The highest request rate 4 workers sustain" is the ``traffic.request_rate``
+    entry of ``workers`` 4."""
+    if "sla_ok" not in points or not len(points):
+        return []
+    ran = points[points["status"] == "ok"]
+    out = []
+    for column in columns:
+        if column not in ran or not pd.api.types.is_numeric_dtype(ran[column]) or ran[column].nunique() < 2:
+            continue
+        others = [c for c in columns if c != column and c in ran]
+        groups = ran.groupby(others, dropna=False, sort=True) if others else [((), ran)]
+        for key, group in groups:
+            key = key if isinstance(key, tuple) else (key,)
+            highest = None
+            for value, ok in group.sort_values(column)[[column, "sla_ok"]].itertuples(index=False):
+                if ok is pd.NA or not bool(ok):
+                    break
+                highest = value
+            out.append((column, dict(zip(others, key)), highest))
+    return out

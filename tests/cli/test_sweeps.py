@@ -24,7 +24,7 @@ from aisim_fast.io.request_order import requests_in_uuid_order
 from aisim_fast.report.summary import summarize_replay
 from aisim_fast.studies.sweeps import SweepError, load_sweep, run_sweep
 from aisim_fast.trace.workload import load_mooncake
-from support.paths import DATA_DIR
+from support.paths import DATA_DIR, REPO_DIR
 
 DATA = DATA_DIR
 BASE = {"spec": str(DATA / "golden" / "1k_vllm_agg2.spec.json"),
@@ -636,3 +636,32 @@ def test_cli_size_sizes_prefill_and_decode_pools_from_the_flags(capsys):
     assert code == 0, err
     assert out.splitlines()[0] == "rate x1: 2 GPUs (prefill=1, decode=1) meet ttft_p90_ms=3000"
     assert "prefill  decode" in out
+
+
+def test_the_highest_rate_that_meets_the_sla_in_one_sweep(tmp_path, capsys):
+    """datasets/sweep_rate.yaml: a synthetic poisson load at 8 rates on 2 workers; the
+    closing lines name the highest rate up to which every point met the SLA, as the
+    points' sla_ok column says."""
+    from aisim_fast.cli.app import main
+
+    assert main(["sweep", str(REPO_DIR / "datasets" / "sweep_rate.yaml"), "--out", str(tmp_path / "o"),
+                 "--no-requests"]) == 0
+    out = capsys.readouterr().out
+    points = pd.read_parquet(tmp_path / "o" / "points.parquet").sort_values("traffic.request_rate")
+    assert list(points["traffic.request_rate"]) == [2, 4, 6, 8, 10, 12, 14, 16]
+    ok = points["sla_ok"].astype(bool).to_numpy()
+    highest = points["traffic.request_rate"].to_numpy()[np.argmin(ok) - 1] if not ok.all() else 16
+    assert ok[0] and not ok.all()  # the example sits across the SLA's edge
+    assert f"traffic.request_rate = {highest}  (spec.topology.workers.initial_workers=2)" in out
+
+
+def test_sla_frontier_stops_at_the_first_miss():
+    from aisim_fast.studies.sweeps import sla_frontier
+
+    points = pd.DataFrame({"rate": [1, 2, 3, 4, 1, 2, 3, 4], "workers": [1] * 4 + [2] * 4,
+                           "status": ["ok"] * 8,
+                           "sla_ok": pd.array([True, False, True, False, False, True, True, True], "boolean")})
+    assert sla_frontier(points, ["workers", "rate"]) == [
+        ("workers", {"rate": 1}, 1), ("workers", {"rate": 2}, None), ("workers", {"rate": 3}, 2),
+        ("workers", {"rate": 4}, None), ("rate", {"workers": 1}, 1), ("rate", {"workers": 2}, None)]
+    assert sla_frontier(points.drop(columns="sla_ok"), ["rate"]) == []
