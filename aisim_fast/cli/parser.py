@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from aisim_fast.config.payload import PLACEMENTS, SIMULATED_BACKENDS, SYNTHETIC_LOAD_TYPES, TRACE_FORMATS
+from aisim_fast.config.payload import ALL_TRACE_FORMATS, PLACEMENTS, SIMULATED_BACKENDS, SYNTHETIC_LOAD_TYPES
 from aisim_fast.version import __version__
 
 PROG = "aisim-fast"
@@ -93,9 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="transfer delay when bandwidth or bytes per token is unset (default 0)")
     replay.add_argument("--concurrency", type=int, metavar="N",
                         help="closed loop: at most N sessions in flight (default: trace timestamps)")
-    replay.add_argument("--trace-format", choices=TRACE_FORMATS,
-                        help="mooncake (default: rows of whole prompts) or mooncake-delta (a later "
-                             "turn's row carries only its new input; its prompt is the session's history)")
+    replay.add_argument("--trace-format", choices=ALL_TRACE_FORMATS,
+                        help="mooncake (default: rows of whole prompts), mooncake-delta (a later "
+                             "turn's row carries only its new input; its prompt is the session's history), "
+                             "or, beyond the reference, azure (Azure LLM inference CSVs, 2023/2024) and "
+                             "burstgpt (BurstGPT CSVs): arrivals and lengths, no shared prefixes")
     load = replay.add_argument_group(
         "synthetic load (instead of a trace: the reference's generator)",
         "--isl/--osl/--requests with --load; --turns N > 1 makes sessions (then --requests and "

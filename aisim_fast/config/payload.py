@@ -22,7 +22,7 @@ from aisim_fast.aic import timing as aic
 from aisim_fast.kernels.schema.layout import SPEC_MAX_NEXTN
 from aisim_fast.trace.inline_requests import InlineRequestError, parse_inline_requests
 from aisim_fast.trace.synthetic import LOAD_TYPES as SYNTHETIC_LOAD_TYPES, SyntheticLoad
-from aisim_fast.trace.formats import TRACE_FORMATS
+from aisim_fast.trace.formats import ALL_TRACE_FORMATS, TRACE_FORMATS
 
 BACKENDS = ("vllm", "trtllm", "sglang")
 SIMULATED_BACKENDS = ("vllm", "trtllm", "sglang")
@@ -534,6 +534,16 @@ class ReplaySetup:
         return self.prefill_workers > 0
 
     @property
+    def beyond_reference(self) -> list[str]:
+        """What this run asks for that the reference does not simulate (empty for a
+        reference-compatible run); a run's summary lists it."""
+        out = []
+        if self.from_trace_file and self.trace_format not in TRACE_FORMATS:
+            out.append(f"trace_format {self.trace_format} (the reference reads {', '.join(TRACE_FORMATS)} "
+                       "and its agentic formats)")
+        return out
+
+    @property
     def from_trace_file(self) -> bool:
         """Its requests come from a trace file (not inline, not a synthetic load)."""
         return self.requests is None and self.synthetic is None
@@ -811,7 +821,8 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         if key not in _TRAFFIC_KEYS:
             _fail(f"traffic.{key}", "unknown or unsupported field; allowed: " + ", ".join(sorted(_TRAFFIC_KEYS)))
     _choice("traffic.source_type", traffic.get("source_type", "trace"), ("trace", "synthetic"))
-    trace_format = _choice("traffic.trace_format", traffic.get("trace_format", "mooncake"), TRACE_FORMATS)
+    # the public CSVs (azure, burstgpt) are beyond the reference: ReplaySetup.beyond_reference
+    trace_format = _choice("traffic.trace_format", traffic.get("trace_format", "mooncake"), ALL_TRACE_FORMATS)
     load = _choice("traffic.load_type", traffic.get("load_type", "trace_timestamps"),
                    ("trace_timestamps", "concurrency"))
     conc = traffic.get("replay_concurrency", traffic.get("concurrency"))

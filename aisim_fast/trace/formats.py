@@ -3,24 +3,32 @@
 
 from __future__ import annotations
 
+from aisim_fast.trace.public_csv import PUBLIC_CSV_FORMATS, load_public_csv
 from aisim_fast.trace.session_history import with_session_history
 from aisim_fast.trace.workload import Workload, load_mooncake
 
 # the reference's names
 TRACE_FORMATS = ("mooncake", "mooncake-delta")
+# every format a replay reads: the reference's, then public CSVs it does not read
+# (beyond the reference; a run reports them under ``beyond_reference``)
+ALL_TRACE_FORMATS = TRACE_FORMATS + PUBLIC_CSV_FORMATS
 
 
 def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int = 512,
                arrival_speedup_ratio: float = 1.0, max_rows: int | None = None,
                closed_loop: bool = False, max_model_len: int | None = None) -> Workload:
-    """Load ``path`` as ``trace_format`` (one of ``TRACE_FORMATS``).
+    """Load ``path`` as ``trace_format`` (one of ``ALL_TRACE_FORMATS``).
 
     ``mooncake``: rows of whole prompts (``workload.load_mooncake``).
     ``mooncake-delta``: the same rows, each later turn carrying only its new input;
     prompts become the session's history (``session_history``), whose turns stop at
-    ``max_model_len`` (the generating rank's; None = no limit)."""
-    if trace_format not in TRACE_FORMATS:
-        raise ValueError(f"trace_format must be one of {', '.join(TRACE_FORMATS)}, got {trace_format!r}")
+    ``max_model_len`` (the generating rank's; None = no limit).
+    ``azure`` / ``burstgpt``: request lengths and arrivals only (``public_csv``;
+    ``trace_block_size`` does not apply)."""
+    if trace_format not in ALL_TRACE_FORMATS:
+        raise ValueError(f"trace_format must be one of {', '.join(ALL_TRACE_FORMATS)}, got {trace_format!r}")
+    if trace_format in PUBLIC_CSV_FORMATS:
+        return load_public_csv(path, trace_format, arrival_speedup_ratio=arrival_speedup_ratio, max_rows=max_rows)
     w = load_mooncake(path, trace_block_size=trace_block_size, arrival_speedup_ratio=arrival_speedup_ratio,
                       max_rows=max_rows, closed_loop=closed_loop)
     if trace_format == "mooncake-delta":

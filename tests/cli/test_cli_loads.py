@@ -108,3 +108,25 @@ def test_load_flags_are_refused_beside_a_spec(tmp_path, capsys):
     code, _, err = run_cli(["replay", "--spec", SYNTHETIC / "syn_conc.payload.json", "--isl", "100",
                             "--out", tmp_path / "out"], capsys)
     assert_user_error(code, err, "--isl cannot be combined with --spec")
+
+
+AZURE = DATA_DIR / "traces" / "azure_2023_code_50.csv"
+
+
+def test_a_public_csv_trace_runs_and_is_labelled_beyond_the_reference(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = run_cli(["replay", str(AZURE), "--trace-format", "azure", "--backend", "vllm",
+                            "--workers", "2", "--out", out, "--quiet"], capsys)
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_requests"] == summary["completed_requests"] == 50
+    assert "azure" in summary["beyond_reference"][0]
+    assert pd.read_parquet(out / "requests.parquet")["cached_tokens"].sum() == 0
+
+
+def test_a_bad_csv_stops_the_cli_in_one_line(tmp_path, capsys):
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,abc,2\n")
+    code, _, err = run_cli(["replay", str(path), "--trace-format", "azure", "--backend", "vllm",
+                            "--workers", "1", "--out", tmp_path / "o"], capsys)
+    assert_user_error(code, err, "t.csv:2: ContextTokens 'abc' is not a whole number")
