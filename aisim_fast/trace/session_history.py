@@ -17,9 +17,10 @@ A turn rejected for want of KV capacity also emits none; whether the engine reje
 it is not known before the run, so a turn whose history cannot fit the KV pool is
 warned of (``warn_unfit_turns``) and run with its whole output.
 
-The prompts are materialised up front, as the reference does: memory is the sum of
-every turn's whole prompt (quadratic in turns per session), stored as one uint32
-token per entry (``Workload.trace_block_size`` 1).
+The prompts are materialised up front, as the reference does, one uint32 token per
+entry (``Workload.trace_block_size`` 1), but each session's conversation is stored
+once and every turn's prompt is a prefix of it: memory is linear in the trace's
+tokens (new input and output), not in the sum of its prompts.
 """
 
 from __future__ import annotations
@@ -28,46 +29,9 @@ import warnings
 
 import numpy as np
 
-from aisim_fast.kernels.trace.output_plan import plan_words
+from aisim_fast.kernels.jit import compile_notice, mark_compiled
+from aisim_fast.kernels.trace.session_history import fill_conversations
 from aisim_fast.trace.workload import Workload
-
-
-def own_tokens(w: Workload) -> tuple[np.ndarray, np.ndarray]:
-    """(int64[q + 1], uint32[nnz]): every row's tokens synthesised from its own hash
-    ids (``workload.prompt_tokens`` of each row), CSR over rows in file order."""
-    block = w.trace_block_size
-    n_ids = np.diff(w.hash_indptr)
-    # token k of a row is its hash id number k // block: repeat each id block times,
-    # then cut each row at its input length
-    per_id = np.repeat(w.hash_ids, block)
-    first = w.hash_indptr[:-1] * block
-    lens = w.input_len.astype(np.int64)
-    if np.any(lens > n_ids * block):
-        raise ValueError("a row's input_length exceeds the capacity of its hash_ids")
-    indptr = np.zeros(len(lens) + 1, np.int64)
-    np.cumsum(lens, out=indptr[1:])
-    take = np.repeat(first - indptr[:-1], lens) + np.arange(indptr[-1], dtype=np.int64)
-    return indptr, per_id[take]
-
-
-def output_tokens(w: Workload) -> tuple[np.ndarray, np.ndarray]:
-    """(int64[q + 1], uint32[nnz]): every row's output token ids (authored, or its
-    slice of the plan stream), CSR over rows in file order."""
-    out_plan, authored = w.output_plan()
-    lens = w.output_len.astype(np.int64)
-    indptr = np.zeros(len(lens) + 1, np.int64)
-    np.cumsum(lens, out=indptr[1:])
-    planned = out_plan >= 0
-    n_words = int((out_plan[planned] + lens[planned]).max(initial=0))
-    stream = np.empty(n_words, np.uint32)
-    if n_words:
-        plan_words(0, n_words, stream, 0)
-    # each row's source: its plan words, or its authored ids
-    src_start = np.where(planned, out_plan, -1 - out_plan)
-    source = np.concatenate([stream, authored.astype(np.uint32)])
-    base = np.where(planned, 0, n_words) + src_start
-    take = np.repeat(base - indptr[:-1], lens) + np.arange(indptr[-1], dtype=np.int64)
-    return indptr, source[take]
 
 
 def emitted_lengths(w: Workload, max_model_len: int | None) -> np.ndarray:
@@ -93,48 +57,42 @@ def emitted_lengths(w: Workload, max_model_len: int | None) -> np.ndarray:
 def with_session_history(w: Workload, max_model_len: int | None = None) -> Workload:
     """The delta trace ``w`` (rows of new input only) with every turn's prompt made the
     session's history: earlier turns' new input and the output they emit
-    (``emitted_lengths``), then its own input."""
-    own_ptr, own = own_tokens(w)
-    out_ptr, out = output_tokens(w)
+    (``emitted_lengths``), then its own input.
+
+    Storage is linear in the rows, not in their prompts: each session's conversation
+    (every turn's new input, then the output it emits) is laid once in ``hash_ids``, and
+    a turn's prompt is a prefix of it: its ``hash_indptr`` entry is the session's start,
+    so rows of a session share ids (``Workload``: starts only, the last entry the
+    array's length)."""
     in_len = w.input_len.astype(np.int64)
     emitted = emitted_lengths(w, max_model_len)
     n = w.num_requests
-    # the sessions' conversations laid end to end: rows session-major, each row's new
-    # input then the output it emits
+    if np.any(in_len > np.diff(w.hash_indptr) * w.trace_block_size):
+        raise ValueError("a row's input_length exceeds the capacity of its hash_ids")
+    # rows session-major, each row's piece its new input then the output it emits
     rows = np.argsort(w.session, kind="stable")
     piece = in_len[rows] + emitted[rows]
     piece_start = np.zeros(n, np.int64)
     piece_start[rows] = np.cumsum(piece) - piece
+    out_plan, authored = w.output_plan()
     conversation = np.empty(int(piece.sum()), np.uint32)
-    conversation[np.repeat(piece_start - own_ptr[:-1], in_len)
-                 + np.arange(own_ptr[-1], dtype=np.int64)] = own
-    # a row's first ``emitted`` output tokens, after its input
-    src = np.repeat(out_ptr[:-1], emitted) + _ranks(emitted)
-    conversation[np.repeat(piece_start + in_len, emitted) + _ranks(emitted)] = out[src]
+    compile_notice(["trace"])
+    fill_conversations(w.hash_indptr, w.hash_ids, w.trace_block_size, in_len, emitted, out_plan,
+                       authored.astype(np.uint32), piece_start, conversation)
+    mark_compiled("trace")
     # a turn's prompt: its session's conversation from the start up to its own input's end
     first_turn = np.zeros(int(w.session.max(initial=-1)) + 1, np.int64)
     opening = w.turn_index == 0
     first_turn[w.session[opening]] = piece_start[opening]
     base = first_turn[w.session]
-    prompt_len = piece_start + in_len - base
-    indptr = np.zeros(n + 1, np.int64)
-    np.cumsum(prompt_len, out=indptr[1:])
-    take = np.repeat(base - indptr[:-1], prompt_len) + np.arange(indptr[-1], dtype=np.int64)
-    out_plan, authored = w.output_plan()
     return w._replace(
         trace_block_size=1,
-        input_len=prompt_len,
-        hash_indptr=indptr,
-        hash_ids=conversation[take],
+        input_len=piece_start + in_len - base,
+        hash_indptr=np.append(base, len(conversation)).astype(np.int64),
+        hash_ids=conversation,
         out_plan=out_plan,
         authored_tokens=None if not len(authored) else authored,
     )
-
-
-def _ranks(counts: np.ndarray) -> np.ndarray:
-    """0, 1, .., counts[0] - 1, 0, 1, .., counts[1] - 1, ...: each entry's place in its run."""
-    ends = np.cumsum(counts)
-    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - counts, counts)
 
 
 class HistoryWarning(UserWarning):

@@ -129,8 +129,11 @@ class TraceError(ValueError):
 class Workload(NamedTuple):
     """One row per trace row (request / turn), in file order.
 
-    ``hash_indptr``/``hash_ids`` are CSR: the interned hash ids of row q are
-    ``hash_ids[hash_indptr[q]:hash_indptr[q + 1]]``.
+    ``hash_indptr``/``hash_ids``: the interned hash ids of row q start at
+    ``hash_ids[hash_indptr[q]]`` (as many as its ``input_len`` needs), and
+    ``hash_indptr[-1]`` is ``len(hash_ids)``. A loaded trace is CSR (row q's ids end
+    where row q + 1's begin); a delta trace's turns share their session's ids
+    (``session_history``: each prompt a prefix of its conversation).
     """
 
     path: str
@@ -671,7 +674,8 @@ def select_rows(w: Workload, rows) -> Workload:
 
 def _take_rows(w: Workload, rows: np.ndarray, session: np.ndarray, turn: np.ndarray) -> Workload:
     """``select_rows`` once the sessions are checked and renumbered."""
-    counts = w.hash_indptr[rows + 1] - w.hash_indptr[rows]
+    # what each row reads (rows may share ids: a delta trace's turns)
+    counts = -(-w.input_len[rows].astype(np.int64) // w.trace_block_size)
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     # every hash id of the rows, in row order: each row's run of its source's ids
     take = np.repeat(w.hash_indptr[rows] - indptr[:-1], counts) + np.arange(indptr[-1], dtype=np.int64)
