@@ -400,9 +400,12 @@ def predict_case(ref_python: str, rng: random.Random, case: Path, trace: Path,
     except Exception as exc:  # a key aisim_fast refuses (or the reference refused too)
         stderr = (case / "ref" / "predict_stderr.txt").read_text() if (case / "ref").exists() else ""
         lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-        # the CLI's "aisimulate: error: CONFIG: words" or a traceback's "...Error: words"
-        words = lines[-1].split("aisimulate: error: ", 1)[-1].split(".yaml: ", 1)[-1]
-        words = words.rsplit("Error: ", 1)[-1].strip() if lines else ""
+        # the CLI's "aisimulate: error: CONFIG: words", a traceback's "...Error: words", or
+        # a validation error's "  Value error, words [type=value_error, ...]" (pydantic;
+        # its last line is a link)
+        pydantic = [ln.split("Value error, ", 1)[1].split(" [type=", 1)[0] for ln in lines if "Value error, " in ln]
+        words = lines[-1].split("aisimulate: error: ", 1)[-1].split(".yaml: ", 1)[-1] if lines else ""
+        words = pydantic[0].strip() if pydantic else words.rsplit("Error: ", 1)[-1].strip()
         if not captured.exists() and words and (words in str(exc) or same_stop(words, str(exc))):
             return kind, True, "both refused", f"refused: {exc}"
         return kind, False, "aisim_fast refused the config", f"refused: {exc}; reference: {words[-150:]}"

@@ -50,7 +50,8 @@ def setup_from_spec(args) -> tuple[ReplaySetup, int, dict]:
     flag = "--spec" if args.spec is not None else "--predict-config"
     if args.spec is not None and args.predict_config is not None:
         raise UsageError("give one of --spec and --predict-config")
-    given = [name for attr, name in NO_SPEC_FLAGS if getattr(args, attr) is not None]
+    # (getattr's default: size takes a subset of the replay flags)
+    given = [name for attr, name in NO_SPEC_FLAGS if getattr(args, attr, None) is not None]
     if given:
         raise UsageError(f"{', '.join(given)} cannot be combined with {flag}; "
                          "change the config file instead")
@@ -246,7 +247,7 @@ def payload_from_flags(args) -> dict:
     if args.max_sim_time_ms is not None:
         spec["max_sim_time_ms"] = args.max_sim_time_ms
     trace = args.trace if args.trace is not None else args.trace_flag
-    if any(getattr(args, attr) is not None for attr, _ in LOAD_FLAGS):
+    if any(getattr(args, attr, None) is not None for attr, _ in LOAD_FLAGS):  # size has none
         return {"spec": spec, "traffic": _synthetic_traffic(args, trace)}
     traffic = {"trace_path": str(default_trace_path() if trace is None else Path(trace)),
                "trace_block_size": (DEFAULT_TRACE_BLOCK_SIZE if args.trace_block_size is None
@@ -255,7 +256,7 @@ def payload_from_flags(args) -> dict:
                                          else args.arrival_speedup_ratio)}
     if args.concurrency is not None:
         traffic.update(load_type="concurrency", replay_concurrency=args.concurrency)
-    if args.trace_format is not None:
+    if getattr(args, "trace_format", None) is not None:  # size has no --trace-format
         traffic["trace_format"] = args.trace_format
     return {"spec": spec, "traffic": traffic}
 
