@@ -136,6 +136,40 @@ def random_trace(rng: random.Random, path: Path, rows_range: tuple[int, int] = (
             fh.write(json.dumps(row) + "\n")
 
 
+def random_traffic_edits(rng: random.Random, trace: Path) -> tuple[str, list[str]]:
+    """(kind, ``dotted.path=JSON`` edits) replacing a case's traffic: its trace read as
+    ``mooncake-delta`` (later turns' rows then carry new input only), or a synthetic
+    load (concurrency, constant rate, seeded poisson, a fraction of the KV pool), as
+    single requests or sessions (prefix groups, think times), stopped by a count or
+    per unit of load."""
+    if rng.random() < 0.35:
+        return "delta", ['traffic.trace_format="mooncake-delta"']
+    traffic: dict = {"source_type": "synthetic", "isl": rng.choice([40, 300, 1500]),
+                     "osl": rng.choice([1, 12, 150]), "trace_block_size": 512}
+    if rng.random() < 0.5:
+        traffic.update(source_type="synthetic-session", turns_per_session=rng.choice([2, 3, 5]),
+                       inter_turn_delay_ms=rng.choice([0.0, 5.0, 300.0]))
+        if rng.random() < 0.7:
+            traffic.update(shared_prefix_ratio=rng.choice([0.3, 0.5, 1.0]), num_prefix_groups=rng.choice([1, 3, 9]))
+    elif rng.random() < 0.4:
+        traffic["cached_prefix_tokens"] = rng.randrange(0, traffic["isl"] + 1)
+    load = rng.choice(["concurrency", "constant_rate", "poisson", "kv_capacity_fraction"])
+    traffic["load_type"] = load
+    if load == "concurrency":
+        traffic["concurrency"] = rng.choice([1, 4, 16])
+    elif load == "kv_capacity_fraction":
+        traffic["kv_load_ratio"] = rng.choice([0.05, 0.3, 0.9, 2.0])
+    elif load == "constant_rate":
+        traffic["arrival_interval_ms"] = rng.choice([5.0, 50.0, 400.0])
+    else:
+        traffic.update(request_rate=rng.choice([2.0, 20.0, 200.0]), arrival_seed=rng.randrange(0, 100))
+    if rng.random() < 0.3:
+        traffic["num_request_ratio"] = rng.choice([0.5, 1.5, 2.5])
+    else:
+        traffic["request_count"] = rng.choice([5, 20, 60])
+    return traffic["source_type"] + "/" + load, ["traffic=" + json.dumps(traffic), "spec.max_in_flight=null"]
+
+
 def random_sglang_config(rng: random.Random, disagg_fraction: float = 0.0) -> list[str]:
     """An SGLang rank: page size 1 or 16, a pool in tokens from tight to roomy, fifo or
     lpm, chunk and prefill budgets, clipped output reserve, conservativeness, sometimes
@@ -518,6 +552,9 @@ def main() -> int:
     p.add_argument("--hostloop-fraction", type=float, default=0.0,
                    help="share of the aggregated SGLang cases run with the host loop "
                         "(sglang.host_loop), half of them with frontend stages")
+    p.add_argument("--traffic-fraction", type=float, default=0.0,
+                   help="share of cases whose traffic is replaced: the trace read as mooncake-delta, or a "
+                        "synthetic load or session load (every load type, kv_capacity_fraction included)")
     p.add_argument("--speculation-fraction", type=float, default=0.0,
                    help="share of the cases without attention DP or host loop whose ranks speculate "
                         "(aic_nextn, acceptance rates and seed drawn)")
@@ -592,6 +629,12 @@ def main() -> int:
                              else ["spec.engine.prefill.rank", "spec.engine.decode.rank"])
                     host_edits = host_edits + random_speculation_edits(spec_rng, pools)
                     kind += "/spec"
+            if args.traffic_fraction > 0 and cap_ms is None:
+                traffic_rng = random.Random(args.seed * 100003 + i + 0x7AF)
+                if traffic_rng.random() < args.traffic_fraction:
+                    traffic_kind, traffic_edits = random_traffic_edits(traffic_rng, trace)
+                    host_edits = host_edits + traffic_edits
+                    kind += "/" + traffic_kind
             cli_edits = None
             if args.cli_fraction > 0 and not args.kv_artifacts:
                 cli_rng = random.Random(args.seed * 100003 + i + 0xC11)
