@@ -11,6 +11,7 @@ import numpy as np
 from aisim_fast.config.payload import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, RouterConfig,
                                        TokenizationConfig, check_attention_dp, check_disaggregated_pair,
                                        check_placement_seed, check_rank, check_tokenization)
+from aisim_fast.engine.output_budget import emitted_outright
 from aisim_fast.trace.inline_requests import inline_workload
 from aisim_fast.trace.synthetic import synthetic_workload
 from aisim_fast.trace.formats import load_trace
@@ -86,13 +87,28 @@ def setup_workload(setup: ReplaySetup, max_rows: int | None = None, closed_loop:
     if setup.synthetic is not None:
         # a generated id covers a block of the rank that prefills
         prefill = setup.prefill_rank if setup.disaggregated else setup.rank
-        return synthetic_workload(setup.synthetic, prefill.block_size, setup.rank.max_model_len, max_rows)
-    workload = load_trace(setup.trace_path, setup.trace_format, trace_block_size=setup.trace_block_size,
-                          arrival_speedup_ratio=setup.arrival_speedup_ratio, max_rows=max_rows,
-                          closed_loop=closed_loop, max_model_len=setup.rank.max_model_len)
-    if setup.trace_format == "mooncake-delta":
+        workload = synthetic_workload(setup.synthetic, prefill.block_size, turn_outcome(setup), max_rows)
+    else:
+        workload = load_trace(setup.trace_path, setup.trace_format, trace_block_size=setup.trace_block_size,
+                              arrival_speedup_ratio=setup.arrival_speedup_ratio, max_rows=max_rows,
+                              closed_loop=closed_loop, emits=turn_outcome(setup))
+    if setup.disaggregated and (setup.trace_format == "mooncake-delta" or setup.synthetic is not None):
         warn_unfit_turns(workload, setup.rank.num_gpu_blocks * setup.rank.block_size)
     return workload
+
+
+def turn_outcome(setup: ReplaySetup):
+    """What a turn of the setup's sessions emits, as the rank decides it before the run
+    (``output_budget.emitted_outright``: rejections, clamps, ``max_model_len``): the
+    aggregated rank's rule; a disaggregated pair's ``max_model_len`` only (its pools'
+    rejections are left to the run and warned of: ``warn_unfit_turns``)."""
+    rank = setup.rank
+    if setup.disaggregated:
+        limit = rank.max_model_len
+        if limit is None:
+            return None
+        return lambda prompt, out: np.where(prompt >= limit, 0, np.clip(np.minimum(out, limit - prompt), 0, None))
+    return lambda prompt, out: emitted_outright(rank, prompt, out)
 
 
 def simulation_from_setup(setup: ReplaySetup, workload: Workload | None = None) -> Simulation:

@@ -11,6 +11,7 @@ import numpy as np
 
 from aisim_fast.config.payload import RankConfig
 from aisim_fast.engine.lowering import rank_config_rows
+from aisim_fast.engine.output_budget import output_budget
 from aisim_fast.engine.simulation import Simulation
 from aisim_fast.kernels.schema import layout as L
 from aisim_fast.trace.workload import Workload
@@ -21,19 +22,7 @@ def pow2_at_least(n: int) -> int:
 
 
 def _effective_max_output(sim: Simulation) -> np.ndarray:
-    """The output budget of a request on the rank that generates it: TRT-LLM clamps it
-    to the pool when the prompt fits in it; SGLang to ``max_model_len`` (sglang.md 2;
-    a prompt at or past the limit is rejected by the pass instead)."""
-    wl, rank = sim.workload, sim.rank
-    out = wl.output_len.astype(np.int64)
-    if rank.backend == "trtllm":
-        pool_tokens = rank.num_gpu_blocks * rank.block_size
-        fits = wl.input_len < pool_tokens
-        out = np.where(fits, np.minimum(out, pool_tokens - wl.input_len), out)
-    elif rank.backend == "sglang" and rank.max_model_len is not None:
-        fits = wl.input_len < rank.max_model_len
-        out = np.where(fits, np.minimum(out, rank.max_model_len - wl.input_len), out)
-    return out
+    return output_budget(sim.rank, sim.workload.input_len, sim.workload.output_len)
 
 
 def next_turns(wl: Workload) -> np.ndarray:

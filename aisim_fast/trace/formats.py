@@ -16,13 +16,14 @@ ALL_TRACE_FORMATS = TRACE_FORMATS + PUBLIC_CSV_FORMATS
 
 def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int = 512,
                arrival_speedup_ratio: float = 1.0, max_rows: int | None = None,
-               closed_loop: bool = False, max_model_len: int | None = None) -> Workload:
+               closed_loop: bool = False, emits=None) -> Workload:
     """Load ``path`` as ``trace_format`` (one of ``ALL_TRACE_FORMATS``).
 
     ``mooncake``: rows of whole prompts (``workload.load_mooncake``).
     ``mooncake-delta``: the same rows, each later turn carrying only its new input;
-    prompts become the session's history (``session_history``), whose turns stop at
-    ``max_model_len`` (the generating rank's; None = no limit).
+    prompts become the session's history (``session_history``), each turn adding the
+    output ``emits(prompt_len, output_len)`` says it emits (the generating rank's
+    rule; None: all of it).
     ``azure`` / ``burstgpt``: request lengths and arrivals only (``public_csv``;
     ``trace_block_size`` does not apply)."""
     if trace_format not in ALL_TRACE_FORMATS:
@@ -32,5 +33,5 @@ def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int = 
     w = load_mooncake(path, trace_block_size=trace_block_size, arrival_speedup_ratio=arrival_speedup_ratio,
                       max_rows=max_rows, closed_loop=closed_loop)
     if trace_format == "mooncake-delta":
-        w = with_session_history(w, max_model_len)
+        w = with_session_history(w, emits)
     return w

@@ -12,10 +12,12 @@ The output tokens are the rows' planned output (``kernels.trace.output_plan``), 
 ids the reference's engine emits, so the history's blocks hash as the reference's
 do and a turn reuses the blocks its predecessor cached (prompt and generated
 tokens). The history holds the tokens a turn *emits*: a turn cut short by
-``max_model_len``, or rejected by it, contributes fewer or none (``emitted_lengths``).
-A turn rejected for want of KV capacity also emits none; whether the engine rejects
-it is not known before the run, so a turn whose history cannot fit the KV pool is
-warned of (``warn_unfit_turns``) and run with its whole output.
+``max_model_len``, or rejected by it or by a KV pool it can never fit, contributes
+fewer or none, and one whose budget the rank clamps (TRT-LLM: to its pool) adds what
+it emits (``emitted_lengths``; the rank's rule, known before the run on an aggregated
+rank). Where the rule is not known (a disaggregated pair), a turn whose
+history cannot fit the KV pool is warned of (``warn_unfit_turns``) and run with its
+whole output.
 
 The prompts are materialised up front, as the reference does, one uint32 token per
 entry (``Workload.trace_block_size`` 1), but each session's conversation is stored
@@ -34,14 +36,13 @@ from aisim_fast.kernels.trace.session_history import fill_conversations
 from aisim_fast.trace.workload import Workload
 
 
-def emitted_lengths(w: Workload, max_model_len: int | None) -> np.ndarray:
+def emitted_lengths(w: Workload, emits=None) -> np.ndarray:
     """int64[q]: the output tokens each turn emits, so the history the next turn
-    carries. Within ``max_model_len`` a turn whose prompt reaches the limit is
-    rejected (none) and one whose prompt plus output passes it stops at the limit;
-    without a limit every turn emits its whole output. Prompts grow with the history,
-    so sessions are walked a turn index at a time."""
+    carries: ``emits(prompt_len, output_len)`` of every turn (vectors; the rank's rule,
+    ``engine.output_budget.emitted_outright``), or its whole output when None. Prompts grow
+    with the history, so sessions are walked a turn index at a time."""
     out_len = w.output_len.astype(np.int64)
-    if max_model_len is None or max_model_len < 0:
+    if emits is None:
         return out_len
     in_len = w.input_len.astype(np.int64)
     emitted = np.zeros(w.num_requests, np.int64)
@@ -49,15 +50,15 @@ def emitted_lengths(w: Workload, max_model_len: int | None) -> np.ndarray:
     for turn in range(int(w.turn_index.max(initial=-1)) + 1):
         rows = np.flatnonzero(w.turn_index == turn)
         prompt = history[w.session[rows]] + in_len[rows]
-        emitted[rows] = np.clip(np.minimum(out_len[rows], max_model_len - prompt), 0, None)
+        emitted[rows] = emits(prompt, out_len[rows])
         history[w.session[rows]] = prompt + emitted[rows]
     return emitted
 
 
-def with_session_history(w: Workload, max_model_len: int | None = None) -> Workload:
+def with_session_history(w: Workload, emits=None) -> Workload:
     """The delta trace ``w`` (rows of new input only) with every turn's prompt made the
     session's history: earlier turns' new input and the output they emit
-    (``emitted_lengths``), then its own input.
+    (``emitted_lengths`` with ``emits``), then its own input.
 
     Storage is linear in the rows, not in their prompts: each session's conversation
     (every turn's new input, then the output it emits) is laid once in ``hash_ids``, and
@@ -65,7 +66,7 @@ def with_session_history(w: Workload, max_model_len: int | None = None) -> Workl
     so rows of a session share ids (``Workload``: starts only, the last entry the
     array's length)."""
     in_len = w.input_len.astype(np.int64)
-    emitted = emitted_lengths(w, max_model_len)
+    emitted = emitted_lengths(w, emits)
     n = w.num_requests
     if np.any(in_len > np.diff(w.hash_indptr) * w.trace_block_size):
         raise ValueError("a row's input_length exceeds the capacity of its hash_ids")

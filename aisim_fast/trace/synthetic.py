@@ -146,11 +146,11 @@ class SyntheticLoad:
         return ids.astype(np.uint32)
 
 
-def synthetic_workload(load: SyntheticLoad, engine_block_size: int, max_model_len: int | None = None,
-                       max_rows: int | None = None):
+def synthetic_workload(load: SyntheticLoad, engine_block_size: int, emits=None, max_rows: int | None = None):
     """The load's requests (the first ``max_rows``) as a ``trace.workload.Workload``,
     session-major: turns of a session in order, each turn's prompt its session's
-    history (stopping at ``max_model_len`` as the engine does). ``engine_block_size``:
+    history (a turn adding the output ``emits`` says it emits: ``session_history``).
+    ``engine_block_size``:
     the block size of the rank that prefills (a generated id covers one block)."""
     from aisim_fast.trace.workload import Workload
     turns = load.turns_per_session
@@ -182,4 +182,4 @@ def synthetic_workload(load: SyntheticLoad, engine_block_size: int, max_model_le
     )
     if turns == 1:
         return delta  # a single turn's prompt is its new tokens
-    return with_session_history(delta, max_model_len)
+    return with_session_history(delta, emits)

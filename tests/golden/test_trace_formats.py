@@ -9,7 +9,9 @@ over 400 KV blocks (preemption), on SGLang, TRT-LLM and disaggregated vLLM 1P2D;
 hand-made trace of nine rows (interleaved sessions, a row of its own, a blank line,
 delays given and inferred, authored output ids in a history); and the payload the
 reference's CLI writes for a delta config (8 sessions x 3 turns), which the config
-lowers to here too. Every request's
+lowers to here too; turns the KV pool rejects outright (TRT-LLM, 300 blocks of 32: 53
+of 200 turns, their output missing from the next turn's history; vLLM, 200 blocks of
+16, a case of the differential, seed 102). Every request's
 timeline must be bit-exact and the report's counts and means equal.
 """
 
@@ -22,9 +24,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from aisim_fast.config.payload import ConfigError, parse_payload
+from aisim_fast.config.payload import ConfigError, parse_payload, parse_rank
 from aisim_fast.config.predict_config import read_predict_config
 from aisim_fast.trace.formats import TRACE_FORMATS, load_trace
+from aisim_fast.engine.output_budget import emitted_outright
 from aisim_fast.trace.session_history import HistoryWarning, emitted_lengths, warn_unfit_turns
 from aisim_fast.trace.workload import load_mooncake, prompt_tokens, sequence_tokens
 from support import goldens
@@ -45,9 +48,9 @@ def trace_of(case: str):
 
 
 def test_cases_present():
-    assert CASES == ["delta_cli_8x3", "delta_edges_vllm_agg1", "delta_sglang_agg2", "delta_trtllm_agg2", "delta_vllm_agg2",
-                     "delta_vllm_agg2_conc6", "delta_vllm_agg2_kv400", "delta_vllm_agg2_mml6000",
-                     "delta_vllm_disagg1p2d_bw"]
+    assert CASES == ["delta_cli_8x3", "delta_edges_vllm_agg1", "delta_sglang_agg2", "delta_trtllm_agg2",
+                     "delta_trtllm_agg2_pool300", "delta_vllm_agg2", "delta_vllm_agg2_conc6", "delta_vllm_agg2_kv400",
+                     "delta_vllm_agg2_mml6000", "delta_vllm_disagg1p2d_bw", "delta_vllm_pool_rejects"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -84,10 +87,16 @@ def test_predict_config_refuses_delta_for_disaggregated_engines(tmp_path):
         read_predict_config(tmp_path / "c.yaml")
 
 
+def rule(**rank):
+    """A rank's emitted-outright rule (``engine.output_budget.emitted_outright``)."""
+    parsed = parse_rank({"backend": "vllm", **rank}, "rank")
+    return lambda prompt, out: emitted_outright(parsed, prompt, out)
+
+
 def oracle_prompts(path, block: int, max_model_len: int | None = None) -> list[list[int]]:
     """Plain Python: each turn's prompt is its session's earlier turns (new input, then
     the output tokens they emit) and its own new input; a turn emits its output cut at
-    max_model_len, none when its prompt reaches it."""
+    max_model_len, none when its prompt reaches it (no KV pool rule here)."""
     w = load_mooncake(path, trace_block_size=block)
     history: dict[int, list[int]] = {}
     prompts = []
@@ -106,7 +115,8 @@ def oracle_prompts(path, block: int, max_model_len: int | None = None) -> list[l
 @pytest.mark.parametrize("trace,block", [(GOLDEN / "delta_edges.jsonl", 16),
                                          (DATA_DIR / "traces" / "sessions_200.jsonl", 512)])
 def test_delta_prompts_are_the_oracles(trace, block, max_model_len):
-    w = load_trace(trace, "mooncake-delta", trace_block_size=block, max_model_len=max_model_len)
+    w = load_trace(trace, "mooncake-delta", trace_block_size=block,
+                   emits=None if max_model_len is None else rule(max_model_len=max_model_len))
     want = oracle_prompts(trace, block, max_model_len)
     assert w.trace_block_size == 1 and w.num_requests == len(want)
     for q, prompt in enumerate(want):
@@ -124,11 +134,25 @@ def test_a_turn_carries_only_the_output_it_emits():
     emits all five; its third (106 tokens) only 4 of 4; session b's third turn (95 + 30)
     stops at 25 tokens, and nothing follows it."""
     w = load_mooncake(GOLDEN / "delta_edges.jsonl", trace_block_size=16)
-    emitted = emitted_lengths(w, 120)
+    emitted = emitted_lengths(w, rule(max_model_len=120))
     assert emitted.tolist() == [12, 6, 5, 3, 8, 4, 17, 2, 25]
     assert emitted_lengths(w, None).tolist() == w.output_len.tolist()
     # a prompt at the limit is rejected: nothing
-    assert emitted_lengths(w, 40)[0] == 0
+    assert emitted_lengths(w, rule(max_model_len=40))[0] == 0
+
+
+def test_a_turn_the_pool_rejects_adds_no_output():
+    """Pools of 5 blocks of 16 (80 tokens). vLLM rejects a fresh prompt of more blocks
+    than the pool: session a's second turn (68 tokens) runs, b's (86) does not, so b's
+    third turn's history lacks its output. TRT-LLM clamps a fitting prompt's output to
+    the pool (c's first turn: 64 + 16 of its 17 tokens) and rejects one whose prompt and
+    budget cannot fit."""
+    w = load_mooncake(GOLDEN / "delta_edges.jsonl", trace_block_size=16)
+    assert emitted_lengths(w, rule(block_size=16, num_gpu_blocks=5)).tolist() == [12, 6, 5, 3, 0, 0, 17, 0, 0]
+    trt = rule(backend="trtllm", block_size=16, num_gpu_blocks=5)
+    assert emitted_lengths(w, trt).tolist() == [12, 6, 5, 3, 0, 0, 16, 0, 0]
+    roomy = emitted_lengths(w, rule(block_size=16, num_gpu_blocks=10_000)).tolist()
+    assert roomy == w.output_len.tolist()
 
 
 def test_a_turn_beyond_the_pool_is_warned_of():
