@@ -22,7 +22,7 @@ from aisim_fast.aic import timing as aic
 from aisim_fast.kernels.schema.layout import SPEC_MAX_NEXTN
 from aisim_fast.trace.inline_requests import InlineRequestError, parse_inline_requests
 from aisim_fast.trace.synthetic import LOAD_TYPES as SYNTHETIC_LOAD_TYPES, SyntheticLoad
-from aisim_fast.trace.formats import ALL_TRACE_FORMATS, TRACE_FORMATS
+from aisim_fast.trace.formats import ALL_TRACE_FORMATS, MULTI_FILE_FORMATS, TRACE_FORMATS
 
 BACKENDS = ("vllm", "trtllm", "sglang")
 SIMULATED_BACKENDS = ("vllm", "trtllm", "sglang")
@@ -500,7 +500,8 @@ class ReplaySetup:
     workers: int
     trace_path: str
     trace_block_size: int = 512
-    trace_format: str = "mooncake"       # one of trace.formats.TRACE_FORMATS
+    trace_format: str = "mooncake"       # one of trace.formats.ALL_TRACE_FORMATS
+    more_trace_paths: tuple = ()         # a multi-file format's files after trace_path (dynamo)
     arrival_speedup_ratio: float = 1.0
     concurrency: int = 0                 # closed-loop session cap; 0 = trace timestamps
     sla: dict = field(default_factory=dict)
@@ -678,7 +679,10 @@ _SPEC_KEYS = {"version", "topology", "engine", "adapters", "max_sim_time_ms", "m
               "record_per_request", "sla", "encoder", "requests"}
 _TRAFFIC_KEYS = {"source_type", "load_type", "trace_path", "trace_paths", "trace_format",
                  "trace_block_size", "arrival_speedup_ratio", "replay_concurrency", "concurrency",
-                 "max_sim_time_ms"}
+                 "max_sim_time_ms",
+                 # the model the reference's runner names for dynamo / agentic traces; its
+                 # standard-trace replay reads it nowhere (no row is filtered by it)
+                 "execution_model"}
 
 
 def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str | None = None
@@ -830,7 +834,10 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     if conc is not None:
         concurrency = _int("traffic.replay_concurrency", conc, 1)
     elif load == "concurrency":
-        _fail("traffic.replay_concurrency", "required when load_type is 'concurrency'")
+        # the reference's core then replays the trace open loop, every session at its
+        # start, no cap (measured: an applied_compute_agentic payload without it)
+        _warn("traffic.replay_concurrency", "missing with load_type 'concurrency': the reference replays the "
+              "trace's own arrivals without a cap then; run so (give replay_concurrency N for a closed loop)")
     if max_in_flight is not None and max_in_flight != concurrency:
         # the reference's CLI writes the cap beside replay_concurrency, equal; a cap of
         # its own keeps requests out of the system past their arrivals
@@ -850,24 +857,34 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         # the reference replays trace_paths when given (trace_path is its first entry)
         if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
             _fail("traffic.trace_paths", f"must be a list of file paths, got {paths!r}")
-        if len(paths) > 1:
-            _fail("traffic.trace_paths", f"one trace file is simulated, got {len(paths)}")
+        if len(paths) > 1 and trace_format not in MULTI_FILE_FORMATS:
+            _fail("traffic.trace_paths", f"trace format {trace_format!r} takes one file, got {len(paths)} "
+                                         f"(several: {', '.join(MULTI_FILE_FORMATS)})")
     trace = trace_override or (paths[0] if paths else None) or traffic.get("trace_path")
     if not trace:
         _fail("traffic.trace_path", "required (or pass --trace)")
-    trace_path = Path(trace)
-    if trace_override is None and not trace_path.is_absolute():
-        beside = Path(base_dir) / trace_path
-        # the reference opens a relative path from the working directory (where its CLI
-        # wrote the payload); next to the spec first, then there
-        if beside.exists() or not trace_path.exists():
-            trace_path = beside
+
+    def found(name: str) -> str:
+        where = Path(name)
+        if trace_override is None and not where.is_absolute():
+            beside = Path(base_dir) / where
+            # the reference opens a relative path from the working directory (where its
+            # CLI wrote the payload); next to the spec first, then there
+            if beside.exists() or not where.exists():
+                where = beside
+        return str(where)
+    trace_path = Path(trace) if trace_override is not None else Path(found(trace))
+    more_paths = tuple(found(p) for p in paths[1:]) if paths and trace_override is None else ()
+    # dynamo traces carry their own block size: a payload's must match it (0: none given)
+    block_default = 0 if trace_format == "dynamo" else 512
     return ReplaySetup(
         rank=rank,
         workers=workers,
         trace_path=str(trace_path),
-        trace_block_size=_int("traffic.trace_block_size", traffic.get("trace_block_size", 512), 1),
+        trace_block_size=_int("traffic.trace_block_size", traffic.get("trace_block_size", block_default),
+                              1 if block_default else 0),
         trace_format=trace_format,
+        more_trace_paths=more_paths,
         arrival_speedup_ratio=_positive_float("traffic.arrival_speedup_ratio",
                                               traffic.get("arrival_speedup_ratio", 1.0)),
         concurrency=concurrency,

@@ -21,7 +21,7 @@ from typing import Any
 
 from aisim_fast.config.payload import NATIVE_BLOCK_SIZE, ConfigError, parse_frontend, read_config_text
 from aisim_fast.config.speculation import rates_for_expected
-from aisim_fast.trace.formats import TRACE_FORMATS
+from aisim_fast.trace.formats import MULTI_FILE_FORMATS, TRACE_FORMATS
 
 # the backend's memory-fraction key and its default (the reference's compiler)
 _MEMORY_FRACTION_KEY = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static",
@@ -142,16 +142,20 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
     trace_format = _choice("traffic.source.format", source.get("format", "mooncake"), _TRACE_FORMATS)
     if trace_format not in TRACE_FORMATS:
         _not_simulated("traffic.source.format", f"the {trace_format!r} trace format")
-    if len(paths) != 1:
+    if len(paths) != 1 and trace_format not in MULTI_FILE_FORMATS:
         _fail("traffic.source.paths", f"trace format {trace_format!r} takes exactly one path")
     if source.get("nested_timestamp_basis") is not None:
         _fail("traffic.source.nested_timestamp_basis", "is only valid for trace format 'weka'")
-    block_size = _int("traffic.source.block_size", source.get("block_size", 512))
+    # a dynamo trace carries its block size: the CLI writes one only when given
+    block_size = None if trace_format == "dynamo" and source.get("block_size") is None else \
+        _int("traffic.source.block_size", source.get("block_size", 512))
 
     load_type = _choice("traffic.load.type", load.get("type", "concurrency"),
                         ("concurrency", "poisson", "constant_rate", "trace_timestamps"))
     if load_type not in ("trace_timestamps", "concurrency"):
         _fail("traffic.load.type", "trace traffic requires trace_timestamps or concurrency load")
+    if trace_format == "applied_compute_agentic" and load_type != "concurrency":
+        _fail("traffic.load.type", "applied_compute_agentic requires concurrency load")
     for key in ("agentic_lanes", "agentic_snapshot", "agentic_profile"):
         if load.get(key) is not None:
             _not_simulated(f"traffic.load.{key}", "agentic replay")
@@ -167,8 +171,9 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
             _fail(f"traffic.stop.{key}", "trace traffic only accepts max_virtual_time_seconds")
 
     out: dict[str, Any] = {"source_type": "trace", "load_type": load_type, "trace_paths": list(paths),
-                           "trace_path": paths[0], "trace_format": trace_format,
-                           "trace_block_size": block_size}
+                           "trace_path": paths[0], "trace_format": trace_format}
+    if block_size is not None:
+        out["trace_block_size"] = block_size
     in_flight = None
     if load_type == "concurrency":
         if load.get("speedup") is not None:
@@ -884,6 +889,9 @@ def lower_predict_config(doc: Any) -> dict:
                          "scaling": {"provider": "none", "config": None}},
             "max_sim_time_ms": cap_ms, "max_in_flight": in_flight, "record_per_request": True,
             "sla": sla, "requests": []}
+    if traffic.get("trace_format") == "dynamo":
+        # the CLI names its target model for Dynamo traces (their agentic form needs it)
+        traffic["execution_model"] = engine["model"]
     return {"spec": spec, "traffic": traffic, **payload_extra}
 
 

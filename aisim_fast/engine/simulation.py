@@ -91,10 +91,21 @@ def setup_workload(setup: ReplaySetup, max_rows: int | None = None, closed_loop:
     else:
         workload = load_trace(setup.trace_path, setup.trace_format, trace_block_size=setup.trace_block_size,
                               arrival_speedup_ratio=setup.arrival_speedup_ratio, max_rows=max_rows,
-                              closed_loop=closed_loop, emits=turn_outcome(setup))
+                              closed_loop=closed_loop, emits=turn_outcome(setup),
+                              more_paths=setup.more_trace_paths)
     if setup.disaggregated and (setup.trace_format == "mooncake-delta" or setup.synthetic is not None):
         warn_unfit_turns(workload, setup.rank.num_gpu_blocks * setup.rank.block_size)
     return workload
+
+
+def turn_outcome_key(setup: ReplaySetup) -> tuple:
+    """What ``turn_outcome`` depends on where it shapes the requests (a delta trace,
+    synthetic sessions; else nothing): setups equal in it load the same requests."""
+    sessions = setup.synthetic is not None and setup.synthetic.turns_per_session > 1
+    if not (sessions or (setup.from_trace_file and setup.trace_format == "mooncake-delta")):
+        return ()
+    rank = setup.rank
+    return (setup.disaggregated, rank.backend, rank.max_model_len, rank.block_size, rank.num_gpu_blocks)
 
 
 def turn_outcome(setup: ReplaySetup):

@@ -120,6 +120,9 @@ def size_over_time(payload: dict | str | Path, sla, *, window_s: float, base_dir
     setup = parse_payload(payload, base_dir, str(Path(trace).resolve()) if trace else None)
     if not setup.from_trace_file:
         raise SweepError("window_s: sizes a trace over time; the payload's requests are inline or synthetic")
+    if setup.trace_format not in ("mooncake", "mooncake-delta"):
+        raise SweepError(f"window_s: cuts Mooncake traces (mooncake, mooncake-delta) into windows; this one is "
+                         f"{setup.trace_format}")
     ratio = float(rate) if rate is not None else float(setup.arrival_speedup_ratio)
     # the loader checks every row (an error names file and line) before any cutting
     load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size, arrival_speedup_ratio=ratio)

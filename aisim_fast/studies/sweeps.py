@@ -58,7 +58,7 @@ import pandas as pd
 from aisim_fast.config.payload import ConfigError, parse_payload, set_aic_timing
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.memory import StateTooLarge
-from aisim_fast.engine.simulation import STATUS_OK, setup_workload, simulation_from_setup
+from aisim_fast.engine.simulation import STATUS_OK, setup_workload, simulation_from_setup, turn_outcome_key
 from aisim_fast.engine.warmup import warm_kernels
 from aisim_fast.io.progress import Progress
 from aisim_fast.io.request_order import requests_in_uuid_order
@@ -354,7 +354,8 @@ def load_sweep(spec: str | Path | dict, base_dir: str | Path | None = None,
             payload, trace = sweep.payload(i)
             setup = parse_payload(payload, base_dir_, trace)
             keys.append((setup.trace_path, setup.trace_block_size, setup.arrival_speedup_ratio,
-                         setup.disaggregated, setup.trace_format, setup.rank.max_model_len))
+                         setup.disaggregated, setup.trace_format, setup.more_trace_paths,
+                         turn_outcome_key(setup)))
         except ConfigError as exc:
             described = ", ".join(f"{c}={v!r}" for c, v in points[i].items()) or "the base"
             raise SweepError(f"point {i} ({described}): {exc}") from None
@@ -379,8 +380,8 @@ _WORKLOADS: dict = {}  # per process: the last traces loaded, by (path, block si
 def _workload(setup):
     if not setup.from_trace_file:  # inline in the payload, or a synthetic load
         return setup_workload(setup)
-    key = (setup.trace_path, setup.trace_format, setup.trace_block_size, setup.arrival_speedup_ratio,
-           setup.rank.max_model_len)
+    key = (setup.trace_path, setup.more_trace_paths, setup.trace_format, setup.trace_block_size,
+           setup.arrival_speedup_ratio, turn_outcome_key(setup))
     wl = _WORKLOADS.get(key)
     if wl is None:
         if len(_WORKLOADS) >= 4:  # a sweep walks its traces in order: keep memory flat

@@ -3,20 +3,24 @@
 
 from __future__ import annotations
 
+from aisim_fast.trace.applied_compute import load_applied_compute
+from aisim_fast.trace.dynamo_requests import load_dynamo
 from aisim_fast.trace.public_csv import PUBLIC_CSV_FORMATS, load_public_csv
 from aisim_fast.trace.session_history import with_session_history
 from aisim_fast.trace.workload import Workload, load_mooncake
 
 # the reference's names
-TRACE_FORMATS = ("mooncake", "mooncake-delta")
+TRACE_FORMATS = ("mooncake", "mooncake-delta", "applied_compute_agentic", "dynamo")
+# read from several files as one trace (traffic.trace_paths)
+MULTI_FILE_FORMATS = ("dynamo",)
 # every format a replay reads: the reference's, then public CSVs it does not read
 # (beyond the reference; a run reports them under ``beyond_reference``)
 ALL_TRACE_FORMATS = TRACE_FORMATS + PUBLIC_CSV_FORMATS
 
 
-def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int = 512,
+def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | None = None,
                arrival_speedup_ratio: float = 1.0, max_rows: int | None = None,
-               closed_loop: bool = False, emits=None) -> Workload:
+               closed_loop: bool = False, emits=None, more_paths=()) -> Workload:
     """Load ``path`` as ``trace_format`` (one of ``ALL_TRACE_FORMATS``).
 
     ``mooncake``: rows of whole prompts (``workload.load_mooncake``).
@@ -24,13 +28,25 @@ def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int = 
     prompts become the session's history (``session_history``), each turn adding the
     output ``emits(prompt_len, output_len)`` says it emits (the generating rank's
     rule; None: all of it).
+    ``applied_compute_agentic``: tool-calling sessions (``applied_compute``).
+    ``dynamo``: Dynamo's request records, ``path`` and ``more_paths`` read as one
+    trace (``dynamo_requests``; ``trace_block_size`` None or 0: the trace's own, else it
+    must match it). The other formats' ``trace_block_size`` defaults to 512.
     ``azure`` / ``burstgpt``: request lengths and arrivals only (``public_csv``;
     ``trace_block_size`` does not apply)."""
     if trace_format not in ALL_TRACE_FORMATS:
         raise ValueError(f"trace_format must be one of {', '.join(ALL_TRACE_FORMATS)}, got {trace_format!r}")
+    if more_paths and trace_format not in MULTI_FILE_FORMATS:
+        raise ValueError(f"trace format {trace_format!r} takes one file, got {1 + len(more_paths)}")
+    if trace_format == "applied_compute_agentic":
+        return load_applied_compute(path, trace_block_size=trace_block_size or 512,
+                                    arrival_speedup_ratio=arrival_speedup_ratio, max_rows=max_rows)
+    if trace_format == "dynamo":
+        return load_dynamo([path, *more_paths], trace_block_size=trace_block_size or None,
+                           arrival_speedup_ratio=arrival_speedup_ratio, max_rows=max_rows)
     if trace_format in PUBLIC_CSV_FORMATS:
         return load_public_csv(path, trace_format, arrival_speedup_ratio=arrival_speedup_ratio, max_rows=max_rows)
-    w = load_mooncake(path, trace_block_size=trace_block_size, arrival_speedup_ratio=arrival_speedup_ratio,
+    w = load_mooncake(path, trace_block_size=trace_block_size or 512, arrival_speedup_ratio=arrival_speedup_ratio,
                       max_rows=max_rows, closed_loop=closed_loop)
     if trace_format == "mooncake-delta":
         w = with_session_history(w, emits)

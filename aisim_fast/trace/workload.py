@@ -291,7 +291,7 @@ def _check_extras(obj: dict, output_len: int) -> None:
             )
 
 
-def _intern(flat: list) -> np.ndarray:
+def intern_hash_ids(flat: list) -> np.ndarray:
     """Map raw u64 hash ids to dense uint32 ids in order of first appearance."""
     if len(flat) == 0:
         return np.zeros(0, dtype=np.uint32)
@@ -576,7 +576,7 @@ def load_mooncake(
         input_len=np.array(input_lens, dtype=np.int64),
         output_len=np.array(output_lens, dtype=np.int64),
         hash_indptr=hash_indptr,
-        hash_ids=_intern(flat_hashes),
+        hash_ids=intern_hash_ids(flat_hashes),
         order=order,
         worker=(np.array(workers, np.int64).reshape(n, len(PIN_KEYS))
                 if any(max(w) >= 0 for w in workers) else None),
@@ -630,7 +630,7 @@ def _load_simple(path_str: str, block: int, ratio: float, max_rows: int | None,
         input_len=input_len,
         output_len=output_len,
         hash_indptr=indptr.copy(),
-        hash_ids=_intern(raw_hashes),
+        hash_ids=intern_hash_ids(raw_hashes),
         # equal starts keep file order: the reference routes and queues ties in line order
         order=np.argsort(start_ms, kind="stable").astype(np.int64),
     )

@@ -2,6 +2,15 @@
 (tests/data/golden_trace_formats), and the history a delta trace builds against a
 plain-Python oracle.
 
+``applied_compute_agentic``: the CLI's payload (6 agents under concurrency 3), the
+same without a cap (the reference then replays every session from 0), sped up 2x,
+with max_model_len 1100 (turns rejected: their prompts still grow); 30 agents of 0-6
+tool calls (a blank line shifting the session names) on two vLLM workers over 700
+KV blocks under concurrency 8, and on two SGLang workers with 16-token trace blocks.
+``dynamo`` (request records without agent_context): the CLI's payload, and a trace in
+two files (plain and gzip, shuffled, wrapped and bare events, skipped kinds, rows
+without a received time) on vLLM and, files swapped and 3x faster, TRT-LLM.
+
 ``mooncake-delta``: the sessions trace (200 rows, 49 sessions of 2-6 turns) read as
 rows of new input on two vLLM workers, in closed loop (6 sessions), with
 ``max_model_len`` 6000 (turns cut short and rejected, so later histories are shorter),
@@ -29,7 +38,7 @@ from aisim_fast.config.predict_config import read_predict_config
 from aisim_fast.trace.formats import TRACE_FORMATS, load_trace
 from aisim_fast.engine.output_budget import emitted_outright
 from aisim_fast.trace.session_history import HistoryWarning, emitted_lengths, warn_unfit_turns
-from aisim_fast.trace.workload import load_mooncake, prompt_tokens, sequence_tokens
+from aisim_fast.trace.workload import TraceError, load_mooncake, prompt_tokens, sequence_tokens
 from support import goldens
 from support.cli_runs import run_cli
 from support.parity_rules import timeline_differences
@@ -41,22 +50,25 @@ REPORT_KEYS = ("num_requests", "completed_requests", "duration_ms", "mean_ttft_m
                "committed_prefill_tokens", "first_admission_prefix_cache_reused_ratio", "total_output_tokens")
 
 
-def trace_of(case: str):
+def trace_flags(case: str) -> list:
+    """``--trace`` for a trace of tests/data/traces; none for traces beside the spec
+    (its relative paths find them, every file of a multi-file trace)."""
     name = json.loads((GOLDEN / f"{case}.spec.json").read_text())["traffic"]["trace_path"]
-    beside = GOLDEN / name
-    return beside if beside.exists() else DATA_DIR / "traces" / name
+    return [] if (GOLDEN / name).exists() else ["--trace", DATA_DIR / "traces" / name]
 
 
 def test_cases_present():
-    assert CASES == ["delta_cli_8x3", "delta_edges_vllm_agg1", "delta_sglang_agg2", "delta_trtllm_agg2",
+    assert CASES == ["applied_30_sglang_agg2_conc6", "applied_30_vllm_agg2_conc8", "applied_cli_6",
+                     "applied_no_cap_speedup2_mml1100", "delta_cli_8x3", "delta_edges_vllm_agg1", "delta_sglang_agg2", "delta_trtllm_agg2",
                      "delta_trtllm_agg2_pool300", "delta_vllm_agg2", "delta_vllm_agg2_conc6", "delta_vllm_agg2_kv400",
-                     "delta_vllm_agg2_mml6000", "delta_vllm_disagg1p2d_bw", "delta_vllm_pool_rejects"]
+                     "delta_vllm_agg2_mml6000", "delta_vllm_disagg1p2d_bw", "delta_vllm_pool_rejects",
+                     "dynamo_cli_std", "dynamo_two_files_trtllm_speedup3", "dynamo_two_files_vllm_agg2"]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_requests_and_report_match_the_reference(case, tmp_path, capsys):
     out = tmp_path / "run"
-    code, _, err = run_cli(["replay", "--spec", GOLDEN / f"{case}.spec.json", "--trace", trace_of(case),
+    code, _, err = run_cli(["replay", "--spec", GOLDEN / f"{case}.spec.json", *trace_flags(case),
                             "--out", out, "--quiet"], capsys)
     assert code == 0, err
     gold = goldens.read_golden(case, GOLDEN)
@@ -71,12 +83,12 @@ def test_requests_and_report_match_the_reference(case, tmp_path, capsys):
         assert math.isclose(summary[key], report[key], rel_tol=1e-9, abs_tol=1e-9), key
 
 
-def test_predict_config_lowers_to_the_captured_payload():
-    mine = read_predict_config(GOLDEN / "delta_cli_8x3.predict.yaml")
-    captured = json.loads((GOLDEN / "delta_cli_8x3.spec.json").read_text())
+@pytest.mark.parametrize("case", ["delta_cli_8x3", "applied_cli_6", "dynamo_cli_std"])
+def test_predict_config_lowers_to_the_captured_payload(case):
+    mine = read_predict_config(GOLDEN / f"{case}.predict.yaml")
+    captured = json.loads((GOLDEN / f"{case}.spec.json").read_text())
     assert mine["spec"] == captured["spec"]
-    assert mine["traffic"] == {**captured["traffic"], "trace_path": "mooncake_delta_8x3.jsonl",
-                               "trace_paths": ["mooncake_delta_8x3.jsonl"]}
+    assert mine["traffic"] == captured["traffic"]
 
 
 def test_predict_config_refuses_delta_for_disaggregated_engines(tmp_path):
@@ -168,3 +180,67 @@ def test_unknown_format_names_the_allowed_ones():
     with pytest.raises(ConfigError, match="traffic.trace_format.*mooncake-delta"):
         parse_payload(payload, GOLDEN)
     assert TRACE_FORMATS[:2] == ("mooncake", "mooncake-delta")
+
+
+def test_applied_rows_become_growing_sessions():
+    """Row 1 of the CLI's trace (800 / [30, 40] / [200, 150] / [0.2, 0.1] s / 50): turns
+    of 800, 1030 and 1220 prompt tokens generating 30, 40 and 50, 200 and 100 ms apart;
+    each turn's prompt extends the last one's token for token (ids of the session's
+    own run, each 64 tokens); the next agent's ids follow."""
+    w = load_trace(GOLDEN / "applied_compute_6.jsonl", "applied_compute_agentic", trace_block_size=64)
+    assert w.num_requests == 18 and w.num_sessions == 6
+    assert w.input_len[:3].tolist() == [800, 1030, 1220] and w.output_len[:3].tolist() == [30, 40, 50]
+    assert w.delay_ms[:3].tolist() == [0.0, 200.0, 100.0]
+    assert w.request_name[0] == "applied_compute_agentic_session_1" and w.turn_index[:3].tolist() == [0, 1, 2]
+    p0, p1, p2 = (prompt_tokens(w, q) for q in range(3))
+    assert (p1[:800] == p0).all() and (p2[:1030] == p1).all()
+    assert p2[-1] == 19 and prompt_tokens(w, 3)[0] == 20  # ceil(1220 / 64) = 20 ids, then the next agent
+
+
+def test_dynamo_records_lower_to_the_mooncake_rows_the_reference_makes():
+    """dynamo_std.jsonl is the reference's mooncake trace dynamo_std_as_mooncake.jsonl:
+    the same rows (arrivals, lengths, prompts), named request_1.. in start order."""
+    w = load_trace(GOLDEN / "dynamo_std.jsonl", "dynamo")
+    m = load_mooncake(GOLDEN / "dynamo_std_as_mooncake.jsonl", trace_block_size=64)
+    assert w.trace_block_size == 64 and list(w.request_name[:2]) == ["request_1", "request_2"]
+    assert w.start_ms.tolist() == [120.0 * k for k in range(10)]
+    for name in ("input_len", "output_len", "start_ms", "hash_ids", "hash_indptr"):
+        assert np.array_equal(getattr(w, name), getattr(m, name)), name
+    two = load_trace(GOLDEN / "dynamo_part_a.jsonl", "dynamo", more_paths=[GOLDEN / "dynamo_part_b.jsonl.gz"])
+    swapped = load_trace(GOLDEN / "dynamo_part_b.jsonl.gz", "dynamo", more_paths=[GOLDEN / "dynamo_part_a.jsonl"])
+    assert two.num_requests == 40 and np.array_equal(two.start_ms, swapped.start_ms)
+    assert np.array_equal(two.hash_ids, swapped.hash_ids)
+
+
+@pytest.mark.parametrize("fmt,text,words", [
+    ("applied_compute_agentic", '{"num_turns": 1, "input_prompt_length": 5, "assistant_response_length": [1, 2], '
+     '"tool_call_output_length": [1], "tool_call_latency": [0.1], "final_assistant_response_length": 1}',
+     "t.jsonl:1: field assistant_response_length length 2 does not match num_turns 1"),
+    ("applied_compute_agentic", '{"num_turns": 0, "input_prompt_length": 0, "assistant_response_length": [], '
+     '"tool_call_output_length": [], "tool_call_latency": [], "final_assistant_response_length": 1}',
+     "t.jsonl:1: input_prompt_length must be positive"),
+    ("applied_compute_agentic", '{"num_turns": 1, "input_prompt_length": 5, "assistant_response_length": [1], '
+     '"tool_call_output_length": [1], "tool_call_latency": [-1], "final_assistant_response_length": 1}',
+     "t.jsonl:1: tool_call_latency\\[0\\] must be a finite non-negative number"),
+    ("dynamo", '{"schema": "dynamo.request.trace.v1", "event_type": "request_start", "event_time_unix_ms": 1}',
+     "t.jsonl:1: request trace supports request_end"),
+    ("dynamo", '{"schema": "x", "event_type": "request_end", "event_time_unix_ms": 1}',
+     "t.jsonl:1: unsupported Dynamo request trace schema 'x'"),
+    ("dynamo", '{"schema": "dynamo.request.trace.v1", "event_type": "request_end", "event_time_unix_ms": 1, '
+     '"request": {"request_id": "a", "output_tokens": 1, "agent_context": {}, "replay": {"trace_block_size": 4, '
+     '"input_length": 4, "input_sequence_hashes": [1]}}, "agent_context": {"session_id": "s"}}',
+     "agent_context .an agentic Dynamo trace. are not simulated yet"),
+    ("dynamo", '{"schema": "dynamo.request.trace.v1", "event_type": "request_end", "event_time_unix_ms": 1, '
+     '"request": {"request_id": "a", "output_tokens": 1, "replay": {"trace_block_size": 4, '
+     '"input_length": 5, "input_sequence_hashes": [1]}}}', "trace line 1 input_length 5 exceeds hash_ids capacity 4"),
+])
+def test_a_bad_row_is_named_by_file_and_line(tmp_path, fmt, text, words):
+    path = tmp_path / "t.jsonl"
+    path.write_text(text + "\n")
+    with pytest.raises(TraceError, match=words):
+        load_trace(path, fmt)
+
+
+def test_a_payload_block_size_must_match_a_dynamo_traces_own():
+    with pytest.raises(TraceError, match="trace_block_size 512 does not match embedded Dynamo request trace block size 64"):
+        load_trace(GOLDEN / "dynamo_std.jsonl", "dynamo", trace_block_size=512)
