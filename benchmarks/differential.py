@@ -138,12 +138,51 @@ def random_trace(rng: random.Random, path: Path, rows_range: tuple[int, int] = (
 
 def random_traffic_edits(rng: random.Random, trace: Path) -> tuple[str, list[str]]:
     """(kind, ``dotted.path=JSON`` edits) replacing a case's traffic: its trace read as
-    ``mooncake-delta`` (later turns' rows then carry new input only), or a synthetic
+    ``mooncake-delta`` (later turns' rows then carry new input only), written as Dynamo
+    request records in two files, random tool-calling agents (``applied_compute_agentic``
+    under a closed loop), or a synthetic
     load (concurrency, constant rate, seeded poisson, a fraction of the KV pool), as
     single requests or sessions (prefix groups, think times), stopped by a count or
     per unit of load."""
-    if rng.random() < 0.35:
+    pick = rng.random()
+    if pick < 0.25:
         return "delta", ['traffic.trace_format="mooncake-delta"']
+    if pick < 0.4:
+        # the trace's rows as Dynamo request records (shuffled, in two files, one gzip)
+        rows = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+        records = []
+        t0 = 1_700_000_000_000
+        for i, row in enumerate(rows):
+            received = t0 + int(row.get("timestamp", 0) if "session_id" not in row else i * 37)
+            records.append({"schema": "dynamo.request.trace.v1", "event_type": "request_end",
+                            "event_time_unix_ms": received + 500,
+                            "request": {"request_id": f"q{i}", "output_tokens": row["output_length"],
+                                        "request_received_ms": received, "total_time_ms": 500.0,
+                                        "replay": {"trace_block_size": 512, "input_length": row["input_length"],
+                                                   "input_sequence_hashes": row["hash_ids"]}}})
+        rng.shuffle(records)
+        half = len(records) // 2
+        first, second = trace.with_name("dynamo_a.jsonl"), trace.with_name("dynamo_b.jsonl.gz")
+        first.write_text("".join(json.dumps(r) + "\n" for r in records[:half]))
+        import gzip
+        second.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records[half:]).encode()))
+        return "dynamo", [f'traffic.trace_format="dynamo"', f'traffic.trace_paths=["{first}", "{second}"]',
+                          f'traffic.trace_path="{first}"', "traffic.trace_block_size=512"]
+    if pick < 0.55:
+        # tool-calling agents under a closed loop
+        path = trace.with_name("applied.jsonl")
+        with path.open("w") as fh:
+            for _ in range(rng.randint(3, 25)):
+                n = rng.choice([0, 1, 2, 4])
+                fh.write(json.dumps({"num_turns": n, "input_prompt_length": rng.choice([100, 700, 3000]),
+                                     "assistant_response_length": [rng.randint(1, 150) for _ in range(n)],
+                                     "tool_call_output_length": [rng.randint(0, 900) for _ in range(n)],
+                                     "tool_call_latency": [round(rng.uniform(0, 1.5), 3) for _ in range(n)],
+                                     "final_assistant_response_length": rng.randint(0, 200)}) + "\n")
+        return "applied", ['traffic.trace_format="applied_compute_agentic"', f'traffic.trace_path="{path}"',
+                           f'traffic.trace_paths=["{path}"]', f"traffic.trace_block_size={rng.choice([16, 64, 512])}",
+                           'traffic.load_type="concurrency"', f"traffic.replay_concurrency={rng.choice([1, 3, 8])}",
+                           "spec.max_in_flight=null"]
     traffic: dict = {"source_type": "synthetic", "isl": rng.choice([40, 300, 1500]),
                      "osl": rng.choice([1, 12, 150]), "trace_block_size": 512}
     if rng.random() < 0.5:
@@ -629,10 +668,12 @@ def main() -> int:
                              else ["spec.engine.prefill.rank", "spec.engine.decode.rank"])
                     host_edits = host_edits + random_speculation_edits(spec_rng, pools)
                     kind += "/spec"
+            own_trace = False  # the traffic edits name their own trace files
             if args.traffic_fraction > 0 and cap_ms is None:
                 traffic_rng = random.Random(args.seed * 100003 + i + 0x7AF)
                 if traffic_rng.random() < args.traffic_fraction:
                     traffic_kind, traffic_edits = random_traffic_edits(traffic_rng, trace)
+                    own_trace = traffic_kind in ("dynamo", "applied")
                     host_edits = host_edits + traffic_edits
                     kind += "/" + traffic_kind
             cli_edits = None
@@ -692,7 +733,7 @@ def main() -> int:
                     (case / "dp.report.json").replace(case / "ref.report.json")
             payload = json.loads((case / "spec.json").read_text())
             try:
-                setup = parse_payload(payload, case, trace_override=str(trace))
+                setup = parse_payload(payload, case, trace_override=None if own_trace else str(trace))
             except Exception as exc:  # a field aisim_fast refuses (named in the message)
                 # a payload the reference stops on with the same words (a CLI payload whose
                 # memory leaves no KV budget) is an agreement
