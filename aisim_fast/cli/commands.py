@@ -392,6 +392,7 @@ def run_replay(args) -> dict:
     summary["rejected_by_cause"] = rejection_causes(setup, requests)
     summary.update(pressure_counts(setup, requests))
     summary["prediction_provenance"] = prediction_provenance(setup)
+    summary["kv_eviction_policy"] = "lru"  # the reference's key: every pool here evicts LRU
     if setup.beyond_reference:
         summary["beyond_reference"] = setup.beyond_reference
     summary["kv_capacity"] = kv_capacity(setup)

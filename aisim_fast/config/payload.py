@@ -672,6 +672,7 @@ def check_disaggregated_pair(prefill: RankConfig, decode: RankConfig, path: str)
                                  f"{prefill.backend!r} and decode {decode.backend!r}")
 
 
+KV_EVICTION_POLICIES = ("lru", "belady")  # the reference's spec.engine.kv_eviction_policy
 _PAYLOAD_KEYS = {"spec", "traffic", "determinism", "tokenization", "capture_performance_diagnostics"}
 DETERMINISM_MODES = ("canonical_v1", "random")
 _TOPOLOGY_KEYS = ("kind", "workers", "prefill", "decode", "handoff_latency_ms")
@@ -712,11 +713,18 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     kind = _choice("spec.topology.kind", topo.get("kind"), ("aggregated", "disaggregated"))
     if spec.get("engine") is None:
         _fail("spec.engine", "required (the rank config: {\"rank\": {\"backend\": ...}})")
-    engine = _obj("spec.engine", spec.get("engine"))
+    engine = dict(_obj("spec.engine", spec.get("engine")))
+    # the KV cache's eviction order: the reference's default LRU (what every pool here
+    # runs); its Belady oracle is not simulated
+    eviction = _choice("spec.engine.kv_eviction_policy", engine.pop("kv_eviction_policy", "lru"),
+                       KV_EVICTION_POLICIES)
+    if eviction != "lru":
+        _fail("spec.engine.kv_eviction_policy", f"{eviction!r} (evicting the block used farthest in the future) "
+                                                "is not simulated yet; 'lru' (the default) is")
     for key in engine:
         if key not in _ENGINE_POOL_KEYS + ("prefill", "decode"):
             _fail(f"spec.engine.{key}", "unknown field; allowed: "
-                                        + ", ".join(sorted(_ENGINE_POOL_KEYS + ("prefill", "decode"))))
+                                        + ", ".join(sorted(_ENGINE_POOL_KEYS + ("prefill", "decode", "kv_eviction_policy"))))
     own = ("kind", "workers") if kind == "aggregated" else ("kind", "prefill", "decode", "handoff_latency_ms")
     for key in topo:
         if key in _TOPOLOGY_KEYS and key not in own:

@@ -37,8 +37,10 @@ def test_a_session_load_from_flags_is_the_references(tmp_path, capsys):
     missing, bad = goldens.parity_failures(gold, cand)
     assert not missing and not bad, goldens.failure_report("ses_conc2_groups3", missing, bad)
     assert not timeline_differences(gold, cand)
-    config = json.loads((out / "summary.json").read_text())["aisim_fast.config"]
+    summary = json.loads((out / "summary.json").read_text())
+    config = summary["aisim_fast.config"]
     assert config["synthetic"]["turns_per_session"] == 3 and config["concurrency"] == 2
+    assert summary["kv_eviction_policy"] == "lru"  # the reference's report key
 
 
 def test_poisson_and_kv_fraction_loads(tmp_path, capsys):

@@ -74,3 +74,23 @@ def test_performance_diagnostics_capture_is_a_boolean():
     assert parse_payload(dict(PAYLOAD, capture_performance_diagnostics=True)).capture_performance_diagnostics
     with pytest.raises(ConfigError, match="^capture_performance_diagnostics: "):
         parse_payload(dict(PAYLOAD, capture_performance_diagnostics="yes"))
+
+
+def test_kv_eviction_policy_lru_is_the_explicit_default():
+    """The reference's spec.engine.kv_eviction_policy: 'lru' (its default, what runs
+    here) is accepted; its Belady oracle is refused naming the field and what runs."""
+    import copy
+    import json
+
+    from support.paths import DATA_DIR
+
+    payload = json.loads((DATA_DIR / "golden" / "tiny20_vllm_agg1.spec.json").read_text())
+    plain = parse_payload(copy.deepcopy(payload), DATA_DIR / "traces")
+    payload["spec"]["engine"]["kv_eviction_policy"] = "lru"
+    assert parse_payload(copy.deepcopy(payload), DATA_DIR / "traces") == plain
+    payload["spec"]["engine"]["kv_eviction_policy"] = "belady"
+    with pytest.raises(ConfigError, match="spec.engine.kv_eviction_policy: 'belady' .* is not simulated yet; 'lru'"):
+        parse_payload(copy.deepcopy(payload), DATA_DIR / "traces")
+    payload["spec"]["engine"]["kv_eviction_policy"] = "fifo"
+    with pytest.raises(ConfigError, match="spec.engine.kv_eviction_policy.*lru, belady"):
+        parse_payload(payload, DATA_DIR / "traces")
