@@ -60,6 +60,19 @@ def charge_lookahead(rq_i, q, acc, drafts):
     rq_i[q, RQ_SCHED_TOKENS] += extra
 
 
+@kernel(cache=True, _nrt=False, inline="always")
+def _burst_bounds(rq_i, q, limit):
+    """(sequence length, tokens a burst may emit) of running request q: none while its
+    sequence is not all computed (a prompt chunk still to run) or it has nothing left to
+    generate; the one readiness test of the reservation and of the bursts."""
+    prompt = rq_i[q, RQ_PROMPT_LEN]
+    generated = rq_i[q, RQ_GENERATED]
+    length = prompt + generated
+    if rq_i[q, RQ_NUM_COMPUTED] < length:
+        return length, np.int64(0)
+    return length, remaining_tokens(rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit)
+
+
 @kernel(cache=True, _nrt=False)
 def emit_bursts(cfg, p, rq, wl, wk, sims, s, w, decode_start_ms, acc, scratch_tokens):
     """The rest of worker w's pass once its prefill is timed (``decode_start_ms``):
@@ -93,14 +106,10 @@ def emit_bursts(cfg, p, rq, wl, wk, sims, s, w, decode_start_ms, acc, scratch_to
             q = wk.run_q[off + j]
             if rq_i[q, RQ_STATUS] != RS_RUNNING:
                 continue
-            prompt = rq_i[q, RQ_PROMPT_LEN]
-            generated = rq_i[q, RQ_GENERATED]
-            length = prompt + generated
-            if rq_i[q, RQ_NUM_COMPUTED] < length:
-                continue
-            rem = remaining_tokens(rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit)
+            length, rem = _burst_bounds(rq_i, q, limit)
             if rem <= 0:
                 continue
+            generated = rq_i[q, RQ_GENERATED]
             lookahead = min(max_burst, rem) if trtllm or generated > 0 else 1
             reserved += ceil_div(length + lookahead, bs) - ceil_div(length, bs)
             lone_need = length + lookahead
@@ -140,14 +149,12 @@ def emit_bursts(cfg, p, rq, wl, wk, sims, s, w, decode_start_ms, acc, scratch_to
         q = wk.run_q[off + j]
         if rq_i[q, RQ_STATUS] != RS_RUNNING:
             continue
-        prompt = rq_i[q, RQ_PROMPT_LEN]
-        generated = rq_i[q, RQ_GENERATED]
-        length = prompt + generated
-        rem = remaining_tokens(rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit)
-        if not emit or rq_i[q, RQ_NUM_COMPUTED] < length or rem <= 0:
+        length, rem = _burst_bounds(rq_i, q, limit)
+        if not emit or rem <= 0:
             wk.run_q[off + keep] = q
             keep += 1
             continue
+        generated = rq_i[q, RQ_GENERATED]
         speculates = (trtllm or generated > 0) and not prefill_role
         accepted = accepted_tokens(cfg, wk, w) if speculates else np.int64(1)
         burst = min(accepted, rem)
