@@ -261,7 +261,8 @@ def test_trace_paths_win_over_trace_path(tmp_path):
     setup = parse_payload(copy.deepcopy(payload), tmp_path)
     assert Path(setup.trace_path).name == "mooncake_tiny20.jsonl"
     payload["traffic"]["trace_paths"] = ["a.jsonl", "b.jsonl"]
-    with pytest.raises(ConfigError, match=r"^traffic\.trace_paths: one trace file"):
+    with pytest.raises(ConfigError,
+                       match=r"^traffic\.trace_paths: trace format 'mooncake' takes one file, got 2 \(several: dynamo\)"):
         parse_payload(payload, tmp_path)
 
 
