@@ -674,8 +674,10 @@ def select_rows(w: Workload, rows) -> Workload:
 
 def _take_rows(w: Workload, rows: np.ndarray, session: np.ndarray, turn: np.ndarray) -> Workload:
     """``select_rows`` once the sessions are checked and renumbered."""
-    # what each row reads (rows may share ids: a delta trace's turns)
-    counts = -(-w.input_len[rows].astype(np.int64) // w.trace_block_size)
+    # a row's ids: its CSR extent, or (rows sharing ids: a delta trace's turns, whose
+    # next row may start anywhere) what its prompt reads
+    extent = w.hash_indptr[rows + 1] - w.hash_indptr[rows]
+    counts = np.maximum(extent, -(-w.input_len[rows].astype(np.int64) // w.trace_block_size))
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     # every hash id of the rows, in row order: each row's run of its source's ids
     take = np.repeat(w.hash_indptr[rows] - indptr[:-1], counts) + np.arange(indptr[-1], dtype=np.int64)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from aisim_fast.engine.simulation import setup_workload
 from aisim_fast.protocol.rank import Rank, RankGroup, synthetic_output_tokens
 from aisim_fast.protocol.types import (APPLIED, NOOP, ActivateDestination, CancelDestination, CancelRequest,
                                        CancelSource, DestinationAccepted, DestinationReserved, Output,
@@ -124,8 +125,7 @@ def _driven(name):
     """The reference run ``name`` replayed by hand through one rank: (its tokens and
     KV events, the reference's tokens and KV events)."""
     setup, artifacts = artifact_case(name)
-    workload = load_mooncake(setup.trace_path, trace_block_size=setup.trace_block_size,
-                             arrival_speedup_ratio=setup.arrival_speedup_ratio)
+    workload = setup_workload(setup)  # a trace, or a synthetic session load
     tokens, events = drive_trace(Rank(setup.rank), workload)
     gold_tokens = reference_tokens(artifacts, workload)
     assert sum(map(len, gold_tokens.values())) > 0
