@@ -268,7 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "(X accepted drafts expected), KIND:N@R1/R2/.. (per-draft rates); KIND ngram, "
                            "mtp or eagle, N 1..5 drafts")
     size.add_argument("--rates", metavar="R1,R2,..",
-                      help="size for these arrival speedup ratios (offered loads), one answer each")
+                      help="size for these offered loads, one answer each: multiples of the base's (a "
+                           "trace's arrivals sped up; a synthetic poisson or constant-rate load's rate)")
     size.add_argument("--confidence", type=float, metavar="F",
                       help="judge each candidate over --runs seeded variants; it fits when at least "
                            "the fraction F of them meet the SLA")

@@ -16,7 +16,8 @@ every size of at most that many GPUs below its cheapest feasible coarse point's 
 inside the refined range it assumes nothing. Ties in GPUs go to the earlier shape (in
 the order the choices were given), then the fewer prefill workers.
 
-``--rates`` sizes for several offered loads (``traffic.arrival_speedup_ratio``) at once.
+``--rates`` sizes for several offered loads at once (``rate_edits``: a trace's
+``traffic.arrival_speedup_ratio``, a synthetic load's rate).
 """
 
 from __future__ import annotations
@@ -176,10 +177,28 @@ def size(payload: dict | str | Path, sla: Sla | dict | str, *, base_dir=None, tr
     answers = []
     for rate in rates:
         effective = float(rate) if rate is not None else float(setup.arrival_speedup_ratio)
-        search = _Search(payload, setup.disaggregated, base_dir, trace, sla, rate, timing or {}, jobs, quiet,
-                         say, prices, confidence)
+        search = _Search(payload, setup.disaggregated, base_dir, trace, sla, rate_edits(setup, rate),
+                         timing or {}, jobs, quiet, say, prices, confidence)
         answers.append(search.run(candidates, exhaustive, effective))
     return answers
+
+
+def rate_edits(setup, rate) -> dict:
+    """The payload fields that offer ``rate`` times the base's load (None: the base's
+    own, no edit): a trace's arrivals sped up (``traffic.arrival_speedup_ratio``); a
+    synthetic poisson load's ``request_rate`` or a constant rate's ``arrival_interval_ms``
+    scaled. A closed loop (concurrency, kv_capacity_fraction) has no arrival rate."""
+    if rate is None:
+        return {}
+    load = setup.synthetic
+    if load is None:
+        return {RATE: float(rate)}
+    if load.load_type == "poisson":
+        return {"traffic.request_rate": load.request_rate * float(rate)}
+    if load.load_type == "constant_rate":
+        return {"traffic.arrival_interval_ms": load.arrival_interval_ms / float(rate)}
+    raise SweepError(f"rates: a synthetic {load.load_type} load is a closed loop, with no arrival rate to "
+                     "scale; sweep its traffic.concurrency (or kv_load_ratio) instead")
 
 
 def _check_confidence(confidence: Confidence, setup) -> None:
@@ -275,17 +294,17 @@ def _shaped(payload: dict, shape: dict, timing: dict, disaggregated: bool) -> di
 
 
 class _Search:
-    def __init__(self, payload, disaggregated, base_dir, trace, sla, rate, timing, jobs, quiet, say, prices,
+    def __init__(self, payload, disaggregated, base_dir, trace, sla, load_edits, timing, jobs, quiet, say, prices,
                  confidence):
         self.prices, self.confidence = prices, confidence
         self.payload, self.base_dir, self.trace = payload, base_dir, trace
-        self.sla, self.rate, self.timing = sla, rate, timing
+        self.sla, self.load_edits, self.timing = sla, load_edits, timing
         self.jobs, self.quiet, self.say = jobs, quiet, say
         self.disaggregated = disaggregated
         self.columns = (PREFILL, DECODE) if self.disaggregated else (WORKERS,)
 
     def run(self, candidates, exhaustive, effective_rate) -> SizingAnswer:
-        head = f"rate x{effective_rate:g}: " if self.rate is not None else ""
+        head = f"rate x{effective_rate:g}: " if self.load_edits else ""
         if exhaustive:
             self.say(f"{head}all {len(candidates)} candidates")
             tried = self._evaluate(candidates)
@@ -350,8 +369,8 @@ class _Search:
         spec = {"base": {"spec": payload, **({"trace": self.trace} if self.trace else {})},
                 "zip": {col: [c.sizes[i] for c in group] for i, col in enumerate(self.columns)},
                 "sla": self.sla.terms(), "prices": self.prices}
-        if self.rate is not None:
-            spec["zip"][RATE] = [float(self.rate)] * len(group)
+        for path, value in self.load_edits.items():  # rate_edits: the offered load
+            spec["zip"][path] = [value] * len(group)
         costs = {c.sizes: c.cost for c in group}
         if self.confidence is not None:
             return self._judge_variants(self._variants(spec, payload), shape_index, dict(shape), costs)

@@ -665,3 +665,27 @@ def test_sla_frontier_stops_at_the_first_miss():
         ("workers", {"rate": 1}, 1), ("workers", {"rate": 2}, None), ("workers", {"rate": 3}, 2),
         ("workers", {"rate": 4}, None), ("rate", {"workers": 1}, 1), ("rate", {"workers": 2}, None)]
     assert sla_frontier(points.drop(columns="sla_ok"), ["rate"]) == []
+
+
+def test_size_rates_scale_a_synthetic_loads_arrivals(capsys):
+    """--rates on a synthetic base: a poisson load's request_rate and a constant rate's
+    interval scale with the rate (x4 of 20 requests/s needs more GPUs than x1); a closed
+    loop has no arrival rate to scale and says what to sweep instead."""
+    from aisim_fast.studies.sizing import rate_edits
+    from aisim_fast.config.payload import parse_payload
+
+    golden = DATA / "golden_synthetic"
+    poisson = parse_payload(json.loads((golden / "syn_poisson.payload.json").read_text()), golden)
+    assert rate_edits(poisson, 4.0) == {"traffic.request_rate": poisson.synthetic.request_rate * 4}
+    const = parse_payload(json.loads((golden / "syn_const.payload.json").read_text()), golden)
+    assert rate_edits(const, 2.0) == {"traffic.arrival_interval_ms": const.synthetic.arrival_interval_ms / 2}
+    assert rate_edits(const, None) == {}
+    closed = parse_payload(json.loads((golden / "syn_conc.payload.json").read_text()), golden)
+    with pytest.raises(SweepError, match="rates: a synthetic concurrency load is a closed loop"):
+        rate_edits(closed, 2.0)
+    code, out, err = _size(["--spec", golden / "syn_poisson.payload.json", "--sla", "ttft_p90_ms=100,itl_p90_ms=30",
+                            "--max-workers", "8", "--rates", "1,4", "--quiet"], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    gpus = [int(line.split(": ")[1].split(" GPUs")[0]) for line in lines if line.startswith("rate x")]
+    assert len(gpus) == 2 and gpus[1] > gpus[0]
