@@ -119,11 +119,20 @@ def test_a_list_out_of_arrival_order_runs_with_a_warning():
     assert len(setup.requests) == 2
 
 
-def test_max_in_flight_apart_from_the_replay_concurrency_is_refused():
+def test_max_in_flight_apart_from_the_replay_concurrency_warns_and_caps_nothing():
+    """The reference's workload driver reads no spec.max_in_flight beside a traffic
+    source (measured on open and closed loops, tests/data/golden_synthetic/syn_conc8_cap4):
+    a different cap warns once and runs as without it."""
     payload = {"spec": {"topology": {"kind": "aggregated", "workers": {"initial_workers": 1}},
                         "engine": {"rank": {"backend": "vllm"}}, "max_in_flight": 4},
                "traffic": {"trace_path": "t.jsonl"}}
-    with pytest.raises(ConfigError, match=r"^spec\.max_in_flight: a cap on requests in flight apart"):
-        parse_payload(payload)
+    with pytest.warns(ConfigWarning, match=r"spec\.max_in_flight: 4 differs from replay_concurrency \(none\)"):
+        capped = parse_payload(payload)
+    assert capped.concurrency == 0
     payload["traffic"].update(load_type="concurrency", replay_concurrency=4)
-    assert parse_payload(payload).concurrency == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert parse_payload(payload).concurrency == 4
+    payload["spec"]["max_in_flight"] = 0
+    with pytest.raises(ConfigError, match=r"^spec\.max_in_flight: must be an integer >= 1"):
+        parse_payload(payload)

@@ -43,7 +43,7 @@ def reference_rows(case: str) -> dict:
 
 
 def test_cases_present():
-    assert len(CASES) == 21 and len(CONFIGS) == 7
+    assert len(CASES) == 22 and len(CONFIGS) == 7
 
 
 @pytest.mark.parametrize("case", CASES)
