@@ -23,7 +23,7 @@ from numba.extending import overload
 
 from aisim_fast.kernels.schema.layout import (CFG_DP_SIZE, CFG_POLICY, CFG_SG_HOST_LOOP, CFG_SPEC_NEXTN,
                                                CFG_TIMING, CFG_TOK_SERVERS,
-                                               PLACE_KV_ROUTER, POLICY_TRTLLM, SM_FRONTEND, SM_PLACEMENT,
+                                               PLACE_KV_ROUTER, POLICY_TRTLLM, SM_AGENTIC, SM_FRONTEND, SM_PLACEMENT,
                                                TIMING_AIC,
                                                Features)
 
@@ -46,6 +46,7 @@ def features_of(cfg_i64: np.ndarray, sims_i64: np.ndarray) -> Features:
         sglang_host_loop=on(len(cfg_i64) > 0 and np.any(cfg_i64[:, CFG_SG_HOST_LOOP] != 0)),
         sglang_frontend=on(len(sims_i64) > 0 and np.any(sims_i64[:, SM_FRONTEND] != 0)),
         speculation=on(len(cfg_i64) > 0 and np.any(cfg_i64[:, CFG_SPEC_NEXTN] > 0)),
+        agentic=on(len(sims_i64) > 0 and np.any(sims_i64[:, SM_AGENTIC] != 0)),
     )
 
 

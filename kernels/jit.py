@@ -116,6 +116,7 @@ FEATURE_PARTS = {
     "sglang_host_loop": ("the SGLang host loop", 3),
     "sglang_frontend": ("SGLang frontend stages", 3),
     "speculation": ("speculative decoding", 3),
+    "agentic": ("agentic dependency graphs", 2),
 }
 _ANNOUNCED: set[str] = set()
 

@@ -28,6 +28,7 @@ from aisim_fast.io.request_order import requests_in_uuid_order
 from aisim_fast.io.run_folder import check_out_dir, write_folder, write_run
 from aisim_fast.kernels.jit import compile_notice
 from aisim_fast.protocol.handoff.audit import audit_handoffs, audited_runs
+from aisim_fast.report.agentic import setup_report_keys as agentic_report_keys
 from aisim_fast.report.sla import parse_sla_text
 from aisim_fast.report.summary import (
     kv_capacity,
@@ -396,6 +397,8 @@ def run_replay(args) -> dict:
     if setup.beyond_reference:
         summary["beyond_reference"] = setup.beyond_reference
     summary["kv_capacity"] = kv_capacity(setup)
+    if workload.agentic is not None:  # trajectories, play outcomes, lifecycle (report.agentic)
+        summary.update(agentic_report_keys(workload.agentic, requests, setup))
     passes = None
     evidence = None
     if record_passes and any(rank.aic is not None for _, rank in setup.pools):

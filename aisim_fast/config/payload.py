@@ -529,6 +529,12 @@ class ReplaySetup:
     # the payload's capture_performance_diagnostics: the summary's performance_diagnostics
     # (per op latency and speed of light, aic.performance_diagnostics)
     capture_performance_diagnostics: bool = False
+    # agentic_mooncake: plays run this many at a time (trace.agentic_graph); None = all at once
+    agentic_lanes: int | None = None
+    # the model an agentic trace's requests are projected to (traffic.execution_model)
+    execution_model: str | None = None
+    # the trace path as the payload names it (an agentic legacy trace's provenance digest)
+    trace_named: str = ""
 
     @property
     def disaggregated(self) -> bool:
@@ -678,12 +684,17 @@ DETERMINISM_MODES = ("canonical_v1", "random")
 _TOPOLOGY_KEYS = ("kind", "workers", "prefill", "decode", "handoff_latency_ms")
 _SPEC_KEYS = {"version", "topology", "engine", "adapters", "max_sim_time_ms", "max_in_flight",
               "record_per_request", "sla", "encoder", "requests"}
+# the agentic replay controls (traffic.agentic_*; trace.agentic_graph)
+AGENTIC_TRAFFIC_KEYS = ("agentic_lanes", "agentic_snapshot", "agentic_warmup", "agentic_warmup_policy",
+                        "agentic_profile")
 _TRAFFIC_KEYS = {"source_type", "load_type", "trace_path", "trace_paths", "trace_format",
                  "trace_block_size", "arrival_speedup_ratio", "replay_concurrency", "concurrency",
                  "max_sim_time_ms",
                  # the model the reference's runner names for dynamo / agentic traces; its
                  # standard-trace replay reads it nowhere (no row is filtered by it)
-                 "execution_model"}
+                 "execution_model",
+                 # agentic replay (trace.agentic_graph)
+                 *AGENTIC_TRAFFIC_KEYS}
 
 
 def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str | None = None
@@ -845,6 +856,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         _warn("traffic.replay_concurrency", "missing with load_type 'concurrency': the reference replays the "
               "trace's own arrivals without a cap then; run so (give replay_concurrency N for a closed loop)")
     _ignored_in_flight_cap(max_in_flight, concurrency, "replay_concurrency")
+    agentic_lanes = _agentic_traffic(traffic, trace_format, load, concurrency, traffic.get("trace_paths"))
     if traffic.get("max_sim_time_ms") is not None:
         # the reference's CLI writes the cap into traffic and spec both; a trace replay
         # stops at the spec's (traffic's bounds generated load only)
@@ -899,8 +911,46 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         max_sim_time_ms=max_sim_time_ms,
         tokenization=tokenization,
         capture_performance_diagnostics=capture,
+        agentic_lanes=agentic_lanes,
+        execution_model=traffic.get("execution_model"),
+        trace_named=str(trace),
         **disagg,
     )
+
+
+def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: int, paths) -> int | None:
+    """The agentic keys of a trace payload, checked in the reference's order and words;
+    returns ``agentic_lanes`` (None: plays all at once)."""
+    lanes = traffic.get("agentic_lanes")
+    if lanes is not None and trace_format != "agentic_mooncake":
+        _fail("traffic.agentic_lanes", "agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input"
+              + ("" if trace_format == "dynamo" else f" (trace_format is {trace_format!r})")
+              + ("; agentic Dynamo traces are not simulated yet" if trace_format == "dynamo" else ""))
+    if trace_format != "agentic_mooncake":
+        for key in AGENTIC_TRAFFIC_KEYS[1:]:
+            if traffic.get(key) is not None:
+                _fail(f"traffic.{key}", "applies to agentic traces (trace_format agentic_mooncake)")
+        return None
+    if not traffic.get("execution_model"):
+        _fail("traffic.execution_model", "agentic execution requires a configured target model")
+    if load != "trace_timestamps":
+        _fail("traffic.load_type", "agentic_mooncake requires trace_timestamps load")
+    if traffic.get("max_sim_time_ms") is not None:
+        _fail("traffic.max_sim_time_ms", "agentic trace does not support max virtual time")
+    if paths is not None and len(paths) != 1:
+        _fail("traffic.trace_paths", "agentic_mooncake requires exactly one path")
+    if concurrency:
+        _fail("traffic.replay_concurrency", "agentic_mooncake does not support concurrency load")
+    for key in AGENTIC_TRAFFIC_KEYS[1:]:
+        if traffic.get(key) is not None:
+            _fail(f"traffic.{key}", "agentic snapshots, warm-up and profiles are not simulated yet; replay the "
+                                    "trace without it (agentic_lanes and plain replay are)")
+    if lanes is None:
+        return None
+    lanes = _int("traffic.agentic_lanes", lanes, 0)
+    if lanes == 0:
+        _fail("traffic.agentic_lanes", "agentic_lanes must be greater than 0")
+    return lanes
 
 
 def _ignored_in_flight_cap(max_in_flight, concurrency: int, what: str) -> None:

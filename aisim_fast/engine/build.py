@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from aisim_fast.engine import reused_buffers
+from aisim_fast.engine.agentic_state import agentic_state
 from aisim_fast.engine.frames import handoff_log_rows
 from aisim_fast.engine.grow import workload_rows
 from aisim_fast.engine.lowering import pool_extents, reset_pools, small_pages, with_aic_tables
@@ -291,6 +292,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
     decisions = max([int(q_len[s]) * (2 if sims[s].disaggregated else 1) for s in routed], default=0)
     with small_pages():
         token_stat, token_hist = sketch.token_stats_new(n_stat_rows)
+    graphs = agentic_state(sims, q_off, n_logical, sm_i, rq_f)
     sim_state = L.Sims(
         i64=sm_i, now_ms=np.zeros(n_sims), start_order=start_order,
         heap_q=np.zeros(n_logical, np.int64), actq=np.zeros(n_logical, np.int64),
@@ -302,6 +304,7 @@ def build_state(sims: Sequence[Simulation], pass_log_rows: int = DEFAULT_PASS_LO
         **(dict(rt_log=np.zeros((n_sims, decisions, L.RL_NUM_COLUMNS)),
                 rt_costs=np.zeros((n_sims, decisions, int(w_len[routed].max()))))
            if routed else {}),
+        **graphs,
     )
     max_lease = max([t.max_lease_blocks for t in templates.values()], default=1)
     max_bs = int(cfg_i[:, L.CFG_BLOCK_SIZE].max())

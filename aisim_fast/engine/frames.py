@@ -9,6 +9,7 @@ import pandas as pd
 
 from aisim_fast.engine.simulation import Simulation
 from aisim_fast.kernels.schema import layout as L
+from aisim_fast.report import agentic as agentic_report
 
 ROUTING_COLUMNS = ("request_id", "turn_index", "pool", "worker", "dp_rank", "cost", "costs", "overlap_blocks",
                    "best_overlap_blocks", "tied", "time_ms")
@@ -84,7 +85,10 @@ def request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
     cols = {
         "request_id": sim.workload.request_name,
         "trace_line": sim.workload.line_no,
-        "turn_index": sim.workload.turn_index.astype(np.int64),
+        # an agentic request is a node of its graph, no turn of a session (the reference
+        # leaves it null)
+        "turn_index": (nullable_ints(np.zeros(n, np.int64), np.zeros(n, bool)) if sim.workload.agentic is not None
+                       else sim.workload.turn_index.astype(np.int64)),
         "worker": worker,
     }
     if sim.dp_size > 1:
@@ -165,6 +169,8 @@ def request_frame(sim: Simulation, rq: L.Requests, a, w_first) -> pd.DataFrame:
         "committed_prefill_tokens": committed,
         "terminal_status": np.array(L.TERMINAL_STATUS_NAMES, dtype=object)[ri[:, L.RQ_TERMINAL]],
     })
+    if sim.workload.agentic is not None:  # its place in the graph (report.agentic)
+        cols.update(agentic_report.request_columns(sim.workload.agentic, arrival))
     frame = pd.DataFrame(cols)
     sent = ri[:, L.RQ_TERMINAL] != L.TERM_NOT_SENT
     if not sent.all():  # turns after a failed one: never sent, so no record (as the reference)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from aisim_fast.trace.agentic_graph import load_agentic_mooncake
 from aisim_fast.trace.applied_compute import load_applied_compute
 from aisim_fast.trace.dynamo_requests import load_dynamo
 from aisim_fast.trace.public_csv import PUBLIC_CSV_FORMATS, load_public_csv
@@ -10,7 +11,7 @@ from aisim_fast.trace.session_history import with_session_history
 from aisim_fast.trace.workload import Workload, load_mooncake
 
 # the reference's names
-TRACE_FORMATS = ("mooncake", "mooncake-delta", "applied_compute_agentic", "dynamo")
+TRACE_FORMATS = ("mooncake", "mooncake-delta", "applied_compute_agentic", "dynamo", "agentic_mooncake")
 # read from several files as one trace (traffic.trace_paths)
 MULTI_FILE_FORMATS = ("dynamo",)
 # every format a replay reads: the reference's, then public CSVs it does not read
@@ -20,7 +21,7 @@ ALL_TRACE_FORMATS = TRACE_FORMATS + PUBLIC_CSV_FORMATS
 
 def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | None = None,
                arrival_speedup_ratio: float = 1.0, max_rows: int | None = None,
-               closed_loop: bool = False, emits=None, more_paths=()) -> Workload:
+               closed_loop: bool = False, emits=None, more_paths=(), agentic_lanes: int | None = None) -> Workload:
     """Load ``path`` as ``trace_format`` (one of ``ALL_TRACE_FORMATS``).
 
     ``mooncake``: rows of whole prompts (``workload.load_mooncake``).
@@ -32,6 +33,8 @@ def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | 
     ``dynamo``: Dynamo's request records, ``path`` and ``more_paths`` read as one
     trace (``dynamo_requests``; ``trace_block_size`` None or 0: the trace's own, else it
     must match it). The other formats' ``trace_block_size`` defaults to 512.
+    ``agentic_mooncake``: dependency graphs of requests, v2 or legacy rows
+    (``agentic_graph``; ``agentic_lanes``: plays run N at a time, None: all at once).
     ``azure`` / ``burstgpt``: request lengths and arrivals only (``public_csv``;
     ``trace_block_size`` does not apply)."""
     if trace_format not in ALL_TRACE_FORMATS:
@@ -41,6 +44,12 @@ def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | 
     if trace_format == "applied_compute_agentic":
         return load_applied_compute(path, trace_block_size=trace_block_size or 512,
                                     arrival_speedup_ratio=arrival_speedup_ratio, max_rows=max_rows)
+    if trace_format == "agentic_mooncake":
+        return load_agentic_mooncake(path, trace_block_size=trace_block_size or None,
+                                     arrival_speedup_ratio=arrival_speedup_ratio, lanes=agentic_lanes,
+                                     max_rows=max_rows)
+    if agentic_lanes is not None:
+        raise ValueError("agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input")
     if trace_format == "dynamo":
         return load_dynamo([path, *more_paths], trace_block_size=trace_block_size or None,
                            arrival_speedup_ratio=arrival_speedup_ratio, max_rows=max_rows)

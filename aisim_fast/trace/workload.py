@@ -164,6 +164,10 @@ class Workload(NamedTuple):
     # bool[q]: the row names a ``session_id`` (a session turn; the reference's SGLang
     # KV events treat its inserts apart); None when no row does
     session_row: np.ndarray | None = None
+    # the dependency graph of an agentic trace (``trace.agentic_graph.AgenticGraph``):
+    # rows are its nodes, released by their dependencies (kernels.agentic.release);
+    # None for every other trace
+    agentic: object = None
 
     @property
     def num_requests(self) -> int:
@@ -674,6 +678,8 @@ def select_rows(w: Workload, rows) -> Workload:
 
 def _take_rows(w: Workload, rows: np.ndarray, session: np.ndarray, turn: np.ndarray) -> Workload:
     """``select_rows`` once the sessions are checked and renumbered."""
+    if w.agentic is not None:
+        raise ValueError("an agentic trace is replayed whole: its rows depend on each other")
     # a row's ids: its CSR extent, or (rows sharing ids: a delta trace's turns, whose
     # next row may start anywhere) what its prompt reads
     extent = w.hash_indptr[rows + 1] - w.hash_indptr[rows]
@@ -700,6 +706,8 @@ def concat_workloads(a: Workload, b: Workload, buffers: dict | None = None) -> W
     the caller interned together). With ``buffers`` (a dict the caller keeps for one
     growing workload) the token-sized arrays grow in place (``growing_arrays``)."""
     grow = {} if buffers is None else buffers
+    if a.agentic is not None or b.agentic is not None:
+        raise ValueError("an agentic trace is replayed whole: its rows depend on each other")
     if a.trace_block_size != b.trace_block_size:
         raise ValueError(f"trace block sizes differ: {a.trace_block_size} and {b.trace_block_size}")
     n_sessions = int(a.session.max(initial=-1)) + 1

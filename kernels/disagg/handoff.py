@@ -487,12 +487,12 @@ def _place_in_pool(cfg, p, rq, wl, wk, sims, s, q, now_ms, w0, n, cursor, pool, 
 
 
 @kernel(cache=True, _nrt=False)
-def _fail_request(rq, sims, s, q, status, now_ms):
+def _fail_request(features, rq, sims, s, q, status, now_ms):
     """A handoff that cannot continue ends its logical request."""
     rq.i64[q, RQ_STATUS] = RS_DONE
     rq.i64[q, RQ_TERMINAL] = status
     rq.f64[q, RQF_TERMINAL_MS] = now_ms
-    logical_terminal(rq, sims, s, q)
+    logical_terminal(features, rq, sims, s, q)
 
 
 @kernel(cache=True, _nrt=False)
@@ -528,7 +528,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
                 # refused before any source exists: the handoff ends here
                 rq.i64[q, RQ_WORKER] = -1
                 sims.i64[s, SM_OPEN_HANDOFFS] -= 1
-                _fail_request(rq, sims, s, q, TERM_FAILED, now_ms)
+                _fail_request(cfg.features, rq, sims, s, q, TERM_FAILED, now_ms)
                 return True
         elif capacity_policy.destination_impossible(cfg, p, rq, wd, q):
             # the destination can never hold the prompt: the handoff unwinds. The
@@ -538,7 +538,7 @@ def _run_action(cfg, p, rq, wl, wk, sims, s, q, now_ms, hits, fresh, scratch_tok
             if sg is None and sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER:
                 request_ended_gated(cfg.features, rq, wk, wd, q, False)  # routed, never active there
             rq.i64[q, RQ_WORKER] = -1
-            _fail_request(rq, sims, s, q, TERM_FAILED, now_ms)
+            _fail_request(cfg.features, rq, sims, s, q, TERM_FAILED, now_ms)
             queue_action(rq, sims, s, q, ACT_RELEASE)
             return True
         accept_destination(rq, wl, wk, wd, q, sg)
@@ -618,9 +618,9 @@ def complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, sc
                              else NEXT_ON_SOURCE_HELD)
             else:  # rejected by the prefill rank: the handoff fails with it
                 sims.i64[s, SM_OPEN_HANDOFFS] -= 1
-                _fail_request(rq, sims, s, ql, TERM_REJECTED, now_ms)
+                _fail_request(cfg.features, rq, sims, s, ql, TERM_REJECTED, now_ms)
         else:
-            logical_terminal(rq, sims, s, q)
+            logical_terminal(cfg.features, rq, sims, s, q)
             rq.i64[q, RQ_REPORTED] = 1
             if not np.isnan(rq.f64[q, RQF_SOURCE_RELEASED_MS]) and rq.i64[q, RQ_TERMINAL] == TERM_COMPLETED:
                 _journal(sims, s, HE_COMPLETED, q, now_ms, 0, 0)

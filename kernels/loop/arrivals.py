@@ -11,10 +11,12 @@ turn of a session is released ``delay_ms`` after the previous turn's terminal.
 
 import numpy as np
 
+from aisim_fast.kernels.agentic.release import dispatched_gated, ended_gated
 from aisim_fast.kernels.dp.attention_dp import place_rank_gated, reset_wave_if_drained_gated
 from aisim_fast.kernels.features import gate
 from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.loop.rank_queues import wait_push_back, wake
+from aisim_fast.kernels.loop.release_heap import heap_pop, heap_push, released_before
 from aisim_fast.kernels.loop.tokenization import tokenize_gated
 from aisim_fast.kernels.routing.kv_router import pass_end_gated, request_ended_gated, route_gated
 from aisim_fast.kernels.routing.placement import place
@@ -24,7 +26,7 @@ from aisim_fast.kernels.schema.layout import (CFG_DP_RANK, CFG_DP_SIZE, CFG_TOK_
                                               RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS,
                                               RQ_TERM_NEXT, RQ_TERMINAL, RQ_TURN, RQ_UUID, RQ_WORKER,
                                               RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS,
-                                              RQF_TERMINAL_MS, RS_FRONTEND, RS_TOKENIZING, RS_WAITING, SM_ACTIVE_SESSIONS,
+                                              RQF_TERMINAL_MS, RS_FRONTEND, RS_TOKENIZING, RS_WAITING, SM_ACTIVE_SESSIONS, SM_AGENTIC,
                                               SM_ACTQ_HEAD,
                                               SM_ACTQ_LEN, SM_CONCURRENCY, SM_DEST_FIRST, SM_HEAP_LEN,
                                               SM_NUM_ARRIVED, SM_NUM_NOT_SENT, SM_NUM_STARTS, SM_NUM_TERMINAL,
@@ -32,66 +34,6 @@ from aisim_fast.kernels.schema.layout import (CFG_DP_RANK, CFG_DP_SIZE, CFG_TOK_
                                               SM_START_PTR, SM_UUID_NEXT, SM_W_LEN, SM_W_OFF, TERM_CANCELED,
                                               TERM_FAILED, TERM_NOT_SENT, WK_BUSY, WK_FE_STAGES, WK_TERM_HEAD,
                                               WK_TERM_TAIL)
-
-
-@kernel(cache=True, _nrt=False, inline="always")
-def _before(t_a, s_a, u_a, t_b, s_b, u_b):
-    """Release order: time, then session index, then turn index."""
-    if t_a != t_b:
-        return t_a < t_b
-    if s_a != s_b:
-        return s_a < s_b
-    return u_a < u_b
-
-
-@kernel(cache=True, _nrt=False)
-def _heap_push(sims, rq, s, q):
-    base = sims.i64[s, SM_Q_OFF]
-    i = sims.i64[s, SM_HEAP_LEN]
-    sims.i64[s, SM_HEAP_LEN] = i + 1
-    h = sims.heap_q
-    while i > 0:
-        parent = (i - 1) // 2
-        pq = h[base + parent]
-        if _before(rq.f64[q, RQF_READY_MS], rq.i64[q, RQ_SESSION], rq.i64[q, RQ_TURN],
-                   rq.f64[pq, RQF_READY_MS], rq.i64[pq, RQ_SESSION], rq.i64[pq, RQ_TURN]):
-            h[base + i] = pq
-            i = parent
-        else:
-            break
-    h[base + i] = q
-
-
-@kernel(cache=True, _nrt=False)
-def _heap_pop(sims, rq, s):
-    base = sims.i64[s, SM_Q_OFF]
-    h = sims.heap_q
-    top = h[base]
-    n = sims.i64[s, SM_HEAP_LEN] - 1
-    sims.i64[s, SM_HEAP_LEN] = n
-    if n == 0:
-        return top
-    last = h[base + n]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= n:
-            break
-        qc = h[base + c]
-        if c + 1 < n:
-            qd = h[base + c + 1]
-            if _before(rq.f64[qd, RQF_READY_MS], rq.i64[qd, RQ_SESSION], rq.i64[qd, RQ_TURN],
-                       rq.f64[qc, RQF_READY_MS], rq.i64[qc, RQ_SESSION], rq.i64[qc, RQ_TURN]):
-                c += 1
-                qc = qd
-        if _before(rq.f64[qc, RQF_READY_MS], rq.i64[qc, RQ_SESSION], rq.i64[qc, RQ_TURN],
-                   rq.f64[last, RQF_READY_MS], rq.i64[last, RQ_SESSION], rq.i64[last, RQ_TURN]):
-            h[base + i] = qc
-            i = c
-        else:
-            break
-    h[base + i] = last
-    return top
 
 
 @kernel(cache=True, _nrt=False, inline="always")
@@ -113,6 +55,8 @@ def _arrive(cfg, p, rq, wl, wk, sims, s, q, arrival_ms):
     rq.i64[q, RQ_UUID] = sims.i64[s, SM_UUID_NEXT]
     sims.i64[s, SM_UUID_NEXT] += 1
     sims.i64[s, SM_NUM_ARRIVED] += 1
+    if sims.i64[s, SM_AGENTIC] != 0:
+        dispatched_gated(cfg.features, rq, sims, s, q, arrival_ms)  # its dispatch edges fire
     if sims.i64[s, SM_PREFILL_LEN] > 0:
         queue_action(rq, sims, s, q,
                      DF_NEXT_ON_ARRIVAL if sims.i64[s, SM_DEST_FIRST] else NEXT_ON_ARRIVAL)
@@ -152,7 +96,7 @@ def enter_scheduler(cfg, wk, rq, sims, s, w, q, now_ms):
     if cfg.i64[pool, CFG_TOK_SERVERS] > 0:
         rq.f64[q, RQF_READY_MS] = tokenize_gated(cfg.features, cfg, wk, rq, pool, q, now_ms)
         rq.i64[q, RQ_STATUS] = RS_TOKENIZING
-        _heap_push(sims, rq, s, q)
+        heap_push(sims, rq, s, q)
         return
     wait_push_back(wk, w, q)
     wake(wk, w)
@@ -183,7 +127,7 @@ def admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms):
                 q_turn = qh
         if q_start < 0 and q_turn < 0:
             return n
-        take_start = q_start >= 0 and (q_turn < 0 or _before(
+        take_start = q_start >= 0 and (q_turn < 0 or released_before(
             t_start, rq.i64[q_start, RQ_SESSION], rq.i64[q_start, RQ_TURN],
             rq.f64[q_turn, RQF_READY_MS], rq.i64[q_turn, RQ_SESSION], rq.i64[q_turn, RQ_TURN]))
         if take_start:
@@ -191,7 +135,9 @@ def admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms):
             sims.i64[s, SM_ACTIVE_SESSIONS] += 1
             _arrive(cfg, p, rq, wl, wk, sims, s, q_start, t_start)
         else:
-            _heap_pop(sims, rq, s)
+            heap_pop(sims, rq, s)
+            if rq.i64[q_turn, RQ_TERMINAL] == TERM_NOT_SENT:
+                continue  # an agentic request its play's failure skipped while it waited
             if rq.i64[q_turn, RQ_STATUS] == RS_TOKENIZING:
                 # tokenized: it reaches the scheduler of the worker it was placed on
                 rq.i64[q_turn, RQ_STATUS] = RS_WAITING
@@ -203,11 +149,15 @@ def admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms):
 
 
 @kernel(cache=True, _nrt=False, inline="always")
-def logical_terminal(rq, sims, s, q):
+def logical_terminal(features, rq, sims, s, q):
     """Request q reached its terminal: free its session slot or release its next turn.
     A failed or canceled turn ends its session, as the reference's workload driver
-    does (a rejected one does not): its later turns are never sent."""
+    does (a rejected one does not): its later turns are never sent. An agentic
+    request fires its dependents instead (kernels.agentic.release)."""
     sims.i64[s, SM_NUM_TERMINAL] += 1
+    if sims.i64[s, SM_AGENTIC] != 0:
+        ended_gated(features, rq, sims, s, q)
+        return
     nxt = rq.i64[q, RQ_NEXT_TURN]
     if rq.i64[q, RQ_TERMINAL] == TERM_FAILED or rq.i64[q, RQ_TERMINAL] == TERM_CANCELED:
         while nxt >= 0:
@@ -217,7 +167,7 @@ def logical_terminal(rq, sims, s, q):
             nxt = rq.i64[nxt, RQ_NEXT_TURN]
     if nxt >= 0:
         rq.f64[nxt, RQF_READY_MS] = rq.f64[q, RQF_TERMINAL_MS] + rq.f64[nxt, RQF_DELAY_MS]
-        _heap_push(sims, rq, s, nxt)
+        heap_push(sims, rq, s, nxt)
     else:
         sims.i64[s, SM_ACTIVE_SESSIONS] -= 1
 
@@ -233,7 +183,7 @@ def complete_pass(cfg, rq, wk, sims, s, w):
     while q >= 0:
         if routed:
             request_ended_gated(cfg.features, rq, wk, w, q, True)
-        logical_terminal(rq, sims, s, q)
+        logical_terminal(cfg.features, rq, sims, s, q)
         q = rq.i64[q, RQ_TERM_NEXT]
     wk.i64[w, WK_TERM_HEAD] = -1
     wk.i64[w, WK_TERM_TAIL] = -1

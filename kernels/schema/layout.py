@@ -621,13 +621,16 @@ SIMULATION = FieldTable("SM_", "sims.i64", np.int64, [
                           "0 = SourceFirst (vLLM, TRT-LLM)"),
     ("FRONTEND", 0, "", "1 = some worker has SGLang frontend stages (their completions are "
                         "instants of the event loop: kernels.sglang.frontend)"),
+    ("AGENTIC", 0, "", "1 = its requests are an agentic dependency graph, released by "
+                       "kernels.agentic.release (sims.ag_*)"),
 ])
 (SM_Q_OFF, SM_Q_LEN, SM_W_OFF, SM_W_LEN, SM_CONCURRENCY, SM_STATUS, SM_NUM_STARTS, SM_START_PTR,
  SM_HEAP_LEN, SM_ACTIVE_SESSIONS, SM_RR_CURSOR, SM_NUM_ARRIVED, SM_NUM_TERMINAL, SM_NUM_NOT_SENT,
  SM_UUID_NEXT, SM_PASS_LOG_LEN, SM_RESUME_WORKER, SM_PREFILL_LEN, SM_DECODE_CURSOR, SM_ACTQ_HEAD,
  SM_ACTQ_LEN, SM_XFER_LEN, SM_OPEN_HANDOFFS, SM_XFER_SEQ, SM_HLOG_LEN, SM_DECODE_RUN_PASSES,
  SM_PLACEMENT, SM_RNG_STATE, SM_PREFILL_Q_OFF, SM_RT_LOG_LEN, SM_BUSY_LEN, SM_DEAD_IN_FLIGHT,
- SM_GROUP_PASS, SM_TOKEN_HEAD, SM_TOKEN_TAIL, SM_INDEPENDENT, SM_DEST_FIRST, SM_FRONTEND) = SIMULATION.indices()
+ SM_GROUP_PASS, SM_TOKEN_HEAD, SM_TOKEN_TAIL, SM_INDEPENDENT, SM_DEST_FIRST, SM_FRONTEND,
+ SM_AGENTIC) = SIMULATION.indices()
 SM_FIELDS = SIMULATION.width
 
 STATE_TABLES = (RANK_CONFIG_I, RANK_CONFIG_F, POOL_W, POOL_B, REQUEST_I, REQUEST_F, WORKER,
@@ -660,6 +663,7 @@ class Features(NamedTuple):
     sglang_host_loop: object = None  # SGLang's overlapped host loop (kernels.sglang.host_loop)
     sglang_frontend: object = None   # SGLang's frontend stages (kernels.sglang.frontend)
     speculation: object = None   # speculative decoding's multi-token passes (kernels.spec)
+    agentic: object = None       # requests released by a dependency graph (kernels.agentic)
 
 
 class RankConfig(NamedTuple):
@@ -949,6 +953,45 @@ class Workers(NamedTuple):
     spec_rng: np.ndarray = _NO_SPEC_RNG
 
 
+# Agentic dependency graphs (kernels.agentic.release): per logical request row
+# ``sims.ag_q[q, AGQ_*]``, its out-edges ``sims.ag_edge[e, AGE_*]`` (delay in
+# ``sims.ag_edge_ms[e]``), and per play ``sims.ag_play[g, AGP_*]`` (its roots' earliest
+# not_before in ``sims.ag_play_ms[g]``). Empty unless some simulation is agentic.
+AGENTIC_REQUEST = FieldTable("AGQ_", "sims.ag_q", np.int64, [
+    ("DEPS_LEFT", 0, "", "dependencies not yet fired (0: a root, or released)"),
+    ("EDGE_OFF", 0, "", "first of its out-edges in sims.ag_edge"),
+    ("EDGE_LEN", 0, "", "out-edges"),
+    ("PLAY", -1, "", "its play (row of sims.ag_play)"),
+    ("PLAY_NEXT", -1, "q", "next request of its play in node order"),
+])
+(AGQ_DEPS_LEFT, AGQ_EDGE_OFF, AGQ_EDGE_LEN, AGQ_PLAY, AGQ_PLAY_NEXT) = AGENTIC_REQUEST.indices()
+AGQ_FIELDS = AGENTIC_REQUEST.width
+AGENTIC_EDGE = FieldTable("AGE_", "sims.ag_edge", np.int64, [
+    ("CHILD", 0, "q", "the request the edge releases"),
+    ("TRIGGER", 0, "", "AG_TRIGGER_*: what of the source fires it"),
+])
+(AGE_CHILD, AGE_TRIGGER) = AGENTIC_EDGE.indices()
+AGE_FIELDS = AGENTIC_EDGE.width
+AG_TRIGGER_DISPATCH = 0    # the source is sent
+AG_TRIGGER_COMPLETION = 1  # the source completes
+AGENTIC_PLAY = FieldTable("AGP_", "sims.ag_play", np.int64, [
+    ("FIRST", -1, "q", "its first request in node order (linked by AGQ_PLAY_NEXT)"),
+    ("NODES", 0, "", "requests"),
+    ("COMPLETED", 0, "", "requests completed"),
+    ("PENDING", 0, "", "requests sent and not yet ended"),
+    ("FAILED", 0, "", "1 once a request of it was rejected, canceled or failed"),
+    ("FINISHED", 0, "", "1 once every request completed, or it failed with its sent requests ended"),
+    ("LANE_NEXT", -1, "", "the play its lane starts when it finishes (row of sims.ag_play)"),
+])
+(AGP_FIRST, AGP_NODES, AGP_COMPLETED, AGP_PENDING, AGP_FAILED, AGP_FINISHED,
+ AGP_LANE_NEXT) = AGENTIC_PLAY.indices()
+AGP_FIELDS = AGENTIC_PLAY.width
+_NO_AG_Q = np.zeros((0, AGQ_FIELDS), np.int64)
+_NO_AG_EDGE = np.zeros((0, AGE_FIELDS), np.int64)
+_NO_AG_PLAY = np.zeros((0, AGP_FIELDS), np.int64)
+_NO_AG_MS = np.zeros(0, np.float64)
+
+
 class Sims(NamedTuple):
     """Event-loop state of every simulation and its admission source."""
     i64: np.ndarray          # int64[s, SM_FIELDS]
@@ -963,6 +1006,13 @@ class Sims(NamedTuple):
     hlog: np.ndarray         # float64[s, rows, HL_NUM_COLUMNS] handoff journal (0 rows = off)
     rt_log: np.ndarray = _NO_RT_LOG      # float64[s, rows, RL_NUM_COLUMNS] kv_router decisions
     rt_costs: np.ndarray = _NO_RT_COSTS  # float64[s, rows, workers] every worker's cost
+    # agentic dependency graphs (kernels.agentic.release; empty unless some simulation is)
+    ag_q: np.ndarray = _NO_AG_Q          # int64[q, AGQ_FIELDS] per logical request row
+    ag_nb_ms: np.ndarray = _NO_AG_MS     # float64[q] its not_before (re-based, sped up)
+    ag_edge: np.ndarray = _NO_AG_EDGE    # int64[e, AGE_FIELDS] out-edges, by source
+    ag_edge_ms: np.ndarray = _NO_AG_MS   # float64[e] each edge's delay
+    ag_play: np.ndarray = _NO_AG_PLAY    # int64[g, AGP_FIELDS] per play
+    ag_play_ms: np.ndarray = _NO_AG_MS   # float64[g] its roots' earliest not_before
 
 
 for _table in [value for value in globals().values() if isinstance(value, FieldTable)]:

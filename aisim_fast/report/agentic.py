@@ -1,0 +1,278 @@
+"""What an agentic replay reports beyond the per-request metrics, as the reference
+reports it: each request's place in its graph (per-request columns) and the run's
+trajectory keys (``summary.json``): the graph and its digest, each play's outcome,
+trajectory end-to-end latencies, and the lifecycle of every request and play with
+its digest.
+
+A play's trajectory runs from the earliest dispatch of its roots to the last
+terminal of its requests; only plays whose every request completed count.
+Lifecycle events (dispatch, causal_terminal, skipped, quiescent, play_quiescent) are
+ordered as the reference's workload driver records them: per instant, the terminals
+of requests sent earlier in node order, each followed by the skips its failure
+causes, then their quiescences, each followed by its play's when it settles the
+play; then the requests sent at that instant, in node order; then the terminals of
+requests sent at that instant. A request is quiescent at its terminal (its
+resources are released with its last token).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from aisim_fast.report.metrics import STATUS_COMPLETED, exact_distribution
+from aisim_fast.trace.agentic_graph import RELATIONS, TRIGGERS, AgenticGraph
+
+LIFECYCLE_SCHEMA = "aisimulate.agentic.lifecycle.v1"
+_LIFECYCLE_DOMAIN = b"aisimulate-agentic-lifecycle-v1\0"
+_TERMINAL_STATUS = {"completed": "completed", "rejected": "rejected", "canceled": "canceled",
+                    "cancelled": "canceled", "failed": "failed"}
+
+
+def json_float(x: float) -> str:
+    """``x`` as serde_json writes an f64 (ryu's shortest digits: ``100.0``,
+    ``0.00001``, ``1e-7``, ``1e16``)."""
+    if not math.isfinite(x):
+        return "null"
+    sign = "-" if x < 0 else ""
+    mantissa, _, exp = repr(abs(x)).partition("e")  # Python's repr: the shortest digits too
+    whole, _, frac = mantissa.partition(".")
+    if not exp:
+        frac = frac.rstrip("0")
+    digits = (whole + frac).lstrip("0") or "0"
+    k = (int(exp) if exp else 0) - len(frac)  # value = digits x 10^k
+    stripped = digits.rstrip("0")
+    k += len(digits) - len(stripped)
+    digits = stripped or "0"
+    if digits == "0":
+        return sign + "0.0"
+    n = len(digits)
+    kk = n + k
+    if 0 <= k and kk <= 16:
+        out = digits + "0" * k + ".0"
+    elif 0 < kk <= 16:
+        out = digits[:kk] + "." + digits[kk:]
+    elif -5 < kk <= 0:
+        out = "0." + "0" * (-kk) + digits
+    elif n == 1:
+        out = f"{digits}e{kk - 1}"
+    else:
+        out = f"{digits[0]}.{digits[1:]}e{kk - 1}"
+    return sign + out
+
+
+def _json_str(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)
+
+
+def graph_digest(graph: AgenticGraph) -> str:
+    """The reference's canonical graph digest: blake3 (hex) of the compact JSON of
+    ``{block_size, nodes}``, nodes in node order, times as the run uses them (re-based,
+    sped up; ``recorded_api_time_ms`` as written), dependencies sorted by (request,
+    trigger, relation, delay)."""
+    import blake3
+
+    parts = []
+    rid = graph.request_id
+    for i in range(graph.num_nodes):
+        s = ['{"request_id":', _json_str(rid[i]), ',"play_id":', _json_str(graph.play_id[i])]
+        if graph.source_play_ordinal[i] >= 0:
+            s += [',"source_play_ordinal":', str(int(graph.source_play_ordinal[i]))]
+        out_ids = graph.output_token_ids[i]
+        hashes = graph.raw_hash_ids[graph.raw_hash_indptr[i]:graph.raw_hash_indptr[i + 1]]
+        s += [',"session_id":', _json_str(graph.session_id[i]), ',"model":', _json_str(graph.model[i]),
+              ',"input_length":', str(int(graph.input_length[i])), ',"max_output_tokens":',
+              str(int(graph.output_length[i])),
+              ',"output_token_ids":', "null" if out_ids is None else "[" + ",".join(map(str, out_ids)) + "]",
+              ',"replay_key":', "null" if out_ids is None else _json_str(rid[i]),
+              ',"hash_ids":[', ",".join(map(str, hashes.tolist())), "]",
+              ',"not_before_ms":', json_float(float(graph.not_before_ms[i]))]
+        if not math.isnan(graph.recorded_api_time_ms[i]):
+            s += [',"recorded_api_time_ms":', json_float(float(graph.recorded_api_time_ms[i]))]
+        pc = graph.policy_class[i]
+        s += [',"priority":', str(int(graph.priority[i])), ',"strict_priority":', str(int(graph.strict_priority[i])),
+              ',"policy_class":', "null" if pc is None else _json_str(pc), ',"dependencies":[']
+        deps = [(rid[graph.dep_source[e]], int(graph.dep_trigger[e]), int(graph.dep_relation[e]),
+                 float(graph.dep_delay_ms[e])) for e in range(graph.dep_indptr[i], graph.dep_indptr[i + 1])]
+        deps.sort(key=lambda d: (d[0].encode(), d[1], d[2], d[3]))
+        s.append(",".join('{"request_id":' + _json_str(d[0]) + ',"trigger":"' + TRIGGERS[d[1]] + '","delay_ms":'
+                          + json_float(d[3]) + ',"relation":"' + RELATIONS[d[2]] + '"}' for d in deps))
+        s.append("]}")
+        parts.append("".join(s))
+    doc = '{"block_size":' + str(graph.block_size) + ',"nodes":[' + ",".join(parts) + "]}"
+    return blake3.blake3(doc.encode()).hexdigest()
+
+
+def request_columns(graph: AgenticGraph, arrival_ms: np.ndarray) -> dict:
+    """Per-request columns of an agentic run, one per node in node order
+    (``arrival_ms``: when each was sent): its play and session, the reference's
+    ``agentic`` identity (conversation, root when its play has one, spawning parent,
+    lane) and when it was dispatched (its arrival: the driver sends it when due)."""
+    lane = graph.play_lane()[graph.node_play]
+    return {
+        "play_id": graph.play_id,
+        "session_id": graph.session_id,
+        "agentic_conversation_id": graph.session_id,
+        "agentic_root_id": graph.root_id(),
+        "agentic_parent_id": graph.parent_id(),
+        "agentic_lane_id": np.array([None if k < 0 else f"lane:{k}" for k in lane.tolist()], dtype=object),
+        "dispatched_at_ms": arrival_ms,
+    }
+
+
+def _nodes(graph: AgenticGraph, requests: pd.DataFrame) -> np.ndarray:
+    index = pd.Index(graph.request_id)
+    return index.get_indexer(requests["request_id"].to_numpy(object))
+
+
+def setup_report_keys(graph: AgenticGraph, requests: pd.DataFrame, setup) -> dict:
+    """``report_keys`` of a replay of ``setup`` (a ``config.ReplaySetup``): its target
+    model, and a legacy trace's provenance named by the path the payload gives."""
+    digest = None
+    if graph.source_format == "legacy_agentic_mooncake" and setup.trace_named:
+        digest = f"{setup.trace_named}:{graph.num_nodes}"
+    return report_keys(graph, requests, setup.execution_model, digest)
+
+
+def report_keys(graph: AgenticGraph, requests: pd.DataFrame, execution_model: str | None,
+                source_digest: str | None = None) -> dict:
+    """The reference's agentic report keys of a run (``requests``: the sent requests'
+    records; ``source_digest``: the trace's provenance as the payload names it, for
+    legacy rows whose digest is their path)."""
+    import blake3
+
+    n_plays = len(graph.play_names)
+    node = _nodes(graph, requests)
+    status = requests["terminal_status"].to_numpy(object)
+    arrival = requests["arrival_ms"].to_numpy(np.float64)
+    terminal = requests["completion_ms"].to_numpy(np.float64)
+    ended = pd.notna(requests["terminal_status"]).to_numpy() & np.isfinite(terminal)
+    play = graph.node_play[node]
+    is_root = graph.is_root[node]
+    # per play: failures (first by (time, node)), last terminal, root dispatch
+    failed_at = {}
+    for k in np.flatnonzero(ended & (status != STATUS_COMPLETED)):
+        g, key = int(play[k]), (float(terminal[k]), int(node[k]))
+        if g not in failed_at or key < failed_at[g][0]:
+            failed_at[g] = (key, k)
+    n_nodes = np.bincount(graph.node_play, minlength=n_plays)
+    done = np.bincount(play[ended & (status == STATUS_COMPLETED)], minlength=n_plays)
+    sent = np.bincount(play, minlength=n_plays)
+    sent_ended = np.bincount(play[ended], minlength=n_plays)
+    last_terminal = np.full(n_plays, -np.inf)
+    np.maximum.at(last_terminal, play[ended], terminal[ended])
+    root_dispatch = np.full(n_plays, np.inf)
+    np.minimum.at(root_dispatch, play[is_root], arrival[is_root])
+    outcomes, e2e = [], []
+    settled_ms = np.full(n_plays, np.nan)
+    for g in range(n_plays):
+        failed = g in failed_at
+        finished = sent_ended[g] == sent[g] and (failed or done[g] == n_nodes[g])
+        out = {"play_id": str(graph.play_names[g])}
+        if finished:
+            settled_ms[g] = last_terminal[g]
+        if not finished:
+            out["status"] = "incomplete"
+        elif failed:
+            out["status"] = "failed"
+        else:
+            out["status"] = "completed"
+        if failed:
+            (t_fail, _), k = failed_at[g]
+            out["causal_terminal_ms"] = t_fail
+            out["failure_request_id"] = str(graph.request_id[node[k]])
+            out["failure_status"] = _TERMINAL_STATUS.get(status[k], status[k])
+        else:
+            out["causal_terminal_ms"] = float(last_terminal[g]) if np.isfinite(last_terminal[g]) else None
+        out["settled_at_ms"] = None if not finished else float(settled_ms[g])
+        outcomes.append(dict(sorted(out.items())))
+        if not failed and done[g] == n_nodes[g] and np.isfinite(root_dispatch[g]):
+            e2e.append(float(last_terminal[g] - root_dispatch[g]))
+    dist = exact_distribution(np.array(e2e, np.float64))
+    events = lifecycle_events(graph, requests, node, failed_at, settled_ms)
+    digest = blake3.blake3(_LIFECYCLE_DOMAIN + "".join(events).encode()).hexdigest()
+    models = graph.source_models()
+    out = {
+        "agentic_graph": {
+            "block_size": graph.block_size,
+            "graph_digest": graph_digest(graph),
+            "node_count": graph.num_nodes,
+            "play_count": n_plays,
+            "source": {"digest": source_digest or graph.source_digest, "format": graph.source_format},
+            "source_models": models,
+        },
+        "agentic_input_format": graph.input_format,
+        "agentic_lanes": graph.lanes,
+        "agentic_qualification": "functional_only",
+        "agentic_model_projection": {"policy": "project_to_configured_target", "source_models": models,
+                                     "target_model": execution_model},
+        "agentic_play_outcomes": outcomes,
+        "total_trajectories": n_plays,
+        "completed_trajectories": len(e2e),
+        "incomplete_trajectories": n_plays - len(e2e),
+        "agentic_lifecycle_event_count": len(events),
+        "agentic_lifecycle_digest": digest,
+    }
+    for name in ("mean", "median", "min", "max", "std"):
+        out[f"{name}_trajectory_e2e_latency_ms"] = dist[name]
+    out["p50_trajectory_e2e_latency_ms"] = dist["median"]
+    for p in ("p75", "p90", "p95", "p99"):
+        out[f"{p}_trajectory_e2e_latency_ms"] = dist[p]
+    return out
+
+
+def lifecycle_events(graph: AgenticGraph, requests: pd.DataFrame, node: np.ndarray, failed_at: dict,
+                     settled_ms: np.ndarray) -> list[str]:
+    """The lifecycle records (JSON lines, ordinals numbered) in the reference's order
+    (module docstring)."""
+    status = requests["terminal_status"].to_numpy(object)
+    arrival = requests["arrival_ms"].to_numpy(np.float64)
+    terminal = requests["completion_ms"].to_numpy(np.float64)
+    play = graph.node_play[node]
+    sent = set(node.tolist())
+    # (time, phase, node order, sub) -> record; phase 0: feedback of earlier sends,
+    # 1: sends, 2: feedback of this instant's sends; sub orders a batch: terminals
+    # (with their skips) before quiescences (with their plays')
+    records = []
+    first_failure = {g: k for g, (_, k) in failed_at.items()}
+    skipped_by_play: dict[int, list[int]] = {}
+    for g in first_failure:
+        skipped_by_play[g] = [i for i in np.flatnonzero(graph.node_play == g).tolist() if i not in sent]
+    settled_by = {}
+    for k in range(len(node)):
+        g = int(play[k])
+        if not np.isnan(settled_ms[g]) and terminal[k] == settled_ms[g]:
+            settled_by[g] = max(settled_by.get(g, -1), int(node[k]))
+    for k in range(len(node)):
+        i, g = int(node[k]), int(play[k])
+        pid, rid = graph.play_names[g], graph.request_id[i]
+        records.append(((arrival[k], 1, i, 0, 0), _event(arrival[k], pid, rid, "dispatch", None)))
+        if not np.isfinite(terminal[k]) or status[k] is None:
+            continue
+        phase = 2 if terminal[k] == arrival[k] else 0
+        st = _TERMINAL_STATUS.get(status[k], status[k])
+        records.append(((terminal[k], phase, 0, i, 0), _event(terminal[k], pid, rid, "causal_terminal", st)))
+        if first_failure.get(g) == k:
+            for j, skipped in enumerate(skipped_by_play[g]):
+                records.append(((terminal[k], phase, 0, i, 1 + j),
+                                _event(terminal[k], pid, graph.request_id[skipped], "skipped", None)))
+        records.append(((terminal[k], phase, 1, i, 0), _event(terminal[k], pid, rid, "quiescent", None)))
+        if settled_by.get(g) == i:
+            records.append(((terminal[k], phase, 1, i, 1), _event(terminal[k], pid, None, "play_quiescent", None)))
+    records.sort(key=lambda r: r[0])
+    return [line.replace('"ordinal":0,', f'"ordinal":{n},', 1) for n, (_, line) in enumerate(records)]
+
+
+def _event(at_ms: float, play_id: str, request_id: str | None, event: str, status: str | None) -> str:
+    s = ['{"schema":"', LIFECYCLE_SCHEMA, '","ordinal":0,"at_ms":', json_float(float(at_ms)),
+         ',"play_id":', _json_str(play_id)]
+    if request_id is not None:
+        s += [',"request_id":', _json_str(request_id)]
+    s += [',"event":"', event, '"']
+    if status is not None:
+        s += [',"status":"', status, '"']
+    s.append("}\n")
+    return "".join(s)

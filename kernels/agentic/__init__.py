@@ -1,0 +1,1 @@
+"""Agentic replay: requests released by a dependency graph (the ``agentic`` feature)."""
