@@ -209,6 +209,92 @@ def random_traffic_edits(rng: random.Random, trace: Path) -> tuple[str, list[str
     return traffic["source_type"] + "/" + load, ["traffic=" + json.dumps(traffic), "spec.max_in_flight=null"]
 
 
+def random_agentic_trace(rng: random.Random, path: Path) -> list[str]:
+    """A random agentic trace at ``path`` and the traffic edits that replay it: plays of
+    1-12 requests, each after one or two earlier ones of its play (completion triggers,
+    spawns on dispatch now and then, delays 0-300 ms), roots and some dependents with a
+    ``not_before_ms``, prompts growing on a play's shared prefix (some hash ids shared
+    across plays), now and then authored output ids, a prompt too long for any pool (a
+    rejection fails its play) and a zero-token output; request ids drawn so node order is
+    not file order. A third are legacy rows (``wait_for``, ``tool_wait_ms``). Lanes (1-3
+    or none) and a speed-up drawn."""
+    legacy = rng.random() < 0.3
+    block = rng.choice([16, 64, 512])
+    rows = []
+    for play in range(rng.randint(1, 6)):
+        pid = f"p{rng.randrange(100):02d}x{play}"
+        base = [rng.randrange(1 << 40) for _ in range(40)]
+        n = rng.randint(1, 12)
+        names = [f"{pid}-{rng.choice('abcdefgh')}{k}" for k in range(n)]
+        for k in range(n):
+            il = rng.choice([30, 200, 700, 1500, 3000])
+            if rng.random() < 0.04:
+                il = 300_000  # beyond any pool: rejected
+            need = -(-il // block)
+            shared = min(need, len(base), rng.randint(0, need))
+            hashes = base[:shared] + [rng.randrange(1 << 40) for _ in range(need - shared)]
+            if rng.random() < 0.1 and len(rows) > 0:
+                other = rng.choice(rows)["hash_ids"]
+                hashes = (other + hashes)[:need]
+            ol = rng.choice([0, 1, 5, 30, 120]) if rng.random() < 0.1 else rng.choice([1, 5, 30, 120])
+            row = {"request_id": names[k], "input_length": il, "output_length": ol, "hash_ids": hashes}
+            parents = rng.sample(range(k), min(k, rng.choice([1, 1, 1, 2]))) if k else []
+            if rng.random() < 0.1 and k:
+                parents = []  # a second root
+            delay = rng.choice([0.0, 0.0, 5.0, 50.0, 300.0])
+            start = float(rng.choice([0, 0, 100, 777, 2500]) + rng.randrange(3))
+            if legacy:
+                row.update(session_id=pid, timestamp=start)
+                if parents:
+                    row["wait_for"] = [names[j] for j in parents]
+                    row["tool_wait_ms"] = delay
+            else:
+                deps = []
+                for j in parents:
+                    spawn = rng.random() < 0.25
+                    trigger = "dispatch" if spawn and rng.random() < 0.6 else "completion"
+                    relation = "spawn" if spawn else ("join" if len(parents) > 1 else
+                                                      rng.choice(["sequence", "sequence", "replay_barrier"]))
+                    deps.append({"request_id": names[j], "trigger": trigger, "delay_ms": rng.choice([0.0, 5.0, delay]),
+                                 "relation": relation})
+                row.update(play_id=pid, session_id=f"{pid}-s{rng.randrange(2)}", model="m",
+                           not_before_ms=start if not deps or rng.random() < 0.2 else 0.0, dependencies=deps)
+            if rng.random() < 0.1 and ol:
+                row["output_token_ids"] = [rng.randrange(1000) for _ in range(ol)]
+            rows.append(row)
+    rng.shuffle(rows)
+    with path.open("w") as fh:
+        if not legacy:
+            fh.write(json.dumps({"schema": "dynamo.agentic_mooncake", "version": 2, "block_size": block,
+                                 "hash_id_scope": "local", "source": {"format": "differential", "digest": "d"}})
+                     + "\n")
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    lanes = rng.choice([None, None, 1, 2, 3])
+    traffic = {"source_type": "trace", "load_type": "trace_timestamps", "trace_path": str(path),
+               "trace_paths": [str(path)], "trace_format": "agentic_mooncake", "trace_block_size": block,
+               "arrival_speedup_ratio": rng.choice([1.0, 1.0, 2.0, 0.5]), "execution_model": "m"}
+    if lanes:
+        traffic["agentic_lanes"] = lanes
+    return ["traffic=" + json.dumps(traffic), "spec.max_in_flight=null"]
+
+
+def agentic_differences(sim, requests, report_path: Path) -> list[tuple]:
+    """The agentic report keys (report.agentic) that differ from the reference's report."""
+    from aisim_fast.report.agentic import report_keys
+    ref = json.loads(report_path.read_text())
+    ours = report_keys(sim.workload.agentic, requests, "m")
+    bad = []
+    for key, value in ours.items():
+        theirs = ref.get(key, "missing")
+        if isinstance(value, float) and isinstance(theirs, float):
+            if abs(value - theirs) > 1e-9 * max(1.0, abs(theirs)):
+                bad.append((key, theirs, value))
+        elif value != theirs:
+            bad.append((key, theirs, value))
+    return bad
+
+
 def random_sglang_config(rng: random.Random, disagg_fraction: float = 0.0) -> list[str]:
     """An SGLang rank: page size 1 or 16, a pool in tokens from tight to roomy, fifo or
     lpm, chunk and prefill budgets, clipped output reserve, conservativeness, sometimes
@@ -594,6 +680,10 @@ def main() -> int:
     p.add_argument("--traffic-fraction", type=float, default=0.0,
                    help="share of cases whose traffic is replaced: the trace read as mooncake-delta, or a "
                         "synthetic load or session load (every load type, kv_capacity_fraction included)")
+    p.add_argument("--agentic-fraction", type=float, default=0.0,
+                   help="share of the cases without a time cap whose traffic is a random agentic trace "
+                        "(agentic_mooncake v2 or legacy rows, lanes and speed-up drawn); their agentic "
+                        "report keys are compared too")
     p.add_argument("--speculation-fraction", type=float, default=0.0,
                    help="share of the cases without attention DP or host loop whose ranks speculate "
                         "(aic_nextn, acceptance rates and seed drawn)")
@@ -676,6 +766,14 @@ def main() -> int:
                     own_trace = traffic_kind in ("dynamo", "applied")
                     host_edits = host_edits + traffic_edits
                     kind += "/" + traffic_kind
+            agentic = False
+            if args.agentic_fraction > 0 and cap_ms is None and not own_trace and not args.kv_artifacts:
+                agentic_rng = random.Random(args.seed * 100003 + i + 0xA6E)
+                if agentic_rng.random() < args.agentic_fraction:
+                    host_edits = [e for e in host_edits if not e.startswith("traffic")] \
+                        + random_agentic_trace(agentic_rng, case / "agentic.jsonl")
+                    own_trace = agentic = True
+                    kind += "/agentic"
             cli_edits = None
             if args.cli_fraction > 0 and not args.kv_artifacts:
                 cli_rng = random.Random(args.seed * 100003 + i + 0xC11)
@@ -759,6 +857,8 @@ def main() -> int:
                         bad.insert(0, ("rows", f"reference {len(gold)}, aisim_fast {len(res.requests[0])}"))
                     if cap_ms is not None and not bad:
                         bad += summary_differences(setup, sim, res, case / "ref.report.json")
+                    if agentic and not bad:
+                        bad += agentic_differences(sim, res.requests[0], case / "ref.report.json")
                     if args.kv_artifacts and not bad:
                         artifacts = json.loads((case / "ref.artifacts.json").read_text())
                         if kv_event_rows(res.kv_events[0]) != reference_kv_events(artifacts):

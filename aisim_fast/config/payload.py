@@ -857,6 +857,10 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
               "trace's own arrivals without a cap then; run so (give replay_concurrency N for a closed loop)")
     _ignored_in_flight_cap(max_in_flight, concurrency, "replay_concurrency")
     agentic_lanes = _agentic_traffic(traffic, trace_format, load, concurrency, traffic.get("trace_paths"))
+    if trace_format == "agentic_mooncake":
+        prefill_rank = disagg.get("prefill_rank")
+        if "trtllm" in (rank.backend, prefill_rank.backend if prefill_rank is not None else None):
+            _fail("spec.engine.rank.backend", "agentic replay supports only vLLM and SGLang backends")
     if traffic.get("max_sim_time_ms") is not None:
         # the reference's CLI writes the cap into traffic and spec both; a trace replay
         # stops at the spec's (traffic's bounds generated load only)

@@ -56,9 +56,14 @@ def agentic_state(sims, q_off: np.ndarray, n_logical: int, sm_i: np.ndarray, rq_
         np.minimum.at(first, g.node_play, np.arange(n))  # the smallest node of each play
         ag_play[plays, L.AGP_FIRST] = a + first
         ag_play[plays, L.AGP_NODES] = np.bincount(g.node_play, minlength=p)
+        sm_i[s, L.SM_AG_PLAY_OFF] = g_base
+        sm_i[s, L.SM_AG_PLAY_END] = g_base + p
+        sm_i[s, L.SM_AG_NEXT_PLAY] = g_base + p
         if g.lanes:
-            later = np.arange(p) + g.lanes
-            ag_play[plays, L.AGP_LANE_NEXT] = np.where(later < p, g_base + later, -1)
+            # lane k starts play k; the others wait for a lane to free
+            started = min(g.lanes, p)
+            ag_play[g_base:g_base + started, L.AGP_LANE] = np.arange(started)
+            sm_i[s, L.SM_AG_NEXT_PLAY] = g_base + started
         ag_play_ms[plays] = g.root_not_before_ms()
         ready_ms, _ = g.initial_ready_ms()
         rq_f[rows, L.RQF_READY_MS] = ready_ms

@@ -305,8 +305,11 @@ class BatchRun:
     # -- tables so far ---------------------------------------------------------------
     def requests(self, s: int) -> pd.DataFrame:
         st = self.state.st
+        play_lane = None
+        if st.i64[s, L.SM_AGENTIC]:  # the lanes its plays ran on (kernels.agentic.release)
+            play_lane = st.ag_play[st.i64[s, L.SM_AG_PLAY_OFF]:st.i64[s, L.SM_AG_PLAY_END], L.AGP_LANE].copy()
         return request_frame(self.sims[s], self.state.rq, int(st.i64[s, L.SM_Q_OFF]),
-                              int(st.i64[s, L.SM_W_OFF]))
+                             int(st.i64[s, L.SM_W_OFF]), play_lane)
 
     def passes(self, s: int) -> pd.DataFrame:
         return pass_frame(list(self.pass_chunks(s)))

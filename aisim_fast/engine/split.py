@@ -14,8 +14,8 @@ from aisim_fast.trace.workload import Workload, select_rows
 def _workers_apart_between_releases(sim: Simulation) -> bool:
     """Whether a simulation's workers share nothing between two of its releases: an
     uncapped open-loop single-turn aggregated run of several workers (no terminal
-    releases a turn or frees a session slot, no handoff)."""
-    return (not sim.disaggregated and sim.workers > 1 and not sim.concurrency
+    releases a turn or frees a session slot, no handoff, no agentic graph)."""
+    return (sim.workload.agentic is None and not sim.disaggregated and sim.workers > 1 and not sim.concurrency
             and sim.max_sim_time_ms is None and not np.any(sim.workload.turn_index != 0))
 
 

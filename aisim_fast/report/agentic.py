@@ -106,12 +106,15 @@ def graph_digest(graph: AgenticGraph) -> str:
     return blake3.blake3(doc.encode()).hexdigest()
 
 
-def request_columns(graph: AgenticGraph, arrival_ms: np.ndarray) -> dict:
+def request_columns(graph: AgenticGraph, arrival_ms: np.ndarray, play_lane: np.ndarray | None) -> dict:
     """Per-request columns of an agentic run, one per node in node order
-    (``arrival_ms``: when each was sent): its play and session, the reference's
+    (``arrival_ms``: when each was sent; ``play_lane``: the lane each play ran on, -1
+    none, as the run assigned them): its play and session, the reference's
     ``agentic`` identity (conversation, root when its play has one, spawning parent,
     lane) and when it was dispatched (its arrival: the driver sends it when due)."""
-    lane = graph.play_lane()[graph.node_play]
+    if play_lane is None:
+        play_lane = np.full(len(graph.play_names), -1, np.int64)
+    lane = np.asarray(play_lane)[graph.node_play]
     return {
         "play_id": graph.play_id,
         "session_id": graph.session_id,

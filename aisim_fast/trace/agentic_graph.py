@@ -32,11 +32,12 @@ What the graph means (the reference's workload driver, verified on its runs):
   trigger when it completes (a rejected or failed one fails its play: the play's
   requests not yet sent are skipped and never appear in the results).
 * Without lanes every play starts on the absolute time axis. With ``N`` lanes,
-  play ``i`` (plays ordered by ``source_play_ordinal`` when every play has one,
-  else by ``play_id`` bytes) runs on lane ``i % N``: each lane's first play starts
-  at 0, the next when the previous one has finished (every request completed, or
-  failed with its sent requests ended), its times kept relative to its roots'
-  earliest ``not_before_ms``.
+  plays (ordered by ``source_play_ordinal`` when every play has one, else by
+  ``play_id`` bytes) wait in one queue: lane ``k`` starts play ``k`` at 0, and a
+  lane whose play has finished (every request completed, or failed with its sent
+  requests ended) starts the next play waiting at that instant, its times kept
+  relative to its roots' earliest ``not_before_ms``. Which lane runs a play is
+  known only as the run goes.
 
 Errors are the reference's, with ``file:line`` in front.
 """
@@ -101,11 +102,6 @@ class AgenticGraph:
     @property
     def is_root(self) -> np.ndarray:
         return np.diff(self.dep_indptr) == 0
-
-    def play_lane(self) -> np.ndarray:
-        """int64[p]: the lane of each play (-1 without lanes)."""
-        p = len(self.play_names)
-        return np.arange(p, dtype=np.int64) % self.lanes if self.lanes else np.full(p, -1, np.int64)
 
     def root_not_before_ms(self) -> np.ndarray:
         """float64[p]: the earliest ``not_before_ms`` of each play's roots."""

@@ -16,19 +16,21 @@ rules in full):
   skipped: never sent, no record (a skipped request still in the heap is dropped
   when popped).
 * A play finishes when every request completed, or when it failed and its sent
-  requests ended; with lanes, its lane then starts its next play at that instant,
-  each request's floor at the start plus how far its ``not_before`` lies past its
-  play's roots' earliest, the roots released at theirs.
+  requests ended; with lanes, its lane then starts the next play waiting (plays
+  wait in one queue, in play order, whichever lane frees first takes the next) at
+  that instant, each request's floor at the start plus how far its ``not_before``
+  lies past its play's roots' earliest, the roots released at theirs.
 """
 
 from aisim_fast.kernels.features import gate
 from aisim_fast.kernels.jit import kernel
 from aisim_fast.kernels.loop.release_heap import heap_push
 from aisim_fast.kernels.schema.layout import (AG_TRIGGER_COMPLETION, AG_TRIGGER_DISPATCH, AGE_CHILD, AGE_TRIGGER,
-                                              AGP_COMPLETED, AGP_FAILED, AGP_FINISHED, AGP_FIRST, AGP_LANE_NEXT,
+                                              AGP_COMPLETED, AGP_FAILED, AGP_FINISHED, AGP_FIRST, AGP_LANE,
                                               AGP_NODES, AGP_PENDING, AGQ_DEPS_LEFT, AGQ_EDGE_LEN, AGQ_EDGE_OFF,
                                               AGQ_PLAY, AGQ_PLAY_NEXT, RQ_STATUS, RQ_TERMINAL, RQF_READY_MS,
-                                              RQF_TERMINAL_MS, RS_NOT_ARRIVED, SM_NUM_NOT_SENT, SM_NUM_TERMINAL,
+                                              RQF_TERMINAL_MS, RS_NOT_ARRIVED, SM_AG_NEXT_PLAY, SM_AG_PLAY_END, SM_NUM_NOT_SENT,
+                                              SM_NUM_TERMINAL,
                                               TERM_COMPLETED, TERM_NONE, TERM_NOT_SENT)
 
 
@@ -91,8 +93,12 @@ def ended(rq, sims, s, q):
     if sims.ag_play[g, AGP_FINISHED] == 0 and sims.ag_play[g, AGP_PENDING] == 0 and (
             sims.ag_play[g, AGP_FAILED] != 0 or sims.ag_play[g, AGP_COMPLETED] == sims.ag_play[g, AGP_NODES]):
         sims.ag_play[g, AGP_FINISHED] = 1
-        nxt = sims.ag_play[g, AGP_LANE_NEXT]
-        if nxt >= 0:
+        lane = sims.ag_play[g, AGP_LANE]
+        if lane >= 0 and sims.i64[s, SM_AG_NEXT_PLAY] < sims.i64[s, SM_AG_PLAY_END]:
+            # its lane starts the next play waiting (one queue for all lanes)
+            nxt = sims.i64[s, SM_AG_NEXT_PLAY]
+            sims.i64[s, SM_AG_NEXT_PLAY] = nxt + 1
+            sims.ag_play[nxt, AGP_LANE] = lane
             _start_play(rq, sims, s, nxt, t_ms)
 
 

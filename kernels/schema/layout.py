@@ -623,6 +623,9 @@ SIMULATION = FieldTable("SM_", "sims.i64", np.int64, [
                         "instants of the event loop: kernels.sglang.frontend)"),
     ("AGENTIC", 0, "", "1 = its requests are an agentic dependency graph, released by "
                        "kernels.agentic.release (sims.ag_*)"),
+    ("AG_PLAY_OFF", 0, "", "agentic: its first play (row of sims.ag_play)"),
+    ("AG_NEXT_PLAY", 0, "", "agentic lanes: the next play a freed lane starts (row of sims.ag_play)"),
+    ("AG_PLAY_END", 0, "", "agentic: past its last play"),
 ])
 (SM_Q_OFF, SM_Q_LEN, SM_W_OFF, SM_W_LEN, SM_CONCURRENCY, SM_STATUS, SM_NUM_STARTS, SM_START_PTR,
  SM_HEAP_LEN, SM_ACTIVE_SESSIONS, SM_RR_CURSOR, SM_NUM_ARRIVED, SM_NUM_TERMINAL, SM_NUM_NOT_SENT,
@@ -630,7 +633,7 @@ SIMULATION = FieldTable("SM_", "sims.i64", np.int64, [
  SM_ACTQ_LEN, SM_XFER_LEN, SM_OPEN_HANDOFFS, SM_XFER_SEQ, SM_HLOG_LEN, SM_DECODE_RUN_PASSES,
  SM_PLACEMENT, SM_RNG_STATE, SM_PREFILL_Q_OFF, SM_RT_LOG_LEN, SM_BUSY_LEN, SM_DEAD_IN_FLIGHT,
  SM_GROUP_PASS, SM_TOKEN_HEAD, SM_TOKEN_TAIL, SM_INDEPENDENT, SM_DEST_FIRST, SM_FRONTEND,
- SM_AGENTIC) = SIMULATION.indices()
+ SM_AGENTIC, SM_AG_PLAY_OFF, SM_AG_NEXT_PLAY, SM_AG_PLAY_END) = SIMULATION.indices()
 SM_FIELDS = SIMULATION.width
 
 STATE_TABLES = (RANK_CONFIG_I, RANK_CONFIG_F, POOL_W, POOL_B, REQUEST_I, REQUEST_F, WORKER,
@@ -981,10 +984,11 @@ AGENTIC_PLAY = FieldTable("AGP_", "sims.ag_play", np.int64, [
     ("PENDING", 0, "", "requests sent and not yet ended"),
     ("FAILED", 0, "", "1 once a request of it was rejected, canceled or failed"),
     ("FINISHED", 0, "", "1 once every request completed, or it failed with its sent requests ended"),
-    ("LANE_NEXT", -1, "", "the play its lane starts when it finishes (row of sims.ag_play)"),
+    ("LANE", -1, "", "the lane it runs on (-1: no lanes, or not started yet): a lane freed by its "
+                     "play's finish starts the next play waiting (SM_AG_NEXT_PLAY)"),
 ])
 (AGP_FIRST, AGP_NODES, AGP_COMPLETED, AGP_PENDING, AGP_FAILED, AGP_FINISHED,
- AGP_LANE_NEXT) = AGENTIC_PLAY.indices()
+ AGP_LANE) = AGENTIC_PLAY.indices()
 AGP_FIELDS = AGENTIC_PLAY.width
 _NO_AG_Q = np.zeros((0, AGQ_FIELDS), np.int64)
 _NO_AG_EDGE = np.zeros((0, AGE_FIELDS), np.int64)
