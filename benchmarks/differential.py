@@ -636,10 +636,11 @@ def ours_alone(spec: Path, trace: Path) -> str:
     if not spec.exists():
         return "not run (no payload)"
     try:
-        setup = parse_payload(json.loads(spec.read_text()), spec.parent, trace_override=str(trace))
+        setup = parse_payload(json.loads(spec.read_text()), spec.parent,
+                              trace_override=None if trace is None else str(trace))
+        res = run_batch([simulation_from_setup(setup)], record_passes=False)
     except Exception as exc:  # a field aisim_fast refuses
         return f"refused ({str(exc)[:60]})"
-    res = run_batch([simulation_from_setup(setup)], record_passes=False)
     return res.status[0]
 
 
@@ -819,7 +820,8 @@ def main() -> int:
                                           str(case / "spec.json"), str(case / "dp"), *edits],
                                          capture_output=True, text=True, timeout=args.ref_timeout)
                 except subprocess.TimeoutExpired:
-                    reference_timed_out(tally, i, kind, args.ref_timeout, case / "dp.spec.json", trace)
+                    reference_timed_out(tally, i, kind, args.ref_timeout, case / "dp.spec.json",
+                                        None if own_trace else trace)
                     continue
                 ref_failed = ref.returncode != 0 or not (case / "dp.csv").exists()
                 if (case / "dp.spec.json").exists():
@@ -836,7 +838,8 @@ def main() -> int:
                 # a payload the reference stops on with the same words (a CLI payload whose
                 # memory leaves no KV budget) is an agreement
                 lines = [ln for ln in (ref.stderr if ref else "").strip().splitlines() if ln.strip()]
-                words = lines[-1].rsplit("ValueError: ", 1)[-1] if lines else ""
+                words = lines[-1].rsplit("ValueError: ", 1)[-1].rsplit("AISimulate replay failed: ", 1)[-1] \
+                    if lines else ""
                 ok = ref_failed and bool(words) and same_stop(words, str(exc))
                 tally["both refused" if ok else "aisim_fast refused the payload"] += 1
                 outcome = f"refused: {exc}"

@@ -114,6 +114,12 @@ def format_summary(setup: ReplaySetup, summary: dict, requests, written: dict,
                        ("ITL", "itl_ms")):
         lines.append(f"  {label:<18}{_fmt(summary['mean_' + key]):>12}"
                      f"{_fmt(summary['median_' + key]):>12}{_fmt(summary['p99_' + key]):>12}")
+    if "total_trajectories" in summary:  # an agentic run (report.agentic)
+        lines.append(f"  {'trajectory E2E':<18}{_fmt(summary['mean_trajectory_e2e_latency_ms']):>12}"
+                     f"{_fmt(summary['median_trajectory_e2e_latency_ms']):>12}"
+                     f"{_fmt(summary['p99_trajectory_e2e_latency_ms']):>12}")
+        lines.append(f"  trajectories        {summary['completed_trajectories']} of {summary['total_trajectories']} "
+                     "plays completed")
     lines += [
         *(_sla_lines(summary) if "sla_verdict" in summary else []),
         f"  prefix reuse        {100.0 * summary['prefix_cache_reused_ratio']:.2f} % of input tokens",

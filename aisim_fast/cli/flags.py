@@ -37,7 +37,8 @@ NO_SPEC_FLAGS = (("backend", "--backend"), ("workers", "--workers"),
                  ("router_json", "--router-json"), ("dp_size", "--dp-size"),
                  ("speculation", "--speculation"), ("acceptance", "--acceptance"),
                  ("accepted", "--accepted"), ("speculation_seed", "--speculation-seed"),
-                 ("max_sim_time_ms", "--max-sim-time-ms"), ("trace_format", "--trace-format")) \
+                 ("max_sim_time_ms", "--max-sim-time-ms"), ("trace_format", "--trace-format"),
+                 ("agentic_lanes", "--agentic-lanes")) \
     + DISAGG_FLAGS + LOAD_FLAGS
 
 
@@ -154,6 +155,7 @@ FLAG_PATHS = (
     ("traffic.replay_concurrency", "--concurrency"),
     ("traffic.concurrency", "--concurrency"),
     ("traffic.trace_format", "--trace-format"),
+    ("traffic.agentic_lanes", "--agentic-lanes"),
     ("traffic.load_type", "--load"),
     ("traffic.isl", "--isl"),
     ("traffic.osl", "--osl"),
@@ -258,6 +260,11 @@ def payload_from_flags(args) -> dict:
         traffic.update(load_type="concurrency", replay_concurrency=args.concurrency)
     if getattr(args, "trace_format", None) is not None:  # size has no --trace-format
         traffic["trace_format"] = args.trace_format
+        if args.trace_format == "agentic_mooncake":
+            # the reference projects an agentic trace's requests onto a configured model
+            traffic["execution_model"] = getattr(args, "model", None) or "unspecified"
+    if getattr(args, "agentic_lanes", None) is not None:
+        traffic["agentic_lanes"] = args.agentic_lanes
     return {"spec": spec, "traffic": traffic}
 
 

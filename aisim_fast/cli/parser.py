@@ -96,8 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--trace-format", choices=ALL_TRACE_FORMATS,
                         help="mooncake (default: rows of whole prompts), mooncake-delta (a later "
                              "turn's row carries only its new input; its prompt is the session's history), "
-                             "or, beyond the reference, azure (Azure LLM inference CSVs, 2023/2024) and "
-                             "burstgpt (BurstGPT CSVs): arrivals and lengths, no shared prefixes")
+                             "applied_compute_agentic, dynamo, agentic_mooncake (dependency graphs of "
+                             "requests), or, beyond the reference, azure (Azure LLM inference CSVs, 2023/2024) "
+                             "and burstgpt (BurstGPT CSVs): arrivals and lengths, no shared prefixes")
+    replay.add_argument("--agentic-lanes", type=int, metavar="N",
+                        help="agentic_mooncake: run N plays at a time, a freed lane taking the next "
+                             "(default: every play at its own start)")
     load = replay.add_argument_group(
         "synthetic load (instead of a trace: the reference's generator)",
         "--isl/--osl/--requests with --load; --turns N > 1 makes sessions (then --requests and "

@@ -156,9 +156,18 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
         _fail("traffic.load.type", "trace traffic requires trace_timestamps or concurrency load")
     if trace_format == "applied_compute_agentic" and load_type != "concurrency":
         _fail("traffic.load.type", "applied_compute_agentic requires concurrency load")
-    for key in ("agentic_lanes", "agentic_snapshot", "agentic_profile"):
+    if trace_format == "agentic_mooncake":
+        if load_type != "trace_timestamps":
+            _fail("traffic.load.type", "agentic_mooncake requires trace_timestamps load")
+        if stop.get("max_virtual_time_seconds") is not None:
+            _fail("traffic.stop.max_virtual_time_seconds", "agentic_mooncake does not support max virtual time")
+    elif load.get("agentic_lanes") is not None and trace_format == "dynamo":
+        _not_simulated("traffic.load.agentic_lanes", "agentic Dynamo traces")
+    elif load.get("agentic_lanes") is not None:
+        _fail("traffic.load.agentic_lanes", "agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input")
+    for key in ("agentic_snapshot", "agentic_profile"):
         if load.get(key) is not None:
-            _not_simulated(f"traffic.load.{key}", "agentic replay")
+            _not_simulated(f"traffic.load.{key}", "agentic snapshots and profiles")
     if load.get("agentic_warmup", False) is not False:
         _not_simulated("traffic.load.agentic_warmup", "agentic replay")
     if load.get("agentic_warmup_policy", "repeated_prefixes") != "repeated_prefixes":
@@ -186,6 +195,8 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
         speedup = load.get("speedup")
         out["arrival_speedup_ratio"] = 1.0 if speedup is None else _number(
             "traffic.load.speedup", speedup, positive=True)
+        if load.get("agentic_lanes") is not None:
+            out["agentic_lanes"] = _int("traffic.load.agentic_lanes", load["agentic_lanes"])
     cap_ms = None
     if stop.get("max_virtual_time_seconds") is not None:
         cap_ms = 1000.0 * _number("traffic.stop.max_virtual_time_seconds",
@@ -889,8 +900,9 @@ def lower_predict_config(doc: Any) -> dict:
                          "scaling": {"provider": "none", "config": None}},
             "max_sim_time_ms": cap_ms, "max_in_flight": in_flight, "record_per_request": True,
             "sla": sla, "requests": []}
-    if traffic.get("trace_format") == "dynamo":
-        # the CLI names its target model for Dynamo traces (their agentic form needs it)
+    if traffic.get("trace_format") in ("dynamo", "agentic_mooncake"):
+        # the CLI names its target model for Dynamo and agentic traces (agentic replay
+        # projects their requests onto it)
         traffic["execution_model"] = engine["model"]
     return {"spec": spec, "traffic": traffic, **payload_extra}
 

@@ -11,8 +11,10 @@ ordered as the reference's workload driver records them: per instant, the termin
 of requests sent earlier in node order, each followed by the skips its failure
 causes, then their quiescences, each followed by its play's when it settles the
 play; then the requests sent at that instant, in node order; then the terminals of
-requests sent at that instant. A request is quiescent at its terminal (its
-resources are released with its last token).
+requests sent at that instant. A request is quiescent once it released every
+resource: at its terminal, or (disaggregated) when its prefill's KV is released, if
+later (a one-token request ends on the prefill side before its source goes). A play
+settles when it has finished and every request it sent is quiescent.
 """
 
 from __future__ import annotations
@@ -167,6 +169,9 @@ def report_keys(graph: AgenticGraph, requests: pd.DataFrame, execution_model: st
     sent_ended = np.bincount(play[ended], minlength=n_plays)
     last_terminal = np.full(n_plays, -np.inf)
     np.maximum.at(last_terminal, play[ended], terminal[ended])
+    quiet = quiescent_ms(requests)
+    last_quiet = np.full(n_plays, -np.inf)
+    np.maximum.at(last_quiet, play[ended], quiet[ended])
     root_dispatch = np.full(n_plays, np.inf)
     np.minimum.at(root_dispatch, play[is_root], arrival[is_root])
     outcomes, e2e = [], []
@@ -176,7 +181,7 @@ def report_keys(graph: AgenticGraph, requests: pd.DataFrame, execution_model: st
         finished = sent_ended[g] == sent[g] and (failed or done[g] == n_nodes[g])
         out = {"play_id": str(graph.play_names[g])}
         if finished:
-            settled_ms[g] = last_terminal[g]
+            settled_ms[g] = last_quiet[g]
         if not finished:
             out["status"] = "incomplete"
         elif failed:
@@ -227,6 +232,15 @@ def report_keys(graph: AgenticGraph, requests: pd.DataFrame, execution_model: st
     return out
 
 
+def quiescent_ms(requests: pd.DataFrame) -> np.ndarray:
+    """float64[request]: when each request released its last resource (module docstring)."""
+    terminal = requests["completion_ms"].to_numpy(np.float64)
+    if "source_released_ms" not in requests:
+        return terminal
+    released = requests["source_released_ms"].to_numpy(np.float64)
+    return np.where(np.isfinite(released), np.fmax(terminal, released), terminal)
+
+
 def lifecycle_events(graph: AgenticGraph, requests: pd.DataFrame, node: np.ndarray, failed_at: dict,
                      settled_ms: np.ndarray) -> list[str]:
     """The lifecycle records (JSON lines, ordinals numbered) in the reference's order
@@ -244,10 +258,11 @@ def lifecycle_events(graph: AgenticGraph, requests: pd.DataFrame, node: np.ndarr
     skipped_by_play: dict[int, list[int]] = {}
     for g in first_failure:
         skipped_by_play[g] = [i for i in np.flatnonzero(graph.node_play == g).tolist() if i not in sent]
+    quiet = quiescent_ms(requests)
     settled_by = {}
     for k in range(len(node)):
         g = int(play[k])
-        if not np.isnan(settled_ms[g]) and terminal[k] == settled_ms[g]:
+        if not np.isnan(settled_ms[g]) and quiet[k] == settled_ms[g]:
             settled_by[g] = max(settled_by.get(g, -1), int(node[k]))
     for k in range(len(node)):
         i, g = int(node[k]), int(play[k])
@@ -262,9 +277,10 @@ def lifecycle_events(graph: AgenticGraph, requests: pd.DataFrame, node: np.ndarr
             for j, skipped in enumerate(skipped_by_play[g]):
                 records.append(((terminal[k], phase, 0, i, 1 + j),
                                 _event(terminal[k], pid, graph.request_id[skipped], "skipped", None)))
-        records.append(((terminal[k], phase, 1, i, 0), _event(terminal[k], pid, rid, "quiescent", None)))
+        q_phase = phase if quiet[k] == terminal[k] else 0
+        records.append(((quiet[k], q_phase, 1, i, 0), _event(quiet[k], pid, rid, "quiescent", None)))
         if settled_by.get(g) == i:
-            records.append(((terminal[k], phase, 1, i, 1), _event(terminal[k], pid, None, "play_quiescent", None)))
+            records.append(((quiet[k], q_phase, 1, i, 1), _event(quiet[k], pid, None, "play_quiescent", None)))
     records.sort(key=lambda r: r[0])
     return [line.replace('"ordinal":0,', f'"ordinal":{n},', 1) for n, (_, line) in enumerate(records)]
 

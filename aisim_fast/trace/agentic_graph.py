@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aisim_fast.trace.workload import TraceError, Workload, _plan, intern_hash_ids, read_trace_bytes
+from aisim_fast.trace.workload import TraceError, Workload, rows_output_plan, intern_hash_ids, read_trace_bytes
 
 SCHEMA = "dynamo.agentic_mooncake"
 TRIGGERS = ("dispatch", "completion")
@@ -626,7 +626,7 @@ def _lower(path: str, graph: AgenticGraph, rows: list, raw_ids: np.ndarray) -> W
         hash_indptr=graph.raw_hash_indptr.copy(),
         hash_ids=intern_hash_ids(raw_ids),
         order=order,
-        out_plan=_plan(session, output_len, authored_start),
+        out_plan=rows_output_plan(session, output_len, authored_start),
         authored_tokens=authored_tokens,
         agentic=graph,
     )

@@ -47,6 +47,7 @@ __all__ = [
     "load_default_trace",
     "load_mooncake",
     "prompt_tokens",
+    "rows_output_plan",
     "select_rows",
 ]
 
@@ -186,10 +187,10 @@ class Workload(NamedTuple):
         authored = np.zeros(0, np.uint32) if self.authored_tokens is None else self.authored_tokens
         if self.out_plan is not None:
             return self.out_plan, authored
-        return _plan(self.session, self.output_len, None), authored
+        return rows_output_plan(self.session, self.output_len, None), authored
 
 
-def _plan(session: np.ndarray, output_len: np.ndarray, authored_start) -> np.ndarray:
+def rows_output_plan(session: np.ndarray, output_len: np.ndarray, authored_start) -> np.ndarray:
     """``Workload.out_plan`` of rows whose authored ids start at ``authored_start[q]``
     (-1: none; None: no row has any)."""
 
@@ -584,7 +585,7 @@ def load_mooncake(
         order=order,
         worker=(np.array(workers, np.int64).reshape(n, len(PIN_KEYS))
                 if any(max(w) >= 0 for w in workers) else None),
-        out_plan=_plan(session, np.array(output_lens, dtype=np.int64),
+        out_plan=rows_output_plan(session, np.array(output_lens, dtype=np.int64),
                        None if not authored_tokens else np.array(authored_start, np.int64)),
         authored_tokens=np.array(authored_tokens, np.uint32) if authored_tokens else None,
         session_row=np.array(named_sessions, bool) if any(named_sessions) else None,
@@ -627,7 +628,7 @@ def _load_simple(path_str: str, block: int, ratio: float, max_rows: int | None,
         line_no=line_no,
         request_name=request_name,
         session=np.arange(n, dtype=np.int32),
-        out_plan=_plan(np.arange(n, dtype=np.int32), output_len, None),
+        out_plan=rows_output_plan(np.arange(n, dtype=np.int32), output_len, None),
         turn_index=np.zeros(n, dtype=np.int32),
         start_ms=start_ms,
         delay_ms=np.zeros(n, dtype=np.float64),

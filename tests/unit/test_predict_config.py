@@ -96,7 +96,10 @@ def test_trace_concurrency_sla_and_time_cap():
 @pytest.mark.parametrize("edits, where", [
     ([("traffic.source", {"type": "synthetic-session"})], "traffic.source.session: required"),
     ([("traffic.source.format", "weka")], "traffic.source.format: not simulated"),
-    ([("traffic.load.agentic_lanes", 2)], "traffic.load.agentic_lanes: not simulated"),
+    ([("traffic.load.agentic_lanes", 2)], "traffic.load.agentic_lanes: agentic_lanes requires weka, agentic_mooncake"),
+    ([("traffic.source.format", "agentic_mooncake"),
+      ("traffic.load", {"type": "trace_timestamps", "agentic_lanes": 1, "agentic_snapshot": {"seed": 7}})],
+     "traffic.load.agentic_snapshot: not simulated"),
     ([("engine.speculation", {"kind": "eagle3", "params": {"num_speculative_tokens": 3}})],
      "engine.speculation.kind: not simulated"),
     ([("engine.speculation", {"kind": "mtp", "params": {"depth": 2}})],
