@@ -171,7 +171,7 @@ def request_frame(sim: Simulation, rq: L.Requests, a, w_first, play_lane=None) -
         "terminal_status": np.array(L.TERMINAL_STATUS_NAMES, dtype=object)[ri[:, L.RQ_TERMINAL]],
     })
     if sim.workload.agentic is not None:  # its place in the graph (report.agentic)
-        cols.update(agentic_report.request_columns(sim.workload.agentic, arrival, play_lane))
+        cols.update(agentic_report.request_columns(sim.workload.agentic, arrival, play_lane, ri[:, L.RQ_UUID]))
     frame = pd.DataFrame(cols)
     sent = ri[:, L.RQ_TERMINAL] != L.TERM_NOT_SENT
     if not sent.all():  # turns after a failed one: never sent, so no record (as the reference)

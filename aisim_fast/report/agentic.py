@@ -10,8 +10,8 @@ Lifecycle events (dispatch, causal_terminal, skipped, quiescent, play_quiescent)
 ordered as the reference's workload driver records them: per instant, the terminals
 of requests sent earlier in node order, each followed by the skips its failure
 causes, then their quiescences, each followed by its play's when it settles the
-play; then the requests sent at that instant, in node order; then the terminals of
-requests sent at that instant. A request is quiescent once it released every
+play; then the requests sent at that instant, in the order they were sent; then the
+terminals of requests sent at that instant. A request is quiescent once it released every
 resource: at its terminal, or (disaggregated) when its prefill's KV is released, if
 later (a one-token request ends on the prefill side before its source goes). A play
 settles when it has finished and every request it sent is quiescent.
@@ -108,12 +108,15 @@ def graph_digest(graph: AgenticGraph) -> str:
     return blake3.blake3(doc.encode()).hexdigest()
 
 
-def request_columns(graph: AgenticGraph, arrival_ms: np.ndarray, play_lane: np.ndarray | None) -> dict:
+def request_columns(graph: AgenticGraph, arrival_ms: np.ndarray, play_lane: np.ndarray | None,
+                    dispatch_ordinal: np.ndarray) -> dict:
     """Per-request columns of an agentic run, one per node in node order
     (``arrival_ms``: when each was sent; ``play_lane``: the lane each play ran on, -1
-    none, as the run assigned them): its play and session, the reference's
-    ``agentic`` identity (conversation, root when its play has one, spawning parent,
-    lane) and when it was dispatched (its arrival: the driver sends it when due)."""
+    none, as the run assigned them; ``dispatch_ordinal``: the order they were sent
+    in): its play and session, the reference's ``agentic`` identity (conversation,
+    root when its play has one, spawning parent, lane), when it was dispatched (its
+    arrival: the driver sends it when due) and in what order (a child its parent's
+    dispatch releases goes after the parent, whatever their node order)."""
     if play_lane is None:
         play_lane = np.full(len(graph.play_names), -1, np.int64)
     lane = np.asarray(play_lane)[graph.node_play]
@@ -125,6 +128,7 @@ def request_columns(graph: AgenticGraph, arrival_ms: np.ndarray, play_lane: np.n
         "agentic_parent_id": graph.parent_id(),
         "agentic_lane_id": np.array([None if k < 0 else f"lane:{k}" for k in lane.tolist()], dtype=object),
         "dispatched_at_ms": arrival_ms,
+        "dispatch_ordinal": dispatch_ordinal,
     }
 
 
@@ -248,6 +252,7 @@ def lifecycle_events(graph: AgenticGraph, requests: pd.DataFrame, node: np.ndarr
     status = requests["terminal_status"].to_numpy(object)
     arrival = requests["arrival_ms"].to_numpy(np.float64)
     terminal = requests["completion_ms"].to_numpy(np.float64)
+    sent_order = requests["dispatch_ordinal"].to_numpy(np.int64)
     play = graph.node_play[node]
     sent = set(node.tolist())
     # (time, phase, node order, sub) -> record; phase 0: feedback of earlier sends,
@@ -267,7 +272,7 @@ def lifecycle_events(graph: AgenticGraph, requests: pd.DataFrame, node: np.ndarr
     for k in range(len(node)):
         i, g = int(node[k]), int(play[k])
         pid, rid = graph.play_names[g], graph.request_id[i]
-        records.append(((arrival[k], 1, i, 0, 0), _event(arrival[k], pid, rid, "dispatch", None)))
+        records.append(((arrival[k], 1, int(sent_order[k]), 0, 0), _event(arrival[k], pid, rid, "dispatch", None)))
         if not np.isfinite(terminal[k]) or status[k] is None:
             continue
         phase = 2 if terminal[k] == arrival[k] else 0

@@ -22,8 +22,8 @@ import json
 import pandas as pd
 import pytest
 
+from aisim_fast.cli import app as cli
 from support import goldens
-from support.cli_runs import run_cli
 from support.parity_rules import timeline_differences
 from support.paths import DATA_DIR
 
@@ -34,10 +34,6 @@ TRAJECTORY_KEYS = ("total_trajectories", "completed_trajectories", "incomplete_t
                                                                    "p90", "p95", "p99")))
 AGENTIC_KEYS = ("agentic_input_format", "agentic_lanes", "agentic_qualification", "agentic_model_projection",
                 "agentic_play_outcomes", "agentic_lifecycle_event_count", "agentic_lifecycle_digest")
-# the reference's lifecycle of a disaggregated run whose play fails differs from the
-# order reconstructed here (every request, play outcome and other key matches): an
-# open divergence, kept visible
-LIFECYCLE_OPEN = {"agentic_vllm_disagg1p1d"}
 
 
 def test_cases_present():
@@ -50,8 +46,8 @@ def test_cases_present():
 def run(request, tmp_path_factory):
     case = request.param
     out = tmp_path_factory.mktemp(case) / "run"
-    code, _, err = run_cli(["replay", "--spec", GOLDEN / f"{case}.spec.json", "--out", out, "--quiet"], None)
-    assert code == 0, err
+    code = cli.main([str(a) for a in ["replay", "--spec", GOLDEN / f"{case}.spec.json", "--out", out, "--quiet"]])
+    assert code == 0, case
     return case, pd.read_parquet(out / "requests.parquet"), json.loads((out / "summary.json").read_text())
 
 
@@ -82,8 +78,6 @@ def test_report_keys_match_the_reference(run):
     case, _, summary = run
     report = json.loads((GOLDEN / f"{case}.report.json").read_text())
     for key in ("num_requests", "completed_requests", *TRAJECTORY_KEYS, *AGENTIC_KEYS):
-        if key == "agentic_lifecycle_digest" and case in LIFECYCLE_OPEN:
-            continue
         assert summary[key] == pytest.approx(report[key], rel=1e-12, abs=1e-9) if isinstance(report[key], float) \
             else summary[key] == report[key], key
     graph, ref_graph = dict(summary["agentic_graph"]), dict(report["agentic_graph"])
@@ -93,13 +87,3 @@ def test_report_keys_match_the_reference(run):
         assert graph.pop("source") == {"format": "legacy_agentic_mooncake", "digest": f"{named}:{graph['node_count']}"}
         ref_graph.pop("source")
     assert graph == ref_graph
-
-
-def test_open_lifecycle_divergence_is_still_open(run):
-    """The one known difference: if it closes, LIFECYCLE_OPEN must shrink."""
-    case, _, summary = run
-    if case not in LIFECYCLE_OPEN:
-        pytest.skip("lifecycle digest compared above")
-    report = json.loads((GOLDEN / f"{case}.report.json").read_text())
-    assert summary["agentic_lifecycle_event_count"] == report["agentic_lifecycle_event_count"]
-    assert summary["agentic_lifecycle_digest"] != report["agentic_lifecycle_digest"]
