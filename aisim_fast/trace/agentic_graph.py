@@ -299,20 +299,8 @@ def _common_fields(path: str, line: int, obj: dict, r: _Row) -> None:
         if value == "both":
             raise TraceError(path, line, f"duplicate field `{name}` (given as `{name}` and `{alias}`)")
         setattr(r, attr, None if value is None else _typed(path, line, name, value, "uint"))
-    hashes = obj.get("hash_ids")
-    if hashes is not None:
-        if type(hashes) is not list:
-            raise TraceError(path, line, "`hash_ids` must be a list of integers")
-        for h in hashes:
-            _typed(path, line, "hash_ids[]", h, "uint")
-    r.hash_ids = hashes
-    out_ids = obj.get("output_token_ids")
-    if out_ids is not None:
-        if type(out_ids) is not list:
-            raise TraceError(path, line, "`output_token_ids` must be a list of integers")
-        for t in out_ids:
-            _typed(path, line, "output_token_ids[]", t, "uint32")
-    r.output_token_ids = out_ids
+    r.hash_ids = _int_list(path, line, obj, "hash_ids", "uint")
+    r.output_token_ids = _int_list(path, line, obj, "output_token_ids", "uint32")
     api = obj.get("recorded_api_time_ms")
     r.recorded_api_time_ms = None if api is None else _typed(path, line, "recorded_api_time_ms", api, "float")
     ordinal = obj.get("source_play_ordinal")
@@ -322,6 +310,18 @@ def _common_fields(path: str, line: int, obj: dict, r: _Row) -> None:
         path, line, "strict_priority", obj["strict_priority"], "uint32")
     pc = obj.get("policy_class")
     r.policy_class = None if pc is None else _typed(path, line, "policy_class", pc, "str")
+
+
+def _int_list(path: str, line: int, obj: dict, key: str, kind: str) -> list | None:
+    """``obj[key]``: None when absent, else a list of integers of ``kind``."""
+    values = obj.get(key)
+    if values is None:
+        return None
+    if type(values) is not list:
+        raise TraceError(path, line, f"`{key}` must be a list of integers")
+    for v in values:
+        _typed(path, line, f"{key}[]", v, kind)
+    return values
 
 
 def _read_legacy(path: str, lines: list, block: int):
