@@ -33,7 +33,7 @@ TINY_TRACE = DATA_DIR / "cli" / "mooncake_tiny20.jsonl"
 # the modules whose functions only a feature's batches reach
 FEATURE_MODULES = {"routing/kv_router", "dp/attention_dp", "trtllm/policy", "timing/aic_table",
                    "loop/tokenization", "sglang/host_loop", "sglang/frontend", "spec/vllm_burst",
-                   "spec/sampler"}
+                   "spec/sampler", "agentic/release"}
 
 
 def _cached_modules(cache_dir: Path) -> set[str]:
