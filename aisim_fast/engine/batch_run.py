@@ -305,11 +305,16 @@ class BatchRun:
     # -- tables so far ---------------------------------------------------------------
     def requests(self, s: int) -> pd.DataFrame:
         st = self.state.st
-        play_lane = None
-        if st.i64[s, L.SM_AGENTIC]:  # the lanes its plays ran on (kernels.agentic.release)
-            play_lane = st.ag_play[st.i64[s, L.SM_AG_PLAY_OFF]:st.i64[s, L.SM_AG_PLAY_END], L.AGP_LANE].copy()
+        agentic = None
+        if st.i64[s, L.SM_AGENTIC]:
+            # what its run decided (kernels.agentic.release): the lane each play ran on,
+            # and each request's send and feedback batch in the order they happened
+            q0 = int(st.i64[s, L.SM_Q_OFF])
+            rows = st.ag_q[q0:q0 + len(self.sims[s].workload.input_len)]
+            agentic = (st.ag_play[st.i64[s, L.SM_AG_PLAY_OFF]:st.i64[s, L.SM_AG_PLAY_END], L.AGP_LANE].copy(),
+                       rows[:, L.AGQ_SENT_SEQ].copy(), rows[:, L.AGQ_ENDED_SEQ].copy())
         return request_frame(self.sims[s], self.state.rq, int(st.i64[s, L.SM_Q_OFF]),
-                             int(st.i64[s, L.SM_W_OFF]), play_lane)
+                             int(st.i64[s, L.SM_W_OFF]), agentic)
 
     def passes(self, s: int) -> pd.DataFrame:
         return pass_frame(list(self.pass_chunks(s)))

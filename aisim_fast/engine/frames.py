@@ -50,13 +50,14 @@ def nullable_ints(values: np.ndarray, present: np.ndarray) -> pd.arrays.IntegerA
     return pd.arrays.IntegerArray(np.where(present, values, 0).astype(np.int64), ~present)
 
 
-def request_frame(sim: Simulation, rq: L.Requests, a, w_first, play_lane=None) -> pd.DataFrame:
+def request_frame(sim: Simulation, rq: L.Requests, a, w_first, agentic=None) -> pd.DataFrame:
     """Per-request record, columns named as in the reference's per-request CSVs.
 
     ``a``: the first kernel row of the simulation's requests, or the kernel row of each
     (a simulation run as per-worker units); ``w_first``: its first worker, or per row
-    the number to subtract from a row's worker to get the simulation's. ``play_lane``:
-    an agentic simulation's lane of each play, as its run assigned them.
+    the number to subtract from a row's worker to get the simulation's. ``agentic``: an
+    agentic simulation's (lane of each play, send order, feedback batch of each
+    request), as its run decided them (``report.agentic.request_columns``).
 
     Disaggregated: the logical row carries arrival, decode tokens and the handoff
     timestamps, its prefill row (RQ_PEER) the prefill side; latencies count decode
@@ -171,7 +172,7 @@ def request_frame(sim: Simulation, rq: L.Requests, a, w_first, play_lane=None) -
         "terminal_status": np.array(L.TERMINAL_STATUS_NAMES, dtype=object)[ri[:, L.RQ_TERMINAL]],
     })
     if sim.workload.agentic is not None:  # its place in the graph (report.agentic)
-        cols.update(agentic_report.request_columns(sim.workload.agentic, arrival, play_lane, ri[:, L.RQ_UUID]))
+        cols.update(agentic_report.request_columns(sim.workload.agentic, arrival, *(agentic or (None, None, None))))
     frame = pd.DataFrame(cols)
     sent = ri[:, L.RQ_TERMINAL] != L.TERM_NOT_SENT
     if not sent.all():  # turns after a failed one: never sent, so no record (as the reference)

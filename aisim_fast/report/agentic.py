@@ -7,11 +7,11 @@ its digest.
 A play's trajectory runs from the earliest dispatch of its roots to the last
 terminal of its requests; only plays whose every request completed count.
 Lifecycle events (dispatch, causal_terminal, skipped, quiescent, play_quiescent) are
-ordered as the reference's workload driver records them: per instant, the terminals
-of requests sent earlier in node order, each followed by the skips its failure
-causes, then their quiescences, each followed by its play's when it settles the
-play; then the requests sent at that instant, in the order they were sent; then the
-terminals of requests sent at that instant. A request is quiescent once it released every
+ordered as the reference's workload driver records them: sends and feedback batches
+in the order the run made them (a worker's pass end reports its terminals as one
+batch, so two workers ending at one instant report in two); a batch records its
+terminals in node order, each followed by the skips its failure causes, then their
+quiescences, each followed by its play's when it settles the play. A request is quiescent once it released every
 resource: at its terminal, or (disaggregated) when its prefill's KV is released, if
 later (a one-token request ends on the prefill side before its source goes). A play
 settles when it has finished and every request it sent is quiescent.
@@ -109,14 +109,18 @@ def graph_digest(graph: AgenticGraph) -> str:
 
 
 def request_columns(graph: AgenticGraph, arrival_ms: np.ndarray, play_lane: np.ndarray | None,
-                    dispatch_ordinal: np.ndarray) -> dict:
+                    sent_seq: np.ndarray | None, ended_seq: np.ndarray | None) -> dict:
     """Per-request columns of an agentic run, one per node in node order
     (``arrival_ms``: when each was sent; ``play_lane``: the lane each play ran on, -1
-    none, as the run assigned them; ``dispatch_ordinal``: the order they were sent
-    in): its play and session, the reference's ``agentic`` identity (conversation,
-    root when its play has one, spawning parent, lane), when it was dispatched (its
-    arrival: the driver sends it when due) and in what order (a child its parent's
-    dispatch releases goes after the parent, whatever their node order)."""
+    none; ``sent_seq`` / ``ended_seq``: the place of its send and of the feedback
+    batch that reported its terminal in the run's one sequence of both; as the run
+    decided them, None: unknown): its play and session, the reference's ``agentic``
+    identity (conversation, root when its play has one, spawning parent, lane), when it
+    was dispatched (its arrival: the driver sends it when due), and the two places
+    (``dispatch_ordinal``, ``feedback_batch``): a child its parent's send releases goes
+    after the parent whatever their node order, and two workers' passes ending at one
+    instant report in two batches."""
+    n = graph.num_nodes
     if play_lane is None:
         play_lane = np.full(len(graph.play_names), -1, np.int64)
     lane = np.asarray(play_lane)[graph.node_play]
@@ -128,7 +132,8 @@ def request_columns(graph: AgenticGraph, arrival_ms: np.ndarray, play_lane: np.n
         "agentic_parent_id": graph.parent_id(),
         "agentic_lane_id": np.array([None if k < 0 else f"lane:{k}" for k in lane.tolist()], dtype=object),
         "dispatched_at_ms": arrival_ms,
-        "dispatch_ordinal": dispatch_ordinal,
+        "dispatch_ordinal": np.full(n, -1, np.int64) if sent_seq is None else sent_seq,
+        "feedback_batch": np.full(n, -1, np.int64) if ended_seq is None else ended_seq,
     }
 
 
@@ -252,40 +257,46 @@ def lifecycle_events(graph: AgenticGraph, requests: pd.DataFrame, node: np.ndarr
     status = requests["terminal_status"].to_numpy(object)
     arrival = requests["arrival_ms"].to_numpy(np.float64)
     terminal = requests["completion_ms"].to_numpy(np.float64)
-    sent_order = requests["dispatch_ordinal"].to_numpy(np.int64)
+    sent_seq = requests["dispatch_ordinal"].to_numpy(np.int64)
+    ended_seq = requests["feedback_batch"].to_numpy(np.int64)
     play = graph.node_play[node]
     sent = set(node.tolist())
-    # (time, phase, node order, sub) -> record; phase 0: feedback of earlier sends,
-    # 1: sends, 2: feedback of this instant's sends; sub orders a batch: terminals
-    # (with their skips) before quiescences (with their plays')
+    # (time, place in the run's sequence, terminal 0 / quiescence 1, node, sub) -> record
     records = []
     first_failure = {g: k for g, (_, k) in failed_at.items()}
     skipped_by_play: dict[int, list[int]] = {}
     for g in first_failure:
         skipped_by_play[g] = [i for i in np.flatnonzero(graph.node_play == g).tolist() if i not in sent]
     quiet = quiescent_ms(requests)
-    settled_by = {}
+    first_batch: dict[float, int] = {}
+    for t_ms, b in zip(terminal.tolist(), ended_seq.tolist()):
+        if t_ms == t_ms:
+            first_batch[t_ms] = min(first_batch.get(t_ms, b), b)
+    # a quiescence after the terminal (its source released later) joins the first batch
+    # of its instant
+    q_batch = [int(ended_seq[k]) if quiet[k] == terminal[k] else first_batch.get(quiet[k], -1)
+               for k in range(len(node))]
+    settled_by = {}  # play -> the request whose quiescence settles it (the last recorded)
     for k in range(len(node)):
         g = int(play[k])
         if not np.isnan(settled_ms[g]) and quiet[k] == settled_ms[g]:
-            settled_by[g] = max(settled_by.get(g, -1), int(node[k]))
+            settled_by[g] = max(settled_by.get(g, (-2, -1)), (q_batch[k], int(node[k])))
     for k in range(len(node)):
         i, g = int(node[k]), int(play[k])
         pid, rid = graph.play_names[g], graph.request_id[i]
-        records.append(((arrival[k], 1, int(sent_order[k]), 0, 0), _event(arrival[k], pid, rid, "dispatch", None)))
+        records.append(((arrival[k], int(sent_seq[k]), 0, 0, 0), _event(arrival[k], pid, rid, "dispatch", None)))
         if not np.isfinite(terminal[k]) or status[k] is None:
             continue
-        phase = 2 if terminal[k] == arrival[k] else 0
+        batch = int(ended_seq[k])
         st = _TERMINAL_STATUS.get(status[k], status[k])
-        records.append(((terminal[k], phase, 0, i, 0), _event(terminal[k], pid, rid, "causal_terminal", st)))
+        records.append(((terminal[k], batch, 0, i, 0), _event(terminal[k], pid, rid, "causal_terminal", st)))
         if first_failure.get(g) == k:
             for j, skipped in enumerate(skipped_by_play[g]):
-                records.append(((terminal[k], phase, 0, i, 1 + j),
+                records.append(((terminal[k], batch, 0, i, 1 + j),
                                 _event(terminal[k], pid, graph.request_id[skipped], "skipped", None)))
-        q_phase = phase if quiet[k] == terminal[k] else 0
-        records.append(((quiet[k], q_phase, 1, i, 0), _event(quiet[k], pid, rid, "quiescent", None)))
-        if settled_by.get(g) == i:
-            records.append(((quiet[k], q_phase, 1, i, 1), _event(quiet[k], pid, None, "play_quiescent", None)))
+        records.append(((quiet[k], q_batch[k], 1, i, 0), _event(quiet[k], pid, rid, "quiescent", None)))
+        if settled_by.get(g, (0, -1))[1] == i:
+            records.append(((quiet[k], q_batch[k], 1, i, 1), _event(quiet[k], pid, None, "play_quiescent", None)))
     records.sort(key=lambda r: r[0])
     return [line.replace('"ordinal":0,', f'"ordinal":{n},', 1) for n, (_, line) in enumerate(records)]
 

@@ -28,8 +28,8 @@ from aisim_fast.kernels.loop.release_heap import heap_push
 from aisim_fast.kernels.schema.layout import (AG_TRIGGER_COMPLETION, AG_TRIGGER_DISPATCH, AGE_CHILD, AGE_TRIGGER,
                                               AGP_COMPLETED, AGP_FAILED, AGP_FINISHED, AGP_FIRST, AGP_LANE,
                                               AGP_NODES, AGP_PENDING, AGQ_DEPS_LEFT, AGQ_EDGE_LEN, AGQ_EDGE_OFF,
-                                              AGQ_PLAY, AGQ_PLAY_NEXT, RQ_STATUS, RQ_TERMINAL, RQF_READY_MS,
-                                              RQF_TERMINAL_MS, RS_NOT_ARRIVED, SM_AG_NEXT_PLAY, SM_AG_PLAY_END, SM_NUM_NOT_SENT,
+                                              AGQ_ENDED_SEQ, AGQ_PLAY, AGQ_PLAY_NEXT, AGQ_SENT_SEQ, RQ_STATUS, RQ_TERMINAL, RQF_READY_MS,
+                                              RQF_TERMINAL_MS, RS_NOT_ARRIVED, SM_AG_NEXT_PLAY, SM_AG_PLAY_END, SM_AG_SEQ, SM_NUM_NOT_SENT,
                                               SM_NUM_TERMINAL,
                                               TERM_COMPLETED, TERM_NONE, TERM_NOT_SENT)
 
@@ -55,6 +55,8 @@ def _fire(rq, sims, s, q, trigger, t_ms):
 @kernel(cache=True, _nrt=False)
 def dispatched(rq, sims, s, q, now_ms):
     """Request q is sent at ``now_ms``."""
+    sims.i64[s, SM_AG_SEQ] += 1
+    sims.ag_q[q, AGQ_SENT_SEQ] = sims.i64[s, SM_AG_SEQ]
     sims.ag_play[sims.ag_q[q, AGQ_PLAY], AGP_PENDING] += 1
     _fire(rq, sims, s, q, AG_TRIGGER_DISPATCH, now_ms)
 
@@ -73,7 +75,9 @@ def _start_play(rq, sims, s, g, start_ms):
 
 @kernel(cache=True, _nrt=False)
 def ended(rq, sims, s, q):
-    """Request q reached its terminal (``logical_terminal``)."""
+    """Request q reached its terminal (``logical_terminal``), reported in the feedback
+    batch SM_AG_SEQ counts."""
+    sims.ag_q[q, AGQ_ENDED_SEQ] = sims.i64[s, SM_AG_SEQ]
     g = sims.ag_q[q, AGQ_PLAY]
     t_ms = rq.f64[q, RQF_TERMINAL_MS]
     sims.ag_play[g, AGP_PENDING] -= 1

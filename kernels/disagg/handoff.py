@@ -67,7 +67,8 @@ from aisim_fast.kernels.schema.layout import (ACT_ACTIVATE, ACT_NONE, ACT_RELEAS
                                               RQF_DEST_RESERVED_MS, RQF_SOURCE_HELD_MS,
                                               RQF_SOURCE_RELEASED_MS, RQF_TERMINAL_MS, RQF_TRANSFER_DONE_MS,
                                               RS_ACTIVATED, RS_DONE, RS_HELD, RS_PENDING_DEST, RS_PREEMPTED,
-                                              RS_RESERVED, RS_RUNNING, RS_WAITING, SM_ACTQ_HEAD, SM_ACTQ_LEN,
+                                              RS_RESERVED, RS_RUNNING, RS_WAITING, SM_ACTQ_HEAD, SM_ACTQ_LEN, SM_AG_SEQ,
+                                              SM_AGENTIC,
                                               SM_DECODE_CURSOR, SM_DEST_FIRST, SM_HLOG_LEN, SM_OPEN_HANDOFFS,
                                               SM_PLACEMENT, SM_PREFILL_LEN, SM_Q_LEN, SM_Q_OFF, SM_RR_CURSOR,
                                               SM_W_LEN, SM_W_OFF, SM_XFER_LEN, SM_XFER_SEQ, TERM_CANCELED,
@@ -598,6 +599,8 @@ def complete_disagg_pass(cfg, p, rq, wl, wk, sims, s, w, now_ms, hits, fresh, sc
     """Pass end of worker w. Returns (reserved a destination, arena exhausted)."""
     wk.i64[w, WK_BUSY] = 0
     _requeue_deferred(rq, wk, sims, s, w)
+    if sims.i64[s, SM_AGENTIC] != 0:
+        sims.i64[s, SM_AG_SEQ] += 1  # its terminals are one feedback batch (kernels.agentic)
     prefill = w < sims.i64[s, SM_W_OFF] + sims.i64[s, SM_PREFILL_LEN]
     routed = False
     if sg is None:  # the router's view (kernels.routing.kv_router) learns of this pass end
@@ -666,6 +669,9 @@ def drain_actions(cfg, p, rq, wl, wk, sims, s, now_ms, hits, fresh, scratch_toke
     """Run the FIFO action queue empty, actions it appends included. Returns
     (whether any ran, arena exhausted)."""
     ran = False
+    if sims.i64[s, SM_AGENTIC] != 0 and sims.i64[s, SM_ACTQ_LEN] > 0:
+        # the handoffs this drain fails report as one feedback batch (kernels.agentic)
+        sims.i64[s, SM_AG_SEQ] += 1
     while sims.i64[s, SM_ACTQ_LEN] > 0:
         ran = True
         if not _run_action(cfg, p, rq, wl, wk, sims, s, _pop_action(sims, s), now_ms, hits, fresh,

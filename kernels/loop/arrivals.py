@@ -26,7 +26,7 @@ from aisim_fast.kernels.schema.layout import (CFG_DP_RANK, CFG_DP_SIZE, CFG_TOK_
                                               RQ_NEXT_TURN, RQ_NUM_HASHED, RQ_SESSION, RQ_SRC_ROW, RQ_STATUS,
                                               RQ_TERM_NEXT, RQ_TERMINAL, RQ_TURN, RQ_UUID, RQ_WORKER,
                                               RQF_ARRIVAL_MS, RQF_DELAY_MS, RQF_READY_MS, RQF_START_MS,
-                                              RQF_TERMINAL_MS, RS_FRONTEND, RS_TOKENIZING, RS_WAITING, SM_ACTIVE_SESSIONS, SM_AGENTIC,
+                                              RQF_TERMINAL_MS, RS_FRONTEND, RS_TOKENIZING, RS_WAITING, SM_ACTIVE_SESSIONS, SM_AG_SEQ, SM_AGENTIC,
                                               SM_ACTQ_HEAD,
                                               SM_ACTQ_LEN, SM_CONCURRENCY, SM_DEST_FIRST, SM_HEAP_LEN,
                                               SM_NUM_ARRIVED, SM_NUM_NOT_SENT, SM_NUM_STARTS, SM_NUM_TERMINAL,
@@ -179,6 +179,8 @@ def complete_pass(cfg, rq, wk, sims, s, w):
     routed = sims.i64[s, SM_PLACEMENT] == PLACE_KV_ROUTER
     if routed:
         pass_end_gated(cfg.features, rq, wk, w)
+    if sims.i64[s, SM_AGENTIC] != 0:
+        sims.i64[s, SM_AG_SEQ] += 1  # its terminals are one feedback batch (kernels.agentic)
     q = wk.i64[w, WK_TERM_HEAD]
     while q >= 0:
         if routed:

@@ -626,6 +626,8 @@ SIMULATION = FieldTable("SM_", "sims.i64", np.int64, [
     ("AG_PLAY_OFF", 0, "", "agentic: its first play (row of sims.ag_play)"),
     ("AG_NEXT_PLAY", 0, "", "agentic lanes: the next play a freed lane starts (row of sims.ag_play)"),
     ("AG_PLAY_END", 0, "", "agentic: past its last play"),
+    ("AG_SEQ", 0, "", "agentic: sends and feedback batches (a pass end's terminals, a failed "
+                      "handoff) so far, in the order they happen (the lifecycle's order)"),
 ])
 (SM_Q_OFF, SM_Q_LEN, SM_W_OFF, SM_W_LEN, SM_CONCURRENCY, SM_STATUS, SM_NUM_STARTS, SM_START_PTR,
  SM_HEAP_LEN, SM_ACTIVE_SESSIONS, SM_RR_CURSOR, SM_NUM_ARRIVED, SM_NUM_TERMINAL, SM_NUM_NOT_SENT,
@@ -633,7 +635,7 @@ SIMULATION = FieldTable("SM_", "sims.i64", np.int64, [
  SM_ACTQ_LEN, SM_XFER_LEN, SM_OPEN_HANDOFFS, SM_XFER_SEQ, SM_HLOG_LEN, SM_DECODE_RUN_PASSES,
  SM_PLACEMENT, SM_RNG_STATE, SM_PREFILL_Q_OFF, SM_RT_LOG_LEN, SM_BUSY_LEN, SM_DEAD_IN_FLIGHT,
  SM_GROUP_PASS, SM_TOKEN_HEAD, SM_TOKEN_TAIL, SM_INDEPENDENT, SM_DEST_FIRST, SM_FRONTEND,
- SM_AGENTIC, SM_AG_PLAY_OFF, SM_AG_NEXT_PLAY, SM_AG_PLAY_END) = SIMULATION.indices()
+ SM_AGENTIC, SM_AG_PLAY_OFF, SM_AG_NEXT_PLAY, SM_AG_PLAY_END, SM_AG_SEQ) = SIMULATION.indices()
 SM_FIELDS = SIMULATION.width
 
 STATE_TABLES = (RANK_CONFIG_I, RANK_CONFIG_F, POOL_W, POOL_B, REQUEST_I, REQUEST_F, WORKER,
@@ -966,8 +968,11 @@ AGENTIC_REQUEST = FieldTable("AGQ_", "sims.ag_q", np.int64, [
     ("EDGE_LEN", 0, "", "out-edges"),
     ("PLAY", -1, "", "its play (row of sims.ag_play)"),
     ("PLAY_NEXT", -1, "q", "next request of its play in node order"),
+    ("SENT_SEQ", -1, "", "SM_AG_SEQ of its send"),
+    ("ENDED_SEQ", -1, "", "SM_AG_SEQ of the feedback batch that reported its terminal"),
 ])
-(AGQ_DEPS_LEFT, AGQ_EDGE_OFF, AGQ_EDGE_LEN, AGQ_PLAY, AGQ_PLAY_NEXT) = AGENTIC_REQUEST.indices()
+(AGQ_DEPS_LEFT, AGQ_EDGE_OFF, AGQ_EDGE_LEN, AGQ_PLAY, AGQ_PLAY_NEXT, AGQ_SENT_SEQ,
+ AGQ_ENDED_SEQ) = AGENTIC_REQUEST.indices()
 AGQ_FIELDS = AGENTIC_REQUEST.width
 AGENTIC_EDGE = FieldTable("AGE_", "sims.ag_edge", np.int64, [
     ("CHILD", 0, "q", "the request the edge releases"),

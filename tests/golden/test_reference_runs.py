@@ -41,10 +41,7 @@ OPEN: dict[str, str] = {}
 
 
 # case name -> the agentic report key that still differs (strict xfail)
-OPEN_AGENTIC: dict[str, str] = {
-    "seed201_case0005": "agentic_lifecycle_digest: a disaggregated request rejected at the instant it arrives",
-    "seed201_case0011": "agentic_lifecycle_digest: a disaggregated request rejected at the instant it arrives",
-}
+OPEN_AGENTIC: dict[str, str] = {}
 
 
 def _trace(case: Path, payload: dict) -> Path:
