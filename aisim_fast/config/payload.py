@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +145,15 @@ class RankConfig:
     # timing_model "aic" (the payload's external provider): its resolved config
     aic: Any = None                      # aisim_fast.aic.timing.AicConfig
     num_gpu_blocks_estimated: bool = False  # num_gpu_blocks from the AIC memory model
+
+    def for_worker(self, w: int, dp_size: int = 1) -> "RankConfig":
+        """This rank as worker ``w`` of its pool replayed on its own (a unit of a split
+        run, a rank of the rank protocol): a speculating rank's sampler is seeded by the
+        worker's number in its pool (``aic_mtp_seed + w * dp_size``, kernels.spec.sampler),
+        and alone it is worker 0."""
+        if self.aic_nextn is None or w == 0:
+            return self
+        return replace(self, aic_mtp_seed=self.aic_mtp_seed + w * dp_size)
 
     def to_json(self) -> dict:
         d = asdict(self)

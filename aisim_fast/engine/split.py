@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,19 +45,10 @@ def worker_shards(sim: Simulation):
         if len(_SHARD_CACHE) >= 16:  # a sweep over worker counts of one trace fits; keep memory flat
             _SHARD_CACHE.pop(next(iter(_SHARD_CACHE)))
         _SHARD_CACHE[key] = cached
-    return [(sub.line_no_rows, Simulation(sub.workload, _unit_rank(sim, w), 1, 0, sim.arena_blocks,
+    return [(sub.line_no_rows, Simulation(sub.workload, sim.rank.for_worker(w, sim.dp_size), 1, 0, sim.arena_blocks,
                                           queue_slots=sim.queue_slots, dp_size=sim.dp_size,
                                           tokenization=sim.tokenization))
             for w, sub in enumerate(cached[1])]
-
-
-def _unit_rank(sim: Simulation, w: int):
-    """The rank of worker w's unit: a speculating rank's sampler is seeded by its worker
-    number in the whole simulation (kernels.spec.sampler), and the unit's one worker is
-    number 0."""
-    if sim.rank.aic_nextn is None or w == 0:
-        return sim.rank
-    return dataclasses.replace(sim.rank, aic_mtp_seed=sim.rank.aic_mtp_seed + w * sim.dp_size)
 
 
 _SHARD_CACHE: dict = {}

@@ -66,6 +66,9 @@ def _check(sim: Simulation) -> None:
     if sim.placement != "round_robin":
         raise ConfigError(f"adapters.placement: the rank-driven replay places round robin, "
                           f"got {sim.placement!r}")
+    if sim.workload.agentic is not None:
+        raise ConfigError("trace_format: the rank-driven replay replays trace rows and sessions; an "
+                          "agentic graph's requests are released by run_batch's kernels")
     if max(sim.dp_size, sim.prefill_dp_size) > 1:
         raise ConfigError("dp_size: the rank protocol has no attention-DP groups yet (one rank per "
                           "worker); run_batch replays them")
@@ -104,7 +107,9 @@ def replay_through_ranks(sim: Simulation) -> pd.DataFrame:
     wl = sim.workload
     n = wl.num_requests
     n_prefill, n_decode = sim.prefill_workers, sim.workers
-    group = RankGroup([sim.prefill_rank] * n_prefill + [sim.rank] * n_decode, kv_events=False)
+    # each rank is its pool's worker of the same number (a speculating rank's sampler seed)
+    group = RankGroup([sim.prefill_rank.for_worker(w) for w in range(n_prefill)]
+                      + [sim.rank.for_worker(w) for w in range(n_decode)], kv_events=False)
     rec = _Requests(n)
     plan_tokens: dict = {}            # row -> (prompt, output token ids) until both sides took them
 

@@ -28,6 +28,7 @@ import pytest
 from aisim_fast.config.payload import ConfigError, parse_payload
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.simulation import simulation_from_setup
+from support.goldens import case_trace
 from support.lanes import lane
 from support.parity_rules import assert_rows_match_reference_csv, same_stop, values_outside_run
 from support.paths import DATA_DIR
@@ -52,18 +53,11 @@ OPEN: dict[str, str] = {
 OPEN_AGENTIC: dict[str, str] = {}
 
 
-def _trace(case: Path, payload: dict) -> Path:
-    """The case's trace: the file its payload names when the case holds it (an agentic
-    or other own-format trace), else its ``trace.jsonl``."""
-    own = case / Path((payload.get("traffic") or {}).get("trace_path") or "trace.jsonl").name
-    return own if own.exists() else case / "trace.jsonl"
-
-
 def _simulate(case: Path):
     """(status, error, requests or None, simulation or None)."""
     payload = json.loads((case / "spec.json").read_text())
     try:
-        setup = parse_payload(payload, case, trace_override=str(_trace(case, payload)))
+        setup = parse_payload(payload, case, trace_override=str(case_trace(case, payload)))
     except ConfigError as exc:  # refused before running, as the reference may refuse it
         return "rejected_config", str(exc), None, None
     sim = simulation_from_setup(setup)

@@ -19,7 +19,7 @@ from aisim_fast.config.payload import ConfigError, load_spec, parse_payload
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.simulation import SimulationError, simulation_from_setup
 from aisim_fast.protocol.rank_replay import replay_through_ranks
-from support.goldens import MINI_CASES, MINI_GOLDEN, simulation
+from support.goldens import MINI_CASES, MINI_GOLDEN, case_trace, simulation
 from support.paths import DATA_DIR
 
 # the disaggregated goldens and mini goldens
@@ -31,13 +31,15 @@ DATA = DATA_DIR
 
 
 def _disaggregated(case: Path) -> bool:
-    """A valid disaggregated payload."""
+    """A valid disaggregated payload of a trace the coordinator replays (its rows,
+    sessions included; not an agentic graph, which only the kernels release)."""
     payload = json.loads((case / "spec.json").read_text())
     try:
-        parse_payload(payload, case, trace_override=str(case / "trace.jsonl"))
+        parse_payload(payload, case, trace_override=str(case_trace(case, payload)))
     except ConfigError:  # refused before running (as the reference refuses it)
         return False
-    return payload["spec"]["topology"].get("kind") == "disaggregated"
+    return payload["spec"]["topology"].get("kind") == "disaggregated" \
+        and payload["traffic"].get("trace_format") != "agentic_mooncake"
 
 
 # the small disaggregated reference runs (test_reference_runs.py)
@@ -79,8 +81,8 @@ def test_the_coordinator_driving_ranks_equals_the_in_kernel_replay(case):
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in REFERENCE_RUNS])
 def test_the_coordinator_driving_ranks_equals_the_in_kernel_replay_on_small_reference_runs(case):
-    setup = parse_payload(json.loads((case / "spec.json").read_text()), case,
-                          trace_override=str(case / "trace.jsonl"))
+    payload = json.loads((case / "spec.json").read_text())
+    setup = parse_payload(payload, case, trace_override=str(case_trace(case, payload)))
     sim = simulation_from_setup(setup)
     res = run_batch([sim])
     if res.status[0] == "dead_end":

@@ -27,6 +27,14 @@ MINI_CASES = ["dm1", "fb1", "fx1", "tiny40", "tiny35", "seqs2", "ptiny2", "trt1"
               "trt_tiny2", "dead25", "disagg_conc8", "disagg_sess"]
 
 
+def case_trace(case: Path, payload: dict) -> Path:
+    """A kept reference run's trace (tests/data/differential and the like): the file its
+    payload names when the case holds it (an agentic, applied or other own-format
+    trace the differential wrote), else its ``trace.jsonl``."""
+    own = case / Path((payload.get("traffic") or {}).get("trace_path") or "trace.jsonl").name
+    return own if own.exists() else case / "trace.jsonl"
+
+
 def golden_dir(case):
     return MINI_GOLDEN if case in MINI_CASES else GOLDEN
 
