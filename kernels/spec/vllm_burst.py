@@ -6,12 +6,14 @@ the schedule step when the rank speculates (``aic_nextn``), as the reference's
   generate) in running order are the decode batch, prompts completed in this pass
   included: each is timed as a decode step after its prefill.
 * Before any token, the pass sets KV blocks aside for every ready request's longest
-  burst, ``min(nextn + 1, remaining)`` tokens past its sequence; when the pool cannot
+  burst, ``min(nextn + 1, remaining)`` tokens past its sequence for a verify step, one
+  token for any other (``_verifies``); when the pool cannot
   hold them, vLLM preempts (its usual victim, which need not be ready) and tries again
   with the requests still ready, TRT-LLM (no preemption) emits nothing and times no
   decode.
 * Then each ready request, in order, draws its accepted tokens (``spec.sampler``; a
-  prefill worker's requests take one token without a draw) and emits
+  prefill worker's requests, a first token after the prompt and a preempted request's
+  recompute take one token without a draw) and emits
   ``min(accepted, remaining)`` tokens at the pass end. Every token takes its KV slot
   from the reservation as it is emitted; the one before it is finalized first, so a
   block the burst completes is published in the pass. After a burst that does not
@@ -38,7 +40,7 @@ from aisim_fast.kernels.schema.layout import (ACC_BUDGET, ACC_DECODE_BATCH, ACC_
                                               NO_BLOCK,
                                               POLICY_TRTLLM, ROLE_PREFILL, RQ_ALLOCATED, RQ_GENERATED,
                                               RQ_LEASE_OFF, RQ_MAX_OUTPUT, RQ_NUM_COMPUTED, RQ_PROMPT_LEN,
-                                              RQ_SCHED_CLASS, RQ_SCHED_TOKENS, RQ_STATUS, RS_RUNNING,
+                                              RQ_SCHED_CLASS, RQ_SCHED_PROMPT, RQ_SCHED_TOKENS, RQ_STATUS, RS_RUNNING,
                                               WK_RUN_LEN,
                                               WK_RUN_OFF, WK_STAT_ROW)
 from aisim_fast.kernels.spec.sampler import accepted_tokens
@@ -71,6 +73,15 @@ def _burst_bounds(rq_i, q, limit):
     if rq_i[q, RQ_NUM_COMPUTED] < length:
         return length, np.int64(0)
     return length, remaining_tokens(rq_i[q, RQ_MAX_OUTPUT], generated, prompt, limit)
+
+
+@kernel(cache=True, _nrt=False, inline="always")
+def _verifies(rq_i, q, max_burst):
+    """Whether ready request q's step this pass is a verify step on vLLM: a decode step
+    (at most its token and its drafts scheduled, no prompt) of a request that has
+    generated. A first token after the prompt, and a preempted request's recompute
+    (prompt or output tokens again), emit one token without a draw."""
+    return rq_i[q, RQ_GENERATED] > 0 and rq_i[q, RQ_SCHED_PROMPT] == 0 and rq_i[q, RQ_SCHED_TOKENS] <= max_burst
 
 
 @kernel(cache=True, _nrt=False)
@@ -110,7 +121,7 @@ def emit_bursts(cfg, p, rq, wl, wk, sims, s, w, decode_start_ms, acc, scratch_to
             if rem <= 0:
                 continue
             generated = rq_i[q, RQ_GENERATED]
-            lookahead = min(max_burst, rem) if trtllm or generated > 0 else 1
+            lookahead = min(max_burst, rem) if trtllm or _verifies(rq_i, q, max_burst) else 1
             reserved += ceil_div(length + lookahead, bs) - ceil_div(length, bs)
             lone_need = length + lookahead
             if trtllm or rq_i[q, RQ_SCHED_CLASS] == CLASS_DECODE:
@@ -155,7 +166,7 @@ def emit_bursts(cfg, p, rq, wl, wk, sims, s, w, decode_start_ms, acc, scratch_to
             keep += 1
             continue
         generated = rq_i[q, RQ_GENERATED]
-        speculates = (trtllm or generated > 0) and not prefill_role
+        speculates = (trtllm or _verifies(rq_i, q, max_burst)) and not prefill_role
         accepted = accepted_tokens(cfg, wk, w) if speculates else np.int64(1)
         burst = min(accepted, rem)
         k0 = rq_i[q, RQ_LEASE_OFF]

@@ -40,8 +40,6 @@ CASES = sorted([*DATA.glob("differential/seed*"), *DATA.glob("disagg_corners/*/"
 # case name -> what still differs (strict xfail)
 OPEN: dict[str, str] = {
     # speculation under KV pressure (issue 37), the same on the tree before session 8
-    "seed301_case0148": "speculating disaggregated vLLM, 64-block decode pools of 32, max_num_seqs 4: decode "
-                        "token times differ from s0's 9th token (18 ms)",
     "seed301_case0172": "speculating SGLang lpm, chunked prefill 64, 3000 pages, closed loop 32: last tokens "
                         "differ by 0.03 ms from request_7",
     "seed301_case0204": "speculating disaggregated vLLM, 64-block decode pool, applied_compute_agentic sessions: "
