@@ -57,7 +57,7 @@ def test_cases_present():
     assert CASES == ["mtp_aic_1k", "mtp_aic_tiny20", "mtp_scheme_aic_tiny20", "ngram3_tiny20",
                      "sglang_disagg_1p2d", "sglang_nextn2_1k", "sglang_sessions_retract",
                      "trtllm_budget256_1k", "trtllm_nextn3_1k", "vllm_budget256_1k", "vllm_disagg_1p2d",
-                     "vllm_nextn2_default_1k", "vllm_pressure_recompute_21",
+                     "vllm_nextn2_default_1k", "vllm_pressure_1k_b16x1200", "vllm_pressure_recompute_21",
                      "vllm_pressure_recompute_nextn2_lifo_21"]
 
 
