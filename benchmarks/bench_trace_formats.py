@@ -6,7 +6,9 @@ format and row count, each load in a fresh process (so peak RSS is the load's ow
 The traces are written first (into a temporary folder): Mooncake rows with 4 hash ids
 (about 2k-token prompts) in single-turn form (``mooncake``) and as sessions of 4 turns
 of 500 new tokens each (``mooncake-delta``, whose prompts grow to 2k tokens with the
-history: the same token count), the Azure CSV layout and BurstGPT's. For each format
+history: the same token count), as agentic graphs (``agentic_mooncake`` v2: plays of
+4 requests, each released 100 ms after the one before completes), the Azure CSV layout
+and BurstGPT's. For each format
 the table shows, per row count, the best wall seconds over the rounds, seconds per
 million rows (flat = linear in rows) and the peak RSS of the loading process, also
 over a bare process's (the package imported, nothing loaded; the least of the rounds). Rounds alternate the formats
@@ -22,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-FORMATS = ("mooncake", "mooncake-delta", "azure", "burstgpt")
+FORMATS = ("mooncake", "mooncake-delta", "agentic_mooncake", "azure", "burstgpt")
 _CHILD = r"""
 import json, resource, sys, time
 from aisim_fast.trace.formats import load_trace
@@ -58,6 +60,22 @@ def write_traces(folder: Path, rows: int) -> dict:
             extra = f'"timestamp":{ts[s * 4]},' if turn == 0 else '"delay":100,'
             fh.write(f'{{"session_id":"s{s}",{extra}"input_length":500,"output_length":25,"hash_ids":[{i}]}}\n')
     out["mooncake-delta"] = delta
+    graph = folder / f"agentic_{rows}.jsonl"
+    with open(graph, "w") as fh:
+        fh.write('{"schema":"dynamo.agentic_mooncake","version":2,"block_size":512,"hash_id_scope":"local",'
+                 '"source":{"format":"bench","digest":"d"}}\n')
+        for i in range(rows):
+            play, node = divmod(i, 4)
+            h = 4 * i
+            if node == 0:
+                timing = f'"not_before_ms":{float(ts[play * 4])},"dependencies":[]'
+            else:
+                timing = (f'"not_before_ms":0.0,"dependencies":[{{"request_id":"p{play}-{node - 1}",'
+                          f'"trigger":"completion","delay_ms":100.0,"relation":"replay_barrier"}}]')
+            fh.write(f'{{"request_id":"p{play}-{node}","play_id":"p{play}","session_id":"p{play}","model":"m",'
+                     f'"input_length":2000,"output_length":100,"hash_ids":[{h},{h + 1},{h + 2},{h + 3}],'
+                     f'{timing}}}\n')
+    out["agentic_mooncake"] = graph
     start = pd.Timestamp("2023-11-16 18:00:00")
     stamps = (start + pd.to_timedelta(ts, unit="ms")).strftime("%Y-%m-%d %H:%M:%S.%f")
     lengths = rng.integers(10, 4000, rows)
