@@ -327,8 +327,8 @@ def _speculation_state(sims, w_off, cfg_i) -> dict:
                 continue
             for w in range(ws.start, ws.stop):
                 dp_size = int(cfg_i[w, L.CFG_DP_SIZE])
-                seed = rank.aic_mtp_seed + (w - ws.start) // dp_size * dp_size + int(cfg_i[w, L.CFG_DP_RANK])
-                spec_rng[w, :8] = stream_key(seed)
+                worker_rank = rank.for_worker((w - ws.start) // dp_size, dp_size)
+                spec_rng[w, :8] = stream_key(worker_rank.aic_mtp_seed + int(cfg_i[w, L.CFG_DP_RANK]))
     return dict(spec_rng=spec_rng)
 
 
