@@ -44,11 +44,26 @@ OPEN: dict[str, str] = {
                         "differ by 0.03 ms from request_7",
     "seed301_case0204": "speculating disaggregated vLLM, 64-block decode pool, applied_compute_agentic sessions: "
                         "one turn's cached tokens 640 against 672",
+    # agentic graphs (issue 36), differential seed 402
+    "seed402_case0047": "speculating vLLM agentic graph, 200 blocks of 16, one worker: one request's cached "
+                        "tokens 512 against 496",
+    "seed402_case0080": "vLLM agentic graph, three workers of 200 blocks of 32, max_num_seqs 2: 28 requests "
+                        "sent against the reference's 27 (a play's failure skips one more there)",
+}
+
+
+# case name -> why a cell lies outside the run's time range (strict xfail)
+OPEN_RANGE: dict[str, str] = {
+    "seed402_case0080": "the request sent here and not by the reference emits after the reference's end",
 }
 
 
 # case name -> the agentic report key that still differs (strict xfail)
-OPEN_AGENTIC: dict[str, str] = {}
+OPEN_AGENTIC: dict[str, str] = {
+    "seed402_case0048": "closed loop of 8 over two vLLM workers: agentic_lifecycle_digest (rows and every "
+                        "other key equal)",
+    "seed402_case0080": "28 requests sent against 27 (OPEN): play outcomes, trajectories and the lifecycle",
+}
 
 
 def _simulate(case: Path):
@@ -84,8 +99,9 @@ def test_matches_reference_on_every_column(case):
     assert_rows_match_reference_csv(case / "ref.csv", frame)
 
 
-@pytest.mark.parametrize("case", lane([pytest.param(c, id=c.name) for c in CASES
-                                  if not (c / "ref.error.txt").exists()]))
+@pytest.mark.parametrize("case", lane([
+    pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=OPEN_RANGE[c.name])]
+                 if c.name in OPEN_RANGE else []) for c in CASES if not (c / "ref.error.txt").exists()]))
 def test_no_value_outside_the_run(case):
     """No float column holds a value outside the run's time range (an uninitialised
     cell reads as 4.6e-310 or 3.5e+281), whatever the rest of the case does."""
