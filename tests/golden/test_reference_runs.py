@@ -49,6 +49,10 @@ OPEN: dict[str, str] = {
                         "tokens 512 against 496",
     "seed402_case0080": "vLLM agentic graph, three workers of 200 blocks of 32, max_num_seqs 2: 28 requests "
                         "sent against the reference's 27 (a play's failure skips one more there)",
+    "seed402_case0100": "speculating vLLM agentic graph, closed loop of 3, 600 blocks of 64: one request's "
+                        "cached tokens 128 against 64",
+    "seed402_case0132": "speculating vLLM agentic graph, 600 blocks of 32, chunks of 256: cached tokens 640 "
+                        "against 608 from p60x1-h2 on",
 }
 
 
@@ -63,6 +67,9 @@ OPEN_AGENTIC: dict[str, str] = {
     "seed402_case0048": "closed loop of 8 over two vLLM workers: agentic_lifecycle_digest (rows and every "
                         "other key equal)",
     "seed402_case0080": "28 requests sent against 27 (OPEN): play outcomes, trajectories and the lifecycle",
+    "seed402_case0132": "the cached-token difference (OPEN) moves the trajectories and the lifecycle",
+    "seed402_case0156": "speculating vLLM agentic graph, two workers of max_num_seqs 1: agentic_lifecycle_digest "
+                        "(rows equal)",
 }
 
 
