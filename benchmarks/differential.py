@@ -216,10 +216,25 @@ def random_agentic_trace(rng: random.Random, path: Path) -> list[str]:
     ``not_before_ms``, prompts growing on a play's shared prefix (some hash ids shared
     across plays), now and then authored output ids, a prompt too long for any pool (a
     rejection fails its play) and a zero-token output; request ids drawn so node order is
-    not file order. A third are legacy rows (``wait_for``, ``tool_wait_ms``). Lanes (1-3
-    or none) and a speed-up drawn."""
+    not file order. A third are legacy rows (``wait_for``, ``tool_wait_ms``), a quarter of
+    the rest Dynamo request records with ``agent_context`` (``random_dynamo_agentic``).
+    Lanes (1-3 or none) and a speed-up drawn."""
     legacy = rng.random() < 0.3
     block = rng.choice([16, 64, 512])
+    if not legacy and rng.random() < 0.25:
+        events = random_dynamo_agentic(rng, block)
+        with path.open("w") as fh:
+            for event in events:
+                fh.write(json.dumps(event) + "\n")
+        traffic = {"source_type": "trace", "load_type": "trace_timestamps", "trace_path": str(path),
+                   "trace_paths": [str(path)], "trace_format": "dynamo",
+                   "arrival_speedup_ratio": rng.choice([1.0, 1.0, 2.0, 0.5]), "execution_model": "m"}
+        if rng.random() < 0.5:
+            traffic["trace_block_size"] = block
+        lanes = rng.choice([None, None, 1, 2, 3])
+        if lanes:
+            traffic["agentic_lanes"] = lanes
+        return ["traffic=" + json.dumps(traffic), "spec.max_in_flight=null"]
     rows = []
     for play in range(rng.randint(1, 6)):
         pid = f"p{rng.randrange(100):02d}x{play}"
@@ -277,6 +292,85 @@ def random_agentic_trace(rng: random.Random, path: Path) -> list[str]:
     if lanes:
         traffic["agentic_lanes"] = lanes
     return ["traffic=" + json.dumps(traffic), "spec.max_in_flight=null"]
+
+
+def random_dynamo_agentic(rng: random.Random, block: int) -> list[dict]:
+    """Dynamo request records of 1-5 agent plays, every one with ``agent_context``: a
+    root session of 1-6 requests, each after the one before (gaps 0-400 ms), and 0-2
+    child sessions (``parent_session_id``) started during it, half of them named by a
+    blocking or background tool event (``tool.claude``: source, sometimes a consumer),
+    the rest linked by their times; now and then an explicit
+    ``replay.dependencies`` edge to an earlier request, a request without a model, a
+    prompt no pool holds (its play fails), and rarely a request that starts before the
+    one before it ended (the reference refuses that trace). Records are shuffled across
+    the file (order comes from their times)."""
+    epoch = 1_700_000_000_000
+    events, requests = [], []   # requests: (start, end, request id) of those written
+
+    def request(rid, session, start, dur, parent=None, deps=None):
+        il = rng.choice([30, 200, 700, 1500, 3000])
+        if rng.random() < 0.04:
+            il = 300_000
+        need = -(-il // block)
+        shared = session_prefix.setdefault(session, [rng.randrange(1 << 40) for _ in range(40)])
+        k = min(need, len(shared), rng.randint(0, need))
+        hashes = shared[:k] + [rng.randrange(1 << 40) for _ in range(need - k)]
+        rec = {"request_id": rid, "output_tokens": rng.choice([1, 5, 30, 120]), "request_received_ms": epoch + start,
+               "total_time_ms": float(dur), "replay": {"trace_block_size": block, "input_length": il,
+                                                       "input_sequence_hashes": hashes}}
+        if rng.random() < 0.9:
+            rec["model"] = "m"
+        if deps:
+            rec["replay"]["dependencies"] = deps
+        ctx = {"session_id": session}
+        if parent:
+            ctx["parent_session_id"] = parent
+        events.append({"schema": "dynamo.request.trace.v1", "event_type": "request_end",
+                       "event_time_unix_ms": epoch + start + dur, "agent_context": ctx, "request": rec})
+        requests.append((start, start + dur, rid))
+
+    session_prefix: dict = {}
+    for play in range(rng.randint(1, 5)):
+        root = f"s{play}{rng.choice('abcxyz')}"
+        t = rng.choice([0, 0, 150, 1000, 4000]) + rng.randrange(5)
+        mine = []
+        for k in range(rng.randint(1, 6)):
+            dur = rng.choice([40, 100, 400])
+            deps = None
+            if requests and rng.random() < 0.15:
+                cands = [r for r in requests if r[1] <= t]
+                if cands:
+                    src = rng.choice(cands)
+                    deps = [{"request_id": src[2], "relation": rng.choice(["join", "sequence", "replay_barrier"]),
+                             "trigger": "completion"}]
+            rid = f"{root}-r{k}{rng.choice('pq')}"
+            request(rid, root, t, dur, deps=deps)
+            mine.append((t, t + dur, rid))
+            t += dur + rng.choice([0, 0, 20, 150, 400]) - (60 if rng.random() < 0.02 else 0)
+        for c in range(rng.choice([0, 0, 1, 1, 2])):
+            child = f"{root}-c{c}"
+            src = rng.choice(mine)
+            ct = src[0] + rng.randrange(0, 200)
+            kids = []
+            for k in range(rng.randint(1, 3)):
+                dur = rng.choice([30, 90])
+                request(f"{child}-r{k}", child, ct, dur, parent=root)
+                kids.append((ct, ct + dur))
+                ct += dur + rng.choice([0, 30])
+            if rng.random() < 0.5:
+                starters = [m for m in mine if m[0] <= kids[0][0]]
+                consumers = [m for m in mine if m[0] >= kids[-1][1]]
+                claude = {"source_request_id": rng.choice(starters)[2],
+                          "execution_mode": rng.choice(["blocking", "background"]), "child_session_id": child}
+                if consumers and rng.random() < 0.7:
+                    claude["consumer_request_id"] = rng.choice(consumers)[2]
+                events.append({"schema": "dynamo.request.trace.v1", "event_type": "tool_end",
+                               "event_time_unix_ms": epoch + kids[-1][1], "agent_context": {"session_id": root},
+                               "tool": {"tool_call_id": f"call-{child}", "tool_class": "agent",
+                                        "started_at_unix_ms": epoch + kids[0][0],
+                                        "ended_at_unix_ms": epoch + kids[-1][1], "claude": claude}})
+    rng.shuffle(events)
+    return events
 
 
 def agentic_differences(sim, requests, report_path: Path) -> list[tuple]:
@@ -705,7 +799,8 @@ def main() -> int:
                         "synthetic load or session load (every load type, kv_capacity_fraction included)")
     p.add_argument("--agentic-fraction", type=float, default=0.0,
                    help="share of the cases without a time cap whose traffic is a random agentic trace "
-                        "(agentic_mooncake v2 or legacy rows, lanes and speed-up drawn); their agentic "
+                        "(agentic_mooncake v2 or legacy rows, agentic Dynamo records; lanes and speed-up "
+                        "drawn); their agentic "
                         "report keys are compared too")
     p.add_argument("--speculation-fraction", type=float, default=0.0,
                    help="share of the cases without attention DP or host loop whose ranks speculate "
@@ -796,7 +891,7 @@ def main() -> int:
                     host_edits = [e for e in host_edits if not e.startswith("traffic")] \
                         + random_agentic_trace(agentic_rng, case / "agentic.jsonl")
                     own_trace = agentic = True
-                    kind += "/agentic"
+                    kind += "/agentic" + ("-dynamo" if '"trace_format": "dynamo"' in host_edits[-2] else "")
             cli_edits = None
             if args.cli_fraction > 0 and not args.kv_artifacts:
                 cli_rng = random.Random(args.seed * 100003 + i + 0xC11)
@@ -856,6 +951,8 @@ def main() -> int:
             payload = json.loads((case / "spec.json").read_text())
             try:
                 setup = parse_payload(payload, case, trace_override=None if own_trace else str(trace))
+                # a trace's own records can refuse it too (an agentic Dynamo trace)
+                sim = simulation_from_setup(setup)
             except Exception as exc:  # a field aisim_fast refuses (named in the message)
                 # a payload the reference stops on with the same words (a CLI payload whose
                 # memory leaves no KV budget) is an agreement
@@ -866,7 +963,6 @@ def main() -> int:
                 tally["both refused" if ok else "aisim_fast refused the payload"] += 1
                 outcome = f"refused: {exc}"
             else:
-                sim = simulation_from_setup(setup)
                 if args.kv_artifacts:
                     sim = dataclasses.replace(sim, rank=dataclasses.replace(sim.rank, emit_kv_events=True))
                 res = run_batch([sim], record_events=args.kv_artifacts, record_outputs=args.kv_artifacts)

@@ -544,6 +544,9 @@ class ReplaySetup:
     execution_model: str | None = None
     # the trace path as the payload names it (an agentic legacy trace's provenance digest)
     trace_named: str = ""
+    # a Dynamo trace is agentic as its records say: (field, reason) of what the run then
+    # refuses (check_dynamo_agentic), in the reference's order
+    dynamo_if_agentic: tuple = ()
 
     @property
     def disaggregated(self) -> bool:
@@ -866,10 +869,22 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
               "trace's own arrivals without a cap then; run so (give replay_concurrency N for a closed loop)")
     _ignored_in_flight_cap(max_in_flight, concurrency, "replay_concurrency")
     agentic_lanes = _agentic_traffic(traffic, trace_format, load, concurrency, traffic.get("trace_paths"))
-    if trace_format == "agentic_mooncake":
-        prefill_rank = disagg.get("prefill_rank")
-        if "trtllm" in (rank.backend, prefill_rank.backend if prefill_rank is not None else None):
-            _fail("spec.engine.rank.backend", "agentic replay supports only vLLM and SGLang backends")
+    prefill_rank = disagg.get("prefill_rank")
+    trtllm = "trtllm" in (rank.backend, prefill_rank.backend if prefill_rank is not None else None)
+    if trace_format == "agentic_mooncake" and trtllm:
+        _fail("spec.engine.rank.backend", "agentic replay supports only vLLM and SGLang backends")
+    dynamo_if_agentic = ()
+    if trace_format == "dynamo":
+        dynamo_if_agentic = tuple(
+            (key, reason) for key, reason, refused in (
+                ("traffic.execution_model", "agentic execution requires a configured target model",
+                 not traffic.get("execution_model")),
+                ("traffic.replay_concurrency", "agentic Dynamo trace does not support concurrency load",
+                 bool(concurrency) or load == "concurrency"),
+                ("traffic.max_sim_time_ms", "agentic Dynamo trace does not support max virtual time",
+                 traffic.get("max_sim_time_ms") is not None),
+                ("spec.engine.rank.backend", "agentic replay supports only vLLM and SGLang backends", trtllm))
+            if refused)
     if traffic.get("max_sim_time_ms") is not None:
         # the reference's CLI writes the cap into traffic and spec both; a trace replay
         # stops at the spec's (traffic's bounds generated load only)
@@ -927,18 +942,36 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         agentic_lanes=agentic_lanes,
         execution_model=traffic.get("execution_model"),
         trace_named=str(trace),
+        dynamo_if_agentic=dynamo_if_agentic,
         **disagg,
     )
+
+
+def check_dynamo_agentic(setup: ReplaySetup) -> None:
+    """Refuse, in the reference's words, what a Dynamo trace's setup cannot run now that
+    its records say it is agentic (every request with ``agent_context``)."""
+    if setup.dynamo_if_agentic:
+        _fail(*setup.dynamo_if_agentic[0])
 
 
 def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: int, paths) -> int | None:
     """The agentic keys of a trace payload, checked in the reference's order and words;
     returns ``agentic_lanes`` (None: plays all at once)."""
     lanes = traffic.get("agentic_lanes")
-    if lanes is not None and trace_format != "agentic_mooncake":
+    if lanes is not None and trace_format not in ("agentic_mooncake", "dynamo"):
         _fail("traffic.agentic_lanes", "agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input"
-              + ("" if trace_format == "dynamo" else f" (trace_format is {trace_format!r})")
-              + ("; agentic Dynamo traces are not simulated yet" if trace_format == "dynamo" else ""))
+              f" (trace_format is {trace_format!r})")
+    if trace_format == "dynamo":  # the rest is checked once the trace is read (check_dynamo_agentic)
+        for key in AGENTIC_TRAFFIC_KEYS[1:]:
+            if traffic.get(key) is not None:
+                _fail(f"traffic.{key}", "agentic snapshots, warm-up and profiles are not simulated yet; replay the "
+                                        "trace without it (agentic_lanes and plain replay are)")
+        if lanes is None:
+            return None
+        lanes = _int("traffic.agentic_lanes", lanes, 0)
+        if lanes == 0:
+            _fail("traffic.agentic_lanes", "agentic_lanes must be greater than 0")
+        return lanes
     if trace_format != "agentic_mooncake":
         for key in AGENTIC_TRAFFIC_KEYS[1:]:
             if traffic.get(key) is not None:

@@ -161,9 +161,7 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
             _fail("traffic.load.type", "agentic_mooncake requires trace_timestamps load")
         if stop.get("max_virtual_time_seconds") is not None:
             _fail("traffic.stop.max_virtual_time_seconds", "agentic_mooncake does not support max virtual time")
-    elif load.get("agentic_lanes") is not None and trace_format == "dynamo":
-        _not_simulated("traffic.load.agentic_lanes", "agentic Dynamo traces")
-    elif load.get("agentic_lanes") is not None:
+    elif load.get("agentic_lanes") is not None and trace_format != "dynamo":
         _fail("traffic.load.agentic_lanes", "agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input")
     for key in ("agentic_snapshot", "agentic_profile"):
         if load.get(key) is not None:

@@ -67,7 +67,7 @@ class AgenticGraph:
     """The dependency graph of an agentic trace, one entry per request in node order
     (``request_id`` bytes), which is also the order of the ``Workload``'s rows."""
 
-    input_format: str            # the reference's agentic_input_format: "agentic_mooncake"
+    input_format: str            # the reference's agentic_input_format: "agentic_mooncake" | "dynamo"
     block_size: int              # tokens per hash id (the header's)
     source_format: str
     source_digest: str
@@ -147,11 +147,13 @@ class AgenticGraph:
         return sorted(set(self.model.tolist()), key=lambda m: m.encode())
 
 
-class _Row:
-    """One request as the v2 builder sees it (``line``: the reference's trace line)."""
+class GraphRow:
+    """One request as the graph builder sees it (``line``: the reference's trace line,
+    which for rows lowered from another format is the row's index + 2; ``origin``:
+    (file, line) of such a row, for errors; unset for rows read as written)."""
     __slots__ = ("line", "request_id", "play_id", "session_id", "model", "not_before_ms", "input_length",
                  "output_length", "hash_ids", "output_token_ids", "recorded_api_time_ms", "source_play_ordinal",
-                 "priority", "strict_priority", "policy_class", "dependencies")
+                 "priority", "strict_priority", "policy_class", "dependencies", "origin")
 
 
 def load_agentic_mooncake(path, *, trace_block_size: int | None = None, arrival_speedup_ratio: float = 1.0,
@@ -159,14 +161,9 @@ def load_agentic_mooncake(path, *, trace_block_size: int | None = None, arrival_
     """Load an agentic Mooncake trace (v2 or legacy rows, told apart by the first
     line) as a ``Workload`` with its ``agentic`` graph (``trace_block_size``: the
     payload's, used by legacy rows only, 512 when None; ``lanes``: agentic_lanes).
-    ``max_rows``: whole plays only (a graph cut at a row would lose dependencies), the
-    first in play order up to that many requests, at least one."""
+    ``max_rows``: as ``graph_workload``'s."""
     path = str(path)
-    if lanes is not None and lanes <= 0:
-        raise ValueError("agentic_lanes must be greater than 0")
-    ratio = float(arrival_speedup_ratio)
-    if not math.isfinite(ratio) or ratio <= 0:
-        raise ValueError(f"ratio must be a finite positive number, got {arrival_speedup_ratio:g}")
+    ratio = check_speedup(arrival_speedup_ratio)
     try:
         lines = read_trace_bytes(path).split(b"\n")
     except OSError as exc:
@@ -183,12 +180,32 @@ def load_agentic_mooncake(path, *, trace_block_size: int | None = None, arrival_
     else:
         block = 512 if trace_block_size is None else int(trace_block_size)
         header, rows = _read_legacy(path, lines, block)
-    graph, prompt_ids = _build(path, header, rows, ratio, lanes)
+    return graph_workload(path, header, rows, input_format="agentic_mooncake", ratio=ratio, lanes=lanes,
+                          max_rows=max_rows)
+
+
+def check_speedup(arrival_speedup_ratio) -> float:
+    ratio = float(arrival_speedup_ratio)
+    if not math.isfinite(ratio) or ratio <= 0:
+        raise ValueError(f"ratio must be a finite positive number, got {arrival_speedup_ratio:g}")
+    return ratio
+
+
+def graph_workload(path: str, header: tuple, rows: list, *, input_format: str, ratio: float, lanes: int | None,
+                   max_rows: int | None) -> Workload:
+    """The ``Workload`` of a graph given as rows (``GraphRow``, each with its
+    dependencies; ``header``: (block size, source format, source digest)), checked as
+    the reference checks a v2 trace. ``max_rows``: whole plays only (a graph cut at a
+    row would lose dependencies), the first in play order up to that many requests, at
+    least one."""
+    if lanes is not None and lanes <= 0:
+        raise ValueError("agentic_lanes must be greater than 0")
+    graph, prompt_ids = _build(path, header, rows, ratio, lanes, input_format)
     if max_rows is not None and max_rows < graph.num_nodes:
         sizes = np.bincount(graph.node_play, minlength=len(graph.play_names))
         keep = max(1, int(np.searchsorted(np.cumsum(sizes), max_rows, side="right")))
         rows = [r for r, g in zip(rows, graph.node_play.tolist()) if g < keep]
-        graph, prompt_ids = _build(path, header, rows, ratio, lanes)
+        graph, prompt_ids = _build(path, header, rows, ratio, lanes, input_format)
     return _lower(path, graph, rows, prompt_ids)
 
 
@@ -259,10 +276,10 @@ def _alias(obj, name, alias):
     return obj.get(name, obj.get(alias))
 
 
-def _v2_row(path: str, line: int, obj) -> _Row:
+def _v2_row(path: str, line: int, obj) -> GraphRow:
     if type(obj) is not dict:
         raise TraceError(path, line, "as an agentic Mooncake v2 request: expected an object")
-    r = _Row()
+    r = GraphRow()
     r.line = line
     r.request_id = _need(path, line, obj, "request_id", "str")
     r.play_id = _need(path, line, obj, "play_id", "str")
@@ -338,7 +355,7 @@ def _read_legacy(path: str, lines: list, block: int):
             raise TraceError(path, i + 1, f"failed to parse {what}: {exc}") from None
         if type(obj) is not dict:
             raise TraceError(path, i + 1, "a legacy agentic row must be an object")
-        r = _Row()
+        r = GraphRow()
         # the reference numbers legacy rows for the v2 checks as row index + 2
         r.line = len(rows) + 2
         r.request_id = obj.get("request_id")
@@ -381,11 +398,11 @@ def _read_legacy(path: str, lines: list, block: int):
         rows.append(r)
     if not rows:
         raise TraceError(path, None, "agentic trace file is empty")
-    _component_play_ids(rows, "legacy-play")
+    component_play_ids(rows, "legacy-play")
     return (block, "legacy_agentic_mooncake", f"{path}:{len(rows)}"), rows
 
 
-def _component_play_ids(rows: list, prefix: str) -> None:
+def component_play_ids(rows: list, prefix: str) -> None:
     """Name each weakly connected component of the rows' dependencies after its root
     with the smallest (not_before_ms, request_id): ``prefix:<that id>``."""
     index = {r.request_id: i for i, r in enumerate(rows)}
@@ -421,54 +438,56 @@ def _component_play_ids(rows: list, prefix: str) -> None:
 # building
 
 
-def _line_error(path: str, line: int, what: str) -> TraceError:
-    return TraceError(path, line, f"trace line {line} {what}")
+def _line_error(path: str, r: GraphRow, what: str) -> TraceError:
+    """The reference's words for row ``r`` ("trace line N ..."), placed at the file and
+    line the row came from when it came from another format's file."""
+    where = getattr(r, "origin", None) or (path, r.line)
+    return TraceError(*where, f"trace line {r.line} {what}")
 
 
-def _build(path: str, header: tuple, rows: list, ratio: float, lanes: int | None):
+def _build(path: str, header: tuple, rows: list, ratio: float, lanes: int | None, input_format: str):
     block, source_format, source_digest = header
     if not rows:
         raise TraceError(path, None, f"agentic trace file {path} did not contain any requests")
     seen: set = set()
     for r in rows:
-        n = r.line
         for key in ("request_id", "play_id", "session_id"):
             if not getattr(r, key).strip():
-                raise _line_error(path, n, f"has empty {key}")
+                raise _line_error(path, r, f"has empty {key}")
         if r.request_id in seen:
-            raise _line_error(path, n, f"duplicates request_id {r.request_id}")
+            raise _line_error(path, r, f"duplicates request_id {r.request_id}")
         seen.add(r.request_id)
         if r.hash_ids is None:
-            raise _line_error(path, n, "is missing hash_ids")
+            raise _line_error(path, r, "is missing hash_ids")
         if not r.hash_ids:
-            raise _line_error(path, n, "has empty hash_ids")
+            raise _line_error(path, r, "has empty hash_ids")
         if r.input_length is None:
-            raise _line_error(path, n, "is missing input_length")
+            raise _line_error(path, r, "is missing input_length")
         if r.input_length == 0:
-            raise _line_error(path, n, "has zero input_length")
+            raise _line_error(path, r, "has zero input_length")
         need = -(-r.input_length // block)
         if len(r.hash_ids) != need:
-            raise _line_error(path, n, f"has input_length {r.input_length} at block_size {block} and requires "
+            raise _line_error(path, r, f"has input_length {r.input_length} at block_size {block} and requires "
                                        f"exactly {need} hash_ids, got {len(r.hash_ids)}")
         if not r.model.strip():
-            raise _line_error(path, n, "has an empty model")
+            raise _line_error(path, r, "has an empty model")
         if r.output_length is None:
-            raise _line_error(path, n, "is missing output_length")
+            raise _line_error(path, r, "is missing output_length")
         if r.output_token_ids is not None and len(r.output_token_ids) != r.output_length:
-            raise _line_error(path, n, f"output_length {r.output_length} does not match output_token_ids length "
+            raise _line_error(path, r, f"output_length {r.output_length} does not match output_token_ids length "
                                        f"{len(r.output_token_ids)}")
         if not math.isfinite(r.not_before_ms) or r.not_before_ms < 0:
-            raise _line_error(path, n, f"has invalid not_before_ms {_rust_float(r.not_before_ms)}")
+            raise _line_error(path, r, f"has invalid not_before_ms {_rust_float(r.not_before_ms)}")
         api = r.recorded_api_time_ms
         if api is not None and (not math.isfinite(api) or api < 0):
-            raise _line_error(path, n, f"has invalid recorded_api_time_ms Some({_rust_debug_float(api)})")
+            raise _line_error(path, r, f"has invalid recorded_api_time_ms Some({_rust_debug_float(api)})")
         for rid, trigger, delay, relation in r.dependencies:
             if not rid.strip():
-                raise _line_error(path, n, "has a dependency with an empty request_id")
+                raise _line_error(path, r, "has a dependency with an empty request_id")
             if not math.isfinite(delay) or delay < 0:
-                raise _line_error(path, n, f"has invalid dependency delay {_rust_float(delay)}")
+                raise _line_error(path, r, f"has invalid dependency delay {_rust_float(delay)}")
             if relation != RELATION_SPAWN and trigger == TRIGGER_DISPATCH:
-                raise _line_error(path, n, f"has invalid {_RUST_RELATION[RELATIONS[relation]]} dependency with "
+                raise _line_error(path, r, f"has invalid {_RUST_RELATION[RELATIONS[relation]]} dependency with "
                                            "Dispatch trigger")
     rows.sort(key=lambda r: r.request_id.encode())
     node = {r.request_id: i for i, r in enumerate(rows)}
@@ -528,7 +547,7 @@ def _build(path: str, header: tuple, rows: list, ratio: float, lanes: int | None
         a[:] = values
         return a
     graph = AgenticGraph(
-        input_format="agentic_mooncake", block_size=int(block), source_format=source_format,
+        input_format=input_format, block_size=int(block), source_format=source_format,
         source_digest=source_digest, lanes=lanes,
         request_id=objects([r.request_id for r in rows]), play_id=objects([r.play_id for r in rows]),
         session_id=objects([r.session_id for r in rows]), model=objects([r.model for r in rows]),

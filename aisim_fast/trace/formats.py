@@ -32,7 +32,8 @@ def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | 
     ``applied_compute_agentic``: tool-calling sessions (``applied_compute``).
     ``dynamo``: Dynamo's request records, ``path`` and ``more_paths`` read as one
     trace (``dynamo_requests``; ``trace_block_size`` None or 0: the trace's own, else it
-    must match it). The other formats' ``trace_block_size`` defaults to 512.
+    must match it); with ``agent_context`` a dependency graph (``dynamo_agentic``).
+    The other formats' ``trace_block_size`` defaults to 512.
     ``agentic_mooncake``: dependency graphs of requests, v2 or legacy rows
     (``agentic_graph``; ``agentic_lanes``: plays run N at a time, None: all at once).
     ``azure`` / ``burstgpt``: request lengths and arrivals only (``public_csv``;
@@ -48,11 +49,12 @@ def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | 
         return load_agentic_mooncake(path, trace_block_size=trace_block_size or None,
                                      arrival_speedup_ratio=arrival_speedup_ratio, lanes=agentic_lanes,
                                      max_rows=max_rows)
-    if agentic_lanes is not None:
-        raise ValueError("agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input")
     if trace_format == "dynamo":
         return load_dynamo([path, *more_paths], trace_block_size=trace_block_size or None,
-                           arrival_speedup_ratio=arrival_speedup_ratio, max_rows=max_rows)
+                           arrival_speedup_ratio=arrival_speedup_ratio, max_rows=max_rows,
+                           agentic_lanes=agentic_lanes)
+    if agentic_lanes is not None:
+        raise ValueError("agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input")
     if trace_format in PUBLIC_CSV_FORMATS:
         return load_public_csv(path, trace_format, arrival_speedup_ratio=arrival_speedup_ratio, max_rows=max_rows)
     w = load_mooncake(path, trace_block_size=trace_block_size or 512, arrival_speedup_ratio=arrival_speedup_ratio,

@@ -1,5 +1,5 @@
-"""Agentic traces (``trace_format: agentic_mooncake``) against reference runs
-(tests/data/golden_agentic).
+"""Agentic traces (``trace_format: agentic_mooncake``, and ``dynamo`` records with
+``agent_context``) against reference runs (tests/data/golden_agentic).
 
 ``cli_*``: the three payloads the reference's CLI writes for agentic configs (a v2
 graph of three plays with spawns and joins, on two lanes and without; legacy rows on
@@ -8,7 +8,12 @@ two lanes). ``agentic_*``: random graphs of the differential's generator
 triggers, delays, second roots, prompts over a play's shared prefix, authored output
 ids, a prompt no pool holds so its play fails and skips its unsent requests) on two
 vLLM workers over 900 KV blocks with lanes, one vLLM worker of ``max_num_seqs`` 2,
-two SGLang workers, disaggregated vLLM 1P1D, and legacy rows sped up. Every request's
+two SGLang workers, disaggregated vLLM 1P1D, and legacy rows sped up. ``*dynamo*``:
+the CLI's agentic Dynamo payload (three sessions on two lanes) and random agent plays
+of the differential's generator (``random_dynamo_agentic``: sessions in sequence, child
+sessions linked by tool events or by their times, explicit ``replay.dependencies``, a
+prompt no pool holds) on the same four configurations, with and without lanes and
+sped up and slowed down. Every request's
 timeline is bit-exact, its graph identity (play, session, root, spawning parent, the
 lane the run gave its play, dispatch time) equal, and the report's agentic keys equal:
 the graph and its digest, play outcomes, trajectory statistics, the lifecycle's event
@@ -39,7 +44,8 @@ AGENTIC_KEYS = ("agentic_input_format", "agentic_lanes", "agentic_qualification"
 def test_cases_present():
     assert CASES == ["agentic_sglang_agg2", "agentic_vllm_agg1_legacy", "agentic_vllm_agg1_seqs2",
                      "agentic_vllm_agg2_kv900", "agentic_vllm_disagg1p1d", "cli_agentic_legacy", "cli_agentic_v2",
-                     "cli_agentic_v2_nolanes"]
+                     "cli_agentic_v2_nolanes", "cli_dynamo_agentic", "dynamo_sglang_agg2", "dynamo_vllm_agg1_seqs2",
+                     "dynamo_vllm_agg2_lanes2", "dynamo_vllm_disagg1p1d"]
 
 
 @pytest.fixture(scope="module", params=CASES)

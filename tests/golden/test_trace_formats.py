@@ -227,9 +227,9 @@ def test_dynamo_records_lower_to_the_mooncake_rows_the_reference_makes():
     ("dynamo", '{"schema": "x", "event_type": "request_end", "event_time_unix_ms": 1}',
      "t.jsonl:1: unsupported Dynamo request trace schema 'x'"),
     ("dynamo", '{"schema": "dynamo.request.trace.v1", "event_type": "request_end", "event_time_unix_ms": 1, '
-     '"request": {"request_id": "a", "output_tokens": 1, "agent_context": {}, "replay": {"trace_block_size": 4, '
-     '"input_length": 4, "input_sequence_hashes": [1]}}, "agent_context": {"session_id": "s"}}',
-     "agent_context .an agentic Dynamo trace. are not simulated yet"),
+     '"request": {"request_id": "a", "output_tokens": 1, "replay": {"trace_block_size": 4, '
+     '"input_length": 5, "input_sequence_hashes": [1]}}, "agent_context": {"session_id": "s"}}',
+     "t.jsonl:1: trace line 2 has input_length 5 at block_size 4 and requires exactly 2 hash_ids, got 1"),
     ("dynamo", '{"schema": "dynamo.request.trace.v1", "event_type": "request_end", "event_time_unix_ms": 1, '
      '"request": {"request_id": "a", "output_tokens": 1, "replay": {"trace_block_size": 4, '
      '"input_length": 5, "input_sequence_hashes": [1]}}}', "trace line 1 input_length 5 exceeds hash_ids capacity 4"),
