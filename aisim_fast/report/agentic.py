@@ -9,7 +9,8 @@ terminal of its requests; only plays whose every request completed count.
 Lifecycle events (dispatch, causal_terminal, skipped, quiescent, play_quiescent) are
 ordered as the reference's workload driver records them: sends and feedback batches
 in the order the run made them (a worker's pass end reports its terminals as one
-batch, so two workers ending at one instant report in two); a batch records its
+batch, and the pass ends of several workers at one instant, one after another, are one
+batch to the reference: ``reference_batches``); a batch records its
 terminals in node order, each followed by the skips its failure causes, then their
 quiescences, each followed by its play's when it settles the play. A request is quiescent once it released every
 resource: at its terminal, or (disaggregated) when its prefill's KV is released, if
@@ -119,7 +120,7 @@ def request_columns(graph: AgenticGraph, arrival_ms: np.ndarray, play_lane: np.n
     was dispatched (its arrival: the driver sends it when due), and the two places
     (``dispatch_ordinal``, ``feedback_batch``): a child its parent's send releases goes
     after the parent whatever their node order, and two workers' passes ending at one
-    instant report in two batches."""
+    instant report in two batches of the run (``reference_batches`` merges them)."""
     n = graph.num_nodes
     if play_lane is None:
         play_lane = np.full(len(graph.play_names), -1, np.int64)
@@ -258,7 +259,7 @@ def lifecycle_events(graph: AgenticGraph, requests: pd.DataFrame, node: np.ndarr
     arrival = requests["arrival_ms"].to_numpy(np.float64)
     terminal = requests["completion_ms"].to_numpy(np.float64)
     sent_seq = requests["dispatch_ordinal"].to_numpy(np.int64)
-    ended_seq = requests["feedback_batch"].to_numpy(np.int64)
+    ended_seq = reference_batches(requests)
     play = graph.node_play[node]
     sent = set(node.tolist())
     # (time, place in the run's sequence, terminal 0 / quiescence 1, node, sub) -> record
@@ -299,6 +300,41 @@ def lifecycle_events(graph: AgenticGraph, requests: pd.DataFrame, node: np.ndarr
             records.append(((quiet[k], q_batch[k], 1, i, 1), _event(quiet[k], pid, None, "play_quiescent", None)))
     records.sort(key=lambda r: r[0])
     return [line.replace('"ordinal":0,', f'"ordinal":{n},', 1) for n, (_, line) in enumerate(records)]
+
+
+def reference_batches(requests: pd.DataFrame) -> np.ndarray:
+    """int64[request]: the feedback batch the reference reports each request's terminal
+    in. The run numbers every pass end's terminals as a batch of its own; the reference
+    applies the pass ends of all workers at one instant together, so batches at one
+    instant that follow each other in the run's sequence (no send between them) are one,
+    numbered as the first. A batch of rejections only (requests refused when a pass was
+    scheduled, after the pass ends) stays apart, as in the reference (measured: two
+    one-token requests ending on two workers at 5 ms; a rejection at the instant a pass
+    ended)."""
+    sent = requests["dispatch_ordinal"].to_numpy(np.int64)
+    ended = requests["feedback_batch"].to_numpy(np.int64)
+    at_ms = requests["completion_ms"].to_numpy(np.float64)
+    rejected = (requests["terminal_status"] == "rejected").to_numpy()
+    # per place in the sequence: a send, or a batch with its instant and whether it
+    # holds rejections only
+    kind: dict[int, tuple] = {int(q): ("send", None) for q in sent}
+    only_rejections: dict[int, bool] = {}
+    for b, t, r in zip(ended.tolist(), at_ms.tolist(), rejected.tolist()):
+        if b >= 0:
+            only_rejections[b] = only_rejections.get(b, True) and r
+            kind[b] = ("batch", t)
+    first: dict[int, int] = {}
+    prev, head = None, -1
+    for q in sorted(kind):
+        what, t = kind[q]
+        passes = what == "batch" and not only_rejections[q]
+        if passes and prev is not None and prev == ("passes", t):
+            first[q] = head
+        else:
+            head = q
+            first[q] = q
+        prev = ("passes", t) if passes else (what, t)
+    return np.array([first.get(b, b) for b in ended.tolist()], np.int64)
 
 
 def _event(at_ms: float, play_id: str, request_id: str | None, event: str, status: str | None) -> str:

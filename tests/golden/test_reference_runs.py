@@ -64,12 +64,8 @@ OPEN_RANGE: dict[str, str] = {
 
 # case name -> the agentic report key that still differs (strict xfail)
 OPEN_AGENTIC: dict[str, str] = {
-    "seed402_case0048": "closed loop of 8 over two vLLM workers: agentic_lifecycle_digest (rows and every "
-                        "other key equal)",
     "seed402_case0080": "28 requests sent against 27 (OPEN): play outcomes, trajectories and the lifecycle",
     "seed402_case0132": "the cached-token difference (OPEN) moves the trajectories and the lifecycle",
-    "seed402_case0156": "speculating vLLM agentic graph, two workers of max_num_seqs 1: agentic_lifecycle_digest "
-                        "(rows equal)",
 }
 
 
@@ -133,4 +129,10 @@ def test_agentic_report_keys_match_the_reference(case):
     ref = json.loads((case / "ref.report.json").read_text())
     ours["agentic_graph"].pop("source")
     ref["agentic_graph"].pop("source")
-    assert {k: v for k, v in ours.items() if v != ref.get(k)} == {}
+
+    def equal(mine, theirs) -> bool:
+        # a standard deviation matches to a few ulps (report.metrics.exact_distribution)
+        if isinstance(mine, float) and isinstance(theirs, float):
+            return mine == pytest.approx(theirs, rel=1e-12, abs=1e-9)
+        return mine == theirs
+    assert {k: v for k, v in ours.items() if not equal(v, ref.get(k))} == {}
