@@ -132,6 +132,8 @@ def admit_arrivals(cfg, p, rq, wl, wk, sims, s, now_ms):
             rq.f64[q_turn, RQF_READY_MS], rq.i64[q_turn, RQ_SESSION], rq.i64[q_turn, RQ_TURN]))
         if take_start:
             sims.i64[s, SM_START_PTR] += 1
+            if rq.i64[q_start, RQ_TERMINAL] == TERM_NOT_SENT:
+                continue  # an agentic root its play's failure skipped before its start
             sims.i64[s, SM_ACTIVE_SESSIONS] += 1
             _arrive(cfg, p, rq, wl, wk, sims, s, q_start, t_start)
         else:

@@ -13,7 +13,9 @@ the CLI's agentic Dynamo payload (three sessions on two lanes) and random agent 
 of the differential's generator (``random_dynamo_agentic``: sessions in sequence, child
 sessions linked by tool events or by their times, explicit ``replay.dependencies``, a
 prompt no pool holds) on the same four configurations, with and without lanes and
-sped up and slowed down. ``agentic_vllm_agg3_tie``: two one-request plays whose
+sped up and slowed down. ``agentic_vllm_agg1_failed_root``: a play of two roots whose first is rejected
+before the second's start, which is then never sent. ``agentic_vllm_agg3_tie``: two
+one-request plays whose
 passes end at one instant on two of three workers (fixed timing); the reference
 applies both pass ends as one feedback batch, so its lifecycle records both terminals
 before either quiescence. Every request's
@@ -45,10 +47,11 @@ AGENTIC_KEYS = ("agentic_input_format", "agentic_lanes", "agentic_qualification"
 
 
 def test_cases_present():
-    assert CASES == ["agentic_sglang_agg2", "agentic_vllm_agg1_legacy", "agentic_vllm_agg1_seqs2",
-                     "agentic_vllm_agg2_kv900", "agentic_vllm_agg3_tie", "agentic_vllm_disagg1p1d", "cli_agentic_legacy", "cli_agentic_v2",
-                     "cli_agentic_v2_nolanes", "cli_dynamo_agentic", "dynamo_sglang_agg2", "dynamo_vllm_agg1_seqs2",
-                     "dynamo_vllm_agg2_lanes2", "dynamo_vllm_disagg1p1d"]
+    assert CASES == ["agentic_sglang_agg2", "agentic_vllm_agg1_failed_root", "agentic_vllm_agg1_legacy",
+                     "agentic_vllm_agg1_seqs2", "agentic_vllm_agg2_kv900", "agentic_vllm_agg3_tie",
+                     "agentic_vllm_disagg1p1d", "cli_agentic_legacy", "cli_agentic_v2", "cli_agentic_v2_nolanes",
+                     "cli_dynamo_agentic", "dynamo_sglang_agg2", "dynamo_vllm_agg1_seqs2", "dynamo_vllm_agg2_lanes2",
+                     "dynamo_vllm_disagg1p1d"]
 
 
 @pytest.fixture(scope="module", params=CASES)

@@ -47,8 +47,6 @@ OPEN: dict[str, str] = {
     # agentic graphs (issue 36), differential seed 402
     "seed402_case0047": "speculating vLLM agentic graph, 200 blocks of 16, one worker: one request's cached "
                         "tokens 512 against 496",
-    "seed402_case0080": "vLLM agentic graph, three workers of 200 blocks of 32, max_num_seqs 2: 28 requests "
-                        "sent against the reference's 27 (a play's failure skips one more there)",
     "seed402_case0100": "speculating vLLM agentic graph, closed loop of 3, 600 blocks of 64: one request's "
                         "cached tokens 128 against 64",
     "seed402_case0132": "speculating vLLM agentic graph, 600 blocks of 32, chunks of 256: cached tokens 640 "
@@ -57,14 +55,11 @@ OPEN: dict[str, str] = {
 
 
 # case name -> why a cell lies outside the run's time range (strict xfail)
-OPEN_RANGE: dict[str, str] = {
-    "seed402_case0080": "the request sent here and not by the reference emits after the reference's end",
-}
+OPEN_RANGE: dict[str, str] = {}
 
 
 # case name -> the agentic report key that still differs (strict xfail)
 OPEN_AGENTIC: dict[str, str] = {
-    "seed402_case0080": "28 requests sent against 27 (OPEN): play outcomes, trajectories and the lifecycle",
     "seed402_case0132": "the cached-token difference (OPEN) moves the trajectories and the lifecycle",
 }
 
