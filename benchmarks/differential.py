@@ -218,7 +218,8 @@ def random_agentic_trace(rng: random.Random, path: Path) -> list[str]:
     rejection fails its play) and a zero-token output; request ids drawn so node order is
     not file order. A third are legacy rows (``wait_for``, ``tool_wait_ms``), a quarter of
     the rest Dynamo request records with ``agent_context`` (``random_dynamo_agentic``).
-    Lanes (1-3 or none) and a speed-up drawn."""
+    Lanes (1-3 or none) and a speed-up drawn; with lanes, now and then a seeded
+    ``agentic_snapshot``."""
     legacy = rng.random() < 0.3
     block = rng.choice([16, 64, 512])
     if not legacy and rng.random() < 0.25:
@@ -234,6 +235,8 @@ def random_agentic_trace(rng: random.Random, path: Path) -> list[str]:
         lanes = rng.choice([None, None, 1, 2, 3])
         if lanes:
             traffic["agentic_lanes"] = lanes
+            if rng.random() < 0.3:
+                traffic["agentic_snapshot"] = {"seed": rng.randrange(1 << 32)}
         return ["traffic=" + json.dumps(traffic), "spec.max_in_flight=null"]
     rows = []
     for play in range(rng.randint(1, 6)):
@@ -291,6 +294,8 @@ def random_agentic_trace(rng: random.Random, path: Path) -> list[str]:
                "arrival_speedup_ratio": rng.choice([1.0, 1.0, 2.0, 0.5]), "execution_model": "m"}
     if lanes:
         traffic["agentic_lanes"] = lanes
+        if rng.random() < 0.3:  # each lane replays a seeded cut of one play
+            traffic["agentic_snapshot"] = {"seed": rng.randrange(1 << 32)}
     return ["traffic=" + json.dumps(traffic), "spec.max_in_flight=null"]
 
 

@@ -540,6 +540,9 @@ class ReplaySetup:
     capture_performance_diagnostics: bool = False
     # agentic_mooncake: plays run this many at a time (trace.agentic_graph); None = all at once
     agentic_lanes: int | None = None
+    # agentic_snapshot's seed: each lane replays one play cut at a seeded instant
+    # (trace.agentic_snapshot); None = the whole graph
+    agentic_snapshot_seed: int | None = None
     # the model an agentic trace's requests are projected to (traffic.execution_model)
     execution_model: str | None = None
     # the trace path as the payload names it (an agentic legacy trace's provenance digest)
@@ -869,6 +872,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
               "trace's own arrivals without a cap then; run so (give replay_concurrency N for a closed loop)")
     _ignored_in_flight_cap(max_in_flight, concurrency, "replay_concurrency")
     agentic_lanes = _agentic_traffic(traffic, trace_format, load, concurrency, traffic.get("trace_paths"))
+    snapshot_seed = _agentic_snapshot(traffic.get("agentic_snapshot"), agentic_lanes)
     prefill_rank = disagg.get("prefill_rank")
     trtllm = "trtllm" in (rank.backend, prefill_rank.backend if prefill_rank is not None else None)
     if trace_format == "agentic_mooncake" and trtllm:
@@ -940,6 +944,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         tokenization=tokenization,
         capture_performance_diagnostics=capture,
         agentic_lanes=agentic_lanes,
+        agentic_snapshot_seed=snapshot_seed,
         execution_model=traffic.get("execution_model"),
         trace_named=str(trace),
         dynamo_if_agentic=dynamo_if_agentic,
@@ -962,10 +967,10 @@ def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: i
         _fail("traffic.agentic_lanes", "agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input"
               f" (trace_format is {trace_format!r})")
     if trace_format == "dynamo":  # the rest is checked once the trace is read (check_dynamo_agentic)
-        for key in AGENTIC_TRAFFIC_KEYS[1:]:
+        for key in AGENTIC_TRAFFIC_KEYS[2:]:
             if traffic.get(key) is not None:
-                _fail(f"traffic.{key}", "agentic snapshots, warm-up and profiles are not simulated yet; replay the "
-                                        "trace without it (agentic_lanes and plain replay are)")
+                _fail(f"traffic.{key}", "agentic warm-up and profiles are not simulated yet; replay the trace "
+                                        "without it (agentic_lanes, agentic_snapshot and plain replay are)")
         if lanes is None:
             return None
         lanes = _int("traffic.agentic_lanes", lanes, 0)
@@ -987,16 +992,38 @@ def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: i
         _fail("traffic.trace_paths", "agentic_mooncake requires exactly one path")
     if concurrency:
         _fail("traffic.replay_concurrency", "agentic_mooncake does not support concurrency load")
-    for key in AGENTIC_TRAFFIC_KEYS[1:]:
+    for key in AGENTIC_TRAFFIC_KEYS[2:]:
         if traffic.get(key) is not None:
-            _fail(f"traffic.{key}", "agentic snapshots, warm-up and profiles are not simulated yet; replay the "
-                                    "trace without it (agentic_lanes and plain replay are)")
+            _fail(f"traffic.{key}", "agentic warm-up and profiles are not simulated yet; replay the trace "
+                                    "without it (agentic_lanes, agentic_snapshot and plain replay are)")
     if lanes is None:
         return None
     lanes = _int("traffic.agentic_lanes", lanes, 0)
     if lanes == 0:
         _fail("traffic.agentic_lanes", "agentic_lanes must be greater than 0")
     return lanes
+
+
+def _agentic_snapshot(raw, lanes: int | None) -> int | None:
+    """``traffic.agentic_snapshot`` (``{seed}``) -> its seed, None when absent."""
+    if raw is None:
+        return None
+    if lanes is None:
+        _fail("traffic.agentic_snapshot", "agentic_snapshot requires trace_timestamps agentic input with positive "
+                                          "agentic_lanes")
+    snapshot = _obj("traffic.agentic_snapshot", raw)
+    for key in snapshot:
+        if key in ("initial_selections", "corpus_cursor"):
+            _fail(f"traffic.agentic_snapshot.{key}", "chosen snapshot cuts (initial_selections, corpus_cursor) are "
+                                                     "not simulated yet; a seed alone is")
+        if key != "seed":
+            _fail(f"traffic.agentic_snapshot.{key}", "unknown field; allowed: seed")
+    if "seed" not in snapshot:
+        _fail("traffic.agentic_snapshot.seed", "missing (an unsigned integer)")
+    seed = snapshot["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+        _fail("traffic.agentic_snapshot.seed", f"must be an unsigned 64-bit integer, got {seed!r}")
+    return seed
 
 
 def _ignored_in_flight_cap(max_in_flight, concurrency: int, what: str) -> None:

@@ -163,9 +163,15 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
             _fail("traffic.stop.max_virtual_time_seconds", "agentic_mooncake does not support max virtual time")
     elif load.get("agentic_lanes") is not None and trace_format != "dynamo":
         _fail("traffic.load.agentic_lanes", "agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input")
-    for key in ("agentic_snapshot", "agentic_profile"):
-        if load.get(key) is not None:
-            _not_simulated(f"traffic.load.{key}", "agentic snapshots and profiles")
+    if load.get("agentic_profile") is not None:
+        _not_simulated("traffic.load.agentic_profile", "agentic profiles")
+    snapshot = load.get("agentic_snapshot")
+    if snapshot is not None:
+        if load.get("agentic_lanes") is None:
+            _fail("traffic.load.agentic_snapshot", "agentic_snapshot requires positive agentic_lanes")
+        for key in ("initial_selections", "corpus_cursor"):
+            if isinstance(snapshot, dict) and snapshot.get(key) is not None:
+                _not_simulated(f"traffic.load.agentic_snapshot.{key}", "chosen snapshot cuts")
     if load.get("agentic_warmup", False) is not False:
         _not_simulated("traffic.load.agentic_warmup", "agentic replay")
     if load.get("agentic_warmup_policy", "repeated_prefixes") != "repeated_prefixes":
@@ -195,6 +201,8 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
             "traffic.load.speedup", speedup, positive=True)
         if load.get("agentic_lanes") is not None:
             out["agentic_lanes"] = _int("traffic.load.agentic_lanes", load["agentic_lanes"])
+        if snapshot is not None:  # checked with the payload (config.payload)
+            out["agentic_snapshot"] = snapshot
     cap_ms = None
     if stop.get("max_virtual_time_seconds") is not None:
         cap_ms = 1000.0 * _number("traffic.stop.max_virtual_time_seconds",

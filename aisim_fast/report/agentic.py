@@ -122,15 +122,20 @@ def request_columns(graph: AgenticGraph, arrival_ms: np.ndarray, play_lane: np.n
     after the parent whatever their node order, and two workers' passes ending at one
     instant report in two batches of the run (``reference_batches`` merges them)."""
     n = graph.num_nodes
+    snap = graph.snapshot
+    if snap is not None:  # each cut play runs on its own lane from the start
+        play_lane = snap.play_lane
     if play_lane is None:
         play_lane = np.full(len(graph.play_names), -1, np.int64)
     lane = np.asarray(play_lane)[graph.node_play]
     return {
         "play_id": graph.play_id,
         "session_id": graph.session_id,
+        "agentic_request_id": graph.request_id,
         "agentic_conversation_id": graph.session_id,
-        "agentic_root_id": graph.root_id(),
-        "agentic_parent_id": graph.parent_id(),
+        "agentic_root_id": graph.root_id() if snap is None else _snapshot_identity(snap, graph, "root_id"),
+        "agentic_parent_id": graph.parent_id() if snap is None else _snapshot_identity(snap, graph, "parent_id"),
+        "agentic_cache_id": np.full(n, None, dtype=object) if snap is None else snap.cache_id,
         "agentic_lane_id": np.array([None if k < 0 else f"lane:{k}" for k in lane.tolist()], dtype=object),
         "dispatched_at_ms": arrival_ms,
         "dispatch_ordinal": np.full(n, -1, np.int64) if sent_seq is None else sent_seq,
@@ -138,9 +143,22 @@ def request_columns(graph: AgenticGraph, arrival_ms: np.ndarray, play_lane: np.n
     }
 
 
+def _snapshot_identity(snap, graph: AgenticGraph, key: str) -> np.ndarray:
+    """object[node]: a cut play's request identity ``key`` as its evidence gives it."""
+    by_id = {r["identity"]["request_id"]: r["identity"].get(key) for e in snap.evidence for r in e["requests"]}
+    out = np.empty(graph.num_nodes, dtype=object)
+    out[:] = [by_id[rid] for rid in graph.request_id]
+    return out
+
+
+def _source_ids(graph: AgenticGraph) -> np.ndarray:
+    """object[node]: each request's id in the trace (a snapshot's instances keep it)."""
+    return graph.request_id if graph.snapshot is None else graph.snapshot.source_request_id
+
+
 def _nodes(graph: AgenticGraph, requests: pd.DataFrame) -> np.ndarray:
     index = pd.Index(graph.request_id)
-    return index.get_indexer(requests["request_id"].to_numpy(object))
+    return index.get_indexer(requests["agentic_request_id"].to_numpy(object))
 
 
 def setup_report_keys(graph: AgenticGraph, requests: pd.DataFrame, setup) -> dict:
@@ -184,6 +202,8 @@ def report_keys(graph: AgenticGraph, requests: pd.DataFrame, execution_model: st
     np.maximum.at(last_quiet, play[ended], quiet[ended])
     root_dispatch = np.full(n_plays, np.inf)
     np.minimum.at(root_dispatch, play[is_root], arrival[is_root])
+    if graph.snapshot is not None:  # a cut play's trajectory runs from the cut, 0
+        root_dispatch[:] = 0.0
     outcomes, e2e = [], []
     settled_ms = np.full(n_plays, np.nan)
     for g in range(n_plays):
@@ -201,7 +221,7 @@ def report_keys(graph: AgenticGraph, requests: pd.DataFrame, execution_model: st
         if failed:
             (t_fail, _), k = failed_at[g]
             out["causal_terminal_ms"] = t_fail
-            out["failure_request_id"] = str(graph.request_id[node[k]])
+            out["failure_request_id"] = str(_source_ids(graph)[node[k]])
             out["failure_status"] = _TERMINAL_STATUS.get(status[k], status[k])
         else:
             out["causal_terminal_ms"] = float(last_terminal[g]) if np.isfinite(last_terminal[g]) else None
@@ -212,18 +232,21 @@ def report_keys(graph: AgenticGraph, requests: pd.DataFrame, execution_model: st
     dist = exact_distribution(np.array(e2e, np.float64))
     events = lifecycle_events(graph, requests, node, failed_at, settled_ms)
     digest = blake3.blake3(_LIFECYCLE_DOMAIN + "".join(events).encode()).hexdigest()
-    models = graph.source_models()
+    snap = graph.snapshot
+    if snap is None:
+        identity = {"block_size": graph.block_size, "graph_digest": graph_digest(graph), "node_count": graph.num_nodes,
+                    "play_count": n_plays,
+                    "source": {"digest": source_digest or graph.source_digest, "format": graph.source_format},
+                    "source_models": graph.source_models()}
+    else:  # the source graph's, as recorded
+        identity = json.loads(json.dumps(snap.source_identity))
+        if source_digest:
+            identity["source"]["digest"] = source_digest
+    models = identity["source_models"]
     out = {
-        "agentic_graph": {
-            "block_size": graph.block_size,
-            "graph_digest": graph_digest(graph),
-            "node_count": graph.num_nodes,
-            "play_count": n_plays,
-            "source": {"digest": source_digest or graph.source_digest, "format": graph.source_format},
-            "source_models": models,
-        },
+        "agentic_graph": identity,
         "agentic_input_format": graph.input_format,
-        "agentic_lanes": graph.lanes,
+        "agentic_lanes": graph.lanes if snap is None else snap.lanes,
         "agentic_qualification": "functional_only",
         "agentic_model_projection": {"policy": "project_to_configured_target", "source_models": models,
                                      "target_model": execution_model},
@@ -234,6 +257,8 @@ def report_keys(graph: AgenticGraph, requests: pd.DataFrame, execution_model: st
         "agentic_lifecycle_event_count": len(events),
         "agentic_lifecycle_digest": digest,
     }
+    if snap is not None:
+        out["agentic_snapshots"] = snap.evidence
     for name in ("mean", "median", "min", "max", "std"):
         out[f"{name}_trajectory_e2e_latency_ms"] = dist[name]
     out["p50_trajectory_e2e_latency_ms"] = dist["median"]
@@ -260,6 +285,7 @@ def lifecycle_events(graph: AgenticGraph, requests: pd.DataFrame, node: np.ndarr
     terminal = requests["completion_ms"].to_numpy(np.float64)
     sent_seq = requests["dispatch_ordinal"].to_numpy(np.int64)
     ended_seq = reference_batches(requests)
+    names = _source_ids(graph)
     play = graph.node_play[node]
     sent = set(node.tolist())
     # (time, place in the run's sequence, terminal 0 / quiescence 1, node, sub) -> record
@@ -284,7 +310,7 @@ def lifecycle_events(graph: AgenticGraph, requests: pd.DataFrame, node: np.ndarr
             settled_by[g] = max(settled_by.get(g, (-2, -1)), (q_batch[k], int(node[k])))
     for k in range(len(node)):
         i, g = int(node[k]), int(play[k])
-        pid, rid = graph.play_names[g], graph.request_id[i]
+        pid, rid = graph.play_names[g], names[i]
         records.append(((arrival[k], int(sent_seq[k]), 0, 0, 0), _event(arrival[k], pid, rid, "dispatch", None)))
         if not np.isfinite(terminal[k]) or status[k] is None:
             continue
@@ -294,7 +320,7 @@ def lifecycle_events(graph: AgenticGraph, requests: pd.DataFrame, node: np.ndarr
         if first_failure.get(g) == k:
             for j, skipped in enumerate(skipped_by_play[g]):
                 records.append(((terminal[k], batch, 0, i, 1 + j),
-                                _event(terminal[k], pid, graph.request_id[skipped], "skipped", None)))
+                                _event(terminal[k], pid, names[skipped], "skipped", None)))
         records.append(((quiet[k], q_batch[k], 1, i, 0), _event(quiet[k], pid, rid, "quiescent", None)))
         if settled_by.get(g, (0, -1))[1] == i:
             records.append(((quiet[k], q_batch[k], 1, i, 1), _event(quiet[k], pid, None, "play_quiescent", None)))

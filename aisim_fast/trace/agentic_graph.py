@@ -94,6 +94,11 @@ class AgenticGraph:
     dep_relation: np.ndarray     # int8[e] RELATION_*
     play_names: np.ndarray       # object[p] in play order
     node_play: np.ndarray        # int64[n] the node's play (index in play order)
+    # a snapshot replay's cut plays (trace.agentic_snapshot.Snapshot); None: the graph itself
+    snapshot: object = None
+    # float64[n, 2] when each request started and ended as recorded, where the source
+    # format records it (Dynamo records); None: ``not_before_ms`` + ``recorded_api_time_ms``
+    recorded_interval_ms: np.ndarray | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -153,11 +158,12 @@ class GraphRow:
     (file, line) of such a row, for errors; unset for rows read as written)."""
     __slots__ = ("line", "request_id", "play_id", "session_id", "model", "not_before_ms", "input_length",
                  "output_length", "hash_ids", "output_token_ids", "recorded_api_time_ms", "source_play_ordinal",
-                 "priority", "strict_priority", "policy_class", "dependencies", "origin")
+                 "priority", "strict_priority", "policy_class", "dependencies", "origin", "recorded_interval")
 
 
 def load_agentic_mooncake(path, *, trace_block_size: int | None = None, arrival_speedup_ratio: float = 1.0,
-                          lanes: int | None = None, max_rows: int | None = None) -> Workload:
+                          lanes: int | None = None, max_rows: int | None = None,
+                          snapshot_seed: int | None = None) -> Workload:
     """Load an agentic Mooncake trace (v2 or legacy rows, told apart by the first
     line) as a ``Workload`` with its ``agentic`` graph (``trace_block_size``: the
     payload's, used by legacy rows only, 512 when None; ``lanes``: agentic_lanes).
@@ -181,7 +187,7 @@ def load_agentic_mooncake(path, *, trace_block_size: int | None = None, arrival_
         block = 512 if trace_block_size is None else int(trace_block_size)
         header, rows = _read_legacy(path, lines, block)
     return graph_workload(path, header, rows, input_format="agentic_mooncake", ratio=ratio, lanes=lanes,
-                          max_rows=max_rows)
+                          max_rows=max_rows, snapshot_seed=snapshot_seed)
 
 
 def check_speedup(arrival_speedup_ratio) -> float:
@@ -192,14 +198,19 @@ def check_speedup(arrival_speedup_ratio) -> float:
 
 
 def graph_workload(path: str, header: tuple, rows: list, *, input_format: str, ratio: float, lanes: int | None,
-                   max_rows: int | None) -> Workload:
+                   max_rows: int | None, snapshot_seed: int | None = None) -> Workload:
     """The ``Workload`` of a graph given as rows (``GraphRow``, each with its
     dependencies; ``header``: (block size, source format, source digest)), checked as
     the reference checks a v2 trace. ``max_rows``: whole plays only (a graph cut at a
     row would lose dependencies), the first in play order up to that many requests, at
-    least one."""
+    least one. ``snapshot_seed``: replay each lane's seeded cut of one play instead
+    (``agentic_snapshot``)."""
     if lanes is not None and lanes <= 0:
         raise ValueError("agentic_lanes must be greater than 0")
+    if snapshot_seed is not None:
+        from aisim_fast.trace.agentic_snapshot import snapshot_workload
+        graph, _ = _build(path, header, rows, 1.0, lanes, input_format, rebase=False)
+        return snapshot_workload(path, graph, [r.line for r in rows], lanes, snapshot_seed, ratio)
     graph, prompt_ids = _build(path, header, rows, ratio, lanes, input_format)
     if max_rows is not None and max_rows < graph.num_nodes:
         sizes = np.bincount(graph.node_play, minlength=len(graph.play_names))
@@ -445,7 +456,11 @@ def _line_error(path: str, r: GraphRow, what: str) -> TraceError:
     return TraceError(*where, f"trace line {r.line} {what}")
 
 
-def _build(path: str, header: tuple, rows: list, ratio: float, lanes: int | None, input_format: str):
+def _build(path: str, header: tuple, rows: list, ratio: float, lanes: int | None, input_format: str,
+           rebase: bool = True):
+    """The graph of ``rows`` (sorted here into node order), checked; its times re-based
+    on the earliest ``not_before_ms`` and divided by ``ratio`` unless ``rebase`` is
+    False (the recorded times a snapshot cuts)."""
     block, source_format, source_digest = header
     if not rows:
         raise TraceError(path, None, f"agentic trace file {path} did not contain any requests")
@@ -534,7 +549,8 @@ def _build(path: str, header: tuple, rows: list, ratio: float, lanes: int | None
         play_names = sorted(plays, key=lambda pid: pid.encode())
     play_index = {pid: k for k, pid in enumerate(play_names)}
     nb = np.array([r.not_before_ms for r in rows], np.float64)
-    nb = (nb - nb.min()) / ratio
+    if rebase:
+        nb = (nb - nb.min()) / ratio
     counts = np.array([len(r.hash_ids) for r in rows], np.int64)
     raw_indptr = np.zeros(n + 1, np.int64)
     np.cumsum(counts, out=raw_indptr[1:])
@@ -565,7 +581,9 @@ def _build(path: str, header: tuple, rows: list, ratio: float, lanes: int | None
         dep_indptr=dep_indptr, dep_source=dep_source, dep_trigger=np.array(dep_trigger, np.int8),
         dep_delay_ms=np.array(dep_delay, np.float64) / ratio, dep_relation=np.array(dep_relation, np.int8),
         play_names=np.array(play_names, dtype=object),
-        node_play=np.array([play_index[r.play_id] for r in rows], np.int64))
+        node_play=np.array([play_index[r.play_id] for r in rows], np.int64),
+        recorded_interval_ms=None if getattr(rows[0], "recorded_interval", None) is None else
+        np.array([r.recorded_interval for r in rows], np.float64))
     return graph, raw_ids
 
 

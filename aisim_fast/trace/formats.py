@@ -21,7 +21,8 @@ ALL_TRACE_FORMATS = TRACE_FORMATS + PUBLIC_CSV_FORMATS
 
 def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | None = None,
                arrival_speedup_ratio: float = 1.0, max_rows: int | None = None,
-               closed_loop: bool = False, emits=None, more_paths=(), agentic_lanes: int | None = None) -> Workload:
+               closed_loop: bool = False, emits=None, more_paths=(), agentic_lanes: int | None = None,
+               agentic_snapshot_seed: int | None = None) -> Workload:
     """Load ``path`` as ``trace_format`` (one of ``ALL_TRACE_FORMATS``).
 
     ``mooncake``: rows of whole prompts (``workload.load_mooncake``).
@@ -35,7 +36,9 @@ def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | 
     must match it); with ``agent_context`` a dependency graph (``dynamo_agentic``).
     The other formats' ``trace_block_size`` defaults to 512.
     ``agentic_mooncake``: dependency graphs of requests, v2 or legacy rows
-    (``agentic_graph``; ``agentic_lanes``: plays run N at a time, None: all at once).
+    (``agentic_graph``; ``agentic_lanes``: plays run N at a time, None: all at once;
+    ``agentic_snapshot_seed``: each lane replays a seeded cut of one play,
+    ``agentic_snapshot``).
     ``azure`` / ``burstgpt``: request lengths and arrivals only (``public_csv``;
     ``trace_block_size`` does not apply)."""
     if trace_format not in ALL_TRACE_FORMATS:
@@ -48,11 +51,11 @@ def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | 
     if trace_format == "agentic_mooncake":
         return load_agentic_mooncake(path, trace_block_size=trace_block_size or None,
                                      arrival_speedup_ratio=arrival_speedup_ratio, lanes=agentic_lanes,
-                                     max_rows=max_rows)
+                                     max_rows=max_rows, snapshot_seed=agentic_snapshot_seed)
     if trace_format == "dynamo":
         return load_dynamo([path, *more_paths], trace_block_size=trace_block_size or None,
                            arrival_speedup_ratio=arrival_speedup_ratio, max_rows=max_rows,
-                           agentic_lanes=agentic_lanes)
+                           agentic_lanes=agentic_lanes, snapshot_seed=agentic_snapshot_seed)
     if agentic_lanes is not None:
         raise ValueError("agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input")
     if trace_format in PUBLIC_CSV_FORMATS:

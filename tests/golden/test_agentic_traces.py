@@ -13,7 +13,11 @@ the CLI's agentic Dynamo payload (three sessions on two lanes) and random agent 
 of the differential's generator (``random_dynamo_agentic``: sessions in sequence, child
 sessions linked by tool events or by their times, explicit ``replay.dependencies``, a
 prompt no pool holds) on the same four configurations, with and without lanes and
-sped up and slowed down. ``agentic_vllm_agg1_failed_root``: a play of two roots whose first is rejected
+sped up and slowed down. ``*snapshot*``: seeded snapshots (``agentic_snapshot``): the CLI's payload (two lanes
+over four sequence plays) and random graphs (v2 on three lanes, SGLang, disaggregated,
+agentic Dynamo records on four lanes), each lane a play cut at its sampled instant;
+the report's ``agentic_snapshots`` evidence is compared too.
+``agentic_vllm_agg1_failed_root``: a play of two roots whose first is rejected
 before the second's start, which is then never sent. ``agentic_vllm_agg3_tie``: two
 one-request plays whose
 passes end at one instant on two of three workers (fixed timing); the reference
@@ -49,9 +53,10 @@ AGENTIC_KEYS = ("agentic_input_format", "agentic_lanes", "agentic_qualification"
 def test_cases_present():
     assert CASES == ["agentic_sglang_agg2", "agentic_vllm_agg1_failed_root", "agentic_vllm_agg1_legacy",
                      "agentic_vllm_agg1_seqs2", "agentic_vllm_agg2_kv900", "agentic_vllm_agg3_tie",
-                     "agentic_vllm_disagg1p1d", "cli_agentic_legacy", "cli_agentic_v2", "cli_agentic_v2_nolanes",
-                     "cli_dynamo_agentic", "dynamo_sglang_agg2", "dynamo_vllm_agg1_seqs2", "dynamo_vllm_agg2_lanes2",
-                     "dynamo_vllm_disagg1p1d"]
+                     "agentic_vllm_disagg1p1d", "cli_agentic_legacy", "cli_agentic_snapshot", "cli_agentic_v2",
+                     "cli_agentic_v2_nolanes", "cli_dynamo_agentic", "dynamo_sglang_agg2", "dynamo_vllm_agg1_seqs2",
+                     "dynamo_vllm_agg2_lanes2", "dynamo_vllm_disagg1p1d", "snapshot_dynamo_vllm_agg1_lanes4",
+                     "snapshot_sglang_agg2_lanes2", "snapshot_vllm_agg2_lanes3", "snapshot_vllm_disagg1p1d_lanes2"]
 
 
 @pytest.fixture(scope="module", params=CASES)
@@ -79,8 +84,9 @@ def test_graph_identity_matches_the_reference(run):
     assert set(records) == set(requests["request_id"])
     for row in requests.itertuples():
         ref = records[row.request_id]
-        ours = {"request_id": row.request_id, "play_id": row.play_id, "conversation_id": row.agentic_conversation_id,
-                "root_id": row.agentic_root_id, "parent_id": row.agentic_parent_id, "lane_id": row.agentic_lane_id}
+        ours = {"request_id": row.agentic_request_id, "play_id": row.play_id,
+                "conversation_id": row.agentic_conversation_id, "root_id": row.agentic_root_id,
+                "parent_id": row.agentic_parent_id, "lane_id": row.agentic_lane_id, "cache_id": row.agentic_cache_id}
         assert {k: v for k, v in ours.items() if isinstance(v, str)} == ref["agentic"], row.request_id
         assert (row.play_id, row.session_id, row.dispatched_at_ms) == (ref["play_id"], ref["session_id"],
                                                                        ref["dispatched_at_ms"])
@@ -89,7 +95,8 @@ def test_graph_identity_matches_the_reference(run):
 def test_report_keys_match_the_reference(run):
     case, _, summary = run
     report = json.loads((GOLDEN / f"{case}.report.json").read_text())
-    for key in ("num_requests", "completed_requests", *TRAJECTORY_KEYS, *AGENTIC_KEYS):
+    snapshots = ("agentic_snapshots",) if "agentic_snapshots" in report else ()
+    for key in ("num_requests", "completed_requests", *TRAJECTORY_KEYS, *AGENTIC_KEYS, *snapshots):
         assert summary[key] == pytest.approx(report[key], rel=1e-12, abs=1e-9) if isinstance(report[key], float) \
             else summary[key] == report[key], key
     graph, ref_graph = dict(summary["agentic_graph"]), dict(report["agentic_graph"])

@@ -61,9 +61,9 @@ def release_ms(graph, sent_ms: np.ndarray, completed_ms: np.ndarray) -> np.ndarr
 def check_release(graph, requests) -> int:
     """Asserts the rule on every request that was sent (a failed play skips the rest);
     returns how many were. The
-    frame's rows are matched to the graph's nodes by request id (a request never
+    frame's rows are matched to the graph's nodes by their agentic request id (a request never
     sent may have no row)."""
-    by_node = requests.set_index("request_id").reindex(graph.request_id)
+    by_node = requests.set_index("agentic_request_id").reindex(graph.request_id)
     sent = by_node["dispatched_at_ms"].to_numpy(np.float64)
     done = np.where(by_node["terminal_status"].to_numpy() == "completed",
                     by_node["completion_ms"].to_numpy(np.float64), np.nan)
