@@ -279,7 +279,7 @@ def load_setup_trace(setup: ReplaySetup, max_rows: int | None = None):
     path = Path(setup.trace_path)
     if not path.exists():
         raise TraceError(str(path), None, "trace file not found")
-    if path.is_dir():
+    if path.is_dir() and setup.trace_format != "weka":  # a Weka corpus may be a folder of plays
         raise TraceError(str(path), None, "is a folder, not a trace file")
     try:
         return setup_workload(setup, max_rows, closed_loop=setup.concurrency > 0)

@@ -260,11 +260,11 @@ def payload_from_flags(args) -> dict:
         traffic.update(load_type="concurrency", replay_concurrency=args.concurrency)
     if getattr(args, "trace_format", None) is not None:  # size has no --trace-format
         traffic["trace_format"] = args.trace_format
-        if args.trace_format in ("agentic_mooncake", "dynamo"):
+        if args.trace_format in ("agentic_mooncake", "dynamo", "weka"):
             # the reference projects an agentic trace's requests onto a configured model
             # (a Dynamo trace is agentic when its records carry agent_context)
             traffic["execution_model"] = getattr(args, "model", None) or "unspecified"
-        if args.trace_format == "dynamo" and args.trace_block_size is None:
+        if args.trace_format in ("dynamo", "weka") and args.trace_block_size is None:
             del traffic["trace_block_size"]  # the trace's own
     if getattr(args, "agentic_lanes", None) is not None:
         traffic["agentic_lanes"] = args.agentic_lanes

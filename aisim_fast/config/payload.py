@@ -540,6 +540,8 @@ class ReplaySetup:
     capture_performance_diagnostics: bool = False
     # agentic_mooncake: plays run this many at a time (trace.agentic_graph); None = all at once
     agentic_lanes: int | None = None
+    # weka: how nested subagent times read (trace.weka; auto: as the corpus shows)
+    weka_basis: str = "auto"
     # agentic_snapshot's seed: each lane replays one play cut at a seeded instant
     # (trace.agentic_snapshot); None = the whole graph
     agentic_snapshot_seed: int | None = None
@@ -709,7 +711,10 @@ _TRAFFIC_KEYS = {"source_type", "load_type", "trace_path", "trace_paths", "trace
                  # standard-trace replay reads it nowhere (no row is filtered by it)
                  "execution_model",
                  # agentic replay (trace.agentic_graph)
-                 *AGENTIC_TRAFFIC_KEYS}
+                 *AGENTIC_TRAFFIC_KEYS,
+                 # weka (trace.weka): nested subagent times; the reference's graph cache, which
+                 # changes no result
+                 "weka_nested_timestamp_basis", "trace_graph_cache"}
 
 
 def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str | None = None
@@ -875,8 +880,17 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     snapshot_seed = _agentic_snapshot(traffic.get("agentic_snapshot"), agentic_lanes)
     prefill_rank = disagg.get("prefill_rank")
     trtllm = "trtllm" in (rank.backend, prefill_rank.backend if prefill_rank is not None else None)
-    if trace_format == "agentic_mooncake" and trtllm:
+    if trace_format == "weka" and prefill_rank is not None:
+        _fail("spec.topology.kind", "Weka agentic trace requires aggregated topology")
+    if trace_format in ("agentic_mooncake", "weka") and trtllm:
         _fail("spec.engine.rank.backend", "agentic replay supports only vLLM and SGLang backends")
+    weka_basis = traffic.get("weka_nested_timestamp_basis")
+    if weka_basis is not None and trace_format != "weka":
+        _fail("traffic.weka_nested_timestamp_basis", "weka_nested_timestamp_basis requires Weka input")
+    weka_basis = _choice("traffic.weka_nested_timestamp_basis", "auto" if weka_basis is None else weka_basis,
+                         ("auto", "absolute", "relative"))
+    if not isinstance(traffic.get("trace_graph_cache", False), bool):
+        _fail("traffic.trace_graph_cache", f"must be true or false, got {traffic['trace_graph_cache']!r}")
     dynamo_if_agentic = ()
     if trace_format == "dynamo":
         dynamo_if_agentic = tuple(
@@ -921,8 +935,8 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         return str(where)
     trace_path = Path(trace) if trace_override is not None else Path(found(trace))
     more_paths = tuple(found(p) for p in paths[1:]) if paths and trace_override is None else ()
-    # dynamo traces carry their own block size: a payload's must match it (0: none given)
-    block_default = 0 if trace_format == "dynamo" else 512
+    # dynamo and weka traces carry their own block size: a payload's must match it (0: none given)
+    block_default = 0 if trace_format in ("dynamo", "weka") else 512
     return ReplaySetup(
         rank=rank,
         workers=workers,
@@ -945,6 +959,7 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         capture_performance_diagnostics=capture,
         agentic_lanes=agentic_lanes,
         agentic_snapshot_seed=snapshot_seed,
+        weka_basis=weka_basis,
         execution_model=traffic.get("execution_model"),
         trace_named=str(trace),
         dynamo_if_agentic=dynamo_if_agentic,
@@ -963,7 +978,7 @@ def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: i
     """The agentic keys of a trace payload, checked in the reference's order and words;
     returns ``agentic_lanes`` (None: plays all at once)."""
     lanes = traffic.get("agentic_lanes")
-    if lanes is not None and trace_format not in ("agentic_mooncake", "dynamo"):
+    if lanes is not None and trace_format not in ("agentic_mooncake", "dynamo", "weka"):
         _fail("traffic.agentic_lanes", "agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input"
               f" (trace_format is {trace_format!r})")
     if trace_format == "dynamo":  # the rest is checked once the trace is read (check_dynamo_agentic)
@@ -977,21 +992,24 @@ def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: i
         if lanes == 0:
             _fail("traffic.agentic_lanes", "agentic_lanes must be greater than 0")
         return lanes
-    if trace_format != "agentic_mooncake":
+    if trace_format not in ("agentic_mooncake", "weka"):
         for key in AGENTIC_TRAFFIC_KEYS[1:]:
             if traffic.get(key) is not None:
-                _fail(f"traffic.{key}", "applies to agentic traces (trace_format agentic_mooncake)")
+                _fail(f"traffic.{key}", "applies to agentic traces (trace_format agentic_mooncake, weka, or dynamo)")
         return None
+    weka = trace_format == "weka"
     if not traffic.get("execution_model"):
         _fail("traffic.execution_model", "agentic execution requires a configured target model")
     if load != "trace_timestamps":
-        _fail("traffic.load_type", "agentic_mooncake requires trace_timestamps load")
+        _fail("traffic.load_type", f"{trace_format} requires trace_timestamps load")
     if traffic.get("max_sim_time_ms") is not None:
-        _fail("traffic.max_sim_time_ms", "agentic trace does not support max virtual time")
+        _fail("traffic.max_sim_time_ms", ("Weka agentic" if weka else "agentic") + " trace does not support max "
+                                         "virtual time")
     if paths is not None and len(paths) != 1:
-        _fail("traffic.trace_paths", "agentic_mooncake requires exactly one path")
+        _fail("traffic.trace_paths", f"{trace_format} requires exactly one path")
     if concurrency:
-        _fail("traffic.replay_concurrency", "agentic_mooncake does not support concurrency load")
+        _fail("traffic.replay_concurrency", "Weka agentic trace does not support concurrency load" if weka else
+              "agentic_mooncake does not support concurrency load")
     for key in AGENTIC_TRAFFIC_KEYS[2:]:
         if traffic.get(key) is not None:
             _fail(f"traffic.{key}", "agentic warm-up and profiles are not simulated yet; replay the trace "

@@ -144,10 +144,13 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
         _not_simulated("traffic.source.format", f"the {trace_format!r} trace format")
     if len(paths) != 1 and trace_format not in MULTI_FILE_FORMATS:
         _fail("traffic.source.paths", f"trace format {trace_format!r} takes exactly one path")
-    if source.get("nested_timestamp_basis") is not None:
+    basis = source.get("nested_timestamp_basis")
+    if basis is not None and trace_format != "weka":
         _fail("traffic.source.nested_timestamp_basis", "is only valid for trace format 'weka'")
-    # a dynamo trace carries its block size: the CLI writes one only when given
-    block_size = None if trace_format == "dynamo" and source.get("block_size") is None else \
+    if basis is not None:
+        _choice("traffic.source.nested_timestamp_basis", basis, ("auto", "absolute", "relative"))
+    # dynamo and weka traces carry their block size: the CLI writes one only when given
+    block_size = None if trace_format in ("dynamo", "weka") and source.get("block_size") is None else \
         _int("traffic.source.block_size", source.get("block_size", 512))
 
     load_type = _choice("traffic.load.type", load.get("type", "concurrency"),
@@ -161,7 +164,7 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
             _fail("traffic.load.type", "agentic_mooncake requires trace_timestamps load")
         if stop.get("max_virtual_time_seconds") is not None:
             _fail("traffic.stop.max_virtual_time_seconds", "agentic_mooncake does not support max virtual time")
-    elif load.get("agentic_lanes") is not None and trace_format != "dynamo":
+    elif load.get("agentic_lanes") is not None and trace_format not in ("dynamo", "weka"):
         _fail("traffic.load.agentic_lanes", "agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input")
     if load.get("agentic_profile") is not None:
         _not_simulated("traffic.load.agentic_profile", "agentic profiles")
@@ -187,6 +190,8 @@ def _traffic(raw: Any) -> tuple[dict, int | None, float | None]:
                            "trace_path": paths[0], "trace_format": trace_format}
     if block_size is not None:
         out["trace_block_size"] = block_size
+    if basis is not None:
+        out["weka_nested_timestamp_basis"] = basis
     in_flight = None
     if load_type == "concurrency":
         if load.get("speedup") is not None:
@@ -906,7 +911,7 @@ def lower_predict_config(doc: Any) -> dict:
                          "scaling": {"provider": "none", "config": None}},
             "max_sim_time_ms": cap_ms, "max_in_flight": in_flight, "record_per_request": True,
             "sla": sla, "requests": []}
-    if traffic.get("trace_format") in ("dynamo", "agentic_mooncake"):
+    if traffic.get("trace_format") in ("dynamo", "agentic_mooncake", "weka"):
         # the CLI names its target model for Dynamo and agentic traces (agentic replay
         # projects their requests onto it)
         traffic["execution_model"] = engine["model"]

@@ -93,7 +93,7 @@ def setup_workload(setup: ReplaySetup, max_rows: int | None = None, closed_loop:
                               arrival_speedup_ratio=setup.arrival_speedup_ratio, max_rows=max_rows,
                               closed_loop=closed_loop, emits=turn_outcome(setup),
                               more_paths=setup.more_trace_paths, agentic_lanes=setup.agentic_lanes,
-                              agentic_snapshot_seed=setup.agentic_snapshot_seed)
+                              agentic_snapshot_seed=setup.agentic_snapshot_seed, weka_basis=setup.weka_basis)
         if workload.agentic is not None and setup.trace_format == "dynamo":
             check_dynamo_agentic(setup)
     if setup.disaggregated and (setup.trace_format == "mooncake-delta" or setup.synthetic is not None):

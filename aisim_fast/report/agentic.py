@@ -259,6 +259,7 @@ def report_keys(graph: AgenticGraph, requests: pd.DataFrame, execution_model: st
     }
     if snap is not None:
         out["agentic_snapshots"] = snap.evidence
+    out.update(graph.extra_report)
     for name in ("mean", "median", "min", "max", "std"):
         out[f"{name}_trajectory_e2e_latency_ms"] = dist[name]
     out["p50_trajectory_e2e_latency_ms"] = dist["median"]

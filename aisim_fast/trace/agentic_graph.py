@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -99,6 +99,8 @@ class AgenticGraph:
     # float64[n, 2] when each request started and ended as recorded, where the source
     # format records it (Dynamo records); None: ``not_before_ms`` + ``recorded_api_time_ms``
     recorded_interval_ms: np.ndarray | None = None
+    # report keys of the source format (a Weka corpus's resolved timestamp basis)
+    extra_report: dict = field(default_factory=dict)
 
     @property
     def num_nodes(self) -> int:

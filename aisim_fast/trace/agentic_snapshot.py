@@ -132,6 +132,9 @@ def snapshot_workload(path: str, graph: AgenticGraph, lines: list, lanes: int | 
                         wait = max(wait, float(trigger + graph.dep_delay_ms[e]) - t_star)
                     else:
                         pending.append(e)
+                # in the reference's dependency order: by source id, trigger, relation, delay
+                pending.sort(key=lambda e: (graph.request_id[graph.dep_source[e]].encode(), int(graph.dep_trigger[e]),
+                                            int(graph.dep_relation[e]), float(graph.dep_delay_ms[e])))
             ident = {"cache_id": cache_id, "conversation_id": f"{play_id}:conversation:{session}",
                      "lane_id": f"lane:{lane}", "play_id": play_id,
                      "request_id": f"{play_id}:request:{graph.request_id[i]}"}
@@ -266,7 +269,8 @@ class _Rows:
             dep_trigger=graph.dep_trigger[edges] if len(edges) else np.zeros(0, np.int8),
             dep_delay_ms=graph.dep_delay_ms[edges] / self.delay_ratio if len(edges) else np.zeros(0),
             dep_relation=graph.dep_relation[edges] if len(edges) else np.zeros(0, np.int8),
-            play_names=objects(play_names), node_play=np.array(self.play, np.int64), snapshot=snap)
+            play_names=objects(play_names), node_play=np.array(self.play, np.int64), snapshot=snap,
+            extra_report=graph.extra_report)
         ready_ms, started = cut.initial_ready_ms()
         start_ms = np.where(started, ready_ms, np.nan)
         firsts = np.flatnonzero(started)

@@ -8,10 +8,11 @@ from aisim_fast.trace.applied_compute import load_applied_compute
 from aisim_fast.trace.dynamo_requests import load_dynamo
 from aisim_fast.trace.public_csv import PUBLIC_CSV_FORMATS, load_public_csv
 from aisim_fast.trace.session_history import with_session_history
+from aisim_fast.trace.weka import load_weka
 from aisim_fast.trace.workload import Workload, load_mooncake
 
 # the reference's names
-TRACE_FORMATS = ("mooncake", "mooncake-delta", "applied_compute_agentic", "dynamo", "agentic_mooncake")
+TRACE_FORMATS = ("mooncake", "mooncake-delta", "applied_compute_agentic", "dynamo", "agentic_mooncake", "weka")
 # read from several files as one trace (traffic.trace_paths)
 MULTI_FILE_FORMATS = ("dynamo",)
 # every format a replay reads: the reference's, then public CSVs it does not read
@@ -22,7 +23,7 @@ ALL_TRACE_FORMATS = TRACE_FORMATS + PUBLIC_CSV_FORMATS
 def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | None = None,
                arrival_speedup_ratio: float = 1.0, max_rows: int | None = None,
                closed_loop: bool = False, emits=None, more_paths=(), agentic_lanes: int | None = None,
-               agentic_snapshot_seed: int | None = None) -> Workload:
+               agentic_snapshot_seed: int | None = None, weka_basis: str = "auto") -> Workload:
     """Load ``path`` as ``trace_format`` (one of ``ALL_TRACE_FORMATS``).
 
     ``mooncake``: rows of whole prompts (``workload.load_mooncake``).
@@ -39,6 +40,8 @@ def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | 
     (``agentic_graph``; ``agentic_lanes``: plays run N at a time, None: all at once;
     ``agentic_snapshot_seed``: each lane replays a seeded cut of one play,
     ``agentic_snapshot``).
+    ``weka``: Weka / AgentX plays, a file or a directory (``weka``; ``weka_basis``: how
+    nested subagent times read, auto | absolute | relative).
     ``azure`` / ``burstgpt``: request lengths and arrivals only (``public_csv``;
     ``trace_block_size`` does not apply)."""
     if trace_format not in ALL_TRACE_FORMATS:
@@ -52,6 +55,9 @@ def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | 
         return load_agentic_mooncake(path, trace_block_size=trace_block_size or None,
                                      arrival_speedup_ratio=arrival_speedup_ratio, lanes=agentic_lanes,
                                      max_rows=max_rows, snapshot_seed=agentic_snapshot_seed)
+    if trace_format == "weka":
+        return load_weka(path, trace_block_size=trace_block_size or None, arrival_speedup_ratio=arrival_speedup_ratio,
+                         lanes=agentic_lanes, max_rows=max_rows, snapshot_seed=agentic_snapshot_seed, basis=weka_basis)
     if trace_format == "dynamo":
         return load_dynamo([path, *more_paths], trace_block_size=trace_block_size or None,
                            arrival_speedup_ratio=arrival_speedup_ratio, max_rows=max_rows,
