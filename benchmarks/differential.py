@@ -216,12 +216,27 @@ def random_agentic_trace(rng: random.Random, path: Path) -> list[str]:
     ``not_before_ms``, prompts growing on a play's shared prefix (some hash ids shared
     across plays), now and then authored output ids, a prompt too long for any pool (a
     rejection fails its play) and a zero-token output; request ids drawn so node order is
-    not file order. A third are legacy rows (``wait_for``, ``tool_wait_ms``), a quarter of
-    the rest Dynamo request records with ``agent_context`` (``random_dynamo_agentic``).
+    not file order. A third are legacy rows (``wait_for``, ``tool_wait_ms``), a fifth of the
+    rest Weka corpora (``random_weka_corpus``), a quarter of the others Dynamo request
+    records with ``agent_context`` (``random_dynamo_agentic``).
     Lanes (1-3 or none) and a speed-up drawn; with lanes, now and then a seeded
     ``agentic_snapshot``."""
     legacy = rng.random() < 0.3
     block = rng.choice([16, 64, 512])
+    if not legacy and rng.random() < 0.2:
+        path = path.with_suffix(".jsonl")
+        relative = random_weka_corpus(rng, path, block)
+        traffic = {"source_type": "trace", "load_type": "trace_timestamps", "trace_path": str(path),
+                   "trace_paths": [str(path)], "trace_format": "weka",
+                   "arrival_speedup_ratio": rng.choice([1.0, 1.0, 2.0, 0.5]), "execution_model": "m"}
+        if relative and rng.random() < 0.5:
+            traffic["weka_nested_timestamp_basis"] = "relative"
+        lanes = rng.choice([None, None, 1, 2, 3])
+        if lanes:
+            traffic["agentic_lanes"] = lanes
+            if rng.random() < 0.3:
+                traffic["agentic_snapshot"] = {"seed": rng.randrange(1 << 32)}
+        return ["traffic=" + json.dumps(traffic), "spec.max_in_flight=null"]
     if not legacy and rng.random() < 0.25:
         events = random_dynamo_agentic(rng, block)
         with path.open("w") as fh:
@@ -297,6 +312,59 @@ def random_agentic_trace(rng: random.Random, path: Path) -> list[str]:
         if rng.random() < 0.3:  # each lane replays a seeded cut of one play
             traffic["agentic_snapshot"] = {"seed": rng.randrange(1 << 32)}
     return ["traffic=" + json.dumps(traffic), "spec.max_in_flight=null"]
+
+
+def random_weka_corpus(rng: random.Random, path: Path, block: int) -> bool:
+    """A random Weka corpus at ``path`` (one JSONL object per play, 1-3 plays): turns
+    that extend the conversation's prompt, forks that share only a prefix, now and then
+    a hashless request, a partial block, a zero output, and subagents (blocking with or
+    without ``duration_ms``, background) whose requests start at or after their marker,
+    or, for a relative corpus, count from it. Returns whether the inner times are
+    relative."""
+    relative = rng.random() < 0.3
+    with path.open("w") as fh:
+        for play in range(rng.randint(1, 3)):
+            t = 0.0
+            prompt = [rng.randrange(1 << 40) for _ in range(rng.randint(1, 6))]
+            entries = []
+
+            def request(at: float, base: list) -> dict:
+                n = len(base)
+                r = {"t": round(at, 3), "type": rng.choice("ns"), "model": "m",
+                     "in": max(1, n * block - (rng.randrange(block) if rng.random() < 0.3 else 0)),
+                     "out": 0 if rng.random() < 0.05 else rng.choice([1, 5, 30, 120]),
+                     "hash_ids": [] if rng.random() < 0.05 else list(base),
+                     "api_time": rng.choice([None, 0.1, 0.5, 1.5, 3.0])}
+                if rng.random() < 0.05:
+                    r["in"] = 300_000  # beyond any pool: rejected, its play fails
+                return r
+            for k in range(rng.randint(1, 8)):
+                if k and rng.random() < 0.25:  # a subagent after at least one parent request
+                    inner, it = [], t + rng.choice([0.0, 0.05, 0.3])
+                    sub = [rng.randrange(1 << 40) for _ in range(rng.randint(1, 3))]
+                    for _ in range(rng.randint(0 if rng.random() < 0.2 else 1, 3)):
+                        r = request(it - t if relative else it, sub)
+                        inner.append(r)
+                        sub = sub + [rng.randrange(1 << 40)]
+                        it += (r["api_time"] or 0.0) + rng.choice([0.0, 0.2])
+                    blocking = bool(inner) and rng.random() < 0.6
+                    e = {"t": round(t, 3), "type": "subagent", "agent_id": f"a{k}", "subagent_type": "Explore",
+                         "status": "completed" if blocking else "async_launched", "requests": inner}
+                    if blocking and rng.random() < 0.5:
+                        e["duration_ms"] = int((it - t) * 1000) + rng.choice([0, 100, 5000])
+                    entries.append(e)
+                    continue
+                if k and rng.random() < 0.2:  # a fork: only a prefix of the conversation
+                    base = prompt[:rng.randint(1, len(prompt))] + [rng.randrange(1 << 40)]
+                else:
+                    prompt = prompt + [rng.randrange(1 << 40) for _ in range(rng.randint(1, 3))]
+                    base = prompt
+                r = request(t, base)
+                entries.append(r)
+                t += (r["api_time"] or 0.0) + rng.choice([0.0, 0.0, 0.1, 1.0, 30.0])
+            fh.write(json.dumps({"id": f"play{play}", "models": ["m"], "block_size": block,
+                                 "hash_id_scope": "local", "requests": entries}) + "\n")
+    return relative
 
 
 def random_dynamo_agentic(rng: random.Random, block: int) -> list[dict]:
@@ -896,7 +964,8 @@ def main() -> int:
                     host_edits = [e for e in host_edits if not e.startswith("traffic")] \
                         + random_agentic_trace(agentic_rng, case / "agentic.jsonl")
                     own_trace = agentic = True
-                    kind += "/agentic" + ("-dynamo" if '"trace_format": "dynamo"' in host_edits[-2] else "")
+                    kind += "/agentic" + ("-dynamo" if '"trace_format": "dynamo"' in host_edits[-2] else
+                                          "-weka" if '"trace_format": "weka"' in host_edits[-2] else "")
             cli_edits = None
             if args.cli_fraction > 0 and not args.kv_artifacts:
                 cli_rng = random.Random(args.seed * 100003 + i + 0xC11)
