@@ -21,92 +21,17 @@ settles when it has finished and every request it sent is quiescent.
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pandas as pd
 
 from aisim_fast.report.metrics import STATUS_COMPLETED, exact_distribution
-from aisim_fast.trace.agentic_graph import RELATIONS, TRIGGERS, AgenticGraph
+from aisim_fast.trace.agentic_graph import AgenticGraph, graph_digest, json_float, json_str
 
 LIFECYCLE_SCHEMA = "aisimulate.agentic.lifecycle.v1"
 _LIFECYCLE_DOMAIN = b"aisimulate-agentic-lifecycle-v1\0"
 _TERMINAL_STATUS = {"completed": "completed", "rejected": "rejected", "canceled": "canceled",
                     "cancelled": "canceled", "failed": "failed"}
-
-
-def json_float(x: float) -> str:
-    """``x`` as serde_json writes an f64 (ryu's shortest digits: ``100.0``,
-    ``0.00001``, ``1e-7``, ``1e16``)."""
-    if not math.isfinite(x):
-        return "null"
-    sign = "-" if x < 0 else ""
-    mantissa, _, exp = repr(abs(x)).partition("e")  # Python's repr: the shortest digits too
-    whole, _, frac = mantissa.partition(".")
-    if not exp:
-        frac = frac.rstrip("0")
-    digits = (whole + frac).lstrip("0") or "0"
-    k = (int(exp) if exp else 0) - len(frac)  # value = digits x 10^k
-    stripped = digits.rstrip("0")
-    k += len(digits) - len(stripped)
-    digits = stripped or "0"
-    if digits == "0":
-        return sign + "0.0"
-    n = len(digits)
-    kk = n + k
-    if 0 <= k and kk <= 16:
-        out = digits + "0" * k + ".0"
-    elif 0 < kk <= 16:
-        out = digits[:kk] + "." + digits[kk:]
-    elif -5 < kk <= 0:
-        out = "0." + "0" * (-kk) + digits
-    elif n == 1:
-        out = f"{digits}e{kk - 1}"
-    else:
-        out = f"{digits[0]}.{digits[1:]}e{kk - 1}"
-    return sign + out
-
-
-def _json_str(s: str) -> str:
-    return json.dumps(s, ensure_ascii=False)
-
-
-def graph_digest(graph: AgenticGraph) -> str:
-    """The reference's canonical graph digest: blake3 (hex) of the compact JSON of
-    ``{block_size, nodes}``, nodes in node order, times as the run uses them (re-based,
-    sped up; ``recorded_api_time_ms`` as written), dependencies sorted by (request,
-    trigger, relation, delay)."""
-    import blake3
-
-    parts = []
-    rid = graph.request_id
-    for i in range(graph.num_nodes):
-        s = ['{"request_id":', _json_str(rid[i]), ',"play_id":', _json_str(graph.play_id[i])]
-        if graph.source_play_ordinal[i] >= 0:
-            s += [',"source_play_ordinal":', str(int(graph.source_play_ordinal[i]))]
-        out_ids = graph.output_token_ids[i]
-        hashes = graph.raw_hash_ids[graph.raw_hash_indptr[i]:graph.raw_hash_indptr[i + 1]]
-        s += [',"session_id":', _json_str(graph.session_id[i]), ',"model":', _json_str(graph.model[i]),
-              ',"input_length":', str(int(graph.input_length[i])), ',"max_output_tokens":',
-              str(int(graph.output_length[i])),
-              ',"output_token_ids":', "null" if out_ids is None else "[" + ",".join(map(str, out_ids)) + "]",
-              ',"replay_key":', "null" if out_ids is None else _json_str(rid[i]),
-              ',"hash_ids":[', ",".join(map(str, hashes.tolist())), "]",
-              ',"not_before_ms":', json_float(float(graph.not_before_ms[i]))]
-        if not math.isnan(graph.recorded_api_time_ms[i]):
-            s += [',"recorded_api_time_ms":', json_float(float(graph.recorded_api_time_ms[i]))]
-        pc = graph.policy_class[i]
-        s += [',"priority":', str(int(graph.priority[i])), ',"strict_priority":', str(int(graph.strict_priority[i])),
-              ',"policy_class":', "null" if pc is None else _json_str(pc), ',"dependencies":[']
-        deps = [(rid[graph.dep_source[e]], int(graph.dep_trigger[e]), int(graph.dep_relation[e]),
-                 float(graph.dep_delay_ms[e])) for e in range(graph.dep_indptr[i], graph.dep_indptr[i + 1])]
-        deps.sort(key=lambda d: (d[0].encode(), d[1], d[2], d[3]))
-        s.append(",".join('{"request_id":' + _json_str(d[0]) + ',"trigger":"' + TRIGGERS[d[1]] + '","delay_ms":'
-                          + json_float(d[3]) + ',"relation":"' + RELATIONS[d[2]] + '"}' for d in deps))
-        s.append("]}")
-        parts.append("".join(s))
-    doc = '{"block_size":' + str(graph.block_size) + ',"nodes":[' + ",".join(parts) + "]}"
-    return blake3.blake3(doc.encode()).hexdigest()
 
 
 def request_columns(graph: AgenticGraph, arrival_ms: np.ndarray, play_lane: np.ndarray | None,
@@ -366,9 +291,9 @@ def reference_batches(requests: pd.DataFrame) -> np.ndarray:
 
 def _event(at_ms: float, play_id: str, request_id: str | None, event: str, status: str | None) -> str:
     s = ['{"schema":"', LIFECYCLE_SCHEMA, '","ordinal":0,"at_ms":', json_float(float(at_ms)),
-         ',"play_id":', _json_str(play_id)]
+         ',"play_id":', json_str(play_id)]
     if request_id is not None:
-        s += [',"request_id":', _json_str(request_id)]
+        s += [',"request_id":', json_str(request_id)]
     s += [',"event":"', event, '"']
     if status is not None:
         s += [',"status":"', status, '"']

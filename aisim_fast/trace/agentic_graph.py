@@ -48,6 +48,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+import blake3
 import numpy as np
 
 from aisim_fast.trace.workload import TraceError, Workload, rows_output_plan, intern_hash_ids, read_trace_bytes
@@ -165,11 +166,11 @@ class GraphRow:
 
 def load_agentic_mooncake(path, *, trace_block_size: int | None = None, arrival_speedup_ratio: float = 1.0,
                           lanes: int | None = None, max_rows: int | None = None,
-                          snapshot_seed: int | None = None) -> Workload:
+                          cut=None) -> Workload:
     """Load an agentic Mooncake trace (v2 or legacy rows, told apart by the first
     line) as a ``Workload`` with its ``agentic`` graph (``trace_block_size``: the
     payload's, used by legacy rows only, 512 when None; ``lanes``: agentic_lanes).
-    ``max_rows``: as ``graph_workload``'s."""
+    ``max_rows``, ``cut``: as ``graph_workload``'s."""
     path = str(path)
     ratio = check_speedup(arrival_speedup_ratio)
     try:
@@ -189,7 +190,7 @@ def load_agentic_mooncake(path, *, trace_block_size: int | None = None, arrival_
         block = 512 if trace_block_size is None else int(trace_block_size)
         header, rows = _read_legacy(path, lines, block)
     return graph_workload(path, header, rows, input_format="agentic_mooncake", ratio=ratio, lanes=lanes,
-                          max_rows=max_rows, snapshot_seed=snapshot_seed)
+                          max_rows=max_rows, cut=cut)
 
 
 def check_speedup(arrival_speedup_ratio) -> float:
@@ -200,19 +201,18 @@ def check_speedup(arrival_speedup_ratio) -> float:
 
 
 def graph_workload(path: str, header: tuple, rows: list, *, input_format: str, ratio: float, lanes: int | None,
-                   max_rows: int | None, snapshot_seed: int | None = None) -> Workload:
+                   max_rows: int | None, cut=None) -> Workload:
     """The ``Workload`` of a graph given as rows (``GraphRow``, each with its
     dependencies; ``header``: (block size, source format, source digest)), checked as
     the reference checks a v2 trace. ``max_rows``: whole plays only (a graph cut at a
     row would lose dependencies), the first in play order up to that many requests, at
-    least one. ``snapshot_seed``: replay each lane's seeded cut of one play instead
-    (``agentic_snapshot``)."""
+    least one. ``cut``: ``(path, graph, lanes, ratio) -> Workload``, the replay of the
+    graph's seeded cuts instead, built on its recorded times (``agentic_snapshot``)."""
     if lanes is not None and lanes <= 0:
         raise ValueError("agentic_lanes must be greater than 0")
-    if snapshot_seed is not None:
-        from aisim_fast.trace.agentic_snapshot import snapshot_workload
+    if cut is not None:
         graph, _ = _build(path, header, rows, 1.0, lanes, input_format, rebase=False)
-        return snapshot_workload(path, graph, [r.line for r in rows], lanes, snapshot_seed, ratio)
+        return cut(path, graph, lanes, ratio)
     graph, prompt_ids = _build(path, header, rows, ratio, lanes, input_format)
     if max_rows is not None and max_rows < graph.num_nodes:
         sizes = np.bincount(graph.node_play, minlength=len(graph.play_names))
@@ -320,7 +320,7 @@ def _v2_row(path: str, line: int, obj) -> GraphRow:
     return r
 
 
-def _common_fields(path: str, line: int, obj: dict, r: _Row) -> None:
+def _common_fields(path: str, line: int, obj: dict, r: GraphRow) -> None:
     """The fields v2 and legacy rows share (lengths, hash ids, authored output,
     priorities)."""
     for name, alias, attr in (("input_length", "input_tokens", "input_length"),
@@ -669,3 +669,79 @@ def _lower(path: str, graph: AgenticGraph, rows: list, raw_ids: np.ndarray) -> W
         authored_tokens=authored_tokens,
         agentic=graph,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# identity
+
+
+def json_float(x: float) -> str:
+    """``x`` as serde_json writes an f64 (ryu's shortest digits: ``100.0``,
+    ``0.00001``, ``1e-7``, ``1e16``)."""
+    if not math.isfinite(x):
+        return "null"
+    sign = "-" if x < 0 else ""
+    mantissa, _, exp = repr(abs(x)).partition("e")  # Python's repr: the shortest digits too
+    whole, _, frac = mantissa.partition(".")
+    if not exp:
+        frac = frac.rstrip("0")
+    digits = (whole + frac).lstrip("0") or "0"
+    k = (int(exp) if exp else 0) - len(frac)  # value = digits x 10^k
+    stripped = digits.rstrip("0")
+    k += len(digits) - len(stripped)
+    digits = stripped or "0"
+    if digits == "0":
+        return sign + "0.0"
+    n = len(digits)
+    kk = n + k
+    if 0 <= k and kk <= 16:
+        out = digits + "0" * k + ".0"
+    elif 0 < kk <= 16:
+        out = digits[:kk] + "." + digits[kk:]
+    elif -5 < kk <= 0:
+        out = "0." + "0" * (-kk) + digits
+    elif n == 1:
+        out = f"{digits}e{kk - 1}"
+    else:
+        out = f"{digits[0]}.{digits[1:]}e{kk - 1}"
+    return sign + out
+
+
+def json_str(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)
+
+
+def graph_digest(graph: AgenticGraph) -> str:
+    """The reference's canonical graph digest: blake3 (hex) of the compact JSON of
+    ``{block_size, nodes}``, nodes in node order, times as the run uses them (re-based,
+    sped up; ``recorded_api_time_ms`` as written), dependencies sorted by (request,
+    trigger, relation, delay)."""
+    parts = []
+    rid = graph.request_id
+    for i in range(graph.num_nodes):
+        s = ['{"request_id":', json_str(rid[i]), ',"play_id":', json_str(graph.play_id[i])]
+        if graph.source_play_ordinal[i] >= 0:
+            s += [',"source_play_ordinal":', str(int(graph.source_play_ordinal[i]))]
+        out_ids = graph.output_token_ids[i]
+        hashes = graph.raw_hash_ids[graph.raw_hash_indptr[i]:graph.raw_hash_indptr[i + 1]]
+        s += [',"session_id":', json_str(graph.session_id[i]), ',"model":', json_str(graph.model[i]),
+              ',"input_length":', str(int(graph.input_length[i])), ',"max_output_tokens":',
+              str(int(graph.output_length[i])),
+              ',"output_token_ids":', "null" if out_ids is None else "[" + ",".join(map(str, out_ids)) + "]",
+              ',"replay_key":', "null" if out_ids is None else json_str(rid[i]),
+              ',"hash_ids":[', ",".join(map(str, hashes.tolist())), "]",
+              ',"not_before_ms":', json_float(float(graph.not_before_ms[i]))]
+        if not math.isnan(graph.recorded_api_time_ms[i]):
+            s += [',"recorded_api_time_ms":', json_float(float(graph.recorded_api_time_ms[i]))]
+        pc = graph.policy_class[i]
+        s += [',"priority":', str(int(graph.priority[i])), ',"strict_priority":', str(int(graph.strict_priority[i])),
+              ',"policy_class":', "null" if pc is None else json_str(pc), ',"dependencies":[']
+        deps = [(rid[graph.dep_source[e]], int(graph.dep_trigger[e]), int(graph.dep_relation[e]),
+                 float(graph.dep_delay_ms[e])) for e in range(graph.dep_indptr[i], graph.dep_indptr[i + 1])]
+        deps.sort(key=lambda d: (d[0].encode(), d[1], d[2], d[3]))
+        s.append(",".join('{"request_id":' + json_str(d[0]) + ',"trigger":"' + TRIGGERS[d[1]] + '","delay_ms":'
+                          + json_float(d[3]) + ',"relation":"' + RELATIONS[d[2]] + '"}' for d in deps))
+        s.append("]}")
+        parts.append("".join(s))
+    doc = '{"block_size":' + str(graph.block_size) + ',"nodes":[' + ",".join(parts) + "]}"
+    return blake3.blake3(doc.encode()).hexdigest()

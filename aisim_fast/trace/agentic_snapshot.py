@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import blake3
 import numpy as np
 
-from aisim_fast.trace.agentic_graph import RELATION_SPAWN, TRIGGER_DISPATCH, AgenticGraph
+from aisim_fast.trace.agentic_graph import RELATION_SPAWN, TRIGGER_DISPATCH, AgenticGraph, graph_digest
 from aisim_fast.trace.workload import TraceError, Workload, rows_output_plan
 
 SCHEMA = "aisimulate.agentic.snapshot.v1"
@@ -54,13 +54,9 @@ class Snapshot:
     source_request_id: np.ndarray  # object[node]: the id in the trace (records and lifecycle name it)
 
 
-def snapshot_workload(path: str, graph: AgenticGraph, lines: list, lanes: int | None, seed: int,
-                      ratio: float) -> Workload:
-    """The cut plays of ``graph`` (built on its recorded times, rows in node order;
-    ``lines``: the reference's trace line of each row, in the rows' order before
-    sorting, unused but for errors) as the ``Workload`` a snapshot replay runs."""
-    from aisim_fast.report.agentic import graph_digest
-
+def snapshot_workload(path: str, graph: AgenticGraph, lanes: int | None, ratio: float, *, seed: int) -> Workload:
+    """The cut plays of ``graph`` (built on its recorded times) as the ``Workload`` a
+    snapshot replay runs."""
     if not lanes:
         raise ValueError("agentic_snapshot requires positive agentic_lanes")
     n = graph.num_nodes

@@ -39,7 +39,7 @@ _SEQUENCE, _SPAWN, _JOIN = RELATIONS.index("sequence"), RELATIONS.index("spawn")
 
 
 def lower_agentic(path: str, requests: list, tools: list, block: int, *, arrival_speedup_ratio: float,
-                  lanes: int | None, max_rows: int | None, snapshot_seed: int | None = None) -> Workload:
+                  lanes: int | None, max_rows: int | None, cut=None) -> Workload:
     """The graph of ``requests`` (``dynamo_requests.DynamoRequest``, in (start, end,
     request id) order, every one with a session) and ``tools``
     (``dynamo_requests.DynamoTool``) as a ``Workload``; errors in the reference's words,
@@ -132,7 +132,7 @@ def lower_agentic(path: str, requests: list, tools: list, block: int, *, arrival
     component_play_ids(rows, "dynamo-play")
     header = (block, SOURCE_FORMAT, f"requests:{len(rows)};tools:{len(tools)}")
     return graph_workload(path, header, rows, input_format="dynamo", ratio=ratio, lanes=lanes, max_rows=max_rows,
-                          snapshot_seed=snapshot_seed)
+                          cut=cut)
 
 
 def _tools_by_child(tools: list, requests: list, index: dict, sessions: dict) -> dict:

@@ -52,12 +52,12 @@ class DynamoTool:
 
 def load_dynamo(paths, *, trace_block_size: int | None = None, arrival_speedup_ratio: float = 1.0,
                 max_rows: int | None = None, agentic_lanes: int | None = None,
-                snapshot_seed: int | None = None) -> Workload:
+                cut=None) -> Workload:
     """Load one or more Dynamo request-trace files as one ``Workload``
     (``trace_block_size``: the payload's, None when it gives none; ``max_rows``: the
     first that many requests after ordering, whole plays of an agentic trace;
     ``agentic_lanes``: plays of an agentic trace run N at a time, None: all at once;
-    ``snapshot_seed``: an agentic trace's seeded cuts, ``trace.agentic_snapshot``)."""
+    ``cut``: an agentic trace's seeded cuts, as ``agentic_graph.graph_workload``'s)."""
     paths = [str(p) for p in ([paths] if isinstance(paths, (str, bytes)) or not hasattr(paths, "__iter__")
                               else paths)]
     requests, tools = _read(paths)
@@ -77,7 +77,7 @@ def load_dynamo(paths, *, trace_block_size: int | None = None, arrival_speedup_r
     if contextual:
         from aisim_fast.trace.dynamo_agentic import lower_agentic
         return lower_agentic(paths[0], requests, tools, block, arrival_speedup_ratio=arrival_speedup_ratio,
-                             lanes=agentic_lanes, max_rows=max_rows, snapshot_seed=snapshot_seed)
+                             lanes=agentic_lanes, max_rows=max_rows, cut=cut)
     if agentic_lanes is not None:
         raise ValueError("agentic_lanes requires an agentic Dynamo trace")
     if max_rows is not None:

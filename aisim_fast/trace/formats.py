@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from aisim_fast.trace.agentic_graph import load_agentic_mooncake
+from aisim_fast.trace.agentic_snapshot import snapshot_workload
 from aisim_fast.trace.applied_compute import load_applied_compute
 from aisim_fast.trace.dynamo_requests import load_dynamo
 from aisim_fast.trace.public_csv import PUBLIC_CSV_FORMATS, load_public_csv
@@ -44,6 +47,8 @@ def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | 
     nested subagent times read, auto | absolute | relative).
     ``azure`` / ``burstgpt``: request lengths and arrivals only (``public_csv``;
     ``trace_block_size`` does not apply)."""
+    # an agentic graph's seeded cuts replace it (agentic_snapshot)
+    cut = None if agentic_snapshot_seed is None else partial(snapshot_workload, seed=agentic_snapshot_seed)
     if trace_format not in ALL_TRACE_FORMATS:
         raise ValueError(f"trace_format must be one of {', '.join(ALL_TRACE_FORMATS)}, got {trace_format!r}")
     if more_paths and trace_format not in MULTI_FILE_FORMATS:
@@ -54,14 +59,14 @@ def load_trace(path, trace_format: str = "mooncake", *, trace_block_size: int | 
     if trace_format == "agentic_mooncake":
         return load_agentic_mooncake(path, trace_block_size=trace_block_size or None,
                                      arrival_speedup_ratio=arrival_speedup_ratio, lanes=agentic_lanes,
-                                     max_rows=max_rows, snapshot_seed=agentic_snapshot_seed)
+                                     max_rows=max_rows, cut=cut)
     if trace_format == "weka":
         return load_weka(path, trace_block_size=trace_block_size or None, arrival_speedup_ratio=arrival_speedup_ratio,
-                         lanes=agentic_lanes, max_rows=max_rows, snapshot_seed=agentic_snapshot_seed, basis=weka_basis)
+                         lanes=agentic_lanes, max_rows=max_rows, cut=cut, basis=weka_basis)
     if trace_format == "dynamo":
         return load_dynamo([path, *more_paths], trace_block_size=trace_block_size or None,
                            arrival_speedup_ratio=arrival_speedup_ratio, max_rows=max_rows,
-                           agentic_lanes=agentic_lanes, snapshot_seed=agentic_snapshot_seed)
+                           agentic_lanes=agentic_lanes, cut=cut)
     if agentic_lanes is not None:
         raise ValueError("agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input")
     if trace_format in PUBLIC_CSV_FORMATS:

@@ -56,11 +56,11 @@ _U64 = 1 << 64
 
 
 def load_weka(path, *, trace_block_size: int | None = None, arrival_speedup_ratio: float = 1.0,
-              lanes: int | None = None, max_rows: int | None = None, snapshot_seed: int | None = None,
+              lanes: int | None = None, max_rows: int | None = None, cut=None,
               basis: str = "auto") -> Workload:
     """Load a Weka corpus (a file or a directory) as a ``Workload`` with its agentic
     graph (``trace_block_size``: an assertion on the corpus's own block size, None: any;
-    ``basis``: weka_nested_timestamp_basis)."""
+    ``basis``: weka_nested_timestamp_basis; ``cut``: as ``agentic_graph.graph_workload``'s)."""
     if basis not in BASES:
         raise ValueError(f"weka_nested_timestamp_basis must be one of {', '.join(BASES)}, got {basis!r}")
     ratio = check_speedup(arrival_speedup_ratio)
@@ -100,7 +100,7 @@ def load_weka(path, *, trace_block_size: int | None = None, arrival_speedup_rati
     for k, r in enumerate(rows):
         r.line = k + 2
     w = graph_workload(path, (block, "weka", semantic), rows, input_format="weka", ratio=ratio, lanes=lanes,
-                       max_rows=max_rows, snapshot_seed=snapshot_seed)
+                       max_rows=max_rows, cut=cut)
     w.agentic.extra_report["weka_nested_timestamp_basis"] = resolved
     return w
 
