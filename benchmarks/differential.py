@@ -231,12 +231,7 @@ def random_agentic_trace(rng: random.Random, path: Path) -> list[str]:
                    "arrival_speedup_ratio": rng.choice([1.0, 1.0, 2.0, 0.5]), "execution_model": "m"}
         if relative and rng.random() < 0.5:
             traffic["weka_nested_timestamp_basis"] = "relative"
-        lanes = rng.choice([None, None, 1, 2, 3])
-        if lanes:
-            traffic["agentic_lanes"] = lanes
-            if rng.random() < 0.3:
-                traffic["agentic_snapshot"] = {"seed": rng.randrange(1 << 32)}
-        return ["traffic=" + json.dumps(traffic), "spec.max_in_flight=null"]
+        return _with_lanes(rng, traffic, rng.choice([None, None, 1, 2, 3]))
     if not legacy and rng.random() < 0.25:
         events = random_dynamo_agentic(rng, block)
         with path.open("w") as fh:
@@ -247,12 +242,7 @@ def random_agentic_trace(rng: random.Random, path: Path) -> list[str]:
                    "arrival_speedup_ratio": rng.choice([1.0, 1.0, 2.0, 0.5]), "execution_model": "m"}
         if rng.random() < 0.5:
             traffic["trace_block_size"] = block
-        lanes = rng.choice([None, None, 1, 2, 3])
-        if lanes:
-            traffic["agentic_lanes"] = lanes
-            if rng.random() < 0.3:
-                traffic["agentic_snapshot"] = {"seed": rng.randrange(1 << 32)}
-        return ["traffic=" + json.dumps(traffic), "spec.max_in_flight=null"]
+        return _with_lanes(rng, traffic, rng.choice([None, None, 1, 2, 3]))
     rows = []
     for play in range(rng.randint(1, 6)):
         pid = f"p{rng.randrange(100):02d}x{play}"
@@ -307,9 +297,15 @@ def random_agentic_trace(rng: random.Random, path: Path) -> list[str]:
     traffic = {"source_type": "trace", "load_type": "trace_timestamps", "trace_path": str(path),
                "trace_paths": [str(path)], "trace_format": "agentic_mooncake", "trace_block_size": block,
                "arrival_speedup_ratio": rng.choice([1.0, 1.0, 2.0, 0.5]), "execution_model": "m"}
+    return _with_lanes(rng, traffic, lanes)
+
+
+def _with_lanes(rng: random.Random, traffic: dict, lanes: int | None) -> list[str]:
+    """The traffic edits of an agentic trace run on ``lanes`` (None: plays all at once),
+    now and then each lane replaying a seeded cut of one play."""
     if lanes:
         traffic["agentic_lanes"] = lanes
-        if rng.random() < 0.3:  # each lane replays a seeded cut of one play
+        if rng.random() < 0.3:
             traffic["agentic_snapshot"] = {"seed": rng.randrange(1 << 32)}
     return ["traffic=" + json.dumps(traffic), "spec.max_in_flight=null"]
 

@@ -982,16 +982,7 @@ def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: i
         _fail("traffic.agentic_lanes", "agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input"
               f" (trace_format is {trace_format!r})")
     if trace_format == "dynamo":  # the rest is checked once the trace is read (check_dynamo_agentic)
-        for key in AGENTIC_TRAFFIC_KEYS[2:]:
-            if traffic.get(key) is not None:
-                _fail(f"traffic.{key}", "agentic warm-up and profiles are not simulated yet; replay the trace "
-                                        "without it (agentic_lanes, agentic_snapshot and plain replay are)")
-        if lanes is None:
-            return None
-        lanes = _int("traffic.agentic_lanes", lanes, 0)
-        if lanes == 0:
-            _fail("traffic.agentic_lanes", "agentic_lanes must be greater than 0")
-        return lanes
+        return _lanes_without_warmup(traffic, lanes)
     if trace_format not in ("agentic_mooncake", "weka"):
         for key in AGENTIC_TRAFFIC_KEYS[1:]:
             if traffic.get(key) is not None:
@@ -1010,6 +1001,12 @@ def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: i
     if concurrency:
         _fail("traffic.replay_concurrency", "Weka agentic trace does not support concurrency load" if weka else
               "agentic_mooncake does not support concurrency load")
+    return _lanes_without_warmup(traffic, lanes)
+
+
+def _lanes_without_warmup(traffic: dict, lanes) -> int | None:
+    """``agentic_lanes`` checked (None: plays all at once), after refusing the warm-up and
+    profile keys, which are not simulated."""
     for key in AGENTIC_TRAFFIC_KEYS[2:]:
         if traffic.get(key) is not None:
             _fail(f"traffic.{key}", "agentic warm-up and profiles are not simulated yet; replay the trace "

@@ -129,6 +129,26 @@ class AgenticGraph:
         rel = np.maximum(0.0, self.not_before_ms - self.root_not_before_ms()[self.node_play])
         return np.where(active, 0.0 + rel, np.nan), active & self.is_root
 
+    def start_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """(float64[n] each node's start as the run begins, NaN for a node released
+        later; int64[k] the nodes started then, by start time, node order on ties): a
+        ``Workload``'s ``start_ms`` and ``order``."""
+        ready_ms, started = self.initial_ready_ms()
+        start_ms = np.where(started, ready_ms, np.nan)
+        firsts = np.flatnonzero(started)
+        return start_ms, firsts[np.argsort(start_ms[firsts], kind="stable")].astype(np.int64)
+
+    def authored_outputs(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(int64[n] where each node's authored output ids start in the second array, -1
+        for none; uint32[total] those ids), (None, None) when no node has any."""
+        authored = self.output_token_ids
+        if not any(a is not None for a in authored):
+            return None, None
+        lengths = np.array([0 if a is None else len(a) for a in authored], np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        return (np.where([a is not None for a in authored], starts, -1).astype(np.int64),
+                np.array([t for a in authored if a is not None for t in a], np.uint32))
+
     def root_id(self) -> np.ndarray:
         """object[n]: the request_id of the node's play's root when the play has
         exactly one, else None (the reference's ``agentic.root_id``)."""
@@ -639,18 +659,8 @@ def _lower(path: str, graph: AgenticGraph, rows: list, raw_ids: np.ndarray) -> W
     n = graph.num_nodes
     session = np.arange(n, dtype=np.int32)
     output_len = graph.output_length.copy()
-    authored = [r.output_token_ids for r in rows]
-    authored_start = None
-    authored_tokens = None
-    if any(a is not None for a in authored):
-        lengths = np.array([0 if a is None else len(a) for a in authored], np.int64)
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        authored_start = np.where([a is not None for a in authored], starts, -1).astype(np.int64)
-        authored_tokens = np.array([t for a in authored if a is not None for t in a], np.uint32)
-    ready_ms, started = graph.initial_ready_ms()
-    start_ms = np.where(started, ready_ms, np.nan)
-    firsts = np.flatnonzero(started)
-    order = firsts[np.argsort(start_ms[firsts], kind="stable")].astype(np.int64)
+    authored_start, authored_tokens = graph.authored_outputs()
+    start_ms, order = graph.start_order()
     return Workload(
         path=path,
         trace_block_size=graph.block_size,

@@ -80,9 +80,8 @@ def snapshot_workload(path: str, graph: AgenticGraph, lanes: int | None, ratio: 
     for i in range(n):
         if not math.isfinite(start[i]) or start[i] < 0 or (not math.isnan(end[i]) and end[i] < start[i]):
             raise TraceError(path, None, "recorded API interval overflow or invalid interval")
-    full_plan = rows_output_plan(np.arange(n, dtype=np.int32), graph.output_length,
-                                 _authored_starts(graph))
-    authored_tokens = _authored_tokens(graph)
+    authored_start, authored_tokens = graph.authored_outputs()
+    full_plan = rows_output_plan(np.arange(n, dtype=np.int32), graph.output_length, authored_start)
 
     identity = {"block_size": graph.block_size, "graph_digest": digest, "node_count": n,
                 "play_count": len(plays), "source": {"digest": graph.source_digest, "format": graph.source_format},
@@ -195,22 +194,6 @@ def _topological_rank(graph: AgenticGraph) -> np.ndarray:
     return rank
 
 
-def _authored_starts(graph: AgenticGraph):
-    ids = graph.output_token_ids
-    if not any(a is not None for a in ids):
-        return None
-    lengths = np.array([0 if a is None else len(a) for a in ids], np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    return np.where([a is not None for a in ids], starts, -1).astype(np.int64)
-
-
-def _authored_tokens(graph: AgenticGraph):
-    ids = graph.output_token_ids
-    if not any(a is not None for a in ids):
-        return None
-    return np.array([t for a in ids if a is not None for t in a], np.uint32)
-
-
 class _Rows:
     """The live requests of every cut play, in (lane, node) order, as graph columns."""
 
@@ -267,10 +250,7 @@ class _Rows:
             dep_relation=graph.dep_relation[edges] if len(edges) else np.zeros(0, np.int8),
             play_names=objects(play_names), node_play=np.array(self.play, np.int64), snapshot=snap,
             extra_report=graph.extra_report)
-        ready_ms, started = cut.initial_ready_ms()
-        start_ms = np.where(started, ready_ms, np.nan)
-        firsts = np.flatnonzero(started)
-        order = firsts[np.argsort(start_ms[firsts], kind="stable")].astype(np.int64)
+        start_ms, order = cut.start_order()
         return Workload(
             path=path,
             trace_block_size=graph.block_size,

@@ -92,19 +92,16 @@ def lower_agentic(path: str, requests: list, tools: list, block: int, *, arrival
         last = max(kids, key=lambda k: (requests[k].end_ms, requests[k].start_ms, requests[k].request_id.encode()))
         tool = by_child.get(child)
         if tool is not None:
-            spawn = index[tool.source_request_id]
-            if spawn not in elders:
-                raise TraceError(tool.path, tool.line_no, f"tool {_debug(tool.tool_call_id)} source request "
-                                                          f"{_debug(tool.source_request_id)} is not in parent session "
-                                                          f"{_debug(parent)}")
-            link(spawn, first, TRIGGER_DISPATCH, _SPAWN)
+
+            def parent_request(role: str, rid: str) -> int:
+                k = index[rid]
+                if k not in elders:
+                    raise TraceError(tool.path, tool.line_no, f"tool {_debug(tool.tool_call_id)} {role} request "
+                                                              f"{_debug(rid)} is not in parent session {_debug(parent)}")
+                return k
+            link(parent_request("source", tool.source_request_id), first, TRIGGER_DISPATCH, _SPAWN)
             if tool.consumer_request_id is not None:
-                join = index[tool.consumer_request_id]
-                if join not in elders:
-                    raise TraceError(tool.path, tool.line_no, f"tool {_debug(tool.tool_call_id)} consumer request "
-                                                              f"{_debug(tool.consumer_request_id)} is not in parent "
-                                                              f"session {_debug(parent)}")
-                link(last, join, TRIGGER_COMPLETION, _JOIN)
+                link(last, parent_request("consumer", tool.consumer_request_id), TRIGGER_COMPLETION, _JOIN)
             continue
         # the parent request that started last at or before the child (the later of equal
         # starts), and the one that starts first at or after the child's end (the earlier)

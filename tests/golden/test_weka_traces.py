@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
 import pytest
 
 from aisim_fast.cli import app as cli
@@ -28,7 +27,6 @@ from aisim_fast.report.agentic import graph_digest
 from aisim_fast.trace.weka import load_weka
 from aisim_fast.trace.workload import TraceError
 from support import goldens
-from support.parity_rules import timeline_differences
 from support.paths import DATA_DIR
 
 GOLDEN = DATA_DIR / "golden_weka"
@@ -50,20 +48,12 @@ def test_cases_present():
 @pytest.fixture(scope="module", params=CASES)
 def run(request, tmp_path_factory):
     case = request.param
-    out = tmp_path_factory.mktemp(case) / "run"
-    code = cli.main([str(a) for a in ["replay", "--spec", GOLDEN / f"{case}.spec.json", "--out", out, "--quiet"]])
-    assert code == 0, case
-    return case, pd.read_parquet(out / "requests.parquet"), json.loads((out / "summary.json").read_text())
+    return (case, *goldens.replay_spec_case(case, GOLDEN, tmp_path_factory.mktemp(case) / "run"))
 
 
 def test_requests_match_the_reference(run):
     case, requests, _ = run
-    gold = goldens.read_golden(case, GOLDEN)
-    cand = goldens.index_frame(requests)
-    missing, bad = goldens.parity_failures(gold, cand)
-    assert not missing and not bad, goldens.failure_report(case, missing, bad)
-    assert not timeline_differences(gold, cand)
-    assert len(cand) == len(gold)
+    goldens.assert_matches_golden(case, GOLDEN, requests)
 
 
 def test_report_keys_match_the_reference(run):

@@ -14,7 +14,7 @@ from aisim_fast.config.payload import load_spec
 from aisim_fast.engine.batch import run_batch
 from aisim_fast.engine.simulation import Simulation, simulation_from_setup
 from aisim_fast.trace.workload import load_mooncake
-from support.parity_rules import ATOL, RTOL, as_key_part, as_number, within
+from support.parity_rules import ATOL, RTOL, as_key_part, as_number, timeline_differences, within
 from support.paths import TESTS_DIR
 
 GOLDEN = TESTS_DIR / "data" / "golden"
@@ -159,3 +159,24 @@ def with_scheduler_numbers(frame, dp_size: int, prefill_dp_size: int = 1):
     if prefill_dp_size > 1:
         frame = frame.assign(prefill_worker=frame["prefill_worker"] * prefill_dp_size + frame["prefill_dp_rank"])
     return frame
+
+
+def replay_spec_case(case: str, folder: Path, out: Path):
+    """Replay ``folder/case.spec.json`` through the CLI into ``out``: (requests frame,
+    summary)."""
+    import pandas as pd
+
+    from aisim_fast.cli import app as cli
+    code = cli.main([str(a) for a in ["replay", "--spec", folder / f"{case}.spec.json", "--out", out, "--quiet"]])
+    assert code == 0, case
+    return pd.read_parquet(out / "requests.parquet"), json.loads((out / "summary.json").read_text())
+
+
+def assert_matches_golden(case: str, folder: Path, requests) -> None:
+    """Every request of the run equals the golden's (``folder/case.csv``), timeline too."""
+    gold = read_golden(case, folder)
+    cand = index_frame(requests)
+    missing, bad = parity_failures(gold, cand)
+    assert not missing and not bad, failure_report(case, missing, bad)
+    assert not timeline_differences(gold, cand)
+    assert len(cand) == len(gold)
