@@ -842,6 +842,9 @@ def main() -> int:
     p.add_argument("--ref-python", required=True)
     p.add_argument("--cases", type=int, default=300)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--only", default=None,
+                   help="comma-separated case numbers to run (of --cases), e.g. to rerun a "
+                        "seed's divergent cases with the same flags")
     p.add_argument("--keep", type=Path, default=None, help="folder for divergent cases")
     p.add_argument("--disagg-fraction", type=float, default=0.3,
                    help="share of disaggregated configurations (0.3 keeps earlier seeds' draws)")
@@ -882,7 +885,10 @@ def main() -> int:
     tally = Counter()
     kinds = Counter()
     with tempfile.TemporaryDirectory() as tmp:
+        only = None if args.only is None else {int(n) for n in args.only.split(",")}
         for i in range(args.cases):
+            if only is not None and i not in only:
+                continue
             rng = random.Random(args.seed * 100003 + i)
             case = Path(tmp) / f"case{i:04d}"
             case.mkdir()

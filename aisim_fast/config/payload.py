@@ -549,9 +549,11 @@ class ReplaySetup:
     execution_model: str | None = None
     # the trace path as the payload names it (an agentic legacy trace's provenance digest)
     trace_named: str = ""
-    # a Dynamo trace is agentic as its records say: (field, reason) of what the run then
-    # refuses (check_dynamo_agentic), in the reference's order
-    dynamo_if_agentic: tuple = ()
+    # (field, reason) of what the run refuses once its trace is read and agentic (an
+    # agentic_mooncake or Weka trace always, a Dynamo trace as its records say), in the
+    # reference's order: the reference reads and cuts the graph first, so a snapshot's
+    # boundary error comes before these (check_agentic_trace)
+    agentic_refusals: tuple = ()
 
     @property
     def disaggregated(self) -> bool:
@@ -880,10 +882,6 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
     snapshot_seed = _agentic_snapshot(traffic.get("agentic_snapshot"), agentic_lanes)
     prefill_rank = disagg.get("prefill_rank")
     trtllm = "trtllm" in (rank.backend, prefill_rank.backend if prefill_rank is not None else None)
-    if trace_format == "weka" and prefill_rank is not None:
-        _fail("spec.topology.kind", "Weka agentic trace requires aggregated topology")
-    if trace_format in ("agentic_mooncake", "weka") and trtllm:
-        _fail("spec.engine.rank.backend", "agentic replay supports only vLLM and SGLang backends")
     weka_basis = traffic.get("weka_nested_timestamp_basis")
     if weka_basis is not None and trace_format != "weka":
         _fail("traffic.weka_nested_timestamp_basis", "weka_nested_timestamp_basis requires Weka input")
@@ -891,9 +889,11 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
                          ("auto", "absolute", "relative"))
     if not isinstance(traffic.get("trace_graph_cache", False), bool):
         _fail("traffic.trace_graph_cache", f"must be true or false, got {traffic['trace_graph_cache']!r}")
-    dynamo_if_agentic = ()
+    agentic_refusals = ()
+    if trace_format in ("agentic_mooncake", "weka") and trtllm:
+        agentic_refusals = (("spec.engine.rank.backend", "agentic replay supports only vLLM and SGLang backends"),)
     if trace_format == "dynamo":
-        dynamo_if_agentic = tuple(
+        agentic_refusals = tuple(
             (key, reason) for key, reason, refused in (
                 ("traffic.execution_model", "agentic execution requires a configured target model",
                  not traffic.get("execution_model")),
@@ -962,16 +962,16 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         weka_basis=weka_basis,
         execution_model=traffic.get("execution_model"),
         trace_named=str(trace),
-        dynamo_if_agentic=dynamo_if_agentic,
+        agentic_refusals=agentic_refusals,
         **disagg,
     )
 
 
-def check_dynamo_agentic(setup: ReplaySetup) -> None:
-    """Refuse, in the reference's words, what a Dynamo trace's setup cannot run now that
-    its records say it is agentic (every request with ``agent_context``)."""
-    if setup.dynamo_if_agentic:
-        _fail(*setup.dynamo_if_agentic[0])
+def check_agentic_trace(setup: ReplaySetup) -> None:
+    """Refuse, in the reference's words, what a setup cannot run now that its trace is
+    read and agentic (a Dynamo trace: every request with ``agent_context``)."""
+    if setup.agentic_refusals:
+        _fail(*setup.agentic_refusals[0])
 
 
 def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: int, paths) -> int | None:
@@ -981,7 +981,7 @@ def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: i
     if lanes is not None and trace_format not in ("agentic_mooncake", "dynamo", "weka"):
         _fail("traffic.agentic_lanes", "agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input"
               f" (trace_format is {trace_format!r})")
-    if trace_format == "dynamo":  # the rest is checked once the trace is read (check_dynamo_agentic)
+    if trace_format == "dynamo":  # the rest is checked once the trace is read (check_agentic_trace)
         return _lanes_without_warmup(traffic, lanes)
     if trace_format not in ("agentic_mooncake", "weka"):
         for key in AGENTIC_TRAFFIC_KEYS[1:]:

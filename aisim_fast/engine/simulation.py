@@ -10,7 +10,7 @@ import numpy as np
 
 from aisim_fast.config.payload import (PLACEMENTS, ConfigError, RankConfig, ReplaySetup, RouterConfig,
                                        TokenizationConfig, check_attention_dp, check_disaggregated_pair,
-                                       check_dynamo_agentic, check_placement_seed, check_rank, check_tokenization)
+                                       check_agentic_trace, check_placement_seed, check_rank, check_tokenization)
 from aisim_fast.engine.output_budget import emitted_outright
 from aisim_fast.trace.inline_requests import inline_workload
 from aisim_fast.trace.synthetic import synthetic_workload
@@ -94,8 +94,8 @@ def setup_workload(setup: ReplaySetup, max_rows: int | None = None, closed_loop:
                               closed_loop=closed_loop, emits=turn_outcome(setup),
                               more_paths=setup.more_trace_paths, agentic_lanes=setup.agentic_lanes,
                               agentic_snapshot_seed=setup.agentic_snapshot_seed, weka_basis=setup.weka_basis)
-        if workload.agentic is not None and setup.trace_format == "dynamo":
-            check_dynamo_agentic(setup)
+        if workload.agentic is not None:
+            check_agentic_trace(setup)
     if setup.disaggregated and (setup.trace_format == "mooncake-delta" or setup.synthetic is not None):
         warn_unfit_turns(workload, setup.rank.num_gpu_blocks * setup.rank.block_size)
     return workload

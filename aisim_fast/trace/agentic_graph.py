@@ -425,8 +425,11 @@ def _read_legacy(path: str, lines: list, block: int):
         r.dependencies = [(w, TRIGGER_COMPLETION, delay, relation) for w in wait_for]
         ts = obj.get("timestamp", obj.get("created_time"))
         ts = 0.0 if ts is None else _typed(path, i + 1, "timestamp", ts, "float")
-        # a row that waits starts when its parents let it: its own timestamp is not read
+        # a row that waits starts when its parents let it: its own timestamp is not read,
+        # except as the recorded start a snapshot cuts at (the reference's evidence)
         r.not_before_ms = 0.0 if wait_for else ts
+        api = r.recorded_api_time_ms
+        r.recorded_interval = (ts, math.nan if api is None else ts + api)
         r.play_id = None
         rows.append(r)
     if not rows:

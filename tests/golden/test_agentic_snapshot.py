@@ -61,6 +61,20 @@ def test_payload_checks(edit, words):
     assert str(err.value).startswith(words)
 
 
+def test_trtllm_is_refused_once_the_graph_is_read_and_cut():
+    """The reference reads and cuts the graph before it refuses a TRT-LLM rank, so a
+    cut that crosses an unresolved dependency is the error it names (differential seed
+    504 cases 35, 165, 252 keep such runs); a clean cut names the backend."""
+    from aisim_fast.engine.simulation import simulation_from_setup
+
+    payload = json.loads((CASE / "spec.json").read_text())
+    payload["spec"]["engine"]["rank"]["backend"] = "trtllm"
+    setup = parse_payload(payload, CASE)  # the payload alone is accepted
+    with pytest.raises(ConfigError) as err:
+        simulation_from_setup(setup)
+    assert str(err.value) == "spec.engine.rank.backend: agentic replay supports only vLLM and SGLang backends"
+
+
 def test_predict_config_lowers_as_the_references_cli():
     """The captured config (``cli-payloads/formats/agentic_snapshot``, its trace renamed)
     lowers to the payload the reference's CLI wrote, key for key."""
