@@ -75,9 +75,6 @@ OPEN_AGENTIC: dict[str, str] = {
     "seed402_case0132": "the cached-token difference (OPEN) moves the trajectories and the lifecycle",
     "seed503_case0004": "the prefill order (OPEN) moves the trajectories and the lifecycle",
     "seed503_case0008": "the last tokens (OPEN) move the trajectories and the lifecycle",
-    "seed503_case0054": "two workers at 30 ms: a rejection made when one worker scheduled after its pass end and "
-                        "the other worker's pass-end terminal are one batch to the reference (both terminals, then "
-                        "both quiescences); rows equal",
     "seed503_case0067": "the cached-token difference (OPEN) moves the trajectories and the lifecycle",
     "seed504_case0053": "the last tokens (OPEN) move the trajectories and the lifecycle",
 }
