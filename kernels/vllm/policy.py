@@ -20,18 +20,20 @@ from aisim_fast.kernels.schema.layout import (CFG_BLOCK_SIZE, CFG_MAX_NUM_SEQS, 
 
 @kernel(cache=True, _nrt=False)
 def prefix_cap(cfg, rq, w, q, cached, active):
-    """The recompute rules: while logits are still needed the cached prefix is capped
-    at ``floor((len-1)/bs)*bs`` (a fully cached aligned prompt recomputes its last
-    block); a speculating rank recomputes the last block of any hit too (its drafter
-    needs that block's hidden states)."""
+    """The recompute rules, while logits are still needed (a request that generates
+    nothing keeps its whole hit): the cached prefix is capped at ``floor((len-1)/bs)*bs``
+    (a fully cached aligned prompt recomputes its last block), and a speculating rank
+    recomputes the last block of any hit too (its drafter needs that block's hidden
+    states; measured: a zero-output agentic request keeps that block, differential
+    seed 402 case 47)."""
     bs = cfg.i64[w, CFG_BLOCK_SIZE]
     if remaining_generation(cfg, rq, w, q) > 0:
         cap = ((seq_len(rq, q) - 1) // bs) * bs
         cached = min(cached, cap)
         active = min(active, cap)
-    if cfg.i64[w, CFG_SPEC_NEXTN] > 0 and cached >= bs:
-        cached -= bs
-        active = min(active, cached)
+        if cfg.i64[w, CFG_SPEC_NEXTN] > 0 and cached >= bs:
+            cached -= bs
+            active = min(active, cached)
     return cached, active
 
 

@@ -45,24 +45,12 @@ OPEN: dict[str, str] = {
                         "differ by 0.03 ms from request_7",
     "seed301_case0204": "speculating disaggregated vLLM, 64-block decode pool, applied_compute_agentic sessions: "
                         "one turn's cached tokens 640 against 672",
-    # agentic graphs (issue 36), differential seed 402
-    "seed402_case0047": "speculating vLLM agentic graph, 200 blocks of 16, one worker: one request's cached "
-                        "tokens 512 against 496",
-    "seed402_case0100": "speculating vLLM agentic graph, closed loop of 3, 600 blocks of 64: one request's "
-                        "cached tokens 128 against 64",
-    "seed402_case0132": "speculating vLLM agentic graph, 600 blocks of 32, chunks of 256: cached tokens 640 "
-                        "against 608 from p60x1-h2 on",
     # differential seed 503
     "seed503_case0004": "disaggregated vLLM agentic graph on three lanes, no prefix caching: two requests "
                         "released at one instant by one completion (p54x0-f1, p54x0-f11) are prefilled in the "
                         "other order",
     "seed503_case0008": "disaggregated vLLM agentic graph, 1 prefill and 2 decode workers of 200 blocks: last "
                         "tokens of p02x3-c4 on differ",
-    "seed503_case0067": "speculating vLLM agentic graph, closed loop of 8, max_num_seqs 1: cached tokens 1472 "
-                        "against 1408 from p23x4-c2",
-    # differential seed 504
-    "seed504_case0053": "speculating vLLM agentic graph, closed loop of 8, 200 blocks of 32: last tokens of "
-                        "p62x1-e4 on differ by 0.5 ms",
 }
 
 
@@ -72,11 +60,8 @@ OPEN_RANGE: dict[str, str] = {}
 
 # case name -> the agentic report key that still differs (strict xfail)
 OPEN_AGENTIC: dict[str, str] = {
-    "seed402_case0132": "the cached-token difference (OPEN) moves the trajectories and the lifecycle",
     "seed503_case0004": "the prefill order (OPEN) moves the trajectories and the lifecycle",
     "seed503_case0008": "the last tokens (OPEN) move the trajectories and the lifecycle",
-    "seed503_case0067": "the cached-token difference (OPEN) moves the trajectories and the lifecycle",
-    "seed504_case0053": "the last tokens (OPEN) move the trajectories and the lifecycle",
 }
 
 
