@@ -65,6 +65,7 @@ import argparse
 import csv
 import dataclasses
 import json
+import math
 import random
 import shutil
 import subprocess
@@ -455,6 +456,33 @@ def agentic_differences(sim, requests, report_path: Path) -> list[tuple]:
                 bad.append((key, theirs, value))
         elif value != theirs:
             bad.append((key, theirs, value))
+    return bad
+
+
+def instance_differences(records_path: Path, requests) -> list[tuple]:
+    """A snapshot replay's rows against the reference's raw records, matched by agentic
+    instance id: a play cut on several lanes repeats its source request ids, which the
+    per-request CSV (keyed by request id) folds into one row."""
+    ours = {rid: row for rid, row in zip(requests["agentic_request_id"], requests.itertuples())}
+    bad = []
+    records = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+    if len(records) != len(ours):
+        return [("rows", f"reference {len(records)}, aisim_fast {len(ours)}")]
+    for rec in records:
+        key = (rec.get("agentic") or {}).get("request_id")
+        row = ours.get(key)
+        if row is None:
+            bad.append(("missing", key))
+            continue
+        for theirs, mine, column in ((rec["arrival_time_ms"], row.arrival_ms, "arrival_ms"),
+                                     (rec["first_token_ms"], row.first_token_ms, "first_token_ms"),
+                                     (rec["terminal_time_ms"], row.completion_ms, "completion_ms"),
+                                     (rec["reused_input_tokens"], row.cached_tokens, "cached_tokens")):
+            theirs = math.nan if theirs is None else float(theirs)
+            mine = math.nan if mine is None or mine != mine else float(mine)
+            if not (theirs == mine or (math.isnan(theirs) and math.isnan(mine))
+                    or abs(theirs - mine) <= 1e-6 * max(1.0, abs(theirs))):
+                bad.append((column, key, theirs, mine))
     return bad
 
 
@@ -1049,9 +1077,13 @@ def main() -> int:
                     tally["both stopped" if ok else "stop disagreement"] += 1
                 else:
                     gold = read_csv(case / "ref.csv")
-                    bad = compare(gold, res.requests[0], sim.dp_size, sim.prefill_dp_size)
-                    if len(gold) != len(res.requests[0]):  # kept as a divergence, not a crash
-                        bad.insert(0, ("rows", f"reference {len(gold)}, aisim_fast {len(res.requests[0])}"))
+                    if sim.workload.agentic is not None and sim.workload.agentic.snapshot is not None \
+                            and len(gold) < len(res.requests[0]) and (case / "dp.jsonl").exists():
+                        bad = instance_differences(case / "dp.jsonl", res.requests[0])
+                    else:
+                        bad = compare(gold, res.requests[0], sim.dp_size, sim.prefill_dp_size)
+                        if len(gold) != len(res.requests[0]):  # kept as a divergence, not a crash
+                            bad.insert(0, ("rows", f"reference {len(gold)}, aisim_fast {len(res.requests[0])}"))
                     if cap_ms is not None and not bad:
                         bad += summary_differences(setup, sim, res, case / "ref.report.json")
                     if agentic and not bad:

@@ -260,9 +260,10 @@ def reference_batches(requests: pd.DataFrame) -> np.ndarray:
     applies the pass ends of all workers at one instant together, so batches at one
     instant that follow each other in the run's sequence (no send between them) are one,
     numbered as the first. A batch of rejections only (requests refused when a pass was
-    scheduled, after the pass ends) stays apart, as in the reference (measured: two
-    one-token requests ending on two workers at 5 ms; a rejection at the instant a pass
-    ended), unless its worker stays busy (below)."""
+    scheduled, after the pass ends) stays apart from them, as in the reference
+    (measured: two one-token requests ending on two workers at 5 ms; a rejection at the
+    instant a pass ended), unless its worker stays busy (below); such batches of one
+    instant are one."""
     sent = requests["dispatch_ordinal"].to_numpy(np.int64)
     ended = requests["feedback_batch"].to_numpy(np.int64)
     at_ms = requests["completion_ms"].to_numpy(np.float64)
@@ -279,7 +280,9 @@ def reference_batches(requests: pd.DataFrame) -> np.ndarray:
             kind[b] = ("batch", t)
     # A worker still running a request after its pass end schedules its next pass in the
     # round of the pass ends: what that schedule rejects joins their batch (measured:
-    # differential seed 503 case 54). A worker left idle schedules on a later wake-up.
+    # differential seed 503 case 54). Workers left idle schedule on a later wake-up, all
+    # of one instant together: their rejections are one batch of their own (seed 505
+    # case 49: two idle workers woken by two sends reject both roots in one batch).
     for q in [q for q, apart in only_rejections.items() if apart]:
         w, t = int(worker[ended == q][0]), kind[q][1]
         if bool(np.any((worker == w) & (admitted_ms < t) & (at_ms > t))):
@@ -288,13 +291,14 @@ def reference_batches(requests: pd.DataFrame) -> np.ndarray:
     prev, head = None, -1
     for q in sorted(kind):
         what, t = kind[q]
-        passes = what == "batch" and not only_rejections[q]
-        if passes and prev is not None and prev == ("passes", t):
+        if what == "batch":
+            what = "rejections" if only_rejections[q] else "passes"
+        if what != "send" and prev == (what, t):
             first[q] = head
         else:
             head = q
             first[q] = q
-        prev = ("passes", t) if passes else (what, t)
+        prev = (what, t)
     return np.array([first.get(b, b) for b in ended.tolist()], np.int64)
 
 
