@@ -878,8 +878,15 @@ def parse_payload(payload: dict, base_dir: str | Path = ".", trace_override: str
         _warn("traffic.replay_concurrency", "missing with load_type 'concurrency': the reference replays the "
               "trace's own arrivals without a cap then; run so (give replay_concurrency N for a closed loop)")
     _ignored_in_flight_cap(max_in_flight, concurrency, "replay_concurrency")
+    # the warm-up and profile keys come first to the reference (before the trace and the
+    # snapshot's lanes); a valid one is refused once the snapshot is checked
+    warmup_or_profile = _warmup_and_profile(traffic, max_sim_time_ms)
     agentic_lanes = _agentic_traffic(traffic, trace_format, load, concurrency, traffic.get("trace_paths"))
     snapshot_seed = _agentic_snapshot(traffic.get("agentic_snapshot"), agentic_lanes)
+    if warmup_or_profile:
+        _fail("traffic.agentic_warmup" if traffic.get("agentic_warmup") else "traffic.agentic_profile",
+              "agentic warm-up and profiles are not simulated yet; replay the trace without them "
+              "(agentic_lanes, agentic_snapshot and plain replay are)")
     prefill_rank = disagg.get("prefill_rank")
     trtllm = "trtllm" in (rank.backend, prefill_rank.backend if prefill_rank is not None else None)
     weka_basis = traffic.get("weka_nested_timestamp_basis")
@@ -974,6 +981,56 @@ def check_agentic_trace(setup: ReplaySetup) -> None:
         _fail(*setup.agentic_refusals[0])
 
 
+# agentic_profile's options in the reference's field order: (name, default, zero allowed)
+PROFILE_OPTIONS = (("duration_seconds", 3600.0, False), ("response_grace_seconds", 30.0, True),
+                   ("cancel_drain_seconds", 10.0, True), ("tree_idle_cap_seconds", 300.0, False),
+                   ("global_idle_cap_seconds", 10.0, False))
+WARMUP_POLICIES = ("repeated_prefixes", "live_trajectory_v1")
+
+
+def _warmup_and_profile(traffic: dict, max_sim_time_ms) -> bool:
+    """``agentic_warmup``, ``agentic_warmup_policy`` and ``agentic_profile`` checked in
+    the reference's order and words (before the trace is read); True when the payload
+    asks for a warm-up or a profile."""
+    warmup = traffic.get("agentic_warmup", False)
+    if not isinstance(warmup, bool):
+        _fail("traffic.agentic_warmup", f"must be true or false, got {warmup!r}")
+    policy = _choice("traffic.agentic_warmup_policy", traffic.get("agentic_warmup_policy", WARMUP_POLICIES[0]),
+                     WARMUP_POLICIES)
+    profile = traffic.get("agentic_profile")
+    if profile is not None and max_sim_time_ms is not None:
+        _fail("spec.max_sim_time_ms", "agentic_profile cannot be combined with ReplaySpec.max_sim_time_ms")
+    if policy == "live_trajectory_v1" and (not warmup or profile is None):
+        _fail("traffic.agentic_warmup_policy", "live_trajectory_v1 requires agentic_warmup and agentic_profile")
+    if profile is not None:
+        if isinstance(profile, list):  # the reference also reads the options positionally
+            if len(profile) > len(PROFILE_OPTIONS):
+                _fail("traffic.agentic_profile", f"takes at most {len(PROFILE_OPTIONS)} values, got {len(profile)}")
+            profile = {name: v for (name, _, _), v in zip(PROFILE_OPTIONS, profile)}
+        profile = _obj("traffic.agentic_profile", profile)
+        names = [name for name, _, _ in PROFILE_OPTIONS]
+        for key in profile:
+            if key not in names:
+                _fail(f"traffic.agentic_profile.{key}", "unknown field; allowed: " + ", ".join(names))
+        values = []
+        for name, default, zero_ok in PROFILE_OPTIONS:
+            value = profile.get(name, default)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                _fail(f"traffic.agentic_profile.{name}", f"must be a number of seconds, got {value!r}")
+            value = float(value)
+            if not math.isfinite(value * 1000.0) or value < 0 or (value == 0 and not zero_ok):
+                _fail(f"traffic.agentic_profile.{name}", f"agentic_profile.{name} must be finite and "
+                                                          + ("non-negative" if zero_ok else "positive"))
+            values.append(value)
+        if not math.isfinite((values[0] + values[1] + values[2]) * 1000.0):
+            _fail("traffic.agentic_profile", "agentic_profile deadlines overflow")
+        if traffic.get("agentic_snapshot") is None:
+            _fail("traffic.agentic_profile", "agentic_profile requires agentic_snapshot")
+    if warmup and traffic.get("agentic_snapshot") is None:
+        _fail("traffic.agentic_warmup", "agentic_warmup requires agentic_snapshot")
+    return warmup or profile is not None
+
+
 def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: int, paths) -> int | None:
     """The agentic keys of a trace payload, checked in the reference's order and words;
     returns ``agentic_lanes`` (None: plays all at once)."""
@@ -982,7 +1039,7 @@ def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: i
         _fail("traffic.agentic_lanes", "agentic_lanes requires weka, agentic_mooncake, or agentic Dynamo input"
               f" (trace_format is {trace_format!r})")
     if trace_format == "dynamo":  # the rest is checked once the trace is read (check_agentic_trace)
-        return _lanes_without_warmup(traffic, lanes)
+        return _lanes(lanes)
     if trace_format not in ("agentic_mooncake", "weka"):
         for key in AGENTIC_TRAFFIC_KEYS[1:]:
             if traffic.get(key) is not None:
@@ -1001,16 +1058,11 @@ def _agentic_traffic(traffic: dict, trace_format: str, load: str, concurrency: i
     if concurrency:
         _fail("traffic.replay_concurrency", "Weka agentic trace does not support concurrency load" if weka else
               "agentic_mooncake does not support concurrency load")
-    return _lanes_without_warmup(traffic, lanes)
+    return _lanes(lanes)
 
 
-def _lanes_without_warmup(traffic: dict, lanes) -> int | None:
-    """``agentic_lanes`` checked (None: plays all at once), after refusing the warm-up and
-    profile keys, which are not simulated."""
-    for key in AGENTIC_TRAFFIC_KEYS[2:]:
-        if traffic.get(key) is not None:
-            _fail(f"traffic.{key}", "agentic warm-up and profiles are not simulated yet; replay the trace "
-                                    "without it (agentic_lanes, agentic_snapshot and plain replay are)")
+def _lanes(lanes) -> int | None:
+    """``agentic_lanes`` checked (None: plays all at once)."""
     if lanes is None:
         return None
     lanes = _int("traffic.agentic_lanes", lanes, 0)
