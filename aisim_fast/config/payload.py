@@ -185,9 +185,9 @@ class RankConfig:
 
 # Reference fields accepted only at their default (or absent): value = default.
 _UNSIMULATED = {
-    "kv_cache_bytes_per_token": None,
-    "native_host_offload": None,
+    "native_host_offload": None,  # the tiers first: they are what a payload with them asks for
     "g3_offload": None,
+    "kv_cache_bytes_per_token": None,  # accepted without a tier on an explicit pool (parse_rank)
     "state_cache": None,
     "vision": None,
 }
@@ -267,6 +267,16 @@ def parse_rank(raw: dict, path: str = "rank", tensor_parallel_size: int = 1, dp_
     for key in raw:
         if key not in known:
             _fail(f"{path}.{key}", "unknown field; allowed: " + ", ".join(sorted(known)))
+    if raw.get("kv_cache_bytes_per_token") is not None and raw.get("native_host_offload") is None \
+            and raw.get("g3_offload") is None:
+        # it prices the KV tiers' transfers only: with none, a positive count changes no
+        # request (measured: golden_kv_tiers B_plain, and A_plain and S_plain800 given one)
+        per_token = raw["kv_cache_bytes_per_token"]
+        if isinstance(per_token, bool) or not isinstance(per_token, int) or per_token < 0:
+            _fail(f"{path}.kv_cache_bytes_per_token", f"must be a positive integer, got {per_token!r}")
+        if per_token == 0:
+            _fail(f"{path}.kv_cache_bytes_per_token", "kv_cache_bytes_per_token must be positive")
+        raw = {k: v for k, v in raw.items() if k != "kv_cache_bytes_per_token"}
     for key, default in _UNSIMULATED.items():
         if key in raw and raw[key] is not None and raw[key] != default:
             _fail(f"{path}.{key}", f"is not simulated by aisim_fast; only the default {default!r} is accepted")
@@ -1190,6 +1200,9 @@ def _engine_pool(path: str, engine: dict, worker_type: str) -> tuple[RankConfig,
         _fail(f"{path}.rank.worker_type", f"must be {worker_type!r} in this pool, got {declared!r}")
     raw["worker_type"] = worker_type
     explicit = _bool(f"{path}.num_gpu_blocks_is_explicit", engine.get("num_gpu_blocks_is_explicit", True))
+    if not explicit and raw.get("kv_cache_bytes_per_token") is not None:
+        _fail(f"{path}.rank.kv_cache_bytes_per_token", "with a KV pool sized from memory "
+              "(num_gpu_blocks_is_explicit: false) is not simulated yet; give num_gpu_blocks")
     timing = raw.get("timing_model")
     if not explicit and isinstance(timing, dict) and timing.get("type") == "external":
         # the reference's CLI writes the blocks it sized beside this flag; its core sizes
