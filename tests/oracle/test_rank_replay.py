@@ -17,8 +17,9 @@ import pytest
 
 from aisim_fast.config.payload import ConfigError, load_spec, parse_payload
 from aisim_fast.engine.batch import run_batch
-from aisim_fast.engine.simulation import SimulationError, simulation_from_setup
+from aisim_fast.engine.simulation import SimulationError, setup_workload, simulation_from_setup
 from aisim_fast.protocol.rank_replay import replay_through_ranks
+from aisim_fast.trace.workload import TraceError
 from support.goldens import MINI_CASES, MINI_GOLDEN, case_trace, simulation
 from support.paths import DATA_DIR
 
@@ -34,12 +35,13 @@ def _disaggregated(case: Path) -> bool:
     """A valid disaggregated payload of a trace the coordinator replays (its rows,
     sessions included; not an agentic graph, which only the kernels release)."""
     payload = json.loads((case / "spec.json").read_text())
-    try:
-        parse_payload(payload, case, trace_override=str(case_trace(case, payload)))
-    except ConfigError:  # refused before running (as the reference refuses it)
+    if payload["spec"]["topology"].get("kind") != "disaggregated":
         return False
-    return payload["spec"]["topology"].get("kind") == "disaggregated" \
-        and payload["traffic"].get("trace_format") != "agentic_mooncake"
+    try:
+        setup = parse_payload(payload, case, trace_override=str(case_trace(case, payload)))
+        return setup_workload(setup).agentic is None
+    except (ConfigError, TraceError):  # refused before running (as the reference refuses it)
+        return False
 
 
 # the small disaggregated reference runs (test_reference_runs.py)
