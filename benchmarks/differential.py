@@ -905,6 +905,10 @@ def main() -> int:
     p.add_argument("--speculation-fraction", type=float, default=0.0,
                    help="share of the cases without attention DP or host loop whose ranks speculate "
                         "(aic_nextn, acceptance rates and seed drawn)")
+    p.add_argument("--kv-keys-fraction", type=float, default=0.0,
+                   help="share of the cases whose payload spells out KV keys that change no request: "
+                        "kv_cache_bytes_per_token on every rank (no tier), kv_eviction_policy lru "
+                        "(aggregated)")
     p.add_argument("--kv-artifacts", action="store_true",
                    help="one aggregated worker per case (vLLM / TRT-LLM, SGLang with "
                         "--sglang-fraction); compare KV events and output token ids with the "
@@ -1007,6 +1011,16 @@ def main() -> int:
                     (case / "spec.json").write_text(json.dumps(payload, indent=1))
                     kind = "cli/" + template.name.removesuffix(".payload.json") + ("/cap" if cap_ms else "")
                     dp_size = prefill_dp = 1
+            if args.kv_keys_fraction > 0 and cli_edits is None:
+                kv_rng = random.Random(args.seed * 100003 + i + 0xB7E5)
+                if kv_rng.random() < args.kv_keys_fraction:
+                    per_token = kv_rng.choice([4096, 163840, 262144, 1 << 20])
+                    ranks = (["spec.engine.rank"] if "--workers" in cfg
+                             else ["spec.engine.prefill.rank", "spec.engine.decode.rank"])
+                    host_edits = host_edits + [f"{r}.kv_cache_bytes_per_token={per_token}" for r in ranks]
+                    if "--workers" in cfg and kv_rng.random() < 0.5:
+                        host_edits.append('spec.engine.kv_eviction_policy="lru"')
+                    kind += "/kvkeys"
             kinds[kind] += 1
             if cli_edits is None:
                 try:
