@@ -46,9 +46,9 @@ OPEN: dict[str, str] = {
     "seed301_case0204": "speculating disaggregated vLLM, 64-block decode pool, applied_compute_agentic sessions: "
                         "one turn's cached tokens 640 against 672",
     # differential seed 503
-    "seed503_case0004": "disaggregated vLLM agentic graph on three lanes, no prefix caching: two requests "
-                        "released at one instant by one completion (p54x0-f1, p54x0-f11) are prefilled in the "
-                        "other order",
+    "seed503_case0004": "disaggregated vLLM agentic graph on three lanes, no prefix caching: of two requests "
+                        "prefilled in one pass and held at one instant, the reference reserves the decode slot "
+                        "for the zero-output one (p54x0-f11) first; with both outputs 0, or both 1, it matches",
     "seed503_case0008": "disaggregated vLLM agentic graph, 1 prefill and 2 decode workers of 200 blocks: last "
                         "tokens of p02x3-c4 on differ",
 }
