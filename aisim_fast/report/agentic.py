@@ -274,18 +274,20 @@ def reference_batches(requests: pd.DataFrame) -> np.ndarray:
     # holds rejections only
     kind: dict[int, tuple] = {int(q): ("send", None) for q in sent}
     only_rejections: dict[int, bool] = {}
-    for b, t, r in zip(ended.tolist(), at_ms.tolist(), rejected.tolist()):
+    batch_worker: dict[int, int] = {}
+    for b, t, r, w in zip(ended.tolist(), at_ms.tolist(), rejected.tolist(), worker.tolist()):
         if b >= 0:
             only_rejections[b] = only_rejections.get(b, True) and r
             kind[b] = ("batch", t)
+            batch_worker.setdefault(b, w)
     # A worker still running a request after its pass end schedules its next pass in the
     # round of the pass ends: what that schedule rejects joins their batch (measured:
     # differential seed 503 case 54). Workers left idle schedule on a later wake-up, all
     # of one instant together: their rejections are one batch of their own (seed 505
     # case 49: two idle workers woken by two sends reject both roots in one batch).
+    busy = _busy_after(worker, admitted_ms, at_ms)
     for q in [q for q, apart in only_rejections.items() if apart]:
-        w, t = int(worker[ended == q][0]), kind[q][1]
-        if bool(np.any((worker == w) & (admitted_ms < t) & (at_ms > t))):
+        if busy(batch_worker[q], kind[q][1]):
             only_rejections[q] = False
     first: dict[int, int] = {}
     prev, head = None, -1
@@ -300,6 +302,26 @@ def reference_batches(requests: pd.DataFrame) -> np.ndarray:
             first[q] = q
         prev = (what, t)
     return np.array([first.get(b, b) for b in ended.tolist()], np.int64)
+
+
+def _busy_after(worker: np.ndarray, admitted_ms: np.ndarray, end_ms: np.ndarray):
+    """``busy(w, t)``: whether worker ``w`` runs a request admitted before ``t`` that ends
+    after it (per worker: admissions sorted with the latest end so far, one binary search
+    a question)."""
+    known = ~np.isnan(admitted_ms)
+    runs = {}
+    for w in np.unique(worker[known]).tolist():
+        mine = known & (worker == w)
+        order = np.argsort(admitted_ms[mine], kind="stable")
+        runs[w] = (admitted_ms[mine][order], np.fmax.accumulate(end_ms[mine][order]))
+
+    def busy(w: int, t_ms: float) -> bool:
+        if w not in runs:
+            return False
+        admitted, latest_end = runs[w]
+        k = int(np.searchsorted(admitted, t_ms, side="left"))  # admitted strictly before t
+        return k > 0 and bool(latest_end[k - 1] > t_ms)
+    return busy
 
 
 def _event(at_ms: float, play_id: str, request_id: str | None, event: str, status: str | None) -> str:

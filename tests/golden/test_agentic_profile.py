@@ -55,6 +55,21 @@ P = "traffic.agentic_profile."
 DELETE = object()
 
 
+def _edited(edit: dict) -> dict:
+    """``profile_basic``'s payload with each ``dotted.path: value`` set (DELETE: removed)."""
+    payload = copy.deepcopy(BASE)
+    for key, value in edit.items():
+        node = payload
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is DELETE:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return payload
+
+
 # each edit of the reference's CLI payload with the words the reference stops with
 # (validation_errors.txt), behind the field aisim_fast names
 @pytest.mark.parametrize("edit, words", [
@@ -92,18 +107,8 @@ DELETE = object()
      "traffic.agentic_warmup_policy: live_trajectory_v1 requires agentic_warmup and agentic_profile"),
 ])
 def test_payload_checks_in_the_references_order(edit, words):
-    payload = copy.deepcopy(BASE)
-    for key, value in edit.items():
-        node = payload
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        if value is DELETE:
-            node.pop(leaf, None)
-        else:
-            node[leaf] = value
     with pytest.raises(ConfigError) as err:
-        parse_payload(payload, GOLDEN)
+        parse_payload(_edited(edit), GOLDEN)
     assert str(err.value).startswith(words), str(err.value)
 
 
@@ -112,15 +117,8 @@ def test_payload_checks_in_the_references_order(edit, words):
                                   {"traffic.agentic_warmup": False},
                                   {"traffic.agentic_warmup_policy": "repeated_prefixes"}])
 def test_what_the_reference_accepts_reaches_the_not_simulated_refusal(edit):
-    payload = copy.deepcopy(BASE)
-    for key, value in edit.items():
-        node = payload
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node[part]
-        node[leaf] = value
     with pytest.raises(ConfigError, match="traffic.agentic_profile: agentic warm-up and profiles are not simulated"):
-        parse_payload(payload, GOLDEN)
+        parse_payload(_edited(edit), GOLDEN)
 
 
 def test_a_null_profile_is_a_plain_snapshot():
